@@ -1,0 +1,242 @@
+"""Targeting compiled to flat arrays: the one form both indexes are built from.
+
+A validated `TargetingSpec` becomes a conjunction of *clauses* plus a few per-ad residual columns.
+A clause is a sorted set of *terms* (and, for geo, a list of circles); a user satisfies a clause
+when it holds at least one of the terms or lies inside one of the circles. An ad is eligible when
+every positive clause is satisfied, no negative clause is, and the residuals pass:
+
+    positive clauses, in this order: geo_locations, locales, each flexible_spec object, custom_audiences
+    negative clause (at most one): excluded_geo_locations + exclusions + excluded_custom_audiences
+    residuals: status, schedule, age range, gender mask, placement masks
+
+A term packs a namespace and an id into one int64: `(namespace << TERM_SHIFT) | id`, so interest 7
+and behavior 7 stay different (DESIGN section 2). A request becomes a sorted array of the terms its
+user holds (`encode_request`). The oracle in `andromeda_nb.oracle` never uses this module: it is the
+independent reference this form is tested against.
+
+Array shapes (N ads, M clauses, T terms, Q circles), all numpy, all in slot order of the ads given:
+
+    ad_id        int64[N]     status int8[N] (STATUS_CODE)    format int16[N]
+    start_time   int64[N]     NULL_START when open            end_time int64[N], NULL_END when open
+    age_min      int8[N]      age_max int8[N] (AGE_UNBOUNDED when the spec says 65)
+    gender_mask  uint8[N]     bit g set when user gender g (0, 1, 2) is allowed
+    publisher_mask, device_mask, os_mask  uint8[N]  bit i set when enumeration value i is allowed
+    clause_ptr   int64[N+1]   ad i owns clauses clause_ptr[i]:clause_ptr[i+1]; positives first
+    n_positive   int32[N]     how many of those clauses are positive
+    clause_negative uint8[M]  1 for the negative clause
+    term_ptr     int64[M+1]   clause j owns terms[term_ptr[j]:term_ptr[j+1]], sorted ascending
+    terms        int64[T]
+    circle_ptr   int64[M+1]   clause j owns circles[circle_ptr[j]:circle_ptr[j+1]]
+    circles      float64[Q,3] latitude, longitude (degrees), radius (km)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .constants import (
+    AGE_HIGHEST,
+    DEVICE_PLATFORMS,
+    FLEX_KEYS,
+    PUBLISHER_PLATFORMS,
+    STATUS_CODE,
+    USER_OS,
+)
+from .types import Ad, GeoSpec, Request, TargetingSpec
+
+TERM_SHIFT = 40
+MAX_TERM_ID = (1 << TERM_SHIFT) - 1
+NS_COUNTRY, NS_REGION, NS_CITY, NS_LOCALE = 0, 1, 2, 3
+NS_FLEX = {key: 4 + i for i, key in enumerate(FLEX_KEYS)}  # 4..12
+NS_CUSTOM_AUDIENCE = 4 + len(FLEX_KEYS)  # 13
+
+AGE_UNBOUNDED = 127  # stored age_max for "65 and older"
+NULL_START = np.iinfo(np.int64).min
+NULL_END = np.iinfo(np.int64).max
+ALL_GENDERS = 0b111
+
+
+def term(namespace: int, ident: int) -> int:
+    return (namespace << TERM_SHIFT) | ident
+
+
+def country_code(iso2: str) -> int:
+    """ISO-3166 alpha-2 (two upper-case letters) to 0..675."""
+    return (ord(iso2[0]) - 65) * 26 + (ord(iso2[1]) - 65)
+
+
+def _mask(values: frozenset[str] | None, universe: Sequence[str]) -> int:
+    if values is None:
+        return (1 << len(universe)) - 1
+    return sum(1 << universe.index(v) for v in values)
+
+
+def _geo_terms(geo: GeoSpec) -> list[int]:
+    out = [term(NS_COUNTRY, country_code(c)) for c in geo.countries]
+    out += [term(NS_REGION, r) for r in geo.regions]
+    out += [term(NS_CITY, c) for c in geo.cities]
+    return out
+
+
+def _geo_circles(geo: GeoSpec) -> list[tuple[float, float, float]]:
+    return [(c.latitude, c.longitude, c.radius_km) for c in geo.custom_locations]
+
+
+def _id_terms(obj) -> list[int]:
+    return [term(NS_FLEX[key], i) for key, ids in obj.items() for i in ids]
+
+
+def spec_clauses(spec: TargetingSpec) -> tuple[list[tuple[list[int], list]], tuple[list[int], list] | None]:
+    """(positive clauses, negative clause or None); each clause is (terms, circles)."""
+    positive: list[tuple[list[int], list]] = []
+    if spec.geo_locations is not None:
+        positive.append((_geo_terms(spec.geo_locations), _geo_circles(spec.geo_locations)))
+    if spec.locales is not None:
+        positive.append(([term(NS_LOCALE, x) for x in spec.locales], []))
+    for obj in spec.flexible_spec:
+        positive.append((_id_terms(obj), []))
+    if spec.custom_audiences is not None:
+        positive.append(([term(NS_CUSTOM_AUDIENCE, x) for x in spec.custom_audiences], []))
+    neg_terms: list[int] = []
+    neg_circles: list = []
+    if spec.excluded_geo_locations is not None:
+        neg_terms += _geo_terms(spec.excluded_geo_locations)
+        neg_circles += _geo_circles(spec.excluded_geo_locations)
+    if spec.exclusions is not None:
+        neg_terms += _id_terms(spec.exclusions)
+    if spec.excluded_custom_audiences is not None:
+        neg_terms += [term(NS_CUSTOM_AUDIENCE, x) for x in spec.excluded_custom_audiences]
+    negative = (neg_terms, neg_circles) if (neg_terms or neg_circles) else None
+    return positive, negative
+
+
+@dataclass
+class CompiledTargeting:
+    ad_id: np.ndarray
+    status: np.ndarray
+    format: np.ndarray
+    start_time: np.ndarray
+    end_time: np.ndarray
+    age_min: np.ndarray
+    age_max: np.ndarray
+    gender_mask: np.ndarray
+    publisher_mask: np.ndarray
+    device_mask: np.ndarray
+    os_mask: np.ndarray
+    clause_ptr: np.ndarray
+    n_positive: np.ndarray
+    clause_negative: np.ndarray
+    term_ptr: np.ndarray
+    terms: np.ndarray
+    circle_ptr: np.ndarray
+    circles: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ad_id)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, f.name).nbytes for f in fields(self))
+
+
+def compile_ads(ads: Iterable[Ad]) -> CompiledTargeting:
+    """Compile ads (in the order given, which becomes slot order) to flat arrays."""
+    ads = list(ads)
+    n = len(ads)
+    cols = {
+        "ad_id": np.empty(n, np.int64),
+        "status": np.empty(n, np.int8),
+        "format": np.empty(n, np.int16),
+        "start_time": np.empty(n, np.int64),
+        "end_time": np.empty(n, np.int64),
+        "age_min": np.empty(n, np.int8),
+        "age_max": np.empty(n, np.int8),
+        "gender_mask": np.empty(n, np.uint8),
+        "publisher_mask": np.empty(n, np.uint8),
+        "device_mask": np.empty(n, np.uint8),
+        "os_mask": np.empty(n, np.uint8),
+        "n_positive": np.empty(n, np.int32),
+    }
+    clause_ptr = [0]
+    clause_negative: list[int] = []
+    term_ptr = [0]
+    terms: list[int] = []
+    circle_ptr = [0]
+    circles: list = []
+    for i, ad in enumerate(ads):
+        s = ad.targeting
+        cols["ad_id"][i] = ad.ad_id
+        cols["status"][i] = STATUS_CODE[ad.status]
+        cols["format"][i] = ad.format
+        cols["start_time"][i] = NULL_START if ad.start_time is None else ad.start_time
+        cols["end_time"][i] = NULL_END if ad.end_time is None else ad.end_time
+        cols["age_min"][i] = s.age_min
+        cols["age_max"][i] = AGE_UNBOUNDED if s.age_max >= AGE_HIGHEST else s.age_max
+        cols["gender_mask"][i] = ALL_GENDERS if s.genders is None else sum(1 << g for g in s.genders)
+        cols["publisher_mask"][i] = _mask(s.publisher_platforms, PUBLISHER_PLATFORMS)
+        cols["device_mask"][i] = _mask(s.device_platforms, DEVICE_PLATFORMS)
+        cols["os_mask"][i] = _mask(s.user_os, USER_OS)
+        positive, negative = spec_clauses(s)
+        cols["n_positive"][i] = len(positive)
+        for negative_flag, clauses in ((0, positive), (1, [negative] if negative else [])):
+            for clause_terms, clause_circles in clauses:
+                clause_negative.append(negative_flag)
+                terms.extend(sorted(set(clause_terms)))
+                term_ptr.append(len(terms))
+                circles.extend(clause_circles)
+                circle_ptr.append(len(circles))
+        clause_ptr.append(len(clause_negative))
+    return CompiledTargeting(
+        clause_ptr=np.asarray(clause_ptr, np.int64),
+        clause_negative=np.asarray(clause_negative, np.uint8),
+        term_ptr=np.asarray(term_ptr, np.int64),
+        terms=np.asarray(terms, np.int64),
+        circle_ptr=np.asarray(circle_ptr, np.int64),
+        circles=np.asarray(circles, np.float64).reshape(-1, 3),
+        **cols,
+    )
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """A request's user and context as the indexes read them."""
+
+    terms: np.ndarray  # int64, sorted, unique: every term the user holds
+    age: int
+    gender: int
+    latitude: float
+    longitude: float
+    publisher: int  # index into PUBLISHER_PLATFORMS
+    device: int
+    os: int
+    time: int
+
+
+def encode_request(request: Request) -> EncodedRequest:
+    u, c = request.user, request.context
+    t = []
+    if len(u.country) == 2:
+        t.append(term(NS_COUNTRY, country_code(u.country)))
+    if u.region >= 0:
+        t.append(term(NS_REGION, u.region))
+    if u.city >= 0:
+        t.append(term(NS_CITY, u.city))
+    if u.locale >= 0:
+        t.append(term(NS_LOCALE, u.locale))
+    for key in FLEX_KEYS:
+        t.extend(term(NS_FLEX[key], i) for i in u.id_set(key))
+    t.extend(term(NS_CUSTOM_AUDIENCE, i) for i in u.id_set("custom_audiences"))
+    return EncodedRequest(
+        terms=np.unique(np.asarray(t, np.int64)),
+        age=u.age,
+        gender=u.gender,
+        latitude=u.latitude,
+        longitude=u.longitude,
+        publisher=PUBLISHER_PLATFORMS.index(c.publisher_platform),
+        device=DEVICE_PLATFORMS.index(c.device_platform),
+        os=USER_OS.index(c.user_os),
+        time=c.time,
+    )

@@ -1,0 +1,104 @@
+"""Slot layout shared by the GPU index, the embedding table and the scoring kernel.
+
+Every ad lives in one *slot*; eligibility, embeddings and formats are arrays indexed by slot, so the
+scoring kernel reads the index's output with no id translation. Slots come in chunks of
+`CHUNK_SLOTS`; every chunk holds ads of one format only, so a thread block that covers one chunk
+reads one format's per-request tables (no shared-memory bank conflicts between formats).
+
+Updates reuse slots: a retired ad's slot goes back to its chunk's free list; an upsert that changes
+an ad's format moves it to a chunk of the new format. Empty slots have ad id `EMPTY` (-1).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+CHUNK_SLOTS = 256
+EMPTY = -1
+
+
+class SlotAllocator:
+    def __init__(self, chunk_slots: int = CHUNK_SLOTS):
+        self.chunk_slots = chunk_slots
+        self.slot_ad_id = np.empty(0, np.int64)  # ad id per slot, EMPTY when free
+        self.chunk_format = np.empty(0, np.int16)  # format per chunk
+        self._slot_of: dict[int, int] = {}
+        self._free: dict[int, list[int]] = {}  # format -> free slots (a stack)
+
+    # --- bulk layout -------------------------------------------------------------------------------
+    @classmethod
+    def from_ads(cls, ad_ids: Iterable[int], formats: Iterable[int], chunk_slots: int = CHUNK_SLOTS,
+                 spare: float = 0.0) -> "SlotAllocator":
+        """Lay ads out grouped by format (stable within a format).
+
+        `spare` is the fraction of extra free slots reserved per format for later inserts.
+        """
+        alloc = cls(chunk_slots)
+        ad_ids = np.asarray(list(ad_ids), np.int64)
+        formats = np.asarray(list(formats), np.int16)
+        order = np.argsort(formats, kind="stable")
+        chunks_ad: list[np.ndarray] = []
+        chunk_fmt: list[int] = []
+        for f in np.unique(formats):
+            ids = ad_ids[order][formats[order] == f]
+            n_chunks = -(-int(len(ids) * (1.0 + spare)) // chunk_slots)
+            block = np.full(n_chunks * chunk_slots, EMPTY, np.int64)
+            block[: len(ids)] = ids
+            chunks_ad.append(block)
+            chunk_fmt += [int(f)] * n_chunks
+        alloc.slot_ad_id = np.concatenate(chunks_ad) if chunks_ad else np.empty(0, np.int64)
+        alloc.chunk_format = np.asarray(chunk_fmt, np.int16)
+        used = np.flatnonzero(alloc.slot_ad_id != EMPTY)
+        alloc._slot_of = dict(zip(alloc.slot_ad_id[used].tolist(), used.tolist()))
+        for s in np.flatnonzero(alloc.slot_ad_id == EMPTY)[::-1].tolist():
+            alloc._free.setdefault(int(alloc.chunk_format[s // chunk_slots]), []).append(s)
+        return alloc
+
+    # --- queries -----------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return len(self.slot_ad_id)
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, ad_id: int) -> bool:
+        return ad_id in self._slot_of
+
+    def slot_of(self, ad_id: int) -> int:
+        return self._slot_of[ad_id]
+
+    def format_of_slot(self, slot: int) -> int:
+        return int(self.chunk_format[slot // self.chunk_slots])
+
+    def slot_format(self) -> np.ndarray:
+        """int16[capacity]: the format of every slot."""
+        return np.repeat(self.chunk_format, self.chunk_slots)
+
+    # --- updates -----------------------------------------------------------------------------------
+    def allocate(self, ad_id: int, fmt: int) -> tuple[int, bool]:
+        """Give `ad_id` a slot of format `fmt`. Returns (slot, grew): `grew` is True when capacity
+        grew by one chunk, so that slot-indexed arrays must be extended to `capacity`."""
+        if ad_id in self._slot_of:
+            raise KeyError(f"ad {ad_id} already has slot {self._slot_of[ad_id]}")
+        free = self._free.setdefault(fmt, [])
+        grew = False
+        if not free:
+            start = self.capacity
+            self.slot_ad_id = np.concatenate([self.slot_ad_id, np.full(self.chunk_slots, EMPTY, np.int64)])
+            self.chunk_format = np.append(self.chunk_format, np.int16(fmt))
+            free.extend(range(start + self.chunk_slots - 1, start - 1, -1))
+            grew = True
+        slot = free.pop()
+        self.slot_ad_id[slot] = ad_id
+        self._slot_of[ad_id] = slot
+        return slot, grew
+
+    def release(self, ad_id: int) -> int:
+        """Free the slot of `ad_id` and return it."""
+        slot = self._slot_of.pop(ad_id)
+        self.slot_ad_id[slot] = EMPTY
+        self._free.setdefault(self.format_of_slot(slot), []).append(slot)
+        return slot
