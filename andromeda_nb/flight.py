@@ -1,0 +1,447 @@
+"""The `["retrieve"]` Flight exchange of DESIGN section 5, written once for every server and client.
+
+Both retrieval servers (the remote-scoring index host in `cpu_baseline/` and the co-located server in
+`gpu/`) subclass `RetrieveServer` and implement three methods; everything else (schemas, parsing the
+request batches, k limits, answer batches, the `health` / `stats` / `update` actions, counters, error
+mapping, clean shutdown on SIGTERM) lives here, so a client cannot tell the two apart except by speed.
+
+Server side::
+
+    class MyServer(RetrieveServer):
+        def retrieve(self, requests, ks):      # list[Request], list[int] -> list[(ids int64, scores float32)]
+        def apply_updates(self, text):         # JSON Lines of DESIGN section 6 -> dict (JSON-ready ack)
+        def health_info(self):                 # -> dict merged into the `health` answer
+
+    server = MyServer("grpc://127.0.0.1:0", seed=..., experts=..., width=...)
+    server.serve_until_stopped()               # SIGTERM / SIGINT: stop taking calls, finish, return
+
+Client side::
+
+    answers = retrieve_over_flight("grpc://127.0.0.1:PORT", requests, k=100)   # [(ids, scores), ...]
+    flight_action("grpc://127.0.0.1:PORT", "stats")                              # -> dict
+
+Wire format (see docs/PROTOCOL.md):
+
+* `DoExchange`, descriptor path `["retrieve"]`. The client writes record batches of
+  `REQUEST_SCHEMA` (`request_id` int64, `request` utf8 JSON with `user`, `context` and optionally
+  `signals`, `k` int32 in 1..MAX_K). For every batch it writes, the server writes one batch of
+  `ANSWER_SCHEMA` (`request_id` int64, `ad_id` int64, `score` float32): each request's rows in rank
+  order (score descending, ties by ad id ascending), requests in the order they came.
+* `DoAction("health")` -> one JSON result `{"status": "ok", ...}`; `DoAction("stats")` -> JSON counters
+  (requests, batches, bytes_in, bytes_out, errors, updates, uptime_s); `DoAction("update")` with a
+  JSON Lines body of updates (DESIGN section 6) -> JSON acknowledgement from `apply_updates`.
+
+Errors: a malformed request or update is a `FlightServerError` whose message starts with
+"invalid request:" (or "invalid update:") and names the request id and the problem; a dependency that
+is down is `FlightUnavailableError`, one that is too slow `FlightTimedOutError`; anything else is a
+`FlightInternalError`. Every error is counted in `stats`, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from .constants import MAX_K
+from .types import Request, TargetingError
+
+RETRIEVE_PATH = ("retrieve",)
+REQUEST_SCHEMA = pa.schema([("request_id", pa.int64()), ("request", pa.utf8()), ("k", pa.int32())])
+ANSWER_SCHEMA = pa.schema([("request_id", pa.int64()), ("ad_id", pa.int64()), ("score", pa.float32())])
+ACTIONS = {
+    "health": "liveness and what the server holds (JSON)",
+    "stats": "counters: requests, batches, bytes_in, bytes_out, errors, updates, uptime_s (JSON)",
+    "update": "body: JSON Lines updates (DESIGN section 6); answer: JSON acknowledgement",
+}
+DEFAULT_CLIENT_BATCH = 64  # requests per record batch a client sends
+
+
+class InvalidInput(ValueError):
+    """A malformed request, batch or update: becomes a Flight error starting 'invalid request:'."""
+
+
+# --- counters -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ServiceStats:
+    """Thread-safe counters a server reports through `DoAction("stats")`. Bytes are Arrow payload
+    bytes of the record batches (the counting relay measures bytes on the wire separately)."""
+
+    requests: int = 0
+    batches: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    errors: int = 0
+    updates: int = 0
+    started: float = field(default_factory=time.time)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + int(value))
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "requests": self.requests,
+                "batches": self.batches,
+                "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out,
+                "errors": self.errors,
+                "updates": self.updates,
+                "uptime_s": round(time.time() - self.started, 3),
+            }
+
+
+# --- request and answer batches -----------------------------------------------------------------------
+
+
+def _request_json(request) -> str:
+    if isinstance(request, str):
+        return request
+    if isinstance(request, Request):
+        from .targeting import request_to_json
+
+        return json.dumps(request_to_json(request), separators=(",", ":"))
+    return json.dumps(request, separators=(",", ":"))
+
+
+def _request_id(request) -> int:
+    if isinstance(request, Request):
+        return int(request.request_id)
+    if isinstance(request, str):
+        request = json.loads(request)
+    return int(request["request_id"])
+
+
+def request_batch(requests: Sequence, k: int | Sequence[int]) -> pa.RecordBatch:
+    """A `REQUEST_SCHEMA` batch from `Request` objects, JSON-ready dicts or JSON strings (each with a
+    `request_id`). `k` is one value for all or one per request."""
+    ks = [int(k)] * len(requests) if np.isscalar(k) else [int(x) for x in k]
+    return pa.record_batch(
+        [
+            pa.array([_request_id(r) for r in requests], pa.int64()),
+            pa.array([_request_json(r) for r in requests], pa.utf8()),
+            pa.array(ks, pa.int32()),
+        ],
+        schema=REQUEST_SCHEMA,
+    )
+
+
+def check_k(k: int, request_id=None) -> int:
+    if not 1 <= int(k) <= MAX_K:
+        raise InvalidInput(f"request {request_id}: k = {k} is outside 1..{MAX_K}")
+    return int(k)
+
+
+def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, width: int
+                         ) -> tuple[list[Request], list[int]]:
+    """Parse and validate one client batch: (requests, ks). Raises `InvalidInput` naming the
+    offending request id and field."""
+    missing = [f.name for f in REQUEST_SCHEMA if f.name not in batch.schema.names]
+    if missing:
+        raise InvalidInput(f"batch lacks column(s) {', '.join(missing)}; expected {REQUEST_SCHEMA}")
+    from .targeting import parse_request
+
+    try:
+        ids = batch.column("request_id").cast(pa.int64()).to_pylist()
+        ks = batch.column("k").cast(pa.int32()).to_pylist()
+        texts = batch.column("request").cast(pa.utf8()).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidInput(f"batch columns have the wrong types ({exc}); expected {REQUEST_SCHEMA}") from None
+    requests = []
+    for rid, text, k in zip(ids, texts, ks):
+        if rid is None or text is None or k is None:
+            raise InvalidInput(f"request {rid}: null request_id, request or k")
+        check_k(k, rid)
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"request {rid}: request is not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise InvalidInput(f"request {rid}: request must be a JSON object")
+        obj.setdefault("request_id", rid)
+        try:
+            requests.append(parse_request(obj, seed=seed, experts=experts, width=width))
+        except TargetingError as exc:
+            raise InvalidInput(f"request {rid}: {exc.path}: {exc.message}" if exc.path
+                               else f"request {rid}: {exc.message}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(f"request {rid}: {exc}") from None
+    return requests, ks
+
+
+def answer_batch(request_ids: Sequence[int], answers: Sequence[tuple[np.ndarray, np.ndarray]]) -> pa.RecordBatch:
+    """One `ANSWER_SCHEMA` batch: each request's rows in the rank order given."""
+    counts = [len(ids) for ids, _ in answers]
+    rid = np.repeat(np.asarray(request_ids, np.int64), counts)
+    ads = np.concatenate([np.asarray(a, np.int64) for a, _ in answers]) if answers else np.empty(0, np.int64)
+    scores = np.concatenate([np.asarray(s, np.float32) for _, s in answers]) if answers else np.empty(0, np.float32)
+    return pa.record_batch([pa.array(rid), pa.array(ads), pa.array(scores)], schema=ANSWER_SCHEMA)
+
+
+def split_answers(batch: pa.RecordBatch | pa.Table, request_ids: Sequence[int]
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Answer rows back to one (ad ids int64, scores float32) per request, in the order of
+    `request_ids`. Rows come as one run per request in request order; a request with no eligible
+    ad has no run and gets empty arrays."""
+    rid = np.asarray(batch.column("request_id").to_numpy(), np.int64)
+    ads = np.asarray(batch.column("ad_id").to_numpy(), np.int64)
+    scores = np.asarray(batch.column("score").to_numpy(), np.float32)
+    starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]]) if len(rid) else np.empty(0, np.int64)
+    ends = np.r_[starts[1:], len(rid)] if len(rid) else starts
+    out, run = [], 0
+    for r in request_ids:
+        if run < len(starts) and rid[starts[run]] == r:
+            lo, hi = starts[run], ends[run]
+            out.append((ads[lo:hi], scores[lo:hi]))
+            run += 1
+        else:
+            out.append((np.empty(0, np.int64), np.empty(0, np.float32)))
+    if run != len(starts):
+        raise ValueError(f"answer holds rows for request id {int(rid[starts[run]])}, which was not asked "
+                         "or not in this order")
+    return out
+
+
+# --- the server base ----------------------------------------------------------------------------------
+
+
+def _flight_error(exc: BaseException) -> Exception:
+    """Map a handler exception to the Flight error a client sees."""
+    if isinstance(exc, flight.FlightError):
+        return exc
+    if isinstance(exc, InvalidInput):
+        return flight.FlightServerError(f"invalid request: {exc}")
+    if isinstance(exc, TargetingError):
+        return flight.FlightServerError(f"invalid request: {exc}")
+    return flight.FlightInternalError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+class RetrieveServer(flight.FlightServerBase):
+    """Base of both retrieval servers: the `["retrieve"]` exchange and the actions of DESIGN section 5.
+
+    `seed`, `experts` and `width` are what `parse_request` needs to fill in missing signals.
+    Subclasses implement `retrieve`, and may override `apply_updates`, `health_info` and
+    `handle_action` (for further actions; return None when the name is not theirs).
+    """
+
+    name = "retrieve"
+
+    def __init__(self, location: str = "grpc://127.0.0.1:0", *, seed: int, experts: int, width: int, **kwargs):
+        super().__init__(location, **kwargs)
+        self.seed, self.experts, self.width = seed, experts, width
+        self.stats = ServiceStats()
+        self._stopping = threading.Event()
+
+    # --- what subclasses implement -------------------------------------------------------------------
+    def retrieve(self, requests: list[Request], ks: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        raise NotImplementedError
+
+    def apply_updates(self, text: str) -> dict:
+        raise flight.FlightServerError("invalid update: this server takes no updates")
+
+    def health_info(self) -> dict:
+        return {}
+
+    def handle_action(self, name: str, body: bytes):
+        """Further actions: return a JSON-ready object, or None when `name` is unknown here."""
+        return None
+
+    # --- Flight handlers -----------------------------------------------------------------------------
+    def do_exchange(self, context, descriptor, reader, writer):
+        try:
+            if descriptor.descriptor_type != flight.DescriptorType.PATH or tuple(
+                p.decode() if isinstance(p, bytes) else p for p in descriptor.path
+            ) != RETRIEVE_PATH:
+                raise InvalidInput(f"unknown exchange {descriptor}; this server serves path {list(RETRIEVE_PATH)}")
+            started = False
+            for chunk in reader:
+                batch = chunk.data
+                if batch is None:
+                    continue
+                requests, ks = decode_request_batch(batch, seed=self.seed, experts=self.experts, width=self.width)
+                answers = self.retrieve(requests, ks) if requests else []
+                out = answer_batch([r.request_id for r in requests], answers)
+                if not started:
+                    writer.begin(ANSWER_SCHEMA)
+                    started = True
+                writer.write_batch(out)
+                self.stats.add(requests=len(requests), batches=1, bytes_in=batch.nbytes, bytes_out=out.nbytes)
+            if not started:
+                writer.begin(ANSWER_SCHEMA)
+        except Exception as exc:  # every failure reaches the client as a Flight error
+            self.stats.add(errors=1)
+            raise _flight_error(exc) from None
+
+    def do_action(self, context, action):
+        name = action.type
+        body = action.body.to_pybytes() if action.body is not None else b""
+        try:
+            if name == "health":
+                result = {"status": "ok", "server": self.name, **self.health_info()}
+            elif name == "stats":
+                result = {"server": self.name, **self.stats.snapshot(), **self.extra_stats()}
+            elif name == "update":
+                try:
+                    text = body.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InvalidInput(f"update body is not UTF-8 ({exc})") from None
+                result = self.apply_updates(text)
+            else:
+                result = self.handle_action(name, body)
+                if result is None:
+                    raise InvalidInput(f"unknown action {name!r}; actions: {', '.join(self.action_names())}")
+        except Exception as exc:
+            self.stats.add(errors=1)
+            raise _flight_error(exc) from None
+        yield flight.Result(json.dumps(result).encode())
+
+    def extra_stats(self) -> dict:
+        return {}
+
+    def action_names(self) -> list[str]:
+        return list(ACTIONS)
+
+    def list_actions(self, context):
+        return [(name, ACTIONS.get(name, "")) for name in self.action_names()]
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    def serve_until_stopped(self, on_ready=None) -> None:
+        """Serve until SIGTERM or SIGINT (or `stop()`), then shut down cleanly: stop accepting calls,
+        let running calls finish, return. Must run in the main thread (signal handlers)."""
+
+        def _stop(signum, frame):
+            self.stop()
+
+        previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            if on_ready is not None:
+                on_ready(self)
+            while not self._stopping.wait(0.2):
+                pass
+            self.shutdown()
+            self.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.close_resources()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def close_resources(self) -> None:
+        """Release what the server holds (connections to other services); called after shutdown."""
+
+
+# --- client side --------------------------------------------------------------------------------------
+
+
+def location_of(address) -> str:
+    """'host:port', 'grpc://host:port' or a port number -> a grpc location string."""
+    if isinstance(address, int):
+        return f"grpc://127.0.0.1:{address}"
+    address = str(address)
+    return address if "://" in address else f"grpc://{address}"
+
+
+def _options(timeout: float | None) -> flight.FlightCallOptions:
+    return flight.FlightCallOptions(timeout=timeout) if timeout else flight.FlightCallOptions()
+
+
+def flight_action(location, name: str, body: bytes | str = b"", *, timeout: float | None = 10.0,
+                  client: flight.FlightClient | None = None):
+    """Run one DoAction and decode its JSON answer."""
+    own = client is None
+    client = client or flight.connect(location_of(location))
+    try:
+        if isinstance(body, str):
+            body = body.encode()
+        results = list(client.do_action(flight.Action(name, body), options=_options(timeout)))
+        return json.loads(results[0].body.to_pybytes()) if results else None
+    finally:
+        if own:
+            client.close()
+
+
+def wait_until_healthy(location, timeout: float = 30.0, process=None) -> dict:
+    """Poll `health` until it answers; raise RuntimeError after `timeout` seconds, or at once when
+    `process` (a subprocess.Popen) has exited."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"server process exited with code {process.returncode} before it was healthy")
+        try:
+            return flight_action(location, "health", timeout=2.0)
+        except flight.FlightError as exc:
+            last = exc
+            time.sleep(0.05)
+    raise RuntimeError(f"no healthy server at {location_of(location)} after {timeout:.0f} s ({last})")
+
+
+def exchange_batches(client: flight.FlightClient, batches: Iterable[pa.RecordBatch], *,
+                     timeout: float | None = None) -> list[pa.RecordBatch]:
+    """Send request batches over one `["retrieve"]` exchange; one answer batch per request batch."""
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*RETRIEVE_PATH), options=_options(timeout))
+    out = []
+    with writer:
+        writer.begin(REQUEST_SCHEMA)
+        for batch in batches:
+            writer.write_batch(batch)
+            out.append(reader.read_chunk().data)
+        writer.done_writing()
+        for chunk in reader:  # drain the end of stream
+            if chunk.data is not None:
+                out.append(chunk.data)
+    return out
+
+
+def retrieve_over_flight(location, requests: Sequence, k: int, *, timeout: float | None = 60.0,
+                         batch_size: int = DEFAULT_CLIENT_BATCH, client: flight.FlightClient | None = None
+                         ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Top-K answers from any `["retrieve"]` server: one (ad ids int64, scores float32) per request, in
+    rank order. `requests` are `Request` objects, JSON-ready dicts or JSON strings."""
+    check_k(k)
+    requests = list(requests)
+    own = client is None
+    client = client or flight.connect(location_of(location))
+    try:
+        batches = [request_batch(requests[i : i + batch_size], k) for i in range(0, len(requests), batch_size)]
+        answers = exchange_batches(client, batches, timeout=timeout) if batches else []
+        ids = [_request_id(r) for r in requests]
+        table = pa.Table.from_batches(answers, schema=ANSWER_SCHEMA)
+        return split_answers(table.combine_chunks(), ids)
+    finally:
+        if own:
+            client.close()
+
+
+__all__ = [
+    "ANSWER_SCHEMA",
+    "InvalidInput",
+    "REQUEST_SCHEMA",
+    "RETRIEVE_PATH",
+    "RetrieveServer",
+    "ServiceStats",
+    "answer_batch",
+    "check_k",
+    "decode_request_batch",
+    "exchange_batches",
+    "flight_action",
+    "location_of",
+    "request_batch",
+    "retrieve_over_flight",
+    "split_answers",
+    "wait_until_healthy",
+]
