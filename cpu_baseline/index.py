@@ -1,0 +1,474 @@
+"""CPU inverted targeting index: posting lists, clause counting, residual checks, live updates.
+
+The index an ad server keeps on its CPUs. Built from `andromeda_nb.compiled` (the one compiled
+form both indexes share), it stores:
+
+* **posting lists**: a CSR map from term (namespace, id) to entries (slot, clause), where clause is
+  the ad's local index of a positive clause (0..n_positive-1) or -1 for its negative clause. An ad
+  unconstrained on a field has no clause for it and so no posting: absence costs nothing.
+* **circle lists**: custom locations as (slot, clause, latitude, longitude, radius km) rows, checked
+  with `andromeda_nb.geo.haversine_km` after a cheap latitude-band test.
+* **residual columns** per slot: status, schedule, age range, gender and placement masks.
+
+Match (conjunction counting, after Whang et al., "Indexing Boolean Expressions", VLDB 2009, with
+each clause a disjunction): for every term the user holds, walk its postings and set the clause's
+bit in the slot's `satisfied` word (or the slot's `negated` flag). A slot is eligible when the
+popcount of `satisfied` equals its positive clause count, `negated` is clear and the residuals pass.
+Only slots reached through a posting are examined, plus the (rare) ads with no positive clause.
+
+Updates (DESIGN section 6) never rebuild the index: a slot belongs to the *main* segment or the
+*delta* segment (`segment` column); postings of a segment count only for slots currently in it, so
+a retired or replaced ad's old postings are dead (tombstoned) at once and its slot can be reused.
+Upserts go to the delta segment, whose small CSR is rebuilt lazily at the next match; when the delta
+grows past `DELTA_MERGE_FRACTION` of the main segment the two are merged (sort of the live entries).
+Status changes only touch the status column.
+
+Matching one request is a numba `njit(nogil=True, cache=True)` function; `match` runs requests on a
+thread pool of `threads` workers, each with its own scratch arrays.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+import numba
+import numpy as np
+
+from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, compile_ads, encode_request
+from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
+from andromeda_nb.geo import haversine_km
+from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
+
+SEG_EMPTY, SEG_MAIN, SEG_DELTA = 0, 1, 2
+NEGATIVE_CLAUSE = -1
+MAX_POSITIVE_CLAUSES = 32  # one bit each in the uint32 `satisfied` word (validated specs have <= 28)
+DELTA_MERGE_FRACTION = 0.05  # merge the delta into main when it holds this share of main's slots
+DELTA_MERGE_MIN = 4096  # ... but never for fewer delta ads than this
+KM_PER_DEGREE_LAT = float(np.pi * EARTH_RADIUS_KM / 180.0)
+LAT_BAND_MARGIN_KM = 1e-3  # keeps the band test strictly looser than the haversine test
+
+_haversine = numba.njit(cache=True, nogil=True)(haversine_km)
+
+
+# --- compiled form -> posting entries ------------------------------------------------------------------
+
+
+def _entries(ct: CompiledTargeting, slots: np.ndarray):
+    """Flat posting and circle entries of compiled ads placed at `slots` (int32[N]).
+
+    Returns (terms int64[T], slot int32[T], clause int8[T], circle rows float64[Q,3], circle slot
+    int32[Q], circle clause int8[Q])."""
+    n_clauses = np.diff(ct.clause_ptr)
+    ad_of_clause = np.repeat(np.arange(len(ct), dtype=np.int64), n_clauses)
+    local = np.arange(len(ct.clause_negative), dtype=np.int64) - ct.clause_ptr[:-1][ad_of_clause]
+    local = np.where(ct.clause_negative.astype(bool), NEGATIVE_CLAUSE, local).astype(np.int8)
+    if len(ct) and int(ct.n_positive.max(initial=0)) > MAX_POSITIVE_CLAUSES:
+        raise ValueError(f"an ad has more than {MAX_POSITIVE_CLAUSES} positive clauses")
+    clause_of_term = np.repeat(np.arange(len(local), dtype=np.int64), np.diff(ct.term_ptr))
+    clause_of_circle = np.repeat(np.arange(len(local), dtype=np.int64), np.diff(ct.circle_ptr))
+    slot_of_clause = slots[ad_of_clause].astype(np.int32)
+    return (
+        ct.terms.astype(np.int64),
+        slot_of_clause[clause_of_term],
+        local[clause_of_term],
+        ct.circles.reshape(-1, 3).astype(np.float64),
+        slot_of_clause[clause_of_circle],
+        local[clause_of_circle],
+    )
+
+
+def _csr(terms: np.ndarray, slot: np.ndarray, clause: np.ndarray):
+    """Group entries by term: (unique terms int64[U], ptr int64[U+1], slot int32[T], clause int8[T]);
+    within a term, entries are in slot order (memory order for the counting pass)."""
+    order = np.lexsort((slot, terms))
+    terms, slot, clause = terms[order], slot[order], clause[order]
+    if len(terms):
+        starts = np.flatnonzero(np.r_[True, terms[1:] != terms[:-1]])
+    else:
+        starts = np.empty(0, np.int64)
+    ptr = np.r_[starts, len(terms)].astype(np.int64)
+    return terms[starts].copy(), ptr, np.ascontiguousarray(slot, np.int32), np.ascontiguousarray(clause, np.int8)
+
+
+class _Postings:
+    """One segment's posting lists and circle list."""
+
+    def __init__(self, terms, slot, clause, circles, circle_slot, circle_clause):
+        self.terms, self.ptr, self.slot, self.clause = _csr(terms, slot, clause)
+        order = np.argsort(circle_slot, kind="stable")
+        self.circles = np.ascontiguousarray(circles[order], np.float64).reshape(-1, 3)
+        self.circle_slot = np.ascontiguousarray(circle_slot[order], np.int32)
+        self.circle_clause = np.ascontiguousarray(circle_clause[order], np.int8)
+
+    @classmethod
+    def empty(cls) -> "_Postings":
+        z = np.empty(0, np.int64)
+        return cls(z, z.astype(np.int32), z.astype(np.int8), np.empty((0, 3)), z.astype(np.int32), z.astype(np.int8))
+
+    def flat(self):
+        """Back to flat entries (for a merge)."""
+        terms = np.repeat(self.terms, np.diff(self.ptr))
+        return terms, self.slot, self.clause, self.circles, self.circle_slot, self.circle_clause
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.terms, self.ptr, self.slot, self.clause, self.circles,
+                                      self.circle_slot, self.circle_clause))
+
+
+# --- the numba match kernel ------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _hit(s, c, sat, neg, touched, n_touched):
+    if sat[s] == 0 and neg[s] == 0:
+        touched[n_touched] = s
+        n_touched += 1
+    if c < 0:
+        neg[s] = 1
+    else:
+        sat[s] |= np.uint32(1) << np.uint32(c)
+    return n_touched
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_postings(user_terms, p_terms, p_ptr, p_slot, p_clause, seg_id, segment, sat, neg, touched, n_touched):
+    """Mark the clauses hit by every user term (both arrays sorted): a merge-style walk."""
+    i = 0
+    j = 0
+    nu = user_terms.shape[0]
+    npt = p_terms.shape[0]
+    while i < nu and j < npt:
+        t = user_terms[i]
+        pt = p_terms[j]
+        if t < pt:
+            i += 1
+        elif pt < t:
+            # gallop: binary search for t in p_terms[j:]
+            lo = j + 1
+            hi = npt
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if p_terms[mid] < t:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            j = lo
+        else:
+            for e in range(p_ptr[j], p_ptr[j + 1]):
+                s = p_slot[e]
+                if segment[s] == seg_id:
+                    n_touched = _hit(s, p_clause[e], sat, neg, touched, n_touched)
+            i += 1
+            j += 1
+    return n_touched
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_circles(lat, lon, circles, c_slot, c_clause, seg_id, segment, sat, neg, touched, n_touched):
+    for e in range(c_slot.shape[0]):
+        s = c_slot[e]
+        if segment[s] != seg_id:
+            continue
+        c = c_clause[e]
+        if c < 0:
+            if neg[s] != 0:
+                continue
+        elif sat[s] & (np.uint32(1) << np.uint32(c)):
+            continue
+        radius = circles[e, 2]
+        # latitude band first: the great-circle distance is at least |delta latitude| * km per degree
+        if abs(circles[e, 0] - lat) * KM_PER_DEGREE_LAT > radius + LAT_BAND_MARGIN_KM:
+            continue
+        if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius:
+            n_touched = _hit(s, c, sat, neg, touched, n_touched)
+    return n_touched
+
+
+@numba.njit(cache=True, nogil=True)
+def _popcount32(x):
+    x = x - ((x >> np.uint32(1)) & np.uint32(0x55555555))
+    x = (x & np.uint32(0x33333333)) + ((x >> np.uint32(2)) & np.uint32(0x33333333))
+    x = (x + (x >> np.uint32(4))) & np.uint32(0x0F0F0F0F)
+    return (x * np.uint32(0x01010101)) >> np.uint32(24)
+
+
+@numba.njit(cache=True, nogil=True)
+def _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time, end_time, age_min, age_max,
+                 gender_mask, publisher_mask, device_mask, os_mask):
+    if status[s] != ACTIVE or not (start_time[s] <= now < end_time[s]):
+        return False
+    if not (age_min[s] <= age <= age_max[s]):
+        return False
+    if ((gender_mask[s] >> gender) & 1) == 0 or ((publisher_mask[s] >> publisher) & 1) == 0:
+        return False
+    return ((device_mask[s] >> device) & 1) != 0 and ((os_mask[s] >> os_) & 1) != 0
+
+
+@numba.njit(cache=True, nogil=True)
+def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
+              m_terms, m_ptr, m_slot, m_clause, m_circles, m_cslot, m_cclause,
+              d_terms, d_ptr, d_slot, d_clause, d_circles, d_cslot, d_cclause,
+              zero_slots, segment, ad_id, n_positive, status, start_time, end_time, age_min, age_max,
+              gender_mask, publisher_mask, device_mask, os_mask, sat, neg, touched):
+    """Eligible slots of one request, ordered by ad id ascending (int32[m]).
+
+    user_terms int64[U] sorted; m_*/d_*: main/delta postings (terms int64, ptr int64, slot int32,
+    clause int8) and circles (float64[Q,3], slot int32, clause int8); per-slot columns (int8 segment,
+    int64 ad_id, int8 n_positive, ...); scratch: sat uint32[cap], neg uint8[cap], touched int32[cap],
+    all zero on entry and left zero on return.
+    """
+    n = 0
+    n = _walk_postings(user_terms, m_terms, m_ptr, m_slot, m_clause, 1, segment, sat, neg, touched, n)
+    n = _walk_postings(user_terms, d_terms, d_ptr, d_slot, d_clause, 2, segment, sat, neg, touched, n)
+    n = _walk_circles(lat, lon, m_circles, m_cslot, m_cclause, 1, segment, sat, neg, touched, n)
+    n = _walk_circles(lat, lon, d_circles, d_cslot, d_cclause, 2, segment, sat, neg, touched, n)
+    out = np.empty(n + zero_slots.shape[0], np.int32)
+    m = 0
+    for i in range(n):
+        s = touched[i]
+        if (neg[s] == 0 and _popcount32(sat[s]) == n_positive[s]
+                and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time, end_time,
+                                 age_min, age_max, gender_mask, publisher_mask, device_mask, os_mask)):
+            out[m] = s
+            m += 1
+        sat[s] = 0
+        neg[s] = 0
+    for i in range(zero_slots.shape[0]):
+        s = zero_slots[i]
+        if segment[s] != 0 and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time,
+                                            end_time, age_min, age_max, gender_mask, publisher_mask,
+                                            device_mask, os_mask):
+            out[m] = s
+            m += 1
+    out = out[:m]
+    keys = np.empty(m, np.int64)
+    for i in range(m):
+        keys[i] = ad_id[out[i]]
+    return out[np.argsort(keys)]
+
+
+# --- the index ------------------------------------------------------------------------------------------
+
+_COLUMNS = {  # per-slot residual columns: name -> (dtype, value of an empty slot)
+    "ad_id": (np.int64, -1),
+    "segment": (np.int8, SEG_EMPTY),
+    "n_positive": (np.int8, 0),
+    "status": (np.int8, STATUS_CODE["DELETED"]),
+    "start_time": (np.int64, 0),
+    "end_time": (np.int64, 0),
+    "age_min": (np.int8, 0),
+    "age_max": (np.int8, 0),
+    "gender_mask": (np.uint8, 0),
+    "publisher_mask": (np.uint8, 0),
+    "device_mask": (np.uint8, 0),
+    "os_mask": (np.uint8, 0),
+}
+_RESIDUALS = ("status", "start_time", "end_time", "age_min", "age_max", "gender_mask", "publisher_mask",
+              "device_mask", "os_mask")
+
+
+def _default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
+
+
+class CpuTargetingIndex:
+    """Inverted targeting index on the CPU (interfaces.TargetingIndex)."""
+
+    def __init__(self, compiled: CompiledTargeting, *, threads: int | None = None, spare: float = 0.0):
+        n = len(compiled)
+        capacity = max(16, int(n * (1.0 + spare)))
+        self._cols = {name: np.full(capacity, empty, dtype) for name, (dtype, empty) in _COLUMNS.items()}
+        slots = np.arange(n, dtype=np.int32)
+        self._store_columns(compiled, slots, SEG_MAIN)
+        self._main = _Postings(*_entries(compiled, slots))
+        self._delta_entries: dict[int, tuple] = {}  # slot -> flat entries of its current delta ad
+        self._delta = _Postings.empty()
+        self._delta_dirty = False
+        self._slot_of: dict[int, int] = dict(zip(compiled.ad_id.tolist(), range(n)))
+        if len(self._slot_of) != n:
+            raise ValueError("duplicate ad ids in the corpus")
+        self._free: list[int] = list(range(capacity - 1, n - 1, -1))  # a stack: lowest slot first
+        self._zero = set(np.flatnonzero(compiled.n_positive == 0).tolist())
+        self._zero_arr = np.asarray(sorted(self._zero), np.int32)
+        self._lock = threading.RLock()
+        self.threads = threads or _default_threads()
+        self._scratch = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
+        self.merges = 0
+
+    # --- interface ---------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, ads: Sequence[Ad], **options) -> "CpuTargetingIndex":
+        return cls(compile_ads(ads), **options)
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, ad_id: int) -> bool:
+        return int(ad_id) in self._slot_of
+
+    @property
+    def capacity(self) -> int:
+        return len(self._cols["ad_id"])
+
+    def slot_of(self, ad_id: int) -> int:
+        return self._slot_of[int(ad_id)]
+
+    def match(self, requests: Sequence[Request]) -> list[np.ndarray]:
+        """Eligible ad ids per request: int64, ascending."""
+        return [ids for ids, _ in self.match_slots(requests)]
+
+    def match_slots(self, requests: Sequence[Request]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per request (eligible ad ids int64 ascending, their slots int32 in the same order)."""
+        encoded = [encode_request(r) for r in requests]
+        with self._lock:
+            self._refresh_delta()
+            if len(encoded) <= 1 or self.threads == 1:
+                return [self._match_encoded(e) for e in encoded]
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cpu-index")
+            return list(self._pool.map(self._match_encoded, encoded))
+
+    def apply(self, update) -> None:
+        """Apply one already-checked update (DESIGN section 6) without a rebuild."""
+        with self._lock:
+            if isinstance(update, Upsert):
+                self._upsert(update.ad)
+            elif isinstance(update, SetStatus):
+                self._cols["status"][self._slot_of[int(update.ad_id)]] = STATUS_CODE[update.status]
+            elif isinstance(update, Retire):
+                self._retire(int(update.ad_id))
+            else:
+                raise TypeError(f"not an update: {update!r}")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    @property
+    def nbytes(self) -> int:
+        return (sum(c.nbytes for c in self._cols.values()) + self._main.nbytes + self._delta.nbytes)
+
+    def describe(self) -> dict:
+        return {
+            "ads": len(self),
+            "capacity": self.capacity,
+            "main_terms": int(len(self._main.terms)),
+            "main_postings": int(len(self._main.slot)),
+            "main_circles": int(len(self._main.circle_slot)),
+            "delta_ads": len(self._delta_entries),
+            "merges": self.merges,
+            "bytes": int(self.nbytes),
+        }
+
+    # --- matching ----------------------------------------------------------------------------------------
+    def _scratch_arrays(self):
+        cap = self.capacity
+        sc = getattr(self._scratch, "arrays", None)
+        if sc is None or len(sc[0]) != cap:
+            sc = (np.zeros(cap, np.uint32), np.zeros(cap, np.uint8), np.zeros(cap, np.int32))
+            self._scratch.arrays = sc
+        return sc
+
+    def _match_encoded(self, e: EncodedRequest) -> tuple[np.ndarray, np.ndarray]:
+        sat, neg, touched = self._scratch_arrays()
+        c, m, d = self._cols, self._main, self._delta
+        slots = match_one(
+            e.terms, e.age, e.gender, e.latitude, e.longitude, e.publisher, e.device, e.os, e.time,
+            m.terms, m.ptr, m.slot, m.clause, m.circles, m.circle_slot, m.circle_clause,
+            d.terms, d.ptr, d.slot, d.clause, d.circles, d.circle_slot, d.circle_clause,
+            self._zero_arr, c["segment"], c["ad_id"], c["n_positive"], c["status"], c["start_time"],
+            c["end_time"], c["age_min"], c["age_max"], c["gender_mask"], c["publisher_mask"],
+            c["device_mask"], c["os_mask"], sat, neg, touched,
+        )
+        return c["ad_id"][slots], slots
+
+    # --- updates -----------------------------------------------------------------------------------------
+    def _store_columns(self, ct: CompiledTargeting, slots: np.ndarray, segment: int) -> None:
+        c = self._cols
+        c["ad_id"][slots] = ct.ad_id
+        c["segment"][slots] = segment
+        c["n_positive"][slots] = ct.n_positive
+        for name in _RESIDUALS:
+            c[name][slots] = getattr(ct, name)
+
+    def _grow(self) -> None:
+        old = self.capacity
+        new = old * 2
+        for name, (dtype, empty) in _COLUMNS.items():
+            col = np.full(new, empty, dtype)
+            col[:old] = self._cols[name]
+            self._cols[name] = col
+        self._free.extend(range(new - 1, old - 1, -1))
+
+    def _upsert(self, ad: Ad) -> None:
+        ad_id = int(ad.ad_id)
+        slot = self._slot_of.get(ad_id)
+        if slot is None:
+            if not self._free:
+                self._grow()
+            slot = self._free.pop()
+            self._slot_of[ad_id] = slot
+        ct = compile_ads([ad])
+        slots = np.asarray([slot], np.int32)
+        self._store_columns(ct, slots, SEG_DELTA)  # main postings of this slot are now dead
+        self._delta_entries[slot] = _entries(ct, slots)
+        self._set_zero(slot, int(ct.n_positive[0]) == 0)
+        self._delta_dirty = True
+
+    def _retire(self, ad_id: int) -> None:
+        slot = self._slot_of.pop(ad_id)
+        for name, (dtype, empty) in _COLUMNS.items():
+            self._cols[name][slot] = empty
+        if self._delta_entries.pop(slot, None) is not None:
+            self._delta_dirty = True
+        self._set_zero(slot, False)
+        self._free.append(slot)
+
+    def _set_zero(self, slot: int, is_zero: bool) -> None:
+        if is_zero == (slot in self._zero):
+            return
+        (self._zero.add if is_zero else self._zero.discard)(slot)
+        self._zero_arr = np.asarray(sorted(self._zero), np.int32)
+
+    def _refresh_delta(self) -> None:
+        if not self._delta_dirty:
+            return
+        self._delta_dirty = False
+        live_main = int(np.count_nonzero(self._cols["segment"] == SEG_MAIN))
+        if len(self._delta_entries) > max(DELTA_MERGE_MIN, DELTA_MERGE_FRACTION * live_main):
+            self.merge()
+            return
+        parts = list(self._delta_entries.values())
+        self._delta = _Postings(*(_concat([p[i] for p in parts], i) for i in range(6))) if parts else _Postings.empty()
+
+    def merge(self) -> None:
+        """Fold the delta segment into main: drop dead entries, sort the live ones by term."""
+        with self._lock:
+            seg = self._cols["segment"]
+            m_terms, m_slot, m_clause, m_circles, m_cslot, m_cclause = self._main.flat()
+            keep = seg[m_slot] == SEG_MAIN
+            keep_c = seg[m_cslot] == SEG_MAIN
+            parts = [(m_terms[keep], m_slot[keep], m_clause[keep], m_circles[keep_c], m_cslot[keep_c],
+                      m_cclause[keep_c])] + list(self._delta_entries.values())
+            self._main = _Postings(*(_concat([p[i] for p in parts], i) for i in range(6)))
+            for slot in self._delta_entries:
+                seg[slot] = SEG_MAIN
+            self._delta_entries.clear()
+            self._delta = _Postings.empty()
+            self._delta_dirty = False
+            self.merges += 1
+
+
+def _concat(arrays: list[np.ndarray], field: int) -> np.ndarray:
+    if field == 3:
+        return np.concatenate([a.reshape(-1, 3) for a in arrays]) if arrays else np.empty((0, 3))
+    return np.concatenate(arrays)
+
+
+__all__ = ["CpuTargetingIndex", "match_one"]
