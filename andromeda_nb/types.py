@@ -19,13 +19,17 @@ class TargetingError(ValueError):
     """A spec, ad, request or update that breaks the contract.
 
     `path` is the JSON path of the offending value, e.g. `targeting.flexible_spec[2].interests[7]`.
+    `line` is the 1-based line of a JSON Lines file the value came from, when known.
     """
 
-    def __init__(self, ad_id, path: str, message: str):
+    def __init__(self, ad_id, path: str, message: str, *, line: int | None = None):
         self.ad_id = ad_id
         self.path = path
         self.message = message
+        self.line = line
         where = f"ad {ad_id}" if ad_id is not None else "input"
+        if line is not None:
+            where = f"line {line}: {where}"
         super().__init__(f"{where}: {path}: {message}" if path else f"{where}: {message}")
 
 

@@ -1,0 +1,127 @@
+"""The targeting oracle: DESIGN section 2's table evaluated literally, one ad against one request.
+
+Plain Python on the validated value types, slow on purpose and written to be read beside the table:
+every index (the CPU inverted index, the GPU index, the compiled form's `eligible_compiled`) is
+tested against `eligible`. It does not use `andromeda_nb.compiled`, so a bug there cannot hide here.
+
+`OracleIndex` is the oracle as a `TargetingIndex` (`andromeda match --arch oracle`): it checks every
+live ad against every request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .constants import AGE_HIGHEST
+from .geo import haversine_km
+from .types import Ad, GeoSpec, Request, Retire, SetStatus, TargetingSpec, Upsert, Update, User
+
+
+def in_custom_location(user: User, latitude: float, longitude: float, radius_km: float) -> bool:
+    """The user's point lies within the circle, boundary included. A user without a known location
+    (NaN coordinates) lies in no circle."""
+    if math.isnan(user.latitude) or math.isnan(user.longitude):
+        return False
+    return haversine_km(user.latitude, user.longitude, latitude, longitude) <= radius_km
+
+
+def matches_geo(geo: GeoSpec, user: User) -> bool:
+    """The user's country, region or city is listed, or the user lies within a custom location."""
+    if user.country and user.country in geo.countries:
+        return True
+    if user.region in geo.regions or user.city in geo.cities:
+        return True
+    return any(in_custom_location(user, c.latitude, c.longitude, c.radius_km) for c in geo.custom_locations)
+
+
+def holds_any(user: User, obj: Mapping[str, frozenset[int]]) -> bool:
+    """The user holds at least one id listed under any key of a flexible_spec / exclusions object;
+    ids match only within their own key."""
+    return any(not user.id_set(key).isdisjoint(ids) for key, ids in obj.items())
+
+
+def spec_matches(spec: TargetingSpec, request: Request) -> bool:
+    """Every present constraint of the targeting spec holds for the request's user and context."""
+    user, ctx = request.user, request.context
+    if user.age < spec.age_min:
+        return False
+    if spec.age_max != AGE_HIGHEST and user.age > spec.age_max:  # 65 means "65 and older"
+        return False
+    if spec.genders is not None and user.gender not in spec.genders:
+        return False
+    if spec.geo_locations is not None and not matches_geo(spec.geo_locations, user):
+        return False
+    if spec.excluded_geo_locations is not None and matches_geo(spec.excluded_geo_locations, user):
+        return False
+    if spec.locales is not None and user.locale not in spec.locales:
+        return False
+    if spec.publisher_platforms is not None and ctx.publisher_platform not in spec.publisher_platforms:
+        return False
+    if spec.device_platforms is not None and ctx.device_platform not in spec.device_platforms:
+        return False
+    if spec.user_os is not None and ctx.user_os not in spec.user_os:
+        return False
+    if not all(holds_any(user, obj) for obj in spec.flexible_spec):
+        return False
+    if spec.exclusions is not None and holds_any(user, spec.exclusions):
+        return False
+    audiences = user.id_set("custom_audiences")
+    if spec.custom_audiences is not None and audiences.isdisjoint(spec.custom_audiences):
+        return False
+    if spec.excluded_custom_audiences is not None and not audiences.isdisjoint(spec.excluded_custom_audiences):
+        return False
+    return True
+
+
+def in_schedule(ad: Ad, time: int) -> bool:
+    """start_time <= time < end_time, a null bound being open."""
+    if ad.start_time is not None and time < ad.start_time:
+        return False
+    if ad.end_time is not None and time >= ad.end_time:
+        return False
+    return True
+
+
+def eligible(ad: Ad, request: Request) -> bool:
+    """DESIGN section 2: the ad is ACTIVE, in its schedule, and its targeting matches."""
+    return ad.status == "ACTIVE" and in_schedule(ad, request.context.time) and spec_matches(ad.targeting, request)
+
+
+class OracleIndex:
+    """`interfaces.TargetingIndex` by brute force over the live ads (a dict in insertion order)."""
+
+    def __init__(self) -> None:
+        self.ads: dict[int, Ad] = {}
+
+    @classmethod
+    def build(cls, ads: Sequence[Ad]) -> "OracleIndex":
+        index = cls()
+        for ad in ads:
+            if ad.ad_id in index.ads:
+                raise ValueError(f"duplicate ad id {ad.ad_id}")
+            index.ads[ad.ad_id] = ad
+        return index
+
+    def match(self, requests: Sequence[Request]) -> list[np.ndarray]:
+        out = []
+        for request in requests:
+            ids = sorted(ad_id for ad_id, ad in self.ads.items() if eligible(ad, request))
+            out.append(np.asarray(ids, np.int64))
+        return out
+
+    def apply(self, update: Update) -> None:
+        if isinstance(update, Upsert):
+            self.ads[update.ad.ad_id] = update.ad
+        elif isinstance(update, SetStatus):
+            self.ads[update.ad_id] = dataclasses.replace(self.ads[update.ad_id], status=update.status)
+        elif isinstance(update, Retire):
+            del self.ads[update.ad_id]
+        else:
+            raise TypeError(f"not an update: {update!r}")
+
+    def __len__(self) -> int:
+        return len(self.ads)
