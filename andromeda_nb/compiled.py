@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .constants import (
+    ACTIVE,
     AGE_HIGHEST,
     DEVICE_PLATFORMS,
     FLEX_KEYS,
@@ -45,6 +46,7 @@ from .constants import (
     STATUS_CODE,
     USER_OS,
 )
+from .geo import haversine_km
 from .types import Ad, GeoSpec, Request, TargetingSpec
 
 TERM_SHIFT = 40
@@ -240,3 +242,43 @@ def encode_request(request: Request) -> EncodedRequest:
         os=USER_OS.index(c.user_os),
         time=c.time,
     )
+
+
+def _clause_holds(ct: CompiledTargeting, j: int, enc: EncodedRequest) -> bool:
+    """The user holds one of clause j's terms, or lies inside one of its circles (boundary
+    inclusive; a NaN location is inside none, as every comparison with NaN is false)."""
+    clause_terms = ct.terms[ct.term_ptr[j] : ct.term_ptr[j + 1]]
+    if len(clause_terms) and len(enc.terms):
+        pos = np.searchsorted(enc.terms, clause_terms)
+        pos = np.minimum(pos, len(enc.terms) - 1)
+        if np.any(enc.terms[pos] == clause_terms):
+            return True
+    for q in range(ct.circle_ptr[j], ct.circle_ptr[j + 1]):
+        lat, lon, radius_km = ct.circles[q]
+        if haversine_km(enc.latitude, enc.longitude, lat, lon) <= radius_km:
+            return True
+    return False
+
+
+def eligible_compiled(ct: CompiledTargeting, i: int, enc: EncodedRequest) -> bool:
+    """Ad i (slot i) of `ct` against one encoded request, in plain Python: the formula every index
+    implements (residual columns, then every positive clause holds and no negative clause does).
+    Tested equal to `andromeda_nb.oracle.eligible`."""
+    if ct.status[i] != ACTIVE:
+        return False
+    if not ct.start_time[i] <= enc.time < ct.end_time[i]:
+        return False
+    if not ct.age_min[i] <= enc.age <= ct.age_max[i]:
+        return False
+    if not (int(ct.gender_mask[i]) >> enc.gender) & 1:
+        return False
+    if not (int(ct.publisher_mask[i]) >> enc.publisher) & 1:
+        return False
+    if not (int(ct.device_mask[i]) >> enc.device) & 1:
+        return False
+    if not (int(ct.os_mask[i]) >> enc.os) & 1:
+        return False
+    for j in range(ct.clause_ptr[i], ct.clause_ptr[i + 1]):
+        if _clause_holds(ct, j, enc) == bool(ct.clause_negative[j]):
+            return False
+    return True
