@@ -201,7 +201,7 @@ def compare_topk(ref_ids, ref_scores, got_ids, got_scores, k: int, *, tie_atol: 
     expected_len = min(int(k), len(ids))
     counts = {"k": int(k), "candidates": len(ids), "expected": expected_len, "got": len(got_ids)}
     failed = _check_answer_shape(what, got_ids, got_scores, expected_len, counts)
-    if failed:
+    if failed is not None:
         return failed
     pos, found = _positions(sorted_ids, order, got_ids)
     if not found.all():
