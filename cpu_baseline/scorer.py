@@ -1,0 +1,250 @@
+"""CPU scorer: the DESIGN section 3 formula over a candidate list, numba-parallel, fp32/fp16/int8.
+
+Per request the user side is folded into per-format tables (`andromeda_nb.kernels_common.
+fold_user_side`: P float32 (F, 2E, D), c0 float32 (F, 2E)); per candidate the kernel converts the
+stored row to float32 once (int8: sign-extend; fp16: the F16C conversion through a small LLVM
+intrinsic, since numba has no float16 type on the CPU) and runs the shared per-ad formula
+`andromeda_nb.kernels_common.moe_score_row` on it: E gate dot products, top-k routing, k expert dot
+products, softmax-weighted sum. Arithmetic is float32 (DESIGN section 4's default mode).
+
+Storage arrays: `values` (N, D) float32 | uint16 (fp16 bits) | int8, `scale` float32 (N,), `formats`
+int16 (N,). Candidates are row numbers (int32 or int64) into them.
+
+Versions (all checked against `andromeda_nb.reference` in tests/test_cpu_scorer.py, all timed by
+`andromeda bench cpu`):
+
+    1  serial loop over candidates, the shared per-ad function (gate first, routed experts only)
+    2  numba `prange` over blocks of candidates, the shared per-ad function
+    3  `prange` blocks; per ad all 2E dot products in one pass, then routing (shipped: the fixed
+       loop shape vectorizes better than the data-dependent expert choice of 1 and 2)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+from andromeda_nb.kernels_common import fold_user_side, moe_score_row
+
+PARALLEL_MIN_CANDIDATES = 4096  # below this, one thread is faster than waking the pool
+BLOCK_CANDIDATES = 1024  # candidates per prange block
+
+
+@intrinsic
+def _half_bits_to_float(typingctx, bits):
+    """uint16 IEEE half bits -> float32 (LLVM fpext; vcvtph2ps on x86 with F16C)."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+def _to_float32(x):
+    """A stored element as float32 (compiled through the overload below)."""
+    return np.float32(x)
+
+
+@overload(_to_float32)
+def _to_float32_overload(x):
+    if x == types.uint16:  # fp16 storage, as its bits
+        return lambda x: _half_bits_to_float(x)
+    return lambda x: np.float32(x)
+
+
+_score_row = numba.njit(cache=True, nogil=True, fastmath=True)(moe_score_row)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _load_row(values, row, scale, buf):
+    """buf[:] = stored row as float32; returns the row's dequantization scale."""
+    for d in range(values.shape[1]):
+        buf[d] = _to_float32(values[row, d])
+    return scale[row]
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def _score_range(values, scale, formats, rows, P, c0, top_k, out, lo, hi):
+    E = c0.shape[1] // 2
+    D = values.shape[1]
+    buf = np.empty(D, np.float32)
+    g = np.empty(E, np.float32)
+    s = np.empty(E, np.float32)
+    sel = np.empty(top_k, np.int64)
+    for i in range(lo, hi):
+        row = rows[i]
+        sc = _load_row(values, row, scale, buf)
+        out[i] = _score_row(buf, sc, P, c0, formats[row], E, top_k, g, s, sel)
+
+
+@numba.njit(cache=True, nogil=True)
+def score_serial(values, scale, formats, rows, P, c0, top_k, out):
+    """Version 1: out[i] = score of stored row rows[i] (float32 out (C,))."""
+    _score_range(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
+
+
+@numba.njit(cache=True, parallel=True)
+def score_parallel(values, scale, formats, rows, P, c0, top_k, out):
+    """Version 2: blocks of BLOCK_CANDIDATES candidates spread over numba's threads."""
+    n = rows.shape[0]
+    blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
+    for b in numba.prange(blocks):
+        lo = b * BLOCK_CANDIDATES
+        hi = min(n, lo + BLOCK_CANDIDATES)
+        _score_range(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, hi):
+    """The same formula with all 2E dot products in one pass over the row (no data-dependent
+    row choice between the gate and the expert products), then routing on the results."""
+    E2 = c0.shape[1]
+    E = E2 // 2
+    D = values.shape[1]
+    buf = np.empty(D, np.float32)
+    acc = np.empty(E2, np.float32)
+    sel = np.empty(top_k, np.int64)
+    for i in range(lo, hi):
+        row = rows[i]
+        f = formats[row]
+        sc = scale[row]
+        for d in range(D):
+            buf[d] = _to_float32(values[row, d])
+        for j in range(E2):
+            a = np.float32(0.0)
+            for d in range(D):
+                a += P[f, j, d] * buf[d]
+            acc[j] = a * sc + c0[f, j]
+        for j in range(top_k):  # top_k largest gate logits, ties to the lower expert
+            best = -1
+            for e in range(E):
+                taken = False
+                for t in range(j):
+                    if sel[t] == e:
+                        taken = True
+                if not taken and (best < 0 or acc[e] > acc[best]):
+                    best = e
+            sel[j] = best
+        top = acc[sel[0]]
+        den = 0.0
+        num = 0.0
+        for j in range(top_k):
+            w = math.exp(acc[sel[j]] - top)
+            den += w
+            num += w * acc[E + sel[j]]
+        out[i] = num / den
+
+
+@numba.njit(cache=True, parallel=True)
+def score_parallel_all_dots(values, scale, formats, rows, P, c0, top_k, out):
+    """Version 3: version 2's blocks with the all-dots-then-route per-ad loop."""
+    n = rows.shape[0]
+    blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
+    for b in numba.prange(blocks):
+        lo = b * BLOCK_CANDIDATES
+        hi = min(n, lo + BLOCK_CANDIDATES)
+        _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+
+
+@numba.njit(cache=True, nogil=True)
+def score_serial_all_dots(values, scale, formats, rows, P, c0, top_k, out):
+    _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
+
+
+VERSIONS = {1: score_serial, 2: score_parallel, 3: score_parallel_all_dots}
+SERIAL_OF = {score_parallel: score_serial, score_parallel_all_dots: score_serial_all_dots}
+SHIPPED_VERSION = 3
+
+
+def storage_view(values: np.ndarray) -> np.ndarray:
+    """The array the kernels read: float16 storage as its uint16 bits, others unchanged."""
+    values = np.ascontiguousarray(values)
+    return values.view(np.uint16) if values.dtype == np.float16 else values
+
+
+class CpuScorer:
+    """Stored embeddings plus formats; scores candidate rows for one request's user side.
+
+    `values` (N, D) float32 | float16 | int8, `scale` float32 (N,), `formats` int (N,), `top_k`.
+    Rows can be added or replaced (`set_row`) for updates; capacity grows by doubling.
+    """
+
+    def __init__(self, values: np.ndarray, scale: np.ndarray, formats: np.ndarray, top_k: int,
+                 *, version: int = SHIPPED_VERSION):
+        self.dtype = np.dtype(values.dtype)
+        self._values = storage_view(values)
+        self._scale = np.ascontiguousarray(scale, np.float32)
+        self._formats = np.ascontiguousarray(formats, np.int16)
+        self.rows = len(self._values)
+        self.top_k = int(top_k)
+        self.kernel = VERSIONS[version]
+
+    @classmethod
+    def from_table(cls, table, formats, top_k: int, **options) -> "CpuScorer":
+        """From an `andromeda_nb.model.EmbeddingTable`."""
+        return cls(table.values, table.scale, formats, top_k, **options)
+
+    @property
+    def D(self) -> int:
+        return self._values.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return len(self._values)
+
+    @property
+    def bytes_per_row(self) -> int:
+        return self._values.shape[1] * self._values.itemsize + (4 if self.dtype == np.int8 else 0)
+
+    def set_row(self, row: int, values: np.ndarray, scale: float, fmt: int) -> None:
+        """Store one row (grows the arrays when `row` is past the end)."""
+        if row >= self.capacity:
+            new = max(row + 1, 2 * self.capacity, 16)
+            for name in ("_values", "_scale", "_formats"):
+                old = getattr(self, name)
+                grown = np.zeros((new,) + old.shape[1:], old.dtype)
+                grown[: len(old)] = old
+                setattr(self, name, grown)
+        self._values[row] = storage_view(np.asarray(values, self.dtype).reshape(1, -1))[0]
+        self._scale[row] = scale
+        self._formats[row] = fmt
+        self.rows = max(self.rows, row + 1)
+
+    def score(self, rows: np.ndarray, P: np.ndarray, c0: np.ndarray) -> np.ndarray:
+        """float32 (C,) scores of the candidate rows (int32/int64 (C,)) for folded tables P, c0."""
+        rows = np.ascontiguousarray(rows)
+        if rows.dtype not in (np.int32, np.int64):
+            rows = rows.astype(np.int64)
+        if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= self.rows):
+            raise IndexError(f"candidate rows must lie in 0..{self.rows - 1}")
+        out = np.empty(len(rows), np.float32)
+        kernel = self.kernel
+        if len(rows) < PARALLEL_MIN_CANDIDATES:
+            kernel = SERIAL_OF.get(kernel, kernel)
+        kernel(self._values, self._scale, self._formats, rows, P, c0, self.top_k, out)
+        return out
+
+    def score_user_side(self, rows: np.ndarray, U, Q, gamma, beta) -> np.ndarray:
+        """Scores from the unfolded user-side tables U, Q (E, D), gamma, beta (F, D)."""
+        P, c0 = fold_user_side(U, Q, gamma, beta)
+        return self.score(rows, P, c0)
+
+
+def threads() -> int:
+    return numba.get_num_threads()
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS, os.cpu_count() or 1)))
+
+
+__all__ = ["CpuScorer", "SHIPPED_VERSION", "VERSIONS", "score_parallel", "score_serial", "storage_view"]
