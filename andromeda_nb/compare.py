@@ -2,8 +2,9 @@
 implementation against the reference and returns a `Comparison` whose `.ok` says whether it passes and
 whose `.message` describes the first disagreement (ids and values), with counts for a report.
 
-* `compare_eligible`: exact set equality of eligible ad ids (ids listed in `excused`, such as users
-  within BOUNDARY_SLACK_KM of a custom-location radius, may be on either side).
+* `compare_eligible`: exact set equality of eligible ad ids (ids listed in `excused` may be on either
+  side; `boundary_excused(ads, request)` lists the ads whose eligibility turns on a custom location
+  whose radius the user lies within BOUNDARY_SLACK_KM of).
 * `compare_scores`: every score within SCORE_ATOL of the float64 reference; where the gate's k-th and
   (k+1)-th logits tie (the reference marks those rows ambiguous), the score under any acceptable
   routing is accepted.
@@ -24,17 +25,22 @@ ad, or at least of the rows `reference.reference_candidates` keeps; either a `Sc
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
 from .constants import (
+    BOUNDARY_SLACK_KM,
     REDUCED_MIN_RECALL,
     REDUCED_SCORE_RTOL,
     SCORE_ATOL,
     TOPK_TIE_ATOL,
 )
+from .geo import haversine_km
 from .reference import ScoreResult, reference_topk
+from .types import Ad, GeoSpec, Request
 
 
 @dataclass
@@ -114,6 +120,45 @@ def compare_eligible(expected_ids, got_ids, *, excused=(), require_sorted: bool 
             return _fail("eligible", f"ids not ascending at position {i + 1}: {int(got[i])} then "
                          f"{int(got[i + 1])}", counts)
     return Comparison("eligible", True, "", counts)
+
+
+def _moved_circles(geo: GeoSpec | None, user, delta_km: float) -> tuple[GeoSpec | None, bool]:
+    """`geo` with every custom location whose radius lies within BOUNDARY_SLACK_KM of the user's
+    distance grown by `delta_km` (negative: shrunk), and whether there was any."""
+    if geo is None or not geo.custom_locations:
+        return geo, False
+    moved, any_near = [], False
+    for c in geo.custom_locations:
+        near = abs(haversine_km(user.latitude, user.longitude, c.latitude, c.longitude) - c.radius_km) \
+            <= BOUNDARY_SLACK_KM
+        any_near |= near
+        moved.append(dataclasses.replace(c, radius_km=c.radius_km + delta_km) if near else c)
+    return dataclasses.replace(geo, custom_locations=tuple(moved)), any_near
+
+
+def boundary_excused(ads: Iterable[Ad], request: Request) -> np.ndarray:
+    """Ad ids (int64, ascending) whose eligibility for this request depends on which side of a
+    custom-location boundary the user is put, among points within BOUNDARY_SLACK_KM of a radius
+    (DESIGN section 2 lets implementations disagree there and only there)."""
+    from .oracle import eligible  # imported here: the targeting module stands apart
+
+    user, out = request.user, []
+    step = 4 * BOUNDARY_SLACK_KM
+    for ad in ads:
+        spec = ad.targeting
+        grown_in, near_in = _moved_circles(spec.geo_locations, user, step)
+        shrunk_in, _ = _moved_circles(spec.geo_locations, user, -step)
+        grown_ex, near_ex = _moved_circles(spec.excluded_geo_locations, user, step)
+        shrunk_ex, _ = _moved_circles(spec.excluded_geo_locations, user, -step)
+        if not (near_in or near_ex):
+            continue
+        most = dataclasses.replace(ad, targeting=dataclasses.replace(
+            spec, geo_locations=grown_in, excluded_geo_locations=shrunk_ex))
+        least = dataclasses.replace(ad, targeting=dataclasses.replace(
+            spec, geo_locations=shrunk_in, excluded_geo_locations=grown_ex))
+        if eligible(most, request) != eligible(least, request):
+            out.append(ad.ad_id)
+    return np.asarray(sorted(out), np.int64)
 
 
 # --- scores -----------------------------------------------------------------------------------------
@@ -298,4 +343,4 @@ def compare_reduced(ref_ids, ref_scores, got_ids, got_scores, k: int, *,
     return Comparison(what, True, "", counts)
 
 
-__all__ = ["Comparison", "compare_eligible", "compare_reduced", "compare_scores", "compare_topk"]
+__all__ = ["Comparison", "boundary_excused", "compare_eligible", "compare_reduced", "compare_scores", "compare_topk"]
