@@ -31,10 +31,10 @@ agrees):
 
 from __future__ import annotations
 
-import copy
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +115,21 @@ def _type_name(v: Any) -> str:
 
 
 def _is_int(v: Any) -> bool:
+    if type(v) is int:  # the common case, first
+        return True
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _copy_json(v: Any) -> Any:
+    """A deep copy of a JSON-shaped value (dicts, lists, scalars); much faster than copy.deepcopy."""
+    if type(v) is dict or isinstance(v, Mapping):
+        return {k: _copy_json(x) for k, x in v.items()}
+    if type(v) is list or isinstance(v, tuple):
+        return [x if type(x) in _JSON_SCALARS else _copy_json(x) for x in v]
+    return v
+
+
+_JSON_SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def _is_number(v: Any) -> bool:
@@ -136,7 +150,7 @@ class _Checker:
         raise TargetingError(self.ad_id, path, message, line=self.line)
 
     def object(self, v, path: str, allowed: tuple[str, ...], *, nonempty: bool = False) -> Mapping:
-        if not isinstance(v, Mapping):
+        if type(v) is not dict and not isinstance(v, Mapping):
             self.fail(path, f"must be an object, got {_type_name(v)}")
         for key in v:
             if not isinstance(key, str) or key not in allowed:
@@ -164,12 +178,17 @@ class _Checker:
         return x
 
     def list(self, v, path: str, *, nonempty: bool = True) -> list:
+        if type(v) is not list:
+            v = self._as_list(v, path)
+        if nonempty and not v:
+            self.fail(path, "must not be an empty list")
+        return v
+
+    def _as_list(self, v, path: str) -> list:
         if isinstance(v, np.ndarray):
             v = v.tolist()
         if not isinstance(v, (list, tuple)):
             self.fail(path, f"must be a list, got {_type_name(v)}")
-        if nonempty and not v:
-            self.fail(path, "must not be an empty list")
         return list(v)
 
     def ids(self, v, path: str, *, nonempty: bool = True) -> frozenset[int]:
@@ -323,18 +342,24 @@ def _parse_vector(chk: _Checker, v, path: str, size: int) -> np.ndarray:
     items = chk.list(v, path)
     if len(items) != size:
         chk.fail(path, f"has {len(items)} values; expected {size}")
+    if {type(x) for x in items} <= {float, int}:  # fast path: plain JSON numbers
+        arr = np.asarray(items, np.float64)
+        if np.all(np.isfinite(arr)) and np.all(np.abs(arr) <= _F32_MAX):
+            return arr.astype(np.float32)
     return np.asarray(
         [chk.number(x, f"{path}[{i}]", -_F32_MAX, _F32_MAX) for i, x in enumerate(items)], np.float32
     )
 
 
-def parse_ad(obj, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | None = None) -> Ad:
+def parse_ad(obj, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | None = None,
+             derive_embedding: bool = True) -> Ad:
     """Validate one ad line of DESIGN section 2 and return an `Ad`.
 
     `status` defaults to ACTIVE, `start_time` / `end_time` to null (open), `format` to 0 (must be in
     0..formats-1); `targeting` is required; an ad without `embedding` gets
-    `derive.ad_embedding(ad_id, seed, dim)`. `line` (1-based, when the ad came from a file) is
-    carried into the error.
+    `derive.ad_embedding(ad_id, seed, dim)`, or None with `derive_embedding=False` (bulk loaders
+    then fill many at once with `derive.ad_embeddings`). `line` (1-based, when the ad came from a
+    file) is carried into the error.
     """
     chk = _Checker(None, line)
     if not isinstance(obj, Mapping):
@@ -356,7 +381,7 @@ def parse_ad(obj, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | 
     if "embedding" in obj:
         embedding = _parse_vector(chk, obj["embedding"], "embedding", dim)
     else:
-        embedding = derive.ad_embedding(ad_id, seed, dim)
+        embedding = derive.ad_embedding(ad_id, seed, dim) if derive_embedding else None
     return Ad(
         ad_id=ad_id,
         targeting=spec,
@@ -364,7 +389,7 @@ def parse_ad(obj, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | 
         start_time=start,
         end_time=end,
         format=fmt,
-        targeting_json=copy.deepcopy(dict(obj["targeting"])),
+        targeting_json=_copy_json(obj["targeting"]),
         embedding=embedding,
     )
 
@@ -431,7 +456,7 @@ def ad_to_json(ad: Ad) -> dict:
         "start_time": None if ad.start_time is None else int(ad.start_time),
         "end_time": None if ad.end_time is None else int(ad.end_time),
         "format": int(ad.format),
-        "targeting": copy.deepcopy(dict(ad.targeting_json)) if ad.targeting_json else spec_to_json(ad.targeting),
+        "targeting": _copy_json(ad.targeting_json) if ad.targeting_json else spec_to_json(ad.targeting),
     }
     if ad.embedding is not None:
         out["embedding"] = np.asarray(ad.embedding, np.float32).astype(np.float64).tolist()

@@ -465,3 +465,15 @@ def _same_user(a, b):
         x, y = getattr(a, f), getattr(b, f)
         assert (math.isnan(x) and math.isnan(y)) or x == y
     assert dict(a.ids) == dict(b.ids)
+
+
+def test_embedding_forms_and_deferred_derivation():
+    ad = parse_ad(ad_line(), seed=5, dim=8, derive_embedding=False)
+    assert ad.embedding is None
+    arr = np.linspace(-1, 1, 4)
+    for form in (arr, arr.astype(np.float32), arr.tolist(), [int(x) for x in (1, 0, -1, 2)]):
+        emb = parse_ad(ad_line(embedding=form), seed=0, dim=4).embedding
+        np.testing.assert_array_equal(emb, np.asarray(form, np.float32))
+    with pytest.raises(TargetingError) as info:
+        parse_ad(ad_line(embedding=np.array([0.0, np.nan, 1.0, 2.0])), seed=0, dim=4)
+    assert info.value.path == "embedding[1]"
