@@ -268,8 +268,9 @@ def compare_topk(ref_ids, ref_scores, got_ids, got_scores, k: int, *, tie_atol: 
         if len(viol):
             j = int(viol[0]) + 1
             i = int(np.argmin(got_hi[:j]))
-            return _fail(what, f"rank {j}: ad {int(got_ids[j])} (reference {_num(res.scores[pos[j]])}) is ranked "
-                         f"below ad {int(got_ids[i])} at rank {i} (reference {_num(res.scores[pos[i]])}); "
+            return _fail(what, f"rank {j}: ad {int(got_ids[j])} (reference {_num(res.scores[pos[j]])}) "
+                         f"is ranked below ad {int(got_ids[i])} at rank {i} "
+                         f"(reference {_num(res.scores[pos[i]])}); "
                          f"they differ by more than {tie_atol:g}", counts)
     # membership: nothing left out that definitely outranks an ad in the answer
     if len(got_ids):
@@ -343,4 +344,11 @@ def compare_reduced(ref_ids, ref_scores, got_ids, got_scores, k: int, *,
     return Comparison(what, True, "", counts)
 
 
-__all__ = ["Comparison", "boundary_excused", "compare_eligible", "compare_reduced", "compare_scores", "compare_topk"]
+__all__ = [
+    "Comparison",
+    "boundary_excused",
+    "compare_eligible",
+    "compare_reduced",
+    "compare_scores",
+    "compare_topk",
+]

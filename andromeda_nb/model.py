@@ -208,7 +208,8 @@ class MoeModel:
             if "top_k" in npz.files:
                 raw = npz["top_k"]
                 if raw.shape != () or raw.dtype.kind not in "iu":
-                    raise ModelError(f"{path}: top_k: expected an integer scalar, got {raw.dtype} {raw.shape}")
+                    raise ModelError(f"{path}: top_k: expected an integer scalar, "
+                                     f"got {raw.dtype} {raw.shape}")
                 top_k = int(raw)
             T = npz["T"] if "T" in npz.files else None
             t = npz["t"] if "t" in npz.files else None

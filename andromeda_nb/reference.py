@@ -175,7 +175,8 @@ def reference_scores(model: MoeModel, us: UserSide, table: EmbeddingTable, rows,
     return ScoreResult(scores, ambiguous, alt, extra)
 
 
-def two_tower_scores(u: np.ndarray, table: EmbeddingTable, rows, *, batch_rows: int = BATCH_ROWS) -> np.ndarray:
+def two_tower_scores(u: np.ndarray, table: EmbeddingTable, rows, *,
+                     batch_rows: int = BATCH_ROWS) -> np.ndarray:
     """float64 (N,): dot(u, dequant(a)) for the ads at table rows `rows` (DESIGN section 3 baseline)."""
     u = np.asarray(u, np.float64)
     if u.shape != (table.D,):
@@ -196,7 +197,8 @@ def reference_topk(ids, scores, k: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(ids, np.int64)
     scores = np.asarray(scores)
     if ids.shape != scores.shape or ids.ndim != 1:
-        raise ValueError(f"ids and scores must be 1-D arrays of one length, got {ids.shape} and {scores.shape}")
+        raise ValueError(f"ids and scores must be 1-D arrays of one length, got {ids.shape} and "
+                         f"{scores.shape}")
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     if np.isnan(scores).any():
@@ -286,7 +288,8 @@ class ReferenceRetriever:
             return self._free.pop()
         if self._n == len(self._values):
             grow = max(16, len(self._values))
-            self._values = np.concatenate([self._values, np.zeros((grow, self._values.shape[1]), self._values.dtype)])
+            more = np.zeros((grow, self._values.shape[1]), self._values.dtype)
+            self._values = np.concatenate([self._values, more])
             self._scale = np.concatenate([self._scale, np.ones(grow, np.float32)])
             self._formats = np.concatenate([self._formats, np.zeros(grow, np.int64)])
             self._row_ad = np.concatenate([self._row_ad, np.full(grow, -1, np.int64)])
