@@ -72,7 +72,8 @@ def spec_matches(spec: TargetingSpec, request: Request) -> bool:
     audiences = user.id_set("custom_audiences")
     if spec.custom_audiences is not None and audiences.isdisjoint(spec.custom_audiences):
         return False
-    if spec.excluded_custom_audiences is not None and not audiences.isdisjoint(spec.excluded_custom_audiences):
+    excluded = spec.excluded_custom_audiences
+    if excluded is not None and not audiences.isdisjoint(excluded):
         return False
     return True
 
@@ -88,7 +89,8 @@ def in_schedule(ad: Ad, time: int) -> bool:
 
 def eligible(ad: Ad, request: Request) -> bool:
     """DESIGN section 2: the ad is ACTIVE, in its schedule, and its targeting matches."""
-    return ad.status == "ACTIVE" and in_schedule(ad, request.context.time) and spec_matches(ad.targeting, request)
+    return (ad.status == "ACTIVE" and in_schedule(ad, request.context.time)
+            and spec_matches(ad.targeting, request))
 
 
 class OracleIndex:

@@ -410,7 +410,8 @@ def _geo_to_json(geo: GeoSpec) -> dict:
                 radius, unit = c.radius_km, "kilometer"
             else:
                 radius, unit = c.radius_km / KM_PER_MILE, "mile"
-            locs.append({"latitude": c.latitude, "longitude": c.longitude, "radius": radius, "distance_unit": unit})
+            locs.append({"latitude": c.latitude, "longitude": c.longitude, "radius": radius,
+                         "distance_unit": unit})
         out["custom_locations"] = locs
     return out
 
@@ -436,7 +437,8 @@ def spec_to_json(spec: TargetingSpec) -> dict:
         if values is not None:
             out[key] = [v for v in universe if v in values]
     if spec.flexible_spec:
-        out["flexible_spec"] = [{k: sorted(obj[k]) for k in FLEX_KEYS if k in obj} for obj in spec.flexible_spec]
+        out["flexible_spec"] = [{k: sorted(obj[k]) for k in FLEX_KEYS if k in obj}
+                                for obj in spec.flexible_spec]
     if spec.exclusions is not None:
         out["exclusions"] = {k: sorted(spec.exclusions[k]) for k in FLEX_KEYS if k in spec.exclusions}
     for key in ("custom_audiences", "excluded_custom_audiences"):
@@ -497,7 +499,8 @@ def _context(chk: _Checker, obj, path: str) -> Context:
         if key not in obj:
             chk.fail(_join(path, key), "is required")
     return Context(
-        publisher_platform=chk.enum(obj["publisher_platform"], _join(path, "publisher_platform"), PUBLISHER_PLATFORMS),
+        publisher_platform=chk.enum(obj["publisher_platform"], _join(path, "publisher_platform"),
+                                    PUBLISHER_PLATFORMS),
         device_platform=chk.enum(obj["device_platform"], _join(path, "device_platform"), DEVICE_PLATFORMS),
         user_os=chk.enum(obj["user_os"], _join(path, "user_os"), USER_OS),
         time=chk.time(obj["time"], _join(path, "time")),

@@ -116,7 +116,8 @@ def _point(src) -> tuple[float, float]:
 def _custom_location(src) -> dict:
     lat, lon = _point(src)
     if src.coin(0.7):
-        return {"latitude": lat, "longitude": lon, "radius": src.float(5.0, 80.0), "distance_unit": "kilometer"}
+        return {"latitude": lat, "longitude": lon, "radius": src.float(5.0, 80.0),
+                "distance_unit": "kilometer"}
     return {"latitude": lat, "longitude": lon, "radius": src.float(3.0, 50.0), "distance_unit": "mile"}
 
 
@@ -154,12 +155,13 @@ def _targeting(src) -> dict:
         t["excluded_geo_locations"] = _geo(src)
     if src.coin(0.2):
         t["locales"] = _ids(src, 1, 3, N_LOCALES)
-    for key, universe in (("publisher_platforms", PUBLISHER_PLATFORMS), ("device_platforms", DEVICE_PLATFORMS),
-                          ("user_os", USER_OS)):
+    for key, universe in (("publisher_platforms", PUBLISHER_PLATFORMS),
+                          ("device_platforms", DEVICE_PLATFORMS), ("user_os", USER_OS)):
         if src.coin(0.25):
             t[key] = src.sample(universe, 1, len(universe) - 1)
     if src.coin(0.4):
-        t["flexible_spec"] = [_id_object(src) for _ in range(src.int(1, 2) if src.coin(0.9) else src.int(3, 4))]
+        n_objects = src.int(1, 2) if src.coin(0.9) else src.int(3, 4)
+        t["flexible_spec"] = [_id_object(src) for _ in range(n_objects)]
     if src.coin(0.2):
         t["exclusions"] = _id_object(src)
     if audiences:
@@ -238,7 +240,8 @@ def random_ads(rng: np.random.Generator, n: int, *, dim: int = DEFAULT_D, format
     emb = (rng.standard_normal((n, dim)) / np.sqrt(dim)).astype(np.float32)
     src = _RngSource(rng)
     return [
-        dataclasses.replace(parse_ad(_ad_json(src, int(i), formats), seed=0, dim=dim, formats=formats), embedding=e)
+        dataclasses.replace(parse_ad(_ad_json(src, int(i), formats), seed=0, dim=dim, formats=formats,
+                                     derive_embedding=False), embedding=e)
         for i, e in zip(ids, emb)
     ]
 
@@ -294,7 +297,7 @@ def random_updates(rng: np.random.Generator, ads: Sequence[Ad], n: int, *, inval
     src = _RngSource(rng)
 
     def make_ad(ad_id: int) -> Ad:
-        ad = parse_ad(_ad_json(src, ad_id, formats), seed=0, dim=dim, formats=formats)
+        ad = parse_ad(_ad_json(src, ad_id, formats), seed=0, dim=dim, formats=formats, derive_embedding=False)
         return dataclasses.replace(ad, embedding=(rng.standard_normal(dim) / np.sqrt(dim)).astype(np.float32))
 
     return _updates(src, ads, n, invalid, make_ad)
@@ -366,11 +369,13 @@ def requests(request_id: int = 0, *, experts: int = DEFAULT_E, width: int = SIGN
     """One valid `Request` (signals derived from the id, seed 0)."""
     st = _st()
     return st.composite(
-        lambda draw: parse_request(_request_json(_DrawSource(draw), request_id), seed=0, experts=experts, width=width)
+        lambda draw: parse_request(_request_json(_DrawSource(draw), request_id), seed=0, experts=experts,
+                                   width=width)
     )()
 
 
-def request_lists(min_size: int = 1, max_size: int = 6, *, experts: int = DEFAULT_E, width: int = SIGNAL_WIDTH):
+def request_lists(min_size: int = 1, max_size: int = 6, *, experts: int = DEFAULT_E,
+                  width: int = SIGNAL_WIDTH):
     """Lists of valid requests with ids 0..n-1, each from its own drawn seed (as `ad_lists`)."""
     st = _st()
 

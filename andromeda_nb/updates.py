@@ -50,7 +50,8 @@ class Rejection:
         return f"{where}{who}{self.reason}"
 
 
-def parse_update(obj: Any, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | None = None) -> Update:
+def parse_update(obj: Any, *, seed: int, dim: int, formats: int = DEFAULT_F,
+                 line: int | None = None) -> Update:
     """One update object to an `Upsert`, `SetStatus` or `Retire`. Raises `TargetingError` whose path
     is relative to the update line (`ad.targeting.genders[0]`, `status`)."""
     chk = _Checker(None, line)

@@ -21,7 +21,7 @@ CTX = {"publisher_platform": "instagram", "device_platform": "mobile", "user_os"
 USER = {"age": 30, "gender": 1, "country": "US", "region": 5, "city": 50, "latitude": 40.0, "longitude": -74.0,
         "locale": 2, "interests": [7], "behaviors": [3], "custom_audiences": [11]}
 GEO = {"countries": ["US"]}
-PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def ad(targeting=None, **fields):
