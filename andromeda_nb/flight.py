@@ -320,28 +320,34 @@ class RetrieveServer(flight.FlightServerBase):
     def serve_until_stopped(self, on_ready=None) -> None:
         """Serve until SIGTERM or SIGINT (or `stop()`), then shut down cleanly: stop accepting calls,
         let running calls finish, return. Must run in the main thread (signal handlers)."""
-
-        def _stop(signum, frame):
-            self.stop()
-
-        previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            if on_ready is not None:
-                on_ready(self)
-            while not self._stopping.wait(0.2):
-                pass
-            self.shutdown()
-            self.wait()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            self.close_resources()
+        serve_until_stopped(self, self._stopping, on_ready)
+        self.close_resources()
 
     def stop(self) -> None:
         self._stopping.set()
 
     def close_resources(self) -> None:
         """Release what the server holds (connections to other services); called after shutdown."""
+
+
+def serve_until_stopped(server: flight.FlightServerBase, stopping: threading.Event, on_ready=None) -> None:
+    """Run `server` (already listening) until SIGTERM/SIGINT or `stopping` is set; then shut it down
+    (no new calls, running calls finish). Call from the main thread."""
+
+    def _stop(signum, frame):
+        stopping.set()
+
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if on_ready is not None:
+            on_ready(server)
+        while not stopping.wait(0.2):
+            pass
+        server.shutdown()
+        server.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 # --- client side --------------------------------------------------------------------------------------
@@ -442,6 +448,7 @@ __all__ = [
     "location_of",
     "request_batch",
     "retrieve_over_flight",
+    "serve_until_stopped",
     "split_answers",
     "wait_until_healthy",
 ]
