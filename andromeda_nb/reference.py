@@ -161,17 +161,30 @@ def reference_scores(model: MoeModel, us: UserSide, table: EmbeddingTable, rows,
         scores[lo : lo + len(f)] = np.einsum("bk,bk->b", w, np.take_along_axis(x, top, axis=1))
         if k == E:
             continue
-        gap = g_top[:, k - 1] - np.take_along_axis(g, order[:, k : k + 1], axis=1)[:, 0]
-        for j in np.flatnonzero(gap <= GATE_TIE_ATOL).tolist():
-            i = lo + j
-            ambiguous[i] = True
-            swapped = tuple(order[j, : k - 1]) + (order[j, k],)
-            alt[i] = _routed_score(g[j], x[j], swapped)
-            reference, other = set(top[j].tolist()), set(swapped)
+        srt = np.take_along_axis(g, order, axis=1)  # logits, descending
+        tied = np.flatnonzero(srt[:, k - 1] - srt[:, k] <= GATE_TIE_ATOL)
+        if not len(tied):
+            continue
+        ambiguous[lo + tied] = True
+        # the other routing: the k-th expert exchanged for the (k+1)-th
+        swapped = np.concatenate([order[tied, : k - 1], order[tied, k : k + 1]], axis=1)
+        g_sw = np.take_along_axis(g[tied], swapped, axis=1)
+        w_sw = np.exp(g_sw - g_sw.max(axis=1, keepdims=True))
+        w_sw /= w_sw.sum(axis=1, keepdims=True)
+        alt[lo + tied] = np.einsum("bk,bk->b", w_sw, np.take_along_axis(x[tied], swapped, axis=1))
+        # more routings are acceptable only where a third logit joins the tie band
+        wide = np.zeros(len(tied), bool)
+        if k >= 2:
+            wide |= srt[tied, k - 2] - srt[tied, k] <= GATE_TIE_ATOL
+        if k + 1 < E:
+            wide |= srt[tied, k - 1] - srt[tied, k + 1] <= GATE_TIE_ATOL
+        for t in np.flatnonzero(wide).tolist():
+            j = int(tied[t])
+            known = {frozenset(top[j].tolist()), frozenset(swapped[t].tolist())}
             more = [_routed_score(g[j], x[j], R) for R in acceptable_routings(g[j], k)
-                    if set(R) != reference and set(R) != other]
+                    if frozenset(R) not in known]
             if more:
-                extra[i] = np.asarray(more, np.float64)
+                extra[lo + j] = np.asarray(more, np.float64)
     return ScoreResult(scores, ambiguous, alt, extra)
 
 
