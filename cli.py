@@ -13,6 +13,274 @@ def main():
     architecture and a co-located GPU one on the same corpus."""
 
 
+# --- shared helpers --------------------------------------------------------------------------------
+
+
+class _Progress:
+    """A click progress bar on stderr (nothing with --quiet); call it with the number of items done."""
+
+    def __init__(self, label: str, length: int, quiet: bool):
+        import sys
+
+        self._bar = None if quiet or length <= 0 else click.progressbar(
+            length=length, label=label, file=sys.stderr, show_pos=True)
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.__enter__()
+        return self
+
+    def __call__(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+def _info(message: str, quiet: bool = False) -> None:
+    if not quiet:
+        click.echo(message, err=True)
+
+
+def _load_dataset(data: str, quiet: bool):
+    from andromeda_nb.store import StoreError, load_dataset, read_meta
+
+    try:
+        counts = read_meta(data)["counts"]
+        with _Progress("loading corpus", int(counts.get("ads", 0)) + int(counts.get("requests", 0)), quiet) as bar:
+            return load_dataset(data, progress=bar)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _apply_updates(path, targets, dataset, quiet: bool) -> None:
+    if path is None:
+        return
+    from andromeda_nb.answers import apply_updates_file
+
+    applied, rejections = apply_updates_file(path, targets, dataset)
+    _info(f"updates: {applied} applied, {len(rejections)} rejected", quiet)
+    for r in rejections:  # rejections are reported even with --quiet
+        click.echo(f"  rejected update {r}", err=True)
+
+
+def _prepare_device(device: str) -> None:
+    """--device sim must be chosen before anything imports numba.cuda (gpu/runtime.py)."""
+    if device == "sim":
+        import os
+        import sys
+
+        if "numba.cuda" not in sys.modules:
+            os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+_DATA_OPTION = click.option("--data", "data", required=True, type=click.Path(exists=True, file_okay=False),
+                            help="Corpus directory (made by `generate` or `import`).")
+_UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_okay=False), default=None,
+                               help="JSON Lines update stream (DESIGN section 6) applied before answering.")
+_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
+_QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
+
+
+# --- corpus commands -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--ads", "n_ads", type=click.IntRange(0), default=100_000, show_default=True, help="Number of ads.")
+@click.option("--requests", "n_requests", type=click.IntRange(0), default=100, show_default=True,
+              help="Number of requests.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Corpus seed (same seed, same files).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="How embeddings are stored.")
+@click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dimension D.")
+@click.option("--workers", type=click.IntRange(1, 64), default=None,
+              help="Processes that make ads (default: up to 2; the files do not depend on it).")
+@_JSON_OPTION
+@_QUIET_OPTION
+def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, quiet):
+    """Write a seeded synthetic corpus: Parquet ads and requests, model.npz and meta.json.
+
+    Prints how much of the pool a request finds eligible (min / p10 / median / p90 / max over
+    requests), checked with the oracle on an evenly spaced sample of ads when the pool is large.
+    """
+    import json
+    import os
+    import time
+
+    from andromeda_nb import corpus
+    from andromeda_nb.answers import fraction_summary
+
+    workers = workers or max(1, min(2, os.cpu_count() or 1))
+    start = time.perf_counter()
+    with _Progress("generating ads", n_ads, quiet) as bar:
+        summary = corpus.generate_corpus(out, n_ads, n_requests, seed, dim=dim, precision=precision,
+                                         workers=workers, progress=bar)
+    seconds = time.perf_counter() - start
+    _info(f"wrote {n_ads} ads and {n_requests} requests to {out} in {seconds:.1f} s (seed {seed})", quiet)
+    fractions = corpus.eligible_fractions(summary.sample_ads, summary.request_objects, seed, dim=dim)
+    dist = fraction_summary(fractions)
+    report = {"out": out, "ads": n_ads, "requests": n_requests, "seed": seed, "precision": precision, "dim": dim,
+              "seconds": round(seconds, 3), "eligible_fraction": dist,
+              "eligible_sample": {"ads": len(summary.sample_ads), "requests": len(fractions)}}
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    if not dist:
+        click.echo("no requests or no ads: no eligible-fraction distribution")
+        return
+    click.echo(f"eligible fraction per request (oracle on {len(summary.sample_ads)} ads x {len(fractions)} requests):")
+    click.echo("  " + "  ".join(f"{k} {v:.2%}" for k, v in dist.items()))
+
+
+@main.command(name="import")
+@click.option("--ads", "ads_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Ads, JSON Lines (DESIGN section 2).")
+@click.option("--requests", "requests_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Requests, JSON Lines (DESIGN section 2).")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="model.npz with the weights (default: seeded weights from --seed).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for missing embeddings, signals and default weights.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="How embeddings are stored.")
+@click.option("--dim", type=click.IntRange(1, 4096), default=None,
+              help="Embedding dimension D when no --model is given (default 64).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output corpus directory.")
+@click.option("--strict", is_flag=True, help="Exit non-zero when any ad or request is rejected.")
+@_JSON_OPTION
+@_QUIET_OPTION
+def import_(ads_path, requests_path, model_path, seed, precision, dim, out, strict, as_json, quiet):
+    """Load ads and requests from JSON Lines into a corpus directory.
+
+    Every rejected ad goes to OUT/rejected.jsonl as {"ad_id": .., "error": ".."} (the error names the
+    offending field's path) and is counted on stderr; the valid ones load.
+    """
+    import json
+
+    from andromeda_nb.store import StoreError, import_jsonl
+
+    try:
+        summary = import_jsonl(ads_path, requests_path, out, model_path=model_path, seed=seed,
+                               precision=precision, strict=strict, dim=dim)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    rejected = summary.rejected_ads + summary.rejected_requests
+    click.echo(f"rejected {summary.rejected_ads} ad(s) and {summary.rejected_requests} request(s)"
+               + (f"; see {summary.rejected_path}" if rejected else ""), err=True)
+    if not quiet:
+        for r in summary.rejections[:10]:
+            click.echo(f"  ad {r['ad_id']}: {r['error']}", err=True)
+        if summary.rejected_ads > 10:
+            click.echo(f"  ... and {summary.rejected_ads - 10} more", err=True)
+    if as_json:
+        click.echo(json.dumps(summary.to_json()))
+    else:
+        click.echo(f"loaded {summary.ads} ads and {summary.requests} requests into {out}")
+    if strict and rejected:
+        raise click.ClickException(f"--strict: {rejected} line(s) were rejected")
+
+
+# --- answers ---------------------------------------------------------------------------------------
+
+
+@main.command()
+@_DATA_OPTION
+@click.option("--arch", type=click.Choice(["oracle", "cpu", "gpu"]), default="oracle", show_default=True,
+              help="Targeting index: the plain oracle, the CPU inverted index, or the GPU index.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
+              help="Where --arch gpu runs (sim: the CUDA simulator).")
+@_UPDATES_OPTION
+@_JSON_OPTION
+@_QUIET_OPTION
+def match(data, arch, device, updates, as_json, quiet):
+    """Eligible ads per request.
+
+    With --json, one line per request: {"request_id": .., "eligible": [ad ids ascending]}.
+    """
+    from andromeda_nb.answers import (
+        DEVICE_MATCHERS, ArchitectureUnavailable, build_matcher, match_all, match_json_lines, match_table)
+
+    _prepare_device(device)
+    dataset = _load_dataset(data, quiet)
+    if device != "auto" and arch not in DEVICE_MATCHERS:
+        _info(f"--device {device} applies to --arch {'/'.join(DEVICE_MATCHERS)} only; ignored for {arch}", quiet)
+    try:
+        index = build_matcher(dataset, arch, device)
+    except ArchitectureUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(f"--arch {arch}: {exc}") from None
+    _apply_updates(updates, [index], dataset, quiet)
+    with _Progress(f"matching ({arch})", len(dataset.requests), quiet) as bar:
+        eligible = match_all(index, dataset.requests, progress=bar)
+    if as_json:
+        for line in match_json_lines(dataset.requests, eligible):
+            click.echo(line)
+    else:
+        click.echo(match_table(dataset.requests, eligible, len(index)))
+
+
+@main.command()
+@_DATA_OPTION
+@click.option("--arch", type=click.Choice(["reference", "remote", "colocated"]), default="reference",
+              show_default=True, help="The float64 reference, the remote-scoring CPU design, or the co-located one.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
+              help="Where the co-located path runs (auto: the GPU if usable, else the CPU).")
+@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True,
+              help="Answers per request (1..4096).")
+@_UPDATES_OPTION
+@_JSON_OPTION
+@_QUIET_OPTION
+def retrieve(data, arch, device, k, updates, as_json, quiet):
+    """Top-K eligible ads per request, by score descending (ties by ad id ascending).
+
+    With --json, one line per request: {"request_id": .., "ads": [..], "scores": [..]} in rank order.
+    """
+    from andromeda_nb.answers import (
+        DEVICE_ARCHS, ArchitectureUnavailable, build_retriever, retrieve_all, retrieve_json_lines, retrieve_table)
+
+    _prepare_device(device)
+    dataset = _load_dataset(data, quiet)
+    if device != "auto" and arch not in DEVICE_ARCHS:
+        _info(f"--device {device} applies to --arch {'/'.join(DEVICE_ARCHS)} only; ignored for {arch}", quiet)
+    try:
+        retriever = build_retriever(dataset, arch, device)
+    except ArchitectureUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(f"--arch {arch}: {exc}") from None
+    try:
+        _apply_updates(updates, [retriever], dataset, quiet)
+        with _Progress(f"retrieving ({arch})", len(dataset.requests), quiet) as bar:
+            answers = retrieve_all(retriever, dataset.requests, k, progress=bar)
+    finally:
+        retriever.close()
+    if as_json:
+        for line in retrieve_json_lines(dataset.requests, answers):
+            click.echo(line)
+    else:
+        click.echo(retrieve_table(dataset.requests, answers))
+
+
+@main.command()
+@click.option("--ads", "n_ads", type=click.IntRange(1), default=2000, show_default=True, help="Ads in the demo corpus.")
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=8, show_default=True,
+              help="Requests in the demo corpus.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Corpus seed.")
+@click.option("--k", "k", type=click.IntRange(1, 4096), default=10, show_default=True, help="Answers per request.")
+@_QUIET_OPTION
+def demo(n_ads, n_requests, seed, k, quiet):
+    """End to end on a small built-in corpus: generate, match with the oracle, retrieve with the
+    float64 reference, and print a short summary."""
+    from andromeda_nb.demo import run_demo
+
+    run_demo(n_ads=n_ads, n_requests=n_requests, seed=seed, k=k, echo=click.echo,
+             log=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)))
+
+
 @main.group()
 def serve():
     """Run one service in the foreground on 127.0.0.1."""
@@ -81,10 +349,12 @@ def serve_remote(data, scorer_address, host, port, threads, scorer_timeout):
               type=click.Choice(["fp32", "fp16", "int8"]), help="Storage precisions to score.")
 @click.option("--e2e-precision", default="int8", show_default=True, type=click.Choice(["fp32", "fp16", "int8"]),
               help="Storage precision of the end-to-end run.")
+@click.option("--score-rows", default=2_000_000, show_default=True,
+              help="Rows of the scorer's table (sized well past the last-level cache).")
 @click.option("--repeat", default=5, show_default=True, help="Repetitions per timing (median reported).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
-def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, repeat, out, quiet):
+def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows, repeat, out, quiet):
     """Remote-scoring baseline: CPU match (pool ads/s), CPU scorer (ads/s, GB/s against this machine's
     measured copy bandwidth) and end-to-end requests/s with p50/p99 latency over Flight."""
     import json
@@ -93,7 +363,7 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, repeat, out
 
     log = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
     result = run_cpu_bench(n_ads=n_ads, n_requests=n_requests, k=k, seed=seed, precisions=precisions,
-                           e2e_precision=e2e_precision, repeat=repeat, log=log)
+                           e2e_precision=e2e_precision, repeat=repeat, score_rows=score_rows, log=log)
     click.echo(format_table(result))
     if out:
         with open(out, "w") as f:
