@@ -1,0 +1,146 @@
+"""Answering a corpus's requests with any architecture: build the matcher or retriever that an
+`--arch` names (`interfaces.MATCHERS` / `RETRIEVERS`), apply an update stream to it, run it in
+batches, and render the answers as DESIGN section 8's JSON lines or as a readable table.
+
+`andromeda match` and `andromeda retrieve` are thin wrappers over these functions, so every
+architecture plugs into the same commands and the tests call the same code.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .constants import MAX_K
+from .interfaces import MATCHERS, RETRIEVERS, load_class
+from .types import Request
+
+MATCH_BATCH = 16  # requests per call, so long runs can report progress
+RETRIEVE_BATCH = 16
+DEVICE_ARCHS = ("colocated",)  # the retrievers that take --device
+DEVICE_MATCHERS = ("gpu",)  # the matchers that take --device
+
+
+class ArchitectureUnavailable(RuntimeError):
+    """An --arch whose module is not part of this installation (or cannot be imported here)."""
+
+
+def _load(table: dict[str, str], arch: str, kind: str):
+    if arch not in table:
+        raise ArchitectureUnavailable(f"unknown {kind} architecture {arch!r}; choose from {', '.join(table)}")
+    try:
+        return load_class(table, arch)
+    except (ImportError, AttributeError) as exc:
+        raise ArchitectureUnavailable(
+            f"{kind} architecture {arch!r} ({table[arch]}) is not available here: {exc}") from None
+
+
+def build_matcher(dataset, arch: str, device: str = "auto"):
+    """The `interfaces.TargetingIndex` that `--arch` names, built over the dataset's ads; `device`
+    goes to the ones that take it."""
+    cls = _load(MATCHERS, arch, "match")
+    return cls.build(dataset.ads, device=device) if arch in DEVICE_MATCHERS else cls.build(dataset.ads)
+
+
+def build_retriever(dataset, arch: str, device: str = "auto"):
+    """The `interfaces.Retriever` that `--arch` names; `device` goes to the ones that take it."""
+    cls = _load(RETRIEVERS, arch, "retrieve")
+    return cls.build(dataset, device=device) if arch in DEVICE_ARCHS else cls.build(dataset)
+
+
+def apply_updates_file(path, targets: Sequence, dataset):
+    """Apply an update stream (DESIGN section 6) to `targets`, the live set starting from the
+    dataset's ads. Returns (number applied, list of `updates.Rejection`)."""
+    from .updates import apply_update_file
+
+    return apply_update_file(path, targets, dataset.ad_ids.tolist(), seed=dataset.seed, dim=dataset.model.D,
+                             formats=dataset.model.F)
+
+
+def _batches(requests: Sequence[Request], size: int) -> Iterator[Sequence[Request]]:
+    for lo in range(0, len(requests), size):
+        yield requests[lo : lo + size]
+
+
+def match_all(index, requests: Sequence[Request], progress: Callable[[int], None] | None = None,
+              batch: int = MATCH_BATCH) -> list[np.ndarray]:
+    """Eligible ad ids (int64, ascending) per request."""
+    out: list[np.ndarray] = []
+    for part in _batches(requests, batch):
+        out.extend(np.asarray(ids, np.int64) for ids in index.match(part))
+        if progress is not None:
+            progress(len(part))
+    return out
+
+
+def check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
+        raise ValueError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
+    return int(k)
+
+
+def retrieve_all(retriever, requests: Sequence[Request], k: int,
+                 progress: Callable[[int], None] | None = None,
+                 batch: int = RETRIEVE_BATCH) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ad ids int64, scores float32) per request, in rank order."""
+    k = check_k(k)
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    for part in _batches(requests, batch):
+        for ids, scores in retriever.retrieve(part, k):
+            out.append((np.asarray(ids, np.int64), np.asarray(scores, np.float32)))
+        if progress is not None:
+            progress(len(part))
+    return out
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+
+
+def match_json_lines(requests: Sequence[Request], eligible: Sequence[np.ndarray]) -> Iterator[str]:
+    """`{"request_id": .., "eligible": [ad ids ascending]}` per request (DESIGN section 8)."""
+    for req, ids in zip(requests, eligible):
+        yield json.dumps({"request_id": int(req.request_id), "eligible": np.sort(ids).tolist()},
+                         separators=(", ", ": "))
+
+
+def retrieve_json_lines(requests: Sequence[Request], answers) -> Iterator[str]:
+    """`{"request_id": .., "ads": [..], "scores": [..]}` per request, in rank order. Scores are the
+    exact float32 values (written as the shortest decimal that reads back to the same float32)."""
+    for req, (ids, scores) in zip(requests, answers):
+        yield json.dumps({
+            "request_id": int(req.request_id),
+            "ads": ids.tolist(),
+            "scores": [float(repr_float32(s)) for s in np.asarray(scores, np.float32)],
+        }, separators=(", ", ": "))
+
+
+def repr_float32(x) -> str:
+    """The shortest decimal text that parses back to the same float32."""
+    return np.format_float_positional(np.float32(x), unique=True, trim="-") if np.isfinite(x) else repr(float(x))
+
+
+def match_table(requests: Sequence[Request], eligible: Sequence[np.ndarray], pool: int, show: int = 5) -> str:
+    lines = [f"{'request_id':>12}  {'eligible':>9}  {'of pool':>8}  first eligible ad ids"]
+    for req, ids in zip(requests, eligible):
+        frac = len(ids) / pool if pool else 0.0
+        head = " ".join(str(i) for i in ids[:show].tolist()) + (" ..." if len(ids) > show else "")
+        lines.append(f"{req.request_id:>12}  {len(ids):>9}  {frac:>8.2%}  {head}")
+    return "\n".join(lines)
+
+
+def retrieve_table(requests: Sequence[Request], answers, show: int = 3) -> str:
+    lines = [f"{'request_id':>12}  {'returned':>8}  top ads (score)"]
+    for req, (ids, scores) in zip(requests, answers):
+        head = "  ".join(f"{a} ({s:.4f})" for a, s in zip(ids[:show].tolist(), scores[:show].tolist()))
+        lines.append(f"{req.request_id:>12}  {len(ids):>8}  {head}{'  ...' if len(ids) > show else ''}")
+    return "\n".join(lines)
+
+
+def fraction_summary(fractions: np.ndarray) -> dict[str, float]:
+    """min / p10 / median / p90 / max of per-request eligible fractions."""
+    if len(fractions) == 0:
+        return {}
+    q = np.percentile(fractions, [0, 10, 50, 90, 100])
+    return dict(zip(("min", "p10", "median", "p90", "max"), (float(x) for x in q)))
