@@ -172,7 +172,7 @@ def import_(ads_path, requests_path, model_path, seed, precision, dim, out, stri
                + (f"; see {summary.rejected_path}" if rejected else ""), err=True)
     if not quiet:
         for r in summary.rejections[:10]:
-            click.echo(f"  ad {r['ad_id']}: {r['error']}", err=True)
+            click.echo(f"  {r['error']}", err=True)
         if summary.rejected_ads > 10:
             click.echo(f"  ... and {summary.rejected_ads - 10} more", err=True)
     if as_json:

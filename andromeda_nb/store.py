@@ -324,15 +324,22 @@ class ImportSummary:
 def _json_lines(path) -> Iterator[tuple[int, object | None, str | None]]:
     """(line number, decoded object or None, error or None) for every non-blank line of a file."""
     try:
-        fh = open(path, "r", encoding="utf-8")
+        fh = open(path, "rb")
     except OSError as exc:
         raise StoreError(f"{path}: cannot be read ({exc.strerror})") from None
     with fh:
-        for line_no, line in enumerate(fh, start=1):
+        for line_no, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield line_no, None, f"line {line_no}: not valid UTF-8 (byte {exc.start + 1})"
+                continue
             if not line.strip():
                 continue
             try:
                 yield line_no, json.loads(line), None
+            except json.JSONDecodeError as exc:
+                yield line_no, None, f"line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})"
             except ValueError as exc:
                 yield line_no, None, f"line {line_no}: not valid JSON ({exc})"
 
@@ -391,7 +398,7 @@ def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 
                 reject(exc.ad_id if exc.ad_id is not None else _id_of(obj, "ad_id"), str(exc))
                 continue
             if ad.ad_id in first_line:
-                reject(ad.ad_id, f"line {line_no}: ad_id: {ad.ad_id} repeats the ad of line {first_line[ad.ad_id]}")
+                reject(ad.ad_id, f"line {line_no}: ad {ad.ad_id}: ad_id: repeats the ad of line {first_line[ad.ad_id]}")
                 continue
             first_line[ad.ad_id] = line_no
             ads.append(ad)
@@ -406,7 +413,7 @@ def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 
                 try:
                     req = parse_request(obj, seed=seed, experts=model.E, width=model.S, line=line_no)
                     if req.request_id in seen_requests:
-                        error = f"line {line_no}: request_id: {req.request_id} repeats an earlier request"
+                        error = f"line {line_no}: request {req.request_id}: request_id: repeats an earlier request"
                     else:
                         seen_requests.add(req.request_id)
                         requests.append(req)
