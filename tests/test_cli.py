@@ -1,0 +1,162 @@
+"""The command line through click's CliRunner: help everywhere, --json shapes of DESIGN section 8,
+match / retrieve answers equal to the library computed directly, user errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from andromeda_nb import interfaces, store
+from andromeda_nb.oracle import OracleIndex
+from andromeda_nb.reference import ReferenceRetriever
+from andromeda_nb.updates import apply_update_file
+from cli import main
+
+SEED = 3
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+
+
+def _runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:  # click >= 8.2 keeps stderr apart already
+        return CliRunner()
+
+
+def _run(*args, code: int = 0):
+    result = _runner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == code, f"andromeda {' '.join(map(str, args))}: exit {result.exit_code}\n" \
+                                     f"stdout: {result.stdout}\nstderr: {result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "corpus"
+    result = _run("generate", "--ads", 600, "--requests", 7, "--seed", SEED, "--out", out, "--json", "--quiet")
+    report = json.loads(result.stdout)
+    assert report["ads"] == 600 and report["requests"] == 7 and report["seed"] == SEED
+    assert set(report["eligible_fraction"]) == {"min", "p10", "median", "p90", "max"}
+    assert 0 < report["eligible_fraction"]["median"] < 0.3
+    return out
+
+
+def _commands(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + (name,))
+
+
+def test_every_command_has_help_text():
+    seen = []
+    for path, cmd in _commands(main):
+        assert (cmd.help or "").strip(), f"andromeda {' '.join(path)} has no help text"
+        result = _run(*path, "--help")
+        assert "Usage:" in result.stdout
+        seen.append(" ".join(path))
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert (param.help or "").strip(), f"andromeda {' '.join(path)} {param.opts[0]} has no help"
+    assert {"generate", "import", "match", "retrieve", "demo"} <= set(seen)
+
+
+def test_generate_prints_the_eligible_distribution(tmp_path):
+    result = _run("generate", "--ads", 300, "--requests", 4, "--seed", 1, "--out", tmp_path / "c", "--quiet")
+    assert "eligible fraction per request" in result.stdout
+    for key in ("min", "p10", "median", "p90", "max"):
+        assert key in result.stdout
+    assert result.stderr == ""  # --quiet
+
+
+def test_match_json_equals_the_oracle(corpus_dir):
+    result = _run("match", "--data", corpus_dir, "--arch", "oracle", "--json", "--quiet")
+    lines = [json.loads(x) for x in result.stdout.splitlines()]
+    dataset = store.load_dataset(corpus_dir)
+    expect = OracleIndex.build(dataset.ads).match(dataset.requests)
+    assert [x["request_id"] for x in lines] == [r.request_id for r in dataset.requests]
+    assert sum(len(x["eligible"]) for x in lines) > 0
+    for line, ids in zip(lines, expect):
+        assert set(line) == {"request_id", "eligible"}
+        assert line["eligible"] == sorted(line["eligible"]) == ids.tolist()
+
+
+def test_match_table_without_json(corpus_dir):
+    result = _run("match", "--data", corpus_dir, "--quiet")
+    assert result.stdout.splitlines()[0].split()[:2] == ["request_id", "eligible"]
+    assert len(result.stdout.splitlines()) == 1 + 7
+
+
+def test_retrieve_json_equals_the_reference(corpus_dir):
+    result = _run("retrieve", "--data", corpus_dir, "--arch", "reference", "--k", 7, "--json", "--quiet")
+    lines = [json.loads(x) for x in result.stdout.splitlines()]
+    dataset = store.load_dataset(corpus_dir)
+    expect = ReferenceRetriever.build(dataset).retrieve(dataset.requests, 7)
+    assert len(lines) == len(dataset.requests)
+    for line, req, (ids, scores) in zip(lines, dataset.requests, expect):
+        assert set(line) == {"request_id", "ads", "scores"} and line["request_id"] == req.request_id
+        assert line["ads"] == ids.tolist()
+        assert np.array_equal(np.asarray(line["scores"], np.float32), scores), "scores read back to the same float32"
+        assert all(a >= b for a, b in zip(line["scores"], line["scores"][1:]))
+    assert any(len(x["ads"]) == 7 for x in lines)
+
+
+def test_retrieve_k_is_validated(corpus_dir):
+    for bad in (0, 4097):
+        result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--k", str(bad)])
+        assert result.exit_code == 2 and "--k" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_updates_are_applied_and_rejections_reported(tmp_path):
+    out = tmp_path / "sample"
+    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7, "--out", out,
+         "--quiet")
+    result = _run("match", "--data", out, "--updates", SAMPLE / "updates.jsonl", "--json", "--quiet")
+    dataset = store.load_dataset(out)
+    index = OracleIndex.build(dataset.ads)
+    applied, rejections = apply_update_file(SAMPLE / "updates.jsonl", [index], dataset.ad_ids.tolist(), seed=7,
+                                            dim=64)
+    assert applied == 26 and [r.line_no for r in rejections] == [27, 28, 29, 30]
+    expect = index.match(dataset.requests)
+    assert [json.loads(x)["eligible"] for x in result.stdout.splitlines()] == [e.tolist() for e in expect]
+    for line in (27, 28, 29, 30):
+        assert f"line {line}:" in result.stderr, "rejections are reported even with --quiet"
+    before = _run("match", "--data", out, "--json", "--quiet")
+    assert before.stdout != result.stdout, "the updates change some answer"
+    ranked = _run("retrieve", "--data", out, "--updates", SAMPLE / "updates.jsonl", "--k", 3, "--json", "--quiet")
+    for line, ids in zip(ranked.stdout.splitlines(), expect):
+        assert set(json.loads(line)["ads"]) <= set(ids.tolist())
+
+
+def test_import_counts_rejections_and_strict_fails(tmp_path):
+    args = ["import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7]
+    result = _run(*args, "--out", tmp_path / "a", "--json")
+    summary = json.loads(result.stdout)
+    assert (summary["ads"], summary["rejected_ads"], summary["requests"]) == (190, 10, 20)
+    assert "rejected 10 ad(s)" in result.stderr and "targeting.genders[0]" in result.stderr
+    assert len((tmp_path / "a" / "rejected.jsonl").read_text().splitlines()) == 10
+    strict = _runner().invoke(main, [str(a) for a in args] + ["--out", str(tmp_path / "b"), "--strict"])
+    assert strict.exit_code == 1 and "--strict" in strict.stderr and "Traceback" not in strict.stderr
+
+
+def test_user_errors_are_clean(tmp_path, corpus_dir, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    result = _runner().invoke(main, ["match", "--data", str(tmp_path / "empty")])
+    assert result.exit_code == 1 and "meta.json" in result.stderr and "Traceback" not in result.stderr
+    monkeypatch.setitem(interfaces.MATCHERS, "gpu", "no_such_module.index:Index")
+    result = _runner().invoke(main, ["match", "--data", str(corpus_dir), "--arch", "gpu", "--quiet"])
+    assert result.exit_code == 1 and "not available" in result.stderr and "Traceback" not in result.stderr
+    monkeypatch.setitem(interfaces.RETRIEVERS, "colocated", "no_such_module.colocated:Retriever")
+    result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
+    assert result.exit_code == 1 and "not available" in result.stderr
+
+
+def test_demo_runs_end_to_end():
+    result = _run("demo", "--ads", 300, "--requests", 3, "--k", 4, "--quiet")
+    assert "every answer eligible and in rank order" in result.stdout
+    assert "match (oracle)" in result.stdout
