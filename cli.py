@@ -371,5 +371,48 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
         log(f"wrote {out}")
 
 
+# --- retrieval quality (andromeda_nb.quality) ----------------------------------------------------------
+
+
+@main.command()
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the synthetic world, the logs and the training.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Write model.npz (MoE k=2 with the two-tower weights), model_k1/_k4/_dense.npz, "
+                   "quality.json and quality.png (with the `plots` extra) into this directory.")
+@click.option("--small", is_flag=True, help="A small world and short training: seconds, for a first look.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="Stored embedding precision the trained models are evaluated on.")
+@click.option("--kernel/--no-kernel", default=True, show_default=True,
+              help="Measure the fused kernel's ads/s for each model when a CUDA GPU is usable.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (recall, flops_per_ad, bytes_per_ad, ...) instead of the table.")
+@_QUIET_OPTION
+def quality(seed, out, small, precision, kernel, as_json, quiet):
+    """Retrieval quality on synthetic data with known truth: train the two-tower baseline and the
+    mixture of user experts (k = 1, 2, 4 of 6, and dense) on logged clicks, and report recall@100
+    against the ranking model's top 100 among eligible ads, with FLOPs and bytes per ad."""
+    import dataclasses
+
+    from andromeda_nb.quality import QualityConfig, run_quality
+    from andromeda_nb.quality.report import format_table, summary_line, write_outputs
+
+    try:
+        config = QualityConfig.small(seed) if small else QualityConfig(seed=seed)
+        config = dataclasses.replace(config, precision=precision)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    result = run_quality(config, progress=None if quiet else (lambda m: click.echo(m, err=True)))
+    if kernel:
+        from andromeda_nb.quality.kernel import measure_result
+
+        result.kernel = measure_result(result)
+        _info(f"kernel: {result.kernel.get('skipped') or result.kernel.get('device')}", quiet)
+    if out:
+        for what, where in write_outputs(result, out).items():
+            _info(f"{what}: {where}", quiet)
+    click.echo(summary_line(result) if as_json else format_table(result))
+
+
 if __name__ == "__main__":
     main()

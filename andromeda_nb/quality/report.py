@@ -60,7 +60,7 @@ def format_table(result: QualityResult) -> str:
     for r_i, r in enumerate(rows):
         if r_i == len(MODEL_NAMES):
             lines.append("  ".join("-" * w for w in widths))
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
     kernel = result.kernel
     if kernel.get("ads_per_second"):
         lines.append("")
