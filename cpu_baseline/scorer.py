@@ -15,8 +15,12 @@ Versions (all checked against `andromeda_nb.reference` in tests/test_cpu_scorer.
 
     1  serial loop over candidates, the shared per-ad function (gate first, routed experts only)
     2  numba `prange` over blocks of candidates, the shared per-ad function
-    3  `prange` blocks; per ad all 2E dot products in one pass, then routing (shipped: the fixed
-       loop shape vectorizes better than the data-dependent expert choice of 1 and 2)
+    3  `prange` blocks; per ad all 2E dot products, one loop each, then routing (a fixed loop
+       shape instead of the data-dependent expert choice of 1 and 2)
+    4  `prange` blocks; for E = 6 the 12 dot products as 12 accumulators of one vectorized loop
+       over the row, top-2 routing with one exp (shipped; other E fall back to 3). Single-core
+       CPU time per ad on the development machine (AMD EPYC, AVX2), int8: v3 ~115 ns, v4 ~80 ns,
+       of which the dot products are ~40 ns and routing plus exp the rest
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from andromeda_nb.constants import DEFAULT_E
 from andromeda_nb.kernels_common import fold_user_side, moe_score_row
 
+UNROLLED_E = DEFAULT_E  # version 4 is written out for this many experts (12 accumulators)
 PARALLEL_MIN_CANDIDATES = 4096  # below this, one thread is faster than waking the pool
 BLOCK_CANDIDATES = 1024  # candidates per prange block
 
@@ -159,9 +165,102 @@ def score_serial_all_dots(values, scale, formats, rows, P, c0, top_k, out):
     _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
 
 
-VERSIONS = {1: score_serial, 2: score_parallel, 3: score_parallel_all_dots}
-SERIAL_OF = {score_parallel: score_serial, score_parallel_all_dots: score_serial_all_dots}
-SHIPPED_VERSION = 3
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, lo, hi):
+    """E == 6 (the default, `DEFAULT_E`): the 12 dot products as 12 scalar accumulators in one loop
+    over the row, which LLVM vectorizes over d (12 vector FMAs per 8 elements, the row converted
+    once per 8 elements); top-2 routing as two arg-max passes and one exp. Other E or top_k fall
+    back to the all-dots loop."""
+    if c0.shape[1] != 2 * UNROLLED_E:
+        _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+        return
+    E = UNROLLED_E
+    D = values.shape[1]
+    buf = np.empty(D, np.float32)
+    acc = np.empty(2 * E, np.float32)
+    sel = np.empty(top_k, np.int64)
+    for i in range(lo, hi):
+        row = rows[i]
+        f = formats[row]
+        sc = scale[row]
+        for d in range(D):
+            buf[d] = _to_float32(values[row, d])
+        Pf = P[f]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = np.float32(0.0)
+        for d in range(D):
+            x = buf[d]
+            a0 += Pf[0, d] * x
+            a1 += Pf[1, d] * x
+            a2 += Pf[2, d] * x
+            a3 += Pf[3, d] * x
+            a4 += Pf[4, d] * x
+            a5 += Pf[5, d] * x
+            a6 += Pf[6, d] * x
+            a7 += Pf[7, d] * x
+            a8 += Pf[8, d] * x
+            a9 += Pf[9, d] * x
+            a10 += Pf[10, d] * x
+            a11 += Pf[11, d] * x
+        acc[0], acc[1], acc[2], acc[3], acc[4], acc[5] = a0, a1, a2, a3, a4, a5
+        acc[6], acc[7], acc[8], acc[9], acc[10], acc[11] = a6, a7, a8, a9, a10, a11
+        for j in range(2 * E):
+            acc[j] = acc[j] * sc + c0[f, j]
+        if top_k == 2:
+            b0 = 0
+            g0 = acc[0]
+            for e in range(1, E):  # strict '>': ties keep the lower expert
+                if acc[e] > g0:
+                    g0 = acc[e]
+                    b0 = e
+            b1 = -1
+            g1 = -np.inf
+            for e in range(E):
+                if e != b0 and acc[e] > g1:
+                    g1 = acc[e]
+                    b1 = e
+            w = math.exp(g1 - g0)  # softmax of two logits: weights 1/(1+w), w/(1+w)
+            out[i] = (acc[E + b0] + w * acc[E + b1]) / (1.0 + w)
+            continue
+        for j in range(top_k):
+            best = -1
+            for e in range(E):
+                taken = False
+                for t in range(j):
+                    if sel[t] == e:
+                        taken = True
+                if not taken and (best < 0 or acc[e] > acc[best]):
+                    best = e
+            sel[j] = best
+        top = acc[sel[0]]
+        den = 0.0
+        num = 0.0
+        for j in range(top_k):
+            w = math.exp(acc[sel[j]] - top)
+            den += w
+            num += w * acc[E + sel[j]]
+        out[i] = num / den
+
+
+@numba.njit(cache=True, parallel=True)
+def score_parallel_unrolled(values, scale, formats, rows, P, c0, top_k, out):
+    """Version 4: version 2's blocks with the unrolled E == 6 per-ad loop."""
+    n = rows.shape[0]
+    blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
+    for b in numba.prange(blocks):
+        lo = b * BLOCK_CANDIDATES
+        hi = min(n, lo + BLOCK_CANDIDATES)
+        _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+
+
+@numba.njit(cache=True, nogil=True)
+def score_serial_unrolled(values, scale, formats, rows, P, c0, top_k, out):
+    _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
+
+
+VERSIONS = {1: score_serial, 2: score_parallel, 3: score_parallel_all_dots, 4: score_parallel_unrolled}
+SERIAL_OF = {score_parallel: score_serial, score_parallel_all_dots: score_serial_all_dots,
+             score_parallel_unrolled: score_serial_unrolled}
+SHIPPED_VERSION = 4
 
 
 def storage_view(values: np.ndarray) -> np.ndarray:

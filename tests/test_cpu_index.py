@@ -1,0 +1,106 @@
+"""The CPU inverted index equals the oracle: random corpora, requests and update sequences."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import cpu_baseline.index as cpu_index
+from andromeda_nb import testing
+from andromeda_nb.interfaces import MATCHERS, load_class
+from andromeda_nb.oracle import OracleIndex
+from andromeda_nb.types import Retire, SetStatus, Upsert
+from cpu_baseline.index import CpuTargetingIndex
+
+
+def _assert_same(cpu, oracle, requests, context):
+    got, want = cpu.match(requests), oracle.match(requests)
+    for request, g, w in zip(requests, got, want):
+        assert g.dtype == np.int64
+        assert np.all(np.diff(g) > 0), f"ids not ascending ({context}, request {request.request_id})"
+        assert np.array_equal(g, w), (
+            f"{context}, request {request.request_id}: cpu {g.tolist()} oracle {w.tolist()}")
+    return sum(len(w) for w in want)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_equals_oracle_through_update_streams(seed, monkeypatch):
+    monkeypatch.setattr(cpu_index, "DELTA_MERGE_MIN", 8)  # merges happen inside small streams too
+    rng = np.random.default_rng(seed)
+    n_ads = int(rng.integers(0, 150))
+    ads = testing.random_ads(rng, n_ads, dim=8)
+    requests = testing.random_requests(rng, 25)
+    cpu, oracle = CpuTargetingIndex.build(ads, threads=2), OracleIndex.build(ads)
+    eligible = 0
+    for step in range(4):
+        eligible += _assert_same(cpu, oracle, requests, f"seed {seed}, {n_ads} ads, step {step}")
+        for update in testing.random_updates(rng, list(oracle.ads.values()), 25, dim=8):
+            cpu.apply(update)
+            oracle.apply(update)
+        assert len(cpu) == len(oracle)
+    eligible += _assert_same(cpu, oracle, requests, f"seed {seed}, final")
+    if n_ads > 20:
+        assert eligible > 0, f"seed {seed}: nothing eligible, the test would prove nothing"
+    cpu.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(testing.ads_and_updates(max_ads=12, max_updates=15), testing.request_lists(1, 5))
+def test_equals_oracle_hypothesis(ads_updates, requests):
+    ads, updates = ads_updates
+    cpu, oracle = CpuTargetingIndex.build(ads, threads=1), OracleIndex.build(ads)
+    _assert_same(cpu, oracle, requests, "initial")
+    for update in updates:
+        cpu.apply(update)
+        oracle.apply(update)
+    _assert_same(cpu, oracle, requests, "after updates")
+
+
+def test_retired_slot_is_reused_and_old_postings_are_dead():
+    rng = np.random.default_rng(7)
+    ads = testing.random_ads(rng, 40, dim=8)
+    requests = testing.random_requests(rng, 30)
+    cpu, oracle = CpuTargetingIndex.build(ads, threads=1), OracleIndex.build(ads)
+    capacity = cpu.capacity
+    victim = ads[3]
+    slot = cpu.slot_of(victim.ad_id)
+    for index in (cpu, oracle):
+        index.apply(Retire(victim.ad_id))
+    assert victim.ad_id not in cpu
+    newcomer = testing.random_ads(rng, 1, dim=8, ids=[10_000])[0]
+    for index in (cpu, oracle):
+        index.apply(Upsert(newcomer))
+    assert cpu.slot_of(10_000) == slot  # the freed slot came back
+    assert cpu.capacity == capacity
+    _assert_same(cpu, oracle, requests, "after slot reuse")
+    # a status change and a replacement of the same ad
+    for index in (cpu, oracle):
+        index.apply(SetStatus(10_000, "PAUSED"))
+    _assert_same(cpu, oracle, requests, "paused")
+    replacement = Upsert(testing.random_ads(rng, 1, dim=8, ids=[10_000])[0])
+    for index in (cpu, oracle):
+        index.apply(replacement)
+    _assert_same(cpu, oracle, requests, "replaced")
+    cpu.merge()
+    assert cpu.describe()["delta_ads"] == 0
+    _assert_same(cpu, oracle, requests, "merged")
+
+
+def test_growth_beyond_capacity():
+    rng = np.random.default_rng(11)
+    cpu, oracle = CpuTargetingIndex.build([], threads=1), OracleIndex.build([])
+    for ad in testing.random_ads(rng, 60, dim=8):
+        cpu.apply(Upsert(ad))
+        oracle.apply(Upsert(ad))
+    assert cpu.capacity >= 60 and len(cpu) == 60
+    _assert_same(cpu, oracle, testing.random_requests(rng, 20), "grown from empty")
+
+
+def test_match_arch_cpu_is_this_index():
+    assert load_class(MATCHERS, "cpu") is CpuTargetingIndex
+    rng = np.random.default_rng(2)
+    ads = testing.random_ads(rng, 30, dim=8)
+    index = CpuTargetingIndex.build(ads)
+    assert len(index) == 30
+    assert index.match([]) == []
+    info = index.describe()
+    assert info["ads"] == 30 and info["main_postings"] > 0
