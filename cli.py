@@ -183,6 +183,21 @@ def import_(ads_path, requests_path, model_path, seed, precision, dim, out, stri
         raise click.ClickException(f"--strict: {rejected} line(s) were rejected")
 
 
+@main.command()
+@_DATA_OPTION
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Directory for ads.jsonl and requests.jsonl.")
+@_QUIET_OPTION
+def export(data, out, quiet):
+    """Write a corpus directory back out as JSON Lines (DESIGN section 2): OUT/ads.jsonl and
+    OUT/requests.jsonl, embeddings as the float32 values they are stored as."""
+    from andromeda_nb.store import export_jsonl
+
+    dataset = _load_dataset(data, quiet)
+    ads_path, requests_path = export_jsonl(dataset, out)
+    click.echo(f"wrote {len(dataset.ads)} ads to {ads_path} and {len(dataset.requests)} requests to {requests_path}")
+
+
 # --- answers ---------------------------------------------------------------------------------------
 
 

@@ -731,7 +731,7 @@ def eligible_fractions(ad_objects: list[dict], request_objects: list[dict], seed
                        experts: int = DEFAULT_E, width: int = SIGNAL_WIDTH, formats: int = DEFAULT_F,
                        max_requests: int = ELIGIBILITY_SAMPLE_REQUESTS) -> np.ndarray:
     """Fraction of the given ads the oracle finds eligible, per request (float64, at most
-    `max_requests` requests, evenly spaced)."""
+    `max_requests` requests, evenly spaced; empty when there are no ads)."""
     from .oracle import eligible
     from .targeting import parse_ad, parse_request
 
@@ -739,5 +739,5 @@ def eligible_fractions(ad_objects: list[dict], request_objects: list[dict], seed
     step = max(1, -(-len(request_objects) // max_requests))
     requests = [parse_request(o, seed=seed, experts=experts, width=width) for o in request_objects[::step]]
     if not ads:
-        return np.zeros(len(requests))
+        return np.zeros(0)
     return np.array([sum(eligible(a, r) for a in ads) / len(ads) for r in requests], np.float64)

@@ -160,3 +160,13 @@ def test_demo_runs_end_to_end():
     result = _run("demo", "--ads", 300, "--requests", 3, "--k", 4, "--quiet")
     assert "every answer eligible and in rank order" in result.stdout
     assert "match (oracle)" in result.stdout
+
+
+def test_export_then_import_gives_the_same_answers(corpus_dir, tmp_path):
+    _run("export", "--data", corpus_dir, "--out", tmp_path / "jsonl", "--quiet")
+    _run("import", "--ads", tmp_path / "jsonl" / "ads.jsonl", "--requests", tmp_path / "jsonl" / "requests.jsonl",
+         "--model", corpus_dir / "model.npz", "--seed", SEED, "--out", tmp_path / "back", "--strict", "--quiet")
+    for command in (("match", "--json"), ("retrieve", "--k", 5, "--json")):
+        a = _run(*command, "--data", corpus_dir, "--quiet").stdout
+        b = _run(*command, "--data", tmp_path / "back", "--quiet").stdout
+        assert a == b and a.strip()
