@@ -2,7 +2,8 @@
 
 import pytest
 
-from andromeda_nb.budget import budget_table, fused_stages, network_payload, stored_ad_bytes, total, unfused_stages
+from andromeda_nb.budget import (budget_table, build_budget, format_budget, fused_stages, network_payload, payload_total,
+                                 stored_ad_bytes, total, unfused_stages)
 
 
 @pytest.mark.parametrize("precision,expected", [("fp32", 256), ("fp16", 128), ("int8", 68)])
@@ -24,6 +25,23 @@ def test_fused_reads_each_stored_byte_once_and_unfused_more():
 def test_network_payload_grows_with_candidates_only_for_remote():
     small = network_payload(2000, 1_000, 100)
     large = network_payload(2000, 100_000, 100)
-    assert sum(large["colocated"].values()) == sum(small["colocated"].values())
-    assert sum(large["remote"].values()) > 50 * sum(large["colocated"].values())
-    assert large["remote"]["scorer->index host"] == 100_000 * 4
+    assert payload_total(large["colocated"]) == payload_total(small["colocated"])
+    assert payload_total(large["remote"]) > 50 * payload_total(large["colocated"])
+    assert large["remote"]["index host->scorer"]["downstream"] == 100_000 * 4
+    assert large["colocated"]["client->server"]["downstream"] == 100 * (8 + 4 + 8)
+
+
+def test_budget_report_from_a_corpus(tmp_path):
+    from andromeda_nb.corpus import generate_corpus
+    from andromeda_nb.store import load_dataset
+
+    generate_corpus(tmp_path / "c", n_ads=3000, n_requests=6, seed=5)
+    dataset = load_dataset(tmp_path / "c")
+    report = build_budget(dataset, k=50)
+    net = report["network"]
+    assert net["source"] == "corpus" and net["requests"] == 6
+    assert 0 < net["eligible_mean"] < 3000
+    # the scorer hop carries 8 bytes per eligible id plus the user side, and 4 bytes back per id
+    hop = net["payload"]["remote"]["index host->scorer"]
+    assert hop["downstream"] == pytest.approx(4 * net["eligible_mean"])
+    assert "fused B/ad" in format_budget(report)
