@@ -429,5 +429,70 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
     click.echo(summary_line(result) if as_json else format_table(result))
 
 
+# --- the side-by-side harness ----------------------------------------------------------------------
+
+
+@main.command()
+@_DATA_OPTION
+@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True, help="Answers per request.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
+              help="Where the co-located path and the GPU index run (auto: the GPU if usable, else the simulator "
+                   "for the index and the CPU for scoring).")
+@_UPDATES_OPTION
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
+              help="Use only the first N requests of the corpus.")
+@click.option("--oracle-requests", type=click.IntRange(0), default=16, show_default=True,
+              help="Requests whose eligible sets are also checked against the plain-Python oracle.")
+@click.option("--traffic-requests", type=click.IntRange(1), default=16, show_default=True,
+              help="Requests sent one at a time through the counting relays to measure bytes on the wire.")
+@_JSON_OPTION
+@_QUIET_OPTION
+def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, as_json, quiet):
+    """Both architectures side by side on the same requests and update stream: eligible-set, score
+    and top-K agreement (DESIGN section 4), bytes on the wire per request and hop, requests per
+    second. With --json the last line is one object (eligible_equal, topk_equal, bytes_per_request,
+    traffic_reduction, ...). Exits non-zero when the architectures disagree."""
+    import json as _json
+
+    from andromeda_nb.harness import format_report, run_comparison
+
+    _prepare_device(device)
+    dataset = _load_dataset(data, quiet)
+    try:
+        report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
+                                oracle_requests=oracle_requests, traffic_requests=traffic_requests,
+                                log=lambda m: _info(m, quiet))
+    except (ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(_json.dumps(report) if as_json else format_report(report))
+    if not (report["eligible_equal"] and report["scores_equal"] and report["topk_equal"]):
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--data", "data", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Corpus directory: network bytes from its real requests and eligible-set sizes.")
+@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True, help="Answers per request.")
+@click.option("--dim", type=click.IntRange(1, 4096), default=None, help="Embedding dimension (default: the corpus's, or 64).")
+@click.option("--measured", "measured", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="Benchmark or compare JSON whose measured figures are printed beside the budget (repeatable).")
+@_JSON_OPTION
+@_QUIET_OPTION
+def budget(data, k, dim, measured, as_json, quiet):
+    """The byte budget per candidate: device-memory bytes read and written per ad for the fused and
+    the unfused path at each precision, and network payload bytes per request for each
+    architecture, counted from the data layout and printed beside measured values."""
+    import json as _json
+
+    from andromeda_nb.budget import build_budget, format_budget
+
+    dataset = _load_dataset(data, quiet) if data else None
+    try:
+        report = build_budget(dataset, k=k, dim=dim, measured=list(measured))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(_json.dumps(report) if as_json else format_budget(report))
+
+
 if __name__ == "__main__":
     main()

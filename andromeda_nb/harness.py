@@ -1,0 +1,255 @@
+"""The side-by-side harness (`andromeda compare`): both architectures on the same requests and the
+same update stream, proven equal and measured.
+
+What it checks (DESIGN section 4):
+* eligible sets: the CPU inverted index and the GPU index against the oracle (on the first
+  `oracle_requests` requests: the oracle is plain Python), and against each other on every request;
+* scores and top-K: the remote-scoring and the co-located answers against the float64 reference,
+  with the tie and routing rules of `andromeda_nb.compare`.
+
+What it measures: real bytes on the wire per request and per hop (a counting relay in front of every
+server, `andromeda_nb.relay`), and requests per second through each architecture's Flight service.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .budget import network_payload
+from .compare import compare_eligible, compare_scores, compare_topk
+from .constants import DEFAULT_K
+from .dataset import Dataset
+from .updates import LiveAds, Rejection, apply_updates, read_updates
+
+Log = Callable[[str], None]
+ORACLE_FULL_POOL = 200_000  # above this the reference takes eligibility from the (checked) CPU index
+
+
+@dataclass
+class ArchMeasurement:
+    answers: list
+    seconds: float
+    traffic: list[dict]  # per request: hop -> {"upstream", "downstream", "total", ...}
+
+    def bytes_per_hop(self) -> dict[str, float]:
+        hops = self.traffic[0].keys() if self.traffic else []
+        return {hop: float(np.mean([t[hop]["total"] for t in self.traffic])) for hop in hops}
+
+    def bytes_per_request(self) -> float:
+        return float(sum(self.bytes_per_hop().values()))
+
+
+@dataclass
+class Agreement:
+    ok: bool = True
+    checked: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def add(self, result, label: str) -> None:
+        self.checked += 1
+        if not result.ok:
+            self.ok = False
+            if len(self.failures) < 5:
+                self.failures.append(f"{label}: {result.message}")
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "checked": self.checked, "failures": self.failures}
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def load_updates(dataset: Dataset, updates_path) -> tuple[list, list[Rejection]]:
+    if updates_path is None:
+        return [], []
+    return read_updates(updates_path, seed=dataset.seed, dim=dataset.model.D, formats=dataset.model.F)
+
+
+def apply_stream(updates, targets: Sequence, dataset: Dataset) -> list[Rejection]:
+    """Check the parsed stream against the live ids once, and apply it in order to every target."""
+    return apply_updates(updates, targets, LiveAds(dataset.ad_ids.tolist()))
+
+
+def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int,
+                        log: Log = _quiet) -> tuple[dict, list[np.ndarray]]:
+    from cpu_baseline.index import CpuTargetingIndex
+    from gpu.index import GpuTargetingIndex
+
+    from .oracle import OracleIndex
+
+    n_oracle = min(oracle_requests, len(requests))
+    log(f"building the oracle, the CPU index and the GPU index over {len(dataset.ads):,} ads")
+    oracle = OracleIndex.build(dataset.ads)
+    cpu = CpuTargetingIndex.build(dataset.ads)
+    gpu = GpuTargetingIndex.build(dataset.ads, device=device)
+    apply_stream(updates, [oracle, cpu, gpu], dataset)
+    log(f"matching {len(requests)} requests (oracle on {n_oracle})")
+    t0 = time.perf_counter()
+    cpu_sets = cpu.match(requests)
+    cpu_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gpu_sets = gpu.match(requests)
+    gpu_s = time.perf_counter() - t0
+    oracle_sets = oracle.match(requests[:n_oracle])
+    result = {"cpu_vs_oracle": Agreement(), "gpu_vs_oracle": Agreement(), "cpu_vs_gpu": Agreement()}
+    for i, req in enumerate(requests):
+        label = f"request {req.request_id}"
+        if i < n_oracle:
+            result["cpu_vs_oracle"].add(compare_eligible(oracle_sets[i], cpu_sets[i]), label)
+            result["gpu_vs_oracle"].add(compare_eligible(oracle_sets[i], gpu_sets[i]), label)
+        result["cpu_vs_gpu"].add(compare_eligible(cpu_sets[i], gpu_sets[i]), label)
+    sizes = np.asarray([len(s) for s in cpu_sets])
+    summary = {name: a.to_json() for name, a in result.items()}
+    summary["equal"] = all(a.ok for a in result.values())
+    summary["oracle_requests"] = n_oracle
+    summary["eligible_mean"] = float(sizes.mean()) if len(sizes) else 0.0
+    summary["eligible_fraction_mean"] = float(sizes.mean() / max(1, len(cpu))) if len(sizes) else 0.0
+    summary["match_seconds"] = {"cpu": cpu_s, "gpu": gpu_s}
+    for index in (cpu, gpu):
+        close = getattr(index, "close", None)
+        if close:
+            close()
+    return summary, cpu_sets
+
+
+def reference_answers(dataset: Dataset, requests, updates, k: int, log: Log = _quiet):
+    """Per request: (eligible ids, ScoreResult, top-K ids, top-K scores) from the float64 reference."""
+    from .reference import ReferenceRetriever, reference_topk
+
+    matcher = None
+    if len(dataset.ads) > ORACLE_FULL_POOL:
+        from cpu_baseline.index import CpuTargetingIndex
+
+        matcher = CpuTargetingIndex
+    ref = ReferenceRetriever.build(dataset, matcher=matcher)
+    apply_stream(updates, [ref], dataset)
+    log(f"reference scores (float64) for {len(requests)} requests")
+    out = []
+    for req in requests:
+        ids, scores = ref.score_eligible(req)
+        top_ids, top_scores = reference_topk(ids, scores.scores, k)
+        out.append((ids, scores, top_ids, top_scores))
+    ref.close()
+    return out, ("oracle" if matcher is None else "cpu index (checked against the oracle above)")
+
+
+def measure(retriever, requests, k: int, traffic_requests: int) -> ArchMeasurement:
+    """Time all requests in one exchange, then count bytes one request at a time."""
+    retriever.retrieve(requests[:1], k)  # warm-up: connections, compiled code
+    t0 = time.perf_counter()
+    answers = retriever.retrieve(requests, k)
+    seconds = time.perf_counter() - t0
+    _, traffic = retriever.retrieve_traffic(requests[:traffic_requests], k)
+    return ArchMeasurement(answers, seconds, traffic)
+
+
+def check_answers(reference, answers, k: int, label: str) -> dict:
+    scores_ok, topk_ok = Agreement(), Agreement()
+    for (ids, result, top_ids, top_scores), (got_ids, got_scores) in zip(reference, answers):
+        scores_ok.add(compare_scores(result.take(np.searchsorted(ids, got_ids)), got_scores, ids=got_ids)
+                      if np.isin(got_ids, ids).all() else _missing(got_ids, ids), label)
+        topk_ok.add(compare_topk(top_ids, top_scores, got_ids, got_scores, k), label)
+    return {"scores": scores_ok.to_json(), "topk": topk_ok.to_json()}
+
+
+@dataclass
+class _Missing:
+    ok: bool
+    message: str
+
+
+def _missing(got_ids, ids) -> _Missing:
+    bad = np.asarray(got_ids)[~np.isin(got_ids, ids)]
+    return _Missing(False, f"returned ads that are not eligible: {bad[:5].tolist()}")
+
+
+def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
+                   requests: int | None = None, oracle_requests: int = 16, traffic_requests: int = 16,
+                   log: Log = _quiet) -> dict:
+    """Everything `andromeda compare` reports, as one JSON-ready dict."""
+    from cpu_baseline.remote import RemoteRetriever
+    from gpu.colocated import ColocatedRetriever
+
+    reqs = dataset.requests[:requests] if requests else dataset.requests
+    if not reqs:
+        raise ValueError("the corpus has no requests to compare on")
+    updates, rejected = load_updates(dataset, updates_path)
+    report: dict = {
+        "ads": len(dataset.ads), "requests": len(reqs), "k": k, "precision": dataset.precision,
+        "updates": {"applied_lines": len(updates), "rejected": [str(r) for r in rejected]},
+    }
+    eligibility, _ = compare_eligibility(dataset, reqs, updates, device=device,
+                                         oracle_requests=oracle_requests, log=log)
+    report["eligibility"] = eligibility
+    reference, source = reference_answers(dataset, reqs, updates, k, log)
+    report["reference_eligibility"] = source
+
+    runs: dict[str, ArchMeasurement] = {}
+    for name, cls, options in (("remote", RemoteRetriever, {}), ("colocated", ColocatedRetriever, {"device": device})):
+        log(f"{name}: starting its services on 127.0.0.1")
+        with cls.build(dataset, traffic=True, served=True, **options) as retriever:
+            apply_stream(updates, [retriever], dataset)
+            log(f"{name}: {len(reqs)} requests")
+            runs[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)))
+            report[name] = check_answers(reference, runs[name].answers, k, name)
+            report[name]["device"] = getattr(retriever, "device", "cpu")
+    mean_request = float(np.mean([len(e[0]) for e in reference]))
+    report["eligible_equal"] = bool(eligibility["equal"])
+    report["scores_equal"] = all(report[n]["scores"]["ok"] for n in runs)
+    report["topk_equal"] = all(report[n]["topk"]["ok"] for n in runs)
+    report["bytes_per_hop"] = {n: m.bytes_per_hop() for n, m in runs.items()}
+    report["bytes_per_request"] = {n: m.bytes_per_request() for n, m in runs.items()}
+    report["traffic_reduction"] = report["bytes_per_request"]["remote"] / max(1.0, report["bytes_per_request"]["colocated"])
+    report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in runs.items()}
+    report["pool_ads_per_second"] = {n: len(reqs) * len(dataset.ads) / m.seconds for n, m in runs.items()}
+    report["payload_estimate"] = network_payload(
+        request_bytes=0, n_eligible=int(round(mean_request)), k=k, dim=dataset.model.D,
+        experts=dataset.model.E, formats=dataset.model.F)
+    return report
+
+
+def format_report(report: dict) -> str:
+    """The human-readable side-by-side table of `run_comparison`'s report."""
+    e = report["eligibility"]
+
+    def mark(ok: bool) -> str:
+        return "equal" if ok else "DIFFERENT"
+
+    lines = [
+        f"{report['ads']:,} ads, {report['requests']} requests, K = {report['k']}, {report['precision']} embeddings; "
+        f"mean eligible {e['eligible_mean']:,.0f} ({100 * e['eligible_fraction_mean']:.1f}% of the pool)",
+        f"updates: {report['updates']['applied_lines']} lines, {len(report['updates']['rejected'])} rejected",
+        f"eligible sets: CPU index vs oracle {mark(e['cpu_vs_oracle']['ok'])} ({e['oracle_requests']} requests), "
+        f"GPU index vs oracle {mark(e['gpu_vs_oracle']['ok'])}, CPU vs GPU {mark(e['cpu_vs_gpu']['ok'])} "
+        f"({e['cpu_vs_gpu']['checked']} requests)",
+        f"reference eligibility from the {report['reference_eligibility']}",
+        "",
+        f"{'':<28}{'remote scoring':>18}{'co-located':>18}",
+    ]
+    r, c = report["remote"], report["colocated"]
+    lines.append(f"{'runs on':<28}{'CPU + CPU':>18}{c['device']:>18}")
+    lines.append(f"{'scores vs reference':<28}{mark(r['scores']['ok']):>18}{mark(c['scores']['ok']):>18}")
+    lines.append(f"{'top-K vs reference':<28}{mark(r['topk']['ok']):>18}{mark(c['topk']['ok']):>18}")
+    b = report["bytes_per_request"]
+    lines.append(f"{'bytes on the wire / request':<28}{b['remote']:>18,.0f}{b['colocated']:>18,.0f}")
+    for arch in ("remote", "colocated"):
+        for hop, value in report["bytes_per_hop"][arch].items():
+            lines.append(f"{'  ' + hop:<28}" + (f"{value:>18,.0f}" if arch == "remote" else f"{'':>18}{value:>18,.0f}"))
+    q = report["requests_per_second"]
+    lines.append(f"{'requests / second':<28}{q['remote']:>18,.1f}{q['colocated']:>18,.1f}")
+    p = report["pool_ads_per_second"]
+    lines.append(f"{'pool ads / second':<28}{p['remote']:>18,.3g}{p['colocated']:>18,.3g}")
+    lines.append(f"traffic reduction (remote / co-located bytes on the wire): {report['traffic_reduction']:,.1f}x")
+    for name in ("remote", "colocated"):
+        for what in ("scores", "topk"):
+            for failure in report[name][what]["failures"]:
+                lines.append(f"  {name} {what}: {failure}")
+    for name in ("cpu_vs_oracle", "gpu_vs_oracle", "cpu_vs_gpu"):
+        for failure in e[name]["failures"]:
+            lines.append(f"  {name}: {failure}")
+    return "\n".join(lines)
