@@ -162,9 +162,14 @@ def import_(ads_path, requests_path, model_path, seed, precision, dim, out, stri
 
     from andromeda_nb.store import StoreError, import_jsonl
 
+    lines = 0
+    for path in (ads_path, requests_path):
+        with open(path, "rb") as fh:
+            lines += sum(1 for raw in fh if raw.strip())
     try:
-        summary = import_jsonl(ads_path, requests_path, out, model_path=model_path, seed=seed,
-                               precision=precision, strict=strict, dim=dim)
+        with _Progress("importing", lines, quiet) as bar:
+            summary = import_jsonl(ads_path, requests_path, out, model_path=model_path, seed=seed,
+                                   precision=precision, strict=strict, dim=dim, progress=bar)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     rejected = summary.rejected_ads + summary.rejected_requests
