@@ -94,6 +94,8 @@ class IndexHostServer(RetrieveServer):
         self.model = model
         self.dim, self.formats = model.D, model.F
         self.index = CpuTargetingIndex.build(dataset.ads, threads=threads)
+        if dataset.requests:
+            self.index.match_slots(dataset.requests[:1])  # compile / load the match kernel now
         # scorer row per index slot: at start both hold the corpus in file order
         self.scorer_row = np.full(self.index.capacity, -1, np.int32)
         self.scorer_row[: len(dataset.ads)] = np.arange(len(dataset.ads), dtype=np.int32)

@@ -319,9 +319,11 @@ class CpuScorer:
 
     def score(self, rows: np.ndarray, P: np.ndarray, c0: np.ndarray) -> np.ndarray:
         """float32 (C,) scores of the candidate rows (int32/int64 (C,)) for folded tables P, c0."""
-        rows = np.ascontiguousarray(rows)
+        rows = np.asarray(rows)
         if rows.dtype not in (np.int32, np.int64):
             rows = rows.astype(np.int64)
+        if not (rows.flags.c_contiguous and rows.flags.writeable):  # e.g. Arrow buffers are read-only,
+            rows = rows.copy()  # which numba would compile a second specialization for
         if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= self.rows):
             raise IndexError(f"candidate rows must lie in 0..{self.rows - 1}")
         out = np.empty(len(rows), np.float32)
@@ -330,6 +332,18 @@ class CpuScorer:
             kernel = SERIAL_OF.get(kernel, kernel)
         kernel(self._values, self._scale, self._formats, rows, P, c0, self.top_k, out)
         return out
+
+    def warm_up(self, E: int, F: int) -> None:
+        """Compile (or load from numba's cache) the kernels this scorer calls, serial and parallel,
+        for int32 candidate rows, so the first real request does not pay for it."""
+        if self.rows == 0:
+            return
+        P = np.zeros((F, 2 * E, self.D), np.float32)
+        c0 = np.zeros((F, 2 * E), np.float32)
+        rows = np.zeros(1, np.int32)
+        out = np.empty(1, np.float32)
+        for kernel in {self.kernel, SERIAL_OF.get(self.kernel, self.kernel)}:
+            kernel(self._values, self._scale, self._formats, rows, P, c0, self.top_k, out)
 
     def score_user_side(self, rows: np.ndarray, U, Q, gamma, beta) -> np.ndarray:
         """Scores from the unfolded user-side tables U, Q (E, D), gamma, beta (F, D)."""

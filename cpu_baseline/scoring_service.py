@@ -81,6 +81,7 @@ class ScoringServer(flight.FlightServerBase):
         self.precision = table.precision
         self.E, self.D, self.F = dataset.model.E, dataset.model.D, dataset.model.F
         self.scorer = CpuScorer.from_table(table, dataset.formats, dataset.model.top_k)
+        self.scorer.warm_up(self.E, self.F)
         self.row_ad = dataset.ad_ids.copy()  # ad id per row, -1 when free
         self.row_of = {int(a): r for r, a in enumerate(self.row_ad.tolist())}
         self.free: list[int] = []
