@@ -251,10 +251,13 @@ def match(data, arch, device, updates, as_json, quiet):
               help="Where the co-located path runs (auto: the GPU if usable, else the CPU).")
 @click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True,
               help="Answers per request (1..4096).")
+@click.option("--traffic", is_flag=True,
+              help="Count real bytes on the wire per request and hop through counting relays "
+                   "(--arch remote or colocated); shown after the table, and per line with --json.")
 @_UPDATES_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def retrieve(data, arch, device, k, updates, as_json, quiet):
+def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
     """Top-K eligible ads per request, by score descending (ties by ad id ascending).
 
     With --json, one line per request: {"request_id": .., "ads": [..], "scores": [..]} in rank order.
@@ -266,23 +269,43 @@ def retrieve(data, arch, device, k, updates, as_json, quiet):
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_ARCHS:
         _info(f"--device {device} applies to --arch {'/'.join(DEVICE_ARCHS)} only; ignored for {arch}", quiet)
+    if traffic and arch == "reference":
+        raise click.ClickException("--traffic needs --arch remote or colocated (the reference runs in this process)")
     try:
-        retriever = build_retriever(dataset, arch, device)
+        if traffic:
+            from andromeda_nb.interfaces import RETRIEVERS, load_class
+
+            retriever = load_class(RETRIEVERS, arch).build(dataset, device=device, traffic=True)
+        else:
+            retriever = build_retriever(dataset, arch, device)
     except ArchitectureUnavailable as exc:
         raise click.ClickException(str(exc)) from None
     except (RuntimeError, ValueError) as exc:
         raise click.ClickException(f"--arch {arch}: {exc}") from None
+    per_request = None
     try:
         _apply_updates(updates, [retriever], dataset, quiet)
-        with _Progress(f"retrieving ({arch})", len(dataset.requests), quiet) as bar:
-            answers = retrieve_all(retriever, dataset.requests, k, progress=bar)
+        if traffic:
+            _info(f"retrieving ({arch}), one request per exchange, counting bytes per hop", quiet)
+            answers, per_request = retriever.retrieve_traffic(dataset.requests, k)
+        else:
+            with _Progress(f"retrieving ({arch})", len(dataset.requests), quiet) as bar:
+                answers = retrieve_all(retriever, dataset.requests, k, progress=bar)
     finally:
         retriever.close()
     if as_json:
-        for line in retrieve_json_lines(dataset.requests, answers):
+        import json
+
+        for i, line in enumerate(retrieve_json_lines(dataset.requests, answers)):
+            if per_request is not None:
+                line = json.dumps({**json.loads(line), "traffic": per_request[i]})
             click.echo(line)
     else:
         click.echo(retrieve_table(dataset.requests, answers))
+        if per_request:
+            from andromeda_nb.relay import traffic_summary
+
+            click.echo(traffic_summary(per_request))
 
 
 @main.command()

@@ -169,4 +169,19 @@ class Relay:
         self.close()
 
 
-__all__ = ["Relay", "Traffic"]
+def traffic_summary(per_request: list[dict]) -> str:
+    """A few lines: mean bytes on the wire per request for each hop (from `retrieve_traffic`)."""
+    if not per_request:
+        return "no requests: no traffic"
+    lines = [f"bytes on the wire per request (mean of {len(per_request)}):"]
+    total = 0.0
+    for hop in per_request[0]:
+        up = sum(p[hop]["upstream"] for p in per_request) / len(per_request)
+        down = sum(p[hop]["downstream"] for p in per_request) / len(per_request)
+        total += up + down
+        lines.append(f"  {hop:<24}{up + down:>12,.0f}   (up {up:,.0f}, down {down:,.0f})")
+    lines.append(f"  {'all hops':<24}{total:>12,.0f}")
+    return "\n".join(lines)
+
+
+__all__ = ["Relay", "Traffic", "traffic_summary"]

@@ -126,6 +126,8 @@ class RemoteRetriever:
                 h, p = location.split("://", 1)[1].rsplit(":", 1)
                 relays["client->index host"] = Relay(h, int(p)).start()
                 location = relays["client->index host"].location
+            hops = ("client->index host", "index host->scorer")  # in the order a request travels
+            relays = {hop: relays[hop] for hop in hops if hop in relays}
             return cls(location, processes=processes, relays=relays, tmpdir=tmp)
         except BaseException:
             for proc in reversed(processes):
