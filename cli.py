@@ -414,6 +414,57 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
         log(f"wrote {out}")
 
 
+@bench.command("match")
+@click.option("--pools", default="10000000,100000000", show_default=True,
+              help="Pool sizes (ads), comma-separated; each pool tiles the generated base corpus.")
+@click.option("--versions", default=None, help="Kernel versions to time, comma-separated (default: all that run here).")
+@click.option("--batches", default="32,256", show_default=True, help="Requests per launch, comma-separated.")
+@click.option("--base-ads", default=32_768, show_default=True, help="Ads of the generated base corpus.")
+@click.option("--requests", "n_requests", default=256, show_default=True, help="Requests generated.")
+@click.option("--seed", default=7, show_default=True, help="Corpus seed.")
+@click.option("--base", "base_path", type=click.Path(dir_okay=False), default=None,
+              help="Base corpus cache (gzip pickle): read when present, else generated and written there.")
+@click.option("--updates/--no-updates", default=True, show_default=True,
+              help="Measure updates per second applied while serving (on the first pool).")
+@click.option("--cpu-pool", default=1_000_000, show_default=True,
+              help="Pool size for the CPU inverted index beside the GPU figures (0: skip).")
+@click.option("--device", type=click.Choice(["auto", "gpu", "sim"]), default="auto", show_default=True,
+              help="Where the kernels run (sim: the CUDA simulator; tiny pools only).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path, updates, cpu_pool, device, out,
+                as_json, quiet):
+    """GPU targeting index: pool ads/s of every match kernel version for each pool size, device bytes
+    per ad, updates/s applied while serving, and the CPU index beside it; the full-size answer is
+    checked against the oracle before anything is timed."""
+    import json
+
+    def ints(text, name):
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise click.ClickException(f"--{name}: expected comma-separated integers, got {text!r}") from None
+        if not values or min(values) <= 0:
+            raise click.ClickException(f"--{name}: expected positive integers, got {text!r}")
+        return values
+
+    _prepare_device(device)
+    from gpu import bench_match as bm
+
+    try:
+        result = bm.run(pools=ints(pools, "pools"), versions=ints(versions, "versions") if versions else None,
+                        batches=ints(batches, "batches"), base_ads=base_ads, requests=n_requests, seed=seed,
+                        base_path=base_path, updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
+                        cpu_pool=cpu_pool, device=device, progress=not quiet)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise click.ClickException(f"bench match: {exc}") from None
+    click.echo(json.dumps(result, indent=2, default=float) if as_json else bm.table(result))
+    if out:
+        bm.dump(result, out)
+        _info(f"wrote {out}", quiet)
+
+
 # --- retrieval quality (andromeda_nb.quality) ----------------------------------------------------------
 
 

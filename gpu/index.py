@@ -235,6 +235,33 @@ def _ftab_words() -> int:
     return K.FTAB_WORDS
 
 
+def _driver_present() -> bool:
+    """A CUDA driver library or device node exists (checked without importing numba.cuda)."""
+    import ctypes.util
+    import os
+
+    return bool(ctypes.util.find_library("cuda")) or os.path.exists("/dev/nvidiactl")
+
+
+def resolve_device(device: str) -> str:
+    """'gpu' or 'sim' for `device` ('auto', 'gpu', 'sim'; 'cpu' means the simulator here, the CPU
+    running the kernels). 'auto' takes the GPU when one is usable and the simulator otherwise; the
+    simulator must be chosen before numba.cuda is imported, so with no driver at all it is chosen
+    without probing."""
+    import sys
+
+    if device in ("auto", "cpu") and not runtime.simulator_enabled() and "numba.cuda" not in sys.modules:
+        if device == "cpu" or not _driver_present():
+            return runtime.select("sim")
+    where = runtime.select(device)
+    if where == "cpu":
+        try:
+            where = runtime.select("sim")
+        except RuntimeError as exc:
+            raise RuntimeError(f"no usable CUDA GPU, and the simulator cannot start now: {exc}") from None
+    return where
+
+
 class GpuTargetingIndex:
     """`interfaces.TargetingIndex` on the device, plus the slot-order API of the co-located path.
 
@@ -245,9 +272,7 @@ class GpuTargetingIndex:
     """
 
     def __init__(self, *, device: str = "auto", version: int | None = None):
-        where = runtime.select(device)
-        if where == "cpu":  # no GPU: the simulator runs the same kernels
-            where = runtime.select("sim")
+        where = resolve_device(device)
         self.device = where
         self._cuda = runtime.cuda()
         from .kernels import match as kernels

@@ -292,3 +292,26 @@ def test_every_version_equals_oracle_on_gpu():
     for version in sorted(_kernels().VERSIONS):
         index = GpuTargetingIndex.build(ads, device="gpu", version=version)
         _assert_same(expected, index.match(requests), f"seed=51 version={version} ads=3000 requests=100")
+
+
+# --- the benchmark's tiled pools ---------------------------------------------------------------------
+
+
+def test_tiled_index_equals_index_of_tiled_corpus():
+    from gpu.bench_match import build_tiled_index, tile_compiled
+
+    rng = np.random.default_rng(61)
+    ads = random_ads(rng, 25, formats=2)
+    requests = [encode_request(r) for r in random_requests(rng, 6)]
+    ct = compile_ads(ads)
+    version = _kernels().SIMULATOR_FALLBACK
+    tiled = build_tiled_index(ct, 3, version=version, chunk_slots=CHUNK, spare=0.0)
+    direct = GpuTargetingIndex.from_compiled(tile_compiled(ct, 3), version=version, chunk_slots=CHUNK)
+    assert np.array_equal(tiled.slots.slot_ad_id, direct.slots.slot_ad_id)
+    assert len(tiled) == len(direct) == 75
+    a = tiled.match_slots(requests).copy_to_host()
+    assert a.any() and np.array_equal(a, direct.match_slots(requests).copy_to_host())
+    # the computed id -> slot map answers like the allocator's dict
+    for ad_id in direct.slots.slot_ad_id[direct.slots.slot_ad_id >= 0].tolist():
+        assert tiled.slots.slot_of(ad_id) == direct.slots.slot_of(ad_id)
+    assert 10**9 not in tiled.slots

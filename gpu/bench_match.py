@@ -1,0 +1,542 @@
+"""`andromeda bench match`: pool ads per second of the GPU targeting index, every kernel version.
+
+Generating 100M ads in Python is too slow, so the pool is a generated base corpus *tiled*: copy k of
+base ad i is an ad with id `base_id + k * stride` and the same targeting. The per-ad device data
+(residual words, program pointers, schedules and the clause programs themselves) is physically
+repeated, so every byte a scan reads is real; only the custom-location table (a few thousand circles)
+is shared between copies. Before anything is timed, the full-size answer is checked against the
+oracle: every copy of an ad must agree with the base ad (the whole pool, every request of the check
+batch), the base ads against `andromeda_nb.oracle.eligible` (all of them for some requests, a random
+sample of slots for the rest), and every kernel version against the shipped one, word for word.
+
+Timing follows DESIGN section 7: CUDA events around the kernel launch, warm-up launches first, the
+median of repeated launches. Pool ads per second = requests x live ads / kernel time. Request
+preparation on the host (term lookup, group tables, upload) is timed separately and reported beside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import pickle
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, compile_ads, encode_request
+from andromeda_nb.oracle import eligible
+from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
+from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
+
+from .index import GpuTargetingIndex, clause_programs, resid_words
+
+BASE_ADS = 32_768
+CHECK_REQUESTS = 32  # one group: the batch checked at full size
+ORACLE_FULL_REQUESTS = 8  # requests checked against the oracle on every base ad
+ORACLE_SAMPLE_SLOTS = 4096  # random slots checked against the oracle for every check request
+BATCHES = (32, 256)  # requests per launch
+WARMUP = 2
+MIN_REPS, MAX_REPS = 5, 50
+REP_BUDGET_S = 1.5  # stop repeating a measurement after this much kernel time (at least MIN_REPS)
+UPDATE_ROUNDS, UPDATES_PER_ROUND = 20, 1000
+
+
+def log(progress: bool, *parts) -> None:
+    if progress:
+        print(*parts, file=sys.stderr, flush=True)
+
+
+# --- base corpus -------------------------------------------------------------------------------------
+
+
+@dataclass
+class BaseCorpus:
+    ads: list[Ad]
+    requests: list[Request]
+    seed: int
+
+    @property
+    def compiled(self) -> CompiledTargeting:
+        if not hasattr(self, "_ct"):
+            self._ct = compile_ads(self.ads)
+        return self._ct
+
+    def save(self, path: str) -> None:
+        ads = [dataclasses.replace(a, embedding=None) for a in self.ads]  # targeting only
+        with gzip.open(path, "wb", compresslevel=3) as f:
+            pickle.dump({"ads": ads, "requests": self.requests, "seed": self.seed}, f, protocol=5)
+
+    @classmethod
+    def load(cls, path: str) -> "BaseCorpus":
+        with gzip.open(path, "rb") as f:
+            d = pickle.load(f)
+        return cls(ads=d["ads"], requests=d["requests"], seed=d["seed"])
+
+
+def generate_base(n_ads: int, n_requests: int, seed: int, progress: bool = False) -> BaseCorpus:
+    """A base corpus from the project's generator (andromeda_nb.corpus), parsed like any import."""
+    from andromeda_nb.corpus import iter_ads, make_requests
+    from andromeda_nb.targeting import parse_ad, parse_request
+
+    log(progress, f"generating {n_ads} base ads and {n_requests} requests (seed {seed})")
+    ads = [parse_ad(c.ad_object(i, with_embedding=False), seed=seed, dim=4)
+           for c in iter_ads(n_ads, seed, dim=4) for i in range(len(c))]
+    ads = [dataclasses.replace(a, embedding=None) for a in ads]
+    requests = [parse_request(o, seed=seed, experts=1, width=1) for o in make_requests(n_requests, seed, experts=1, width=1)]
+    return BaseCorpus(ads=ads, requests=requests, seed=seed)
+
+
+# --- tiling ------------------------------------------------------------------------------------------
+
+
+def stride_of(ct: CompiledTargeting) -> int:
+    return int(ct.ad_id.max()) + 1 if len(ct) else 1
+
+
+def tile_compiled(ct: CompiledTargeting, copies: int) -> CompiledTargeting:
+    """The compiled form of `copies` copies of ct's ads (copy k: ids + k * stride)."""
+    m, t, q = len(ct.clause_negative), len(ct.terms), len(ct.circles)
+    k = np.arange(copies, dtype=np.int64)
+
+    def ptr(p, step):
+        return np.concatenate([(p[:-1][None, :] + (k * step)[:, None]).ravel(), [p[-1] + (copies - 1) * step]])
+
+    def rep(a):
+        return np.tile(a, (copies,) + (1,) * (a.ndim - 1))
+
+    cols = {f.name: rep(getattr(ct, f.name)) for f in dataclasses.fields(ct)}
+    cols["ad_id"] = (ct.ad_id[None, :] + (k * stride_of(ct))[:, None]).ravel()
+    cols["clause_ptr"] = ptr(ct.clause_ptr, m)
+    cols["term_ptr"] = ptr(ct.term_ptr, t)
+    cols["circle_ptr"] = ptr(ct.circle_ptr, q)
+    return CompiledTargeting(**cols)
+
+
+class TiledSlotMap:
+    """ad id -> slot for a tiled pool, computed instead of stored (a dict of 100M entries would take
+    minutes to build), with an overlay for the ids that updates moved, added or removed."""
+
+    def __init__(self, base_ids: np.ndarray, base_slot0: np.ndarray, block_step: np.ndarray, copies: int, stride: int):
+        self._order = np.argsort(base_ids)
+        self._ids = base_ids[self._order]
+        self._slot0 = base_slot0[self._order]  # slot of copy 0
+        self._step = block_step[self._order]  # slots between copies (ads of the base row's format)
+        self.copies, self.stride = copies, stride
+        self._moved: dict[int, int] = {}
+        self._gone: set[int] = set()
+        self._n = copies * len(base_ids)
+
+    def _computed(self, ad_id: int) -> int | None:
+        k, base = divmod(int(ad_id), self.stride)
+        if not 0 <= k < self.copies:
+            return None
+        i = int(np.searchsorted(self._ids, base))
+        if i >= len(self._ids) or self._ids[i] != base:
+            return None
+        return int(self._slot0[i] + k * self._step[i])
+
+    def __contains__(self, ad_id) -> bool:
+        if ad_id in self._moved:
+            return True
+        return ad_id not in self._gone and self._computed(ad_id) is not None
+
+    def __getitem__(self, ad_id) -> int:
+        if ad_id in self._moved:
+            return self._moved[ad_id]
+        s = None if ad_id in self._gone else self._computed(ad_id)
+        if s is None:
+            raise KeyError(ad_id)
+        return s
+
+    def __setitem__(self, ad_id, slot) -> None:
+        if ad_id not in self:
+            self._n += 1
+        self._gone.discard(ad_id)
+        self._moved[ad_id] = slot
+
+    def pop(self, ad_id):
+        slot = self[ad_id]
+        self._moved.pop(ad_id, None)
+        if self._computed(ad_id) is not None:
+            self._gone.add(ad_id)
+        self._n -= 1
+        return slot
+
+    def __len__(self) -> int:
+        return self._n
+
+
+def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int | None = None,
+                      device: str = "auto", spare: float = 0.01, chunk_slots: int = CHUNK_SLOTS) -> GpuTargetingIndex:
+    """A GpuTargetingIndex over `copies` copies of the base ads, laid out exactly as
+    `GpuTargetingIndex.from_compiled(tile_compiled(base_ct, copies))` would lay it out (slots grouped
+    by format, copies in order inside a format), built from the base's programs by repetition."""
+    index = GpuTargetingIndex(device=device, version=version)
+    from .index import Vocabulary
+
+    index.vocab = Vocabulary(base_ct.terms)
+    dense = index.vocab.dense_bulk(base_ct.terms)
+    stride = stride_of(base_ct)
+    fmt = base_ct.format.astype(np.int64)
+    slot_ids, chunk_fmt, used_parts = [], [], []
+    resid_parts, start_parts, len_parts, prog_parts, st_parts, en_parts = [], [], [], [], [], []
+    base_slot0 = np.zeros(len(base_ct), np.int64)
+    block_step = np.zeros(len(base_ct), np.int64)
+    words = 0
+    cap = 0
+    for f in np.unique(fmt):
+        rows = np.flatnonzero(fmt == f)
+        n_f = len(rows) * copies
+        n_chunks = -(-int(n_f * (1.0 + spare)) // chunk_slots)
+        ids = (base_ct.ad_id[rows][None, :] + (np.arange(copies, dtype=np.int64) * stride)[:, None]).ravel()
+        block = np.full(n_chunks * chunk_slots, EMPTY, np.int64)
+        block[:n_f] = ids
+        slot_ids.append(block)
+        chunk_fmt += [int(f)] * n_chunks
+        used_parts.append(cap + np.arange(n_f, dtype=np.int64))
+        base_slot0[rows] = cap + np.arange(len(rows))
+        block_step[rows] = len(rows)
+        prog, start, length = clause_programs(base_ct, rows, dense)
+        k = np.arange(copies, dtype=np.int64)
+        prog_parts.append(np.tile(prog, copies))
+        start_parts.append((start[None, :] + (words + k * len(prog))[:, None]).ravel())
+        len_parts.append(np.tile(length, copies))
+        resid_parts.append(np.tile(resid_words(base_ct, rows), copies))
+        st_parts.append(np.tile(base_ct.start_time[rows], copies))
+        en_parts.append(np.tile(base_ct.end_time[rows], copies))
+        words += len(prog) * copies
+        cap += len(block)
+    slots = SlotAllocator(chunk_slots)
+    slots.slot_ad_id = np.concatenate(slot_ids) if slot_ids else np.empty(0, np.int64)
+    slots.chunk_format = np.asarray(chunk_fmt, np.int16)
+    slots._slot_of = TiledSlotMap(base_ct.ad_id, base_slot0, block_step, copies, stride)
+    for s in np.flatnonzero(slots.slot_ad_id == EMPTY)[::-1].tolist():
+        slots._free.setdefault(int(slots.chunk_format[s // chunk_slots]), []).append(s)
+    cat = np.concatenate
+    index._install(slots, cat(used_parts), cat(resid_parts), cat(start_parts), cat(len_parts), cat(prog_parts),
+                   cat(st_parts), cat(en_parts), base_ct.circles)
+    return index
+
+
+# --- checks ------------------------------------------------------------------------------------------
+
+
+def _bits(words: np.ndarray) -> np.ndarray:
+    """uint32[B, W] -> uint8[B, 32 W] (bit s of a row = slot s)."""
+    return np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=1, bitorder="little")
+
+
+def check_full_size(index: GpuTargetingIndex, base: BaseCorpus, copies: int, words: np.ndarray,
+                    requests: Sequence[Request], rng: np.random.Generator, ads_by_id: dict | None = None) -> dict:
+    """Check the answer `words` (uint32[len(requests), W]) of a tiled pool against the oracle.
+    Returns counts; raises AssertionError on the first disagreement."""
+    ct = base.compiled
+    stride = stride_of(ct)
+    bits = _bits(words)
+    slot_ids = index.slots.slot_ad_id
+    used = np.flatnonzero(slot_ids != EMPTY)
+    base_ids = slot_ids[used] % stride
+    assert not bits[:, slot_ids == EMPTY].any(), "an empty slot is marked eligible"
+    # 1. every copy agrees with copy 0 of the same base ad (the whole pool, every request)
+    order = np.lexsort((slot_ids[used] // stride, base_ids))
+    per_base = bits[:, used[order]].reshape(len(requests), len(ct), copies)
+    assert (per_base == per_base[:, :, :1]).all(), "copies of one base ad disagree"
+    base_bits = per_base[:, :, 0]
+    ads = {a.ad_id: a for a in base.ads} if ads_by_id is None else ads_by_id
+    sorted_ids = np.sort(ct.ad_id)
+    checked = 0
+    # 2. base ads against the oracle: all of them for the first requests
+    for r, req in enumerate(requests[:ORACLE_FULL_REQUESTS]):
+        want = np.fromiter((eligible(ads[int(a)], req) for a in sorted_ids.tolist()), np.uint8, len(sorted_ids))
+        bad = np.flatnonzero(want != base_bits[r])
+        assert len(bad) == 0, f"request {req.request_id}: base ad {int(sorted_ids[bad[0]])} differs from the oracle"
+        checked += len(sorted_ids)
+    # 3. random slots of the whole pool against the oracle, every request
+    sample = rng.choice(used, min(ORACLE_SAMPLE_SLOTS, len(used)), replace=False)
+    for s in sample.tolist():
+        ad = ads[int(slot_ids[s] % stride)]
+        for r, req in enumerate(requests):
+            assert bits[r, s] == eligible(ad, req), f"slot {s} (ad {int(slot_ids[s])}) request {req.request_id}"
+            checked += 1
+    return {"pool_ads_checked_against_copies": int(len(used) * len(requests)), "oracle_checks": checked}
+
+
+# --- timing ------------------------------------------------------------------------------------------
+
+
+def time_kernel(cuda, launch: Callable[[], None], budget_s: float = REP_BUDGET_S) -> dict:
+    """Median kernel time in seconds over repeated launches timed with CUDA events, after warm-up."""
+    for _ in range(WARMUP):
+        launch()
+    cuda.synchronize()
+    times = []
+    start, stop = cuda.event(), cuda.event()
+    while len(times) < MAX_REPS and (len(times) < MIN_REPS or sum(times) < budget_s):
+        start.record()
+        launch()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+        if times[-1] <= 0:  # the CUDA simulator has no clock: one repetition says all it can
+            break
+    return {"median_s": statistics.median(times), "min_s": min(times), "reps": len(times)}
+
+
+def copy_bandwidth(cuda, nbytes: int = 1 << 31) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting read + write (DESIGN section 7)."""
+    n = nbytes // 4
+    a = cuda.to_device(np.arange(n, dtype=np.uint32))
+    b = cuda.device_array(n, np.uint32)
+    t = time_kernel(cuda, lambda: b.copy_to_device(a), budget_s=0.5)
+    del a, b
+    return 2 * nbytes / t["median_s"]
+
+
+def _requests_cycle(requests: Sequence[Request], n: int) -> list[EncodedRequest]:
+    return [encode_request(requests[i % len(requests)]) for i in range(n)]
+
+
+def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: Sequence[int], cuda,
+               rng: np.random.Generator, progress: bool, updates: tuple[int, int] | None,
+               chunk_slots: int = CHUNK_SLOTS) -> dict:
+    from .kernels import match as K
+
+    t0 = time.perf_counter()
+    index = build_tiled_index(base.compiled, copies, chunk_slots=chunk_slots)
+    cuda.synchronize()
+    build_s = time.perf_counter() - t0
+    n_ads = len(index)
+    log(progress, f"pool {n_ads:,} ads: built in {build_s:.1f} s, {index.device_bytes() / n_ads:.1f} device bytes/ad")
+    check_reqs = list(base.requests[:CHECK_REQUESTS])
+    enc = [encode_request(r) for r in check_reqs]
+    shipped = index.match_slots(enc).copy_to_host()
+    t0 = time.perf_counter()
+    check = check_full_size(index, base, copies, shipped, check_reqs, rng)
+    for v in versions:
+        other = index.match_slots(enc, version=v).copy_to_host()
+        assert np.array_equal(other, shipped), f"version {v} differs from version {index.version} at full size"
+    check["versions_equal"] = list(versions)
+    check["seconds"] = round(time.perf_counter() - t0, 2)
+    log(progress, f"  full-size check passed: {check}")
+    eligible_share = float(_bits(shipped).sum()) / (len(check_reqs) * n_ads)
+    live = index.live_bytes()
+    result = {
+        "ads": n_ads, "copies": copies, "capacity": index.capacity, "build_s": round(build_s, 2),
+        "device_bytes": index.device_bytes(), "device_bytes_per_ad": index.device_bytes() / n_ads,
+        "live_bytes_per_ad": {k: v / n_ads for k, v in live.items()},
+        "eligible_share": eligible_share, "check": check, "timings": [],
+    }
+    slot_bytes = 4 + 8  # resid + prog_ptr: read once per slot and group
+    prog_bytes = live["programs"] / n_ads
+    for v in versions:
+        for b in batches:
+            batch = index.prepare(_requests_cycle(base.requests, b), version=v)
+            out = index.new_output(b)
+            t0 = time.perf_counter()
+            index.prepare(_requests_cycle(base.requests, b), version=v)
+            prep_s = time.perf_counter() - t0
+            budget = REP_BUDGET_S if v in K.BATCHED else REP_BUDGET_S / 3
+            t = time_kernel(cuda, lambda: index.run(batch, out, version=v), budget)
+            ads_per_s = b * n_ads / t["median_s"]
+            groups = -(-b // K.GROUP_REQUESTS) if v in K.BATCHED else b
+            # napkin math: per-slot columns and programs read once per group, output written once
+            min_bytes = groups * index.capacity * slot_bytes + groups * live["programs"] + b * index.capacity / 8
+            row = {"version": v, "batch": b, **{k: t[k] for k in ("median_s", "min_s", "reps")},
+                   "pool_ads_per_s": ads_per_s, "ms_per_request": 1e3 * t["median_s"] / b,
+                   "host_prepare_s": prep_s, "scan_bytes_upper": min_bytes,
+                   "scan_bandwidth_upper": min_bytes / t["median_s"], "prog_bytes_per_ad": prog_bytes}
+            result["timings"].append(row)
+            log(progress, f"  v{v} batch {b:4d}: {t['median_s'] * 1e3:9.3f} ms  {ads_per_s / 1e9:8.1f} G pool ads/s"
+                          f"  ({t['reps']} reps; host prepare {prep_s * 1e3:.1f} ms)")
+            del batch, out
+    if updates:
+        result["updates"] = bench_updates(index, base, copies, cuda, rng, progress, *updates)
+    del index
+    return result
+
+
+def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda, rng, progress: bool,
+                  rounds: int = UPDATE_ROUNDS, per_round: int = UPDATES_PER_ROUND) -> dict:
+    """Rounds of (apply a batch of updates, serve one group of requests); then check the touched ads
+    and a random sample against the oracle."""
+    stride = stride_of(base.compiled)
+    base_ads = base.ads
+    current: dict[int, Ad] = {}  # ads whose state differs from their base copy
+    next_id = stride * copies
+    live_new: list[int] = []
+    enc = [encode_request(r) for r in base.requests[:CHECK_REQUESTS]]
+    batch = index.prepare(enc)
+    out = index.new_output(len(enc))
+    apply_s = serve_s = 0.0
+    n_updates = 0
+    retired: set[int] = set()
+    for _ in range(rounds):
+        ups = []
+        for _ in range(per_round):
+            op = rng.random()
+            if op < 0.3:  # create a new ad with some base ad's targeting
+                src = base_ads[rng.integers(len(base_ads))]
+                ad = dataclasses.replace(src, ad_id=next_id, format=int(rng.integers(8)))
+                next_id += 1
+                live_new.append(ad.ad_id)
+                current[ad.ad_id] = ad
+                ups.append(Upsert(ad))
+                continue
+            ad_id = int(rng.integers(copies)) * stride + int(base_ads[rng.integers(len(base_ads))].ad_id)
+            if ad_id in retired:
+                continue
+            old = current.get(ad_id) or base_ads_by_id(base)[ad_id % stride]
+            if op < 0.55:  # replace targeting (and sometimes format)
+                src = base_ads[rng.integers(len(base_ads))]
+                ad = dataclasses.replace(src, ad_id=ad_id, format=old.format if rng.random() < 0.8 else int(rng.integers(8)))
+                current[ad_id] = ad
+                ups.append(Upsert(ad))
+            elif op < 0.9:
+                status = ("ACTIVE", "PAUSED")[int(rng.integers(2))]
+                current[ad_id] = dataclasses.replace(old, ad_id=ad_id, status=status)
+                ups.append(SetStatus(ad_id, status))
+            else:
+                retired.add(ad_id)
+                current.pop(ad_id, None)
+                ups.append(Retire(ad_id))
+        t0 = time.perf_counter()
+        index.apply_many(ups)
+        apply_s += time.perf_counter() - t0
+        n_updates += len(ups)
+        if index.capacity // 32 != out.shape[1]:
+            out = index.new_output(len(enc))
+        t0 = time.perf_counter()
+        index.run(batch, out)
+        cuda.synchronize()
+        serve_s += time.perf_counter() - t0
+    words = index.match_slots(enc).copy_to_host()
+    bits = _bits(words)
+    touched = list(current.items())
+    checked = 0
+    for ad_id, ad in touched:
+        s = index.slots.slot_of(ad_id)
+        for r, req in enumerate(base.requests[:CHECK_REQUESTS]):
+            assert bits[r, s] == eligible(ad, req), f"after updates: ad {ad_id} request {req.request_id}"
+            checked += 1
+    for ad_id in list(retired)[:1000]:
+        assert ad_id not in index.slots, f"retired ad {ad_id} still has a slot"
+    res = {"rounds": rounds, "updates": n_updates, "apply_s": apply_s, "updates_per_s": n_updates / apply_s,
+           "serve_s_between": serve_s, "touched_ads_checked": checked, "compactions": index.compactions}
+    log(progress, f"  updates: {res['updates_per_s']:,.0f} updates/s applied in batches of {per_round} while"
+                  f" serving ({checked} checks of touched ads passed)")
+    return res
+
+
+_BASE_BY_ID: dict = {}
+
+
+def base_ads_by_id(base: BaseCorpus) -> dict:
+    key = id(base)
+    if key not in _BASE_BY_ID:
+        _BASE_BY_ID[key] = {a.ad_id: a for a in base.ads}
+    return _BASE_BY_ID[key]
+
+
+def bench_cpu(base: BaseCorpus, pool: int, progress: bool) -> dict | None:
+    """The CPU inverted index (cpu_baseline.index) on a tiled pool of `pool` ads, same requests."""
+    try:
+        from cpu_baseline.index import CpuTargetingIndex
+    except ImportError:
+        return None
+    copies = max(1, pool // len(base.ads))
+    ct = tile_compiled(base.compiled, copies)
+    t0 = time.perf_counter()
+    cpu = CpuTargetingIndex(ct)
+    build_s = time.perf_counter() - t0
+    reqs = list(base.requests[:64])
+    cpu.match(reqs[:4])  # compile / warm
+    t0 = time.perf_counter()
+    cpu.match(reqs)
+    dt = time.perf_counter() - t0
+    threads = getattr(cpu, "threads", None)
+    res = {"ads": len(ct), "requests": len(reqs), "seconds": dt, "pool_ads_per_s": len(reqs) * len(ct) / dt,
+           "build_s": build_s, "bytes_per_ad": cpu.nbytes / len(ct) if hasattr(cpu, "nbytes") else None,
+           "threads": threads}
+    log(progress, f"CPU index, {len(ct):,} ads: {res['pool_ads_per_s'] / 1e9:.2f} G pool ads/s ({threads} threads)")
+    cpu.close()
+    return res
+
+
+def environment(cuda) -> dict:
+    import numba
+
+    env = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}
+    try:
+        import importlib.metadata as md
+
+        env["numba_cuda"] = md.version("numba-cuda")
+    except Exception:
+        pass
+    try:
+        dev = cuda.get_current_device()
+        env["device"] = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        env["compute_capability"] = list(dev.compute_capability)
+        env["sms"] = dev.MULTIPROCESSOR_COUNT
+    except Exception:
+        env["device"] = "CUDA simulator"
+    return env
+
+
+def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches: Sequence[int] = BATCHES,
+        base_ads: int = BASE_ADS, requests: int = 256, seed: int = 7, base_path: str | None = None,
+        updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND), cpu_pool: int = 1_000_000,
+        device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS) -> dict:
+    """The whole benchmark; returns the JSON-ready result."""
+    from . import runtime
+    from .index import resolve_device
+
+    where = resolve_device(device)
+    cuda = runtime.cuda()
+    from .kernels import match as K
+
+    if versions is None:
+        versions = sorted(v for v in K.VERSIONS if where == "gpu" or v not in K.NEEDS_WARP_INTRINSICS)
+    if base_path:
+        try:
+            base = BaseCorpus.load(base_path)
+            log(progress, f"base corpus from {base_path}: {len(base.ads)} ads, {len(base.requests)} requests")
+        except FileNotFoundError:
+            base = generate_base(base_ads, requests, seed, progress)
+            base.save(base_path)
+    else:
+        base = generate_base(base_ads, requests, seed, progress)
+    rng = np.random.default_rng(seed)
+    result = {"benchmark": "match", "environment": environment(cuda), "device_kind": where,
+              "versions": list(versions), "shipped_version": K.BEST if where == "gpu" else K.SIMULATOR_FALLBACK,
+              "base_ads": len(base.ads), "seed": base.seed, "batches": list(batches), "pools": []}
+    if where == "gpu":
+        result["copy_bandwidth_Bps"] = copy_bandwidth(cuda)
+        log(progress, f"device-to-device copy: {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write)")
+    for i, pool in enumerate(pools):
+        copies = max(1, pool // len(base.ads))
+        result["pools"].append(bench_pool(base, copies, versions, batches, cuda, rng, progress,
+                                          updates if i == 0 else None, chunk_slots))
+    if cpu_pool:
+        result["cpu_index"] = bench_cpu(base, cpu_pool, progress)
+    return result
+
+
+def table(result: dict) -> str:
+    lines = [f"{'pool ads':>12} {'version':>7} {'batch':>5} {'ms/launch':>10} {'G pool ads/s':>13} {'ms/request':>10}"]
+    for p in result["pools"]:
+        for t in p["timings"]:
+            lines.append(f"{p['ads']:>12,} {t['version']:>7} {t['batch']:>5} {t['median_s'] * 1e3:>10.3f} "
+                         f"{t['pool_ads_per_s'] / 1e9:>13.1f} {t['ms_per_request']:>10.4f}")
+    return "\n".join(lines)
+
+
+def dump(result: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2, default=float)
+        f.write("\n")
