@@ -279,9 +279,10 @@ class CpuScorer:
     def __init__(self, values: np.ndarray, scale: np.ndarray, formats: np.ndarray, top_k: int,
                  *, version: int = SHIPPED_VERSION):
         self.dtype = np.dtype(values.dtype)
-        self._values = storage_view(values)
-        self._scale = np.ascontiguousarray(scale, np.float32)
-        self._formats = np.ascontiguousarray(formats, np.int16)
+        # own, writable copies: updates write rows (tables loaded from Arrow or a pickle are read-only)
+        self._values = storage_view(np.array(values, copy=True))
+        self._scale = np.array(scale, np.float32, copy=True)
+        self._formats = np.array(formats, np.int16, copy=True)
         self.rows = len(self._values)
         self.top_k = int(top_k)
         self.kernel = VERSIONS[version]

@@ -95,3 +95,13 @@ def test_set_row_grows_and_bad_rows_are_refused():
     assert _max_error(got, ref) <= SCORE_ATOL
     with pytest.raises(IndexError):
         scorer.score(np.array([26], np.int32), P, c0)
+
+
+def test_read_only_tables_are_copied_so_rows_can_be_set():
+    rng = np.random.default_rng(9)
+    table = quantize((rng.standard_normal((4, 8)) / 4).astype(np.float32), "fp16")
+    values = table.values.copy()
+    values.setflags(write=False)  # as loaded from Arrow or a pickle
+    scorer = CpuScorer(values, table.scale, np.zeros(4, np.int16), 2)
+    scorer.set_row(1, np.ones(8, np.float16), 1.0, 0)
+    assert np.array_equal(values, table.values)  # the caller's array is untouched

@@ -306,3 +306,27 @@ def test_cli_help_texts():
         result = runner.invoke(main, args)
         assert result.exit_code == 0, result.output
         assert "Usage:" in result.output and len(result.output.splitlines()) > 5
+
+
+def test_cli_retrieve_remote_traffic_json_equals_reference(tmp_path):
+    from cli import main
+
+    runner = CliRunner()
+    data = tmp_path / "corpus"
+    result = runner.invoke(main, ["generate", "--ads", "800", "--requests", "3", "--seed", "4", "--out", str(data),
+                                  "--precision", "int8", "--quiet"])
+    assert result.exit_code == 0, result.output
+    ref = runner.invoke(main, ["retrieve", "--data", str(data), "--arch", "reference", "--k", "20", "--json", "-q"])
+    got = runner.invoke(main, ["retrieve", "--data", str(data), "--arch", "remote", "--k", "20", "--json", "-q",
+                               "--traffic"])
+    assert ref.exit_code == 0 and got.exit_code == 0, got.output
+    ref_lines = [json.loads(line) for line in ref.stdout.splitlines()]
+    got_lines = [json.loads(line) for line in got.stdout.splitlines()]
+    assert [g["request_id"] for g in got_lines] == [r["request_id"] for r in ref_lines]
+    for r, g in zip(ref_lines, got_lines):
+        assert g["ads"] == r["ads"]  # seeded corpus without near-ties: the same order
+        assert np.allclose(g["scores"], r["scores"], atol=1e-4)
+        assert g["traffic"]["client->index host"]["upstream"] > 0
+        assert g["traffic"]["index host->scorer"]["total"] > 0
+    refused = runner.invoke(main, ["retrieve", "--data", str(data), "--arch", "reference", "--traffic"])
+    assert refused.exit_code != 0 and "--traffic needs" in refused.output
