@@ -1,0 +1,473 @@
+"""The co-located architecture (`--arch colocated`): one process matches, scores and selects top-K next
+to the ads, and only the final candidates leave it.
+
+* `ColocatedEngine`: the in-process pipeline for one corpus on one device.
+    - 'gpu' / 'sim': `gpu.index.GpuTargetingIndex` writes eligibility bits in slot order on the device;
+      `gpu.fused.FusedScorer` holds the embeddings in the same slot order and runs the fused scoring
+      kernel (per-block top-K inside) and the final top-K kernel. Per batch: the user side of every
+      request once on the host (float64, folded into per-format float32 tables,
+      `andromeda_nb.scoring.fold_tables`), one match launch, one scoring launch, one top-K launch.
+    - 'cpu': `cpu_baseline.index.CpuTargetingIndex` matches; the same per-ad formula
+      (`andromeda_nb.scoring.moe_score`) compiled by `numba.njit` scores the eligible ads; top-K in
+      numpy (`gpu.kernels.topk.topk_host`).
+  Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
+* `ColocatedServer`: `andromeda_nb.flight.RetrieveServer` around an engine: the `["retrieve"]` exchange,
+  `health`, `stats`, `update` (`andromeda serve colocated`; `python -m gpu.serve`).
+* `ColocatedRetriever`: `interfaces.Retriever`. In process by default; with `served=True` or
+  `traffic=True` it starts the server as a subprocess on 127.0.0.1 and talks Flight to it (through a
+  counting relay with `traffic=True`, so `retrieve_traffic` reports real bytes on the wire).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from andromeda_nb.model import quantize, user_side
+from andromeda_nb.scoring import fold_user_side
+from andromeda_nb.types import Request, Retire, SetStatus, Update, Upsert
+
+from . import runtime
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MAX_BATCH = 64  # requests per device launch
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 10.0
+
+
+def _stored(ad, seed: int, dim: int, precision: str):
+    emb = ad.embedding
+    if emb is None:
+        from andromeda_nb.derive import ad_embedding
+
+        emb = ad_embedding(ad.ad_id, seed, dim)
+    emb = np.asarray(emb, np.float32)
+    if emb.shape != (dim,):
+        raise ValueError(f"ad {ad.ad_id}: embedding: expected {dim} values, got {emb.shape}")
+    t = quantize(emb[None, :], precision)
+    return t.values[0], float(t.scale[0])
+
+
+# --- CPU scoring: the same per-ad formula under numba.njit ----------------------------------------------
+
+_cpu_kernels = {}
+
+
+def _cpu_scorer():
+    if "score" not in _cpu_kernels:
+        from numba import njit
+
+        from andromeda_nb.scoring import moe_score
+
+        moe = njit(cache=True)(moe_score)
+
+        @njit(cache=True)
+        def score_rows(emb, scale, rows, formats, tab, E, D, top_e, out):
+            g = np.empty(E, np.float32)
+            for i in range(len(rows)):
+                r = rows[i]
+                out[i] = moe(emb, r, scale[r], tab, formats[r], E, D, top_e, g)
+
+        _cpu_kernels["score"] = score_rows
+    return _cpu_kernels["score"]
+
+
+def cpu_scores(values, scale, rows, formats, tab, experts: int, top_e: int) -> np.ndarray:
+    """float32 scores of table rows `rows` (formats per row in `formats`) for one request's folded
+    table `tab` (F, TW)."""
+    out = np.empty(len(rows), np.float32)
+    if len(rows):
+        _cpu_scorer()(values, scale, np.asarray(rows, np.int64), formats, tab, experts, values.shape[1], top_e, out)
+    return out
+
+
+# --- the engine -----------------------------------------------------------------------------------------
+
+
+class ColocatedEngine:
+    def __init__(self, dataset, device: str = "auto", *, version: int | None = None):
+        self.device = runtime.select(device)
+        self.model = dataset.model
+        self.seed = dataset.seed
+        self.precision = dataset.precision
+        self.E, self.D, self.F, self.top_e = self.model.E, self.model.D, self.model.F, self.model.top_k
+        values, scale = dataset.embeddings.values, dataset.embeddings.scale
+        ids = dataset.ad_ids
+        if self.device == "cpu":
+            from cpu_baseline.index import CpuTargetingIndex
+
+            self.index = CpuTargetingIndex.build(dataset.ads)
+            self._values = values.copy()
+            self._scale = scale.copy()
+            self._formats = dataset.formats.astype(np.int64)
+            self._row_ad = ids.copy()
+            self._row_of = {int(a): i for i, a in enumerate(ids.tolist())}
+            self._free: list[int] = []
+            self._lookup = None
+        else:
+            from .fused import FusedScorer
+            from .index import GpuTargetingIndex
+
+            self.index = GpuTargetingIndex.build(dataset.ads, device=self.device)
+            slots = self.index.slots
+            S = slots.capacity
+            row_of = {int(a): i for i, a in enumerate(ids.tolist())}
+            sv = np.zeros((S, self.D), values.dtype)
+            ss = np.ones(S, np.float32)
+            used = np.flatnonzero(slots.slot_ad_id >= 0)
+            rows = np.fromiter((row_of[int(a)] for a in slots.slot_ad_id[used]), np.int64, len(used))
+            sv[used] = values[rows]
+            ss[used] = scale[rows]
+            self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,
+                                      top_e=self.top_e, version=version)
+        self.requests_served = 0
+        self.ads_scored_bound = 0  # pool ads processed (requests x pool)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # --- per request ------------------------------------------------------------------------------
+    def tables(self, requests: Sequence[Request]) -> np.ndarray:
+        """float32 (R, F, TW): the folded per-format tables of each request's user side."""
+        return np.stack([fold_user_side(user_side(self.model, r)) for r in requests])
+
+    def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        requests = list(requests)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for lo in range(0, len(requests), MAX_BATCH):
+            part = requests[lo : lo + MAX_BATCH]
+            out.extend(self._retrieve_cpu(part, k) if self.device == "cpu" else self._retrieve_device(part, k))
+        self.requests_served += len(requests)
+        return out
+
+    def _retrieve_device(self, requests, k):
+        from andromeda_nb.compiled import encode_request
+
+        if self.scorer.n_slots != self.index.capacity:  # grown by updates
+            self.scorer.grow(self.index.slots.chunk_format, self.index.slots.slot_ad_id)
+        tabs = self.tables(requests)
+        elig = self.index.match_slots([encode_request(r) for r in requests])
+        return self.scorer.topk(elig, tabs, k)
+
+    def _rows_of(self, ad_ids: np.ndarray) -> np.ndarray:
+        if self._lookup is None:
+            live = np.flatnonzero(self._row_ad >= 0)
+            order = np.argsort(self._row_ad[live], kind="stable")
+            self._lookup = (self._row_ad[live][order], live[order])
+        keys, rows = self._lookup
+        return rows[np.searchsorted(keys, ad_ids)]
+
+    def _retrieve_cpu(self, requests, k):
+        from .kernels.topk import topk_host
+
+        out = []
+        for request, ids in zip(requests, self.index.match(requests)):
+            if not len(ids):
+                out.append((np.empty(0, np.int64), np.empty(0, np.float32)))
+                continue
+            tab = fold_user_side(user_side(self.model, request))
+            rows = self._rows_of(ids)
+            scores = cpu_scores(self._values, self._scale, rows, self._formats, tab, self.E, self.top_e)
+            out.append(topk_host(ids, scores, k))
+        return out
+
+    # --- updates -------------------------------------------------------------------------------------
+    def apply(self, update: Update) -> None:
+        """Apply one update that `andromeda_nb.updates` already checked against the live ids."""
+        if isinstance(update, Upsert):
+            ad = update.ad
+            if not 0 <= ad.format < self.F:
+                raise ValueError(f"ad {ad.ad_id}: format {ad.format} is outside 0..{self.F - 1}")
+            values, scale = _stored(ad, self.seed, self.D, self.precision)
+        elif not isinstance(update, (SetStatus, Retire)):
+            raise TypeError(f"not an update: {update!r}")
+        self.index.apply(update)
+        if self.device == "cpu":
+            self._apply_cpu(update, *((values, scale) if isinstance(update, Upsert) else (None, None)))
+            return
+        if isinstance(update, Upsert):
+            slots = self.index.slots
+            if self.scorer.n_slots != slots.capacity:
+                self.scorer.grow(slots.chunk_format, slots.slot_ad_id)
+            self.scorer.set_slot(slots.slot_of(ad.ad_id), ad.ad_id, values, scale)
+
+    def _apply_cpu(self, update, values, scale) -> None:
+        if isinstance(update, Upsert):
+            ad = update.ad
+            row = self._row_of.get(ad.ad_id)
+            if row is None:
+                if self._free:
+                    row = self._free.pop()
+                else:
+                    row = len(self._row_ad)
+                    self._values = np.concatenate([self._values, np.zeros((1, self.D), self._values.dtype)])
+                    self._scale = np.append(self._scale, np.float32(1.0))
+                    self._formats = np.append(self._formats, 0)
+                    self._row_ad = np.append(self._row_ad, -1)
+                self._row_of[ad.ad_id] = row
+                self._row_ad[row] = ad.ad_id
+                self._lookup = None
+            self._values[row] = values
+            self._scale[row] = scale
+            self._formats[row] = ad.format
+        elif isinstance(update, Retire):
+            row = self._row_of.pop(int(update.ad_id))
+            self._row_ad[row] = -1
+            self._free.append(row)
+            self._lookup = None
+
+    def describe(self) -> dict:
+        out = {"device": self.device, "ads": len(self), "precision": self.precision, "D": self.D, "E": self.E,
+               "F": self.F, "top_k": self.top_e}
+        if self.device != "cpu":
+            out.update(score_version=self.scorer.version, match_version=self.index.version,
+                       slots=self.scorer.n_slots)
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.index, "close", None)
+        if close is not None:
+            close()
+
+
+# --- the server -----------------------------------------------------------------------------------------
+
+
+def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version: int | None = None):
+    """A `ColocatedServer` (class defined here so that pyarrow.flight loads only when serving)."""
+    from andromeda_nb.flight import RetrieveServer
+
+    class ColocatedServer(RetrieveServer):
+        name = "colocated"
+
+        def __init__(self):
+            self.engine = ColocatedEngine(dataset, device, version=version)
+            model = dataset.model
+            super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S)
+            self._lock = threading.Lock()  # one batch on the device at a time; updates between batches
+            if dataset.requests:  # compile / load every kernel before the first client
+                self.engine.retrieve(dataset.requests[:1], 1)
+
+        def retrieve(self, requests, ks):
+            if not requests:
+                return []
+            with self._lock:
+                answers = self.engine.retrieve(requests, max(ks))
+            return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)]
+
+        def apply_updates(self, text: str) -> dict:
+            from andromeda_nb.updates import LiveAds, Rejection, read_updates
+
+            updates, rejections = read_updates(text.splitlines(), seed=self.seed, dim=model_dim, formats=model_f)
+            applied = 0
+            with self._lock:
+                live = _LiveView(self.engine.index)
+                for line_no, update in updates:
+                    reason = LiveAds.check(live, update)
+                    if reason is not None:
+                        rejections.append(Rejection(line_no, getattr(update, "ad_id", None), reason))
+                        continue
+                    self.engine.apply(update)
+                    applied += 1
+            self.stats.add(updates=applied)
+            rejections.sort(key=lambda r: r.line_no or 0)
+            return {"applied": applied, "rejected": [r.to_json() for r in rejections]}
+
+        def health_info(self) -> dict:
+            return self.engine.describe()
+
+        def close_resources(self) -> None:
+            self.engine.close()
+
+    model_dim, model_f = dataset.model.D, dataset.model.F
+    return ColocatedServer()
+
+
+class _LiveView:
+    """The index's live ids in the shape `LiveAds.check` reads."""
+
+    def __init__(self, index):
+        self.ids = _Contains(index)
+
+
+class _Contains:
+    def __init__(self, index):
+        self.index = index
+
+    def __contains__(self, ad_id) -> bool:
+        slots = getattr(self.index, "slots", None)
+        return int(ad_id) in (slots if slots is not None else self.index)
+
+
+# --- the retriever --------------------------------------------------------------------------------------
+
+
+class ServerProcess:
+    """`python -m gpu.serve` as a subprocess; `location` is what it announced."""
+
+    def __init__(self, args: list[str], *, start_timeout_s: float = START_TIMEOUT_S):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpu.serve", *args], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, env=env, text=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=start_timeout_s)
+        except queue.Empty:
+            self.stop()
+            raise RuntimeError(f"the co-located server did not start within {start_timeout_s:.0f} s") from None
+        if not line:
+            code = self.proc.wait()
+            raise RuntimeError(f"the co-located server exited with code {code} before listening (see its stderr)")
+        self.location = json.loads(line)["location"]
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+class ColocatedRetriever:
+    """`interfaces.Retriever` for the co-located architecture (in process, or over Flight to a server)."""
+
+    def __init__(self, engine: ColocatedEngine | None = None, *, location: str | None = None, process=None,
+                 relays=None, tmpdir=None, timeout_s: float = 60.0):
+        self.engine = engine
+        self.location = location
+        self.process = process
+        self.relays = relays or {}
+        self._tmpdir = tmpdir
+        self.timeout_s = timeout_s
+        self.client = None
+        self.device = engine.device if engine is not None else None
+        if location is not None:
+            import pyarrow.flight as flight
+
+            from andromeda_nb.flight import flight_action
+
+            self.client = flight.connect(location)
+            self.device = flight_action(location, "health", client=self.client).get("device")
+
+    @classmethod
+    def build(cls, dataset, device: str = "auto", *, served: bool = False, traffic: bool = False,
+              host: str | None = None, version: int | None = None, **options) -> "ColocatedRetriever":
+        if options:
+            raise TypeError(f"unknown option(s) for the co-located retriever: {', '.join(options)}")
+        if not (served or traffic or host):
+            return cls(ColocatedEngine(dataset, device, version=version))
+        from andromeda_nb.flight import location_of, wait_until_healthy
+        from andromeda_nb.relay import Relay
+
+        proc, tmp, relays = None, None, {}
+        try:
+            if host is None:
+                tmp = tempfile.TemporaryDirectory(prefix="andromeda-colocated-")
+                path = Path(tmp.name) / "dataset.pkl"
+                with open(path, "wb") as f:
+                    pickle.dump(dataset, f, protocol=pickle.HIGHEST_PROTOCOL)
+                args = ["--dataset-pickle", str(path), "--device", device]
+                if version is not None:
+                    args += ["--version", str(version)]
+                proc = ServerProcess(args)
+                host = proc.location
+            location = location_of(host)
+            wait_until_healthy(location, timeout=30.0)
+            if traffic:
+                h, p = location.split("://", 1)[1].rsplit(":", 1)
+                relays["client->server"] = Relay(h, int(p)).start()
+                location = relays["client->server"].location
+            return cls(location=location, process=proc, relays=relays, tmpdir=tmp)
+        except BaseException:
+            if proc is not None:
+                proc.stop()
+            for relay in relays.values():
+                relay.close()
+            if tmp is not None:
+                tmp.cleanup()
+            raise
+
+    def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self.engine is not None:
+            return self.engine.retrieve(requests, k)
+        from andromeda_nb.flight import retrieve_over_flight
+
+        return retrieve_over_flight(self.location, requests, k, timeout=self.timeout_s, client=self.client)
+
+    def retrieve_traffic(self, requests: Sequence[Request], k: int) -> tuple[list, list[dict]]:
+        """Answers plus, per request, the bytes the relayed hop carried for it."""
+        if not self.relays:
+            raise RuntimeError("traffic needs a relay: build(..., traffic=True)")
+        answers, per_request = [], []
+        for request in requests:
+            before = {hop: relay.snapshot() for hop, relay in self.relays.items()}
+            answers.extend(self.retrieve([request], k))
+            for relay in self.relays.values():
+                relay.wait_idle()
+            per_request.append({hop: (relay.snapshot() - before[hop]).to_json() for hop, relay in self.relays.items()})
+        return answers, per_request
+
+    def traffic(self) -> dict:
+        return {hop: relay.snapshot() for hop, relay in self.relays.items()}
+
+    def apply(self, update: Update) -> None:
+        if self.engine is not None:
+            self.engine.apply(update)
+            return
+        from andromeda_nb.testing import update_to_json
+
+        ack = self.apply_lines([json.dumps(update_to_json(update))])
+        if ack["rejected"]:
+            raise ValueError(f"update rejected by the co-located server: {ack['rejected'][0]}")
+
+    def apply_lines(self, lines: Sequence[str]) -> dict:
+        from andromeda_nb.flight import flight_action
+
+        return flight_action(self.location, "update", "\n".join(lines), timeout=self.timeout_s, client=self.client)
+
+    def action(self, name: str) -> dict:
+        from andromeda_nb.flight import flight_action
+
+        return flight_action(self.location, name, timeout=self.timeout_s, client=self.client)
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+        if self.process is not None:
+            self.process.stop()
+        for relay in self.relays.values():
+            relay.close()
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+        if self.engine is not None:
+            self.engine.close()
+
+    def __enter__(self) -> "ColocatedRetriever":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["ColocatedEngine", "ColocatedRetriever", "ServerProcess", "cpu_scores", "make_server"]

@@ -1,0 +1,146 @@
+"""The device half of the co-located path: a slot-ordered embedding table on the GPU (or the simulator),
+the fused scoring kernel and the final top-K, bound once and reused for every request batch.
+
+    scorer = FusedScorer(values, scale, chunk_format, slot_ad_id, experts=E, top_e=k)
+    answers = scorer.topk(elig, tabs, k)      # elig uint32 (R, S/32) device or host; tabs (R, F, TW)
+
+`values` are row-major stored embeddings in slot order (S, D) (float32, float16 or int8); the table is
+converted once to the chosen kernel version's layout (`gpu.kernels.score`). Scratch and output buffers
+are allocated for the largest batch and k seen and reused. Updates write single slots
+(`set_slot`) or grow the table by whole chunks (`grow`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from andromeda_nb.slots import CHUNK_SLOTS
+
+from . import runtime
+from .kernels import score as score_kernels
+from .kernels import topk as topk_kernels
+
+cuda = runtime.cuda()
+
+PRECISION_OF = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", np.dtype(np.int8): "int8"}
+
+
+class FusedScorer:
+    def __init__(self, values: np.ndarray, scale: np.ndarray, chunk_format: np.ndarray, slot_ad_id: np.ndarray,
+                 *, experts: int, top_e: int, version: int | None = None, kind: str = "moe"):
+        values = np.ascontiguousarray(values)
+        if values.dtype not in PRECISION_OF:
+            raise ValueError(f"stored embeddings must be float32, float16 or int8, got {values.dtype}")
+        self.precision = PRECISION_OF[values.dtype]
+        self.dim = values.shape[1]
+        self.experts, self.top_e, self.kind = experts, top_e, kind
+        self.version = score_kernels.BEST if version is None else version
+        self.kernel = score_kernels.get_kernel(self.version, kind, self.precision, self.dim, experts, top_e)
+        self._values = values  # host copy in slot order: updates patch it and the device table
+        self._scale = np.ascontiguousarray(scale, np.float32)
+        self._chunk_format = np.ascontiguousarray(chunk_format, np.int32)
+        self._slot_ad_id = np.ascontiguousarray(slot_ad_id, np.int64)
+        self._check_shapes()
+        self._upload()
+        self._bufs_key = None
+
+    # --- device state -------------------------------------------------------------------------------
+    def _check_shapes(self):
+        S = self._values.shape[0]
+        if S % CHUNK_SLOTS or self._chunk_format.shape[0] * CHUNK_SLOTS != S:
+            raise ValueError(f"{S} slots do not match {self._chunk_format.shape[0]} chunks of {CHUNK_SLOTS}")
+        if self._scale.shape != (S,) or self._slot_ad_id.shape != (S,):
+            raise ValueError("scale and slot_ad_id must have one entry per slot")
+
+    def _device_values(self, values: np.ndarray) -> np.ndarray:
+        return values if self.kernel.layout == "rows" else score_kernels.to_tiles(values)
+
+    def _upload(self):
+        self.d_emb = cuda.to_device(self._device_values(self._values))
+        self.d_scale = cuda.to_device(self._scale)
+        self.d_chunk_format = cuda.to_device(self._chunk_format)
+        self.d_slot_ad_id = cuda.to_device(self._slot_ad_id)
+
+    @property
+    def n_slots(self) -> int:
+        return self._values.shape[0]
+
+    def set_slot(self, slot: int, ad_id: int, values: np.ndarray | None, scale: float = 1.0) -> None:
+        """Write one slot (an upsert: new values; a retire: ad_id EMPTY and values None)."""
+        self._slot_ad_id[slot] = ad_id
+        if values is not None:
+            self._values[slot] = values
+            self._scale[slot] = scale
+        # re-upload the slot's tile (32 slots) and its scalars; small and infrequent
+        t0 = (slot // score_kernels.TILE_ADS) * score_kernels.TILE_ADS
+        tile = self._device_values(self._values[t0 : t0 + score_kernels.TILE_ADS])
+        if self.kernel.layout == "rows":
+            self.d_emb[t0 : t0 + score_kernels.TILE_ADS] = tile
+        else:
+            n = tile.shape[0]
+            self.d_emb[t0 * n // score_kernels.TILE_ADS : (t0 + score_kernels.TILE_ADS) * n // score_kernels.TILE_ADS] = tile
+        self.d_scale[slot : slot + 1] = self._scale[slot : slot + 1]
+        self.d_slot_ad_id[slot : slot + 1] = self._slot_ad_id[slot : slot + 1]
+
+    def grow(self, chunk_format: np.ndarray, slot_ad_id: np.ndarray) -> None:
+        """The slot allocator grew by whole chunks: extend the table (new slots empty) and re-upload."""
+        S = len(slot_ad_id)
+        extra = S - self.n_slots
+        if extra < 0:
+            raise ValueError("the table never shrinks")
+        self._values = np.concatenate([self._values, np.zeros((extra, self.dim), self._values.dtype)])
+        self._scale = np.concatenate([self._scale, np.ones(extra, np.float32)])
+        self._chunk_format = np.ascontiguousarray(chunk_format, np.int32)
+        self._slot_ad_id = np.ascontiguousarray(slot_ad_id, np.int64).copy()
+        self._check_shapes()
+        self._upload()
+        self._bufs_key = None
+
+    # --- scoring --------------------------------------------------------------------------------------
+    def _buffers(self, R: int, k: int):
+        key = (R, k, self.n_slots)
+        if self._bufs_key != key:
+            nb = score_kernels.n_blocks(self.n_slots)
+            cap = score_kernels.cap_for(k)
+            P = topk_kernels.scratch_size(k)
+            self._bufs = dict(
+                cand_key=cuda.device_array((R, nb, cap), np.uint32),
+                cand_slot=cuda.device_array((R, nb, cap), np.int32),
+                sk=cuda.device_array((R, P), np.uint32),
+                ss=cuda.device_array((R, P), np.int32),
+                sid=cuda.device_array((R, P), np.int64),
+                out_id=cuda.device_array((R, k), np.int64),
+                out_score=cuda.device_array((R, k), np.float32),
+                out_count=cuda.device_array(R, np.int32),
+            )
+            self._bufs_key = key
+        return self._bufs
+
+    def topk(self, elig, tabs, k: int, stream=0) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Top-k (ad ids int64, scores float32) per request. `elig` uint32 (R, S/32), `tabs` float32
+        (R, F, TW); either may be a host or a device array."""
+        R = elig.shape[0]
+        if R == 0:
+            return []
+        if elig.shape[1] * 32 != self.n_slots:
+            raise ValueError(f"eligibility covers {elig.shape[1] * 32} slots, the table {self.n_slots}")
+        b = self._buffers(R, k)
+        d_elig = elig if not isinstance(elig, np.ndarray) else cuda.to_device(np.ascontiguousarray(elig, np.uint32))
+        d_tabs = tabs if not isinstance(tabs, np.ndarray) else cuda.to_device(np.ascontiguousarray(tabs, np.float32))
+        cap = score_kernels.cap_for(k)
+        self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
+                           b["cand_key"], b["cand_slot"], stream)
+        self.final_topk(b, cap, k, R, stream)
+        counts = b["out_count"].copy_to_host()
+        ids = b["out_id"].copy_to_host()
+        scores = b["out_score"].copy_to_host()
+        return [(ids[r, : counts[r]].copy(), scores[r, : counts[r]].copy()) for r in range(R)]
+
+    def final_topk(self, b, cap: int, k: int, R: int, stream=0) -> None:
+        kern = topk_kernels.VERSIONS[topk_kernels.BEST]
+        kern[(R,), topk_kernels.threads(), stream](
+            b["cand_key"], b["cand_slot"], np.int32(cap), self.d_slot_ad_id, np.int32(k),
+            b["sk"], b["ss"], b["sid"], b["out_id"], b["out_score"], b["out_count"])
+
+
+__all__ = ["FusedScorer", "PRECISION_OF"]

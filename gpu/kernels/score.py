@@ -1,0 +1,505 @@
+"""Fused scoring kernels: eligibility, gather, gated-MoE (or two-tower dot) score and per-block top-K,
+in one pass over the stored embeddings (DESIGN section 3; issue 5).
+
+Versions (`VERSIONS`; the benchmark runs every one, the product imports `BEST`):
+    v1 naive      one thread per ad; row-major embeddings (slot, D) in their stored dtype; the plain
+                  per-ad formula of `andromeda_nb.scoring` (a loop over D per dot, a local array for
+                  the E gate logits); the folded tables of every format read from global memory
+    v2 tiled      one thread per ad; embeddings tile-interleaved as 32-bit words (below) read with
+                  16-byte loads; the block's format table in shared memory (chunks are
+                  format-uniform, so every lane reads the same address: broadcast, no bank
+                  conflicts); the ad held in registers as D float32 scalars (generated, fully
+                  unrolled code: no local memory); the E gate dots first, then only the top-k
+                  routed expert dots; int8 unpacked by one byte permute and one add per value
+    v3 tiled x2   v2 with two ads per thread (slots t and t+128 of a chunk, 128-thread blocks), so
+                  every shared-memory table load feeds two FMAs; D <= 64 only (D = 128 would need
+                  256 registers for the two ads), larger D falls back to one ad per thread
+
+Kernels (one per version, precision, D, E, top-k and kind 'moe' | 'dot', generated and compiled on
+first use by `get_kernel`). Every kernel has the same arguments:
+
+    emb          stored embeddings in the version's layout: 'rows' (S, D) float32|float16|int8, or
+                 'tiles' uint32[S * D * bytes / 4]
+    scale        float32[S]         int8 scale per slot (ones otherwise; read only for int8)
+    chunk_format int32[S / 256]     format of every chunk of 256 slots
+    elig         uint32[R, S / 32]  bit (s % 32) of elig[r, s // 32]: request r may see slot s
+                                    (gpu.index.GpuTargetingIndex.match_slots)
+    tabs         float32[R, F, TW]  per-request folded tables (andromeda_nb.scoring.fold_tables;
+                                    dot kernels read the user vector from row 0)
+    cap          int32              candidates kept per block: min(k, ADS_PER_BLOCK)
+    out_key      uint32[R, NB, >= cap]  per-block candidates: orderable score keys (_bits.f32_to_key),
+    out_slot     int32[R, NB, >= cap]   and their slots; key 0 = no candidate (padding)
+
+Launch: grid (NB, R) with NB = ceil(S / ADS_PER_BLOCK), block (threads of the version,). Each block
+covers CHUNKS_PER_BLOCK chunks (ADS_PER_BLOCK = 2048 ads), scores its eligible ads, keeps the keys in
+shared memory and selects its top `cap` by a 4-round radix select on the keys (8 bits a round,
+per-warp shared histograms); only those are written. Nothing else per ad reaches device memory.
+Exact float ties at a block's cut-off are kept in arrival order (DESIGN section 4 compares tied scores
+as sets).
+
+Device layout 'tiles' (v2, v3): slots are grouped in tiles of 32 (one warp); ad words are grouped in
+quads of 4 (16 bytes). Word j of slot s lives at
+
+    ((s // 32) * V + j // 4) * 128 + (s % 32) * 4 + j % 4          V = words per ad / 4
+
+so the 32 lanes of a warp loading quad q of their ads read 512 contiguous bytes. Words hold the
+stored values little-endian: one float32, two float16 (low half first) or four int8 (byte 0 first).
+`to_tiles` and `from_tiles` convert from and to row-major stored values.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from andromeda_nb.scoring import dot_score, moe_score, table_width
+from andromeda_nb.slots import CHUNK_SLOTS
+
+from .. import runtime
+from . import _bits
+
+cuda = runtime.cuda()
+from numba import float32, int32, uint32  # noqa: E402  (after the device choice)
+
+CHUNKS_PER_BLOCK = 8
+ADS_PER_BLOCK = CHUNKS_PER_BLOCK * CHUNK_SLOTS  # 2048
+TILE_ADS = 32
+QUAD_WORDS = 4
+HIST_BINS = 256
+HIST_COPIES = 8  # per-warp histograms (warp % HIST_COPIES), fewer atomic collisions
+STATE_WORDS = 8
+ST_EMIT_ALL, ST_PREFIX, ST_KREM, ST_TOTAL, ST_N_GREATER, ST_N_EQUAL = range(6)
+BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+KINDS = ("moe", "dot")
+
+
+# --- layouts --------------------------------------------------------------------------------------------
+
+
+def words_per_ad(precision: str, dim: int) -> int:
+    if (dim * BYTES[precision]) % (4 * QUAD_WORDS):
+        raise ValueError(f"D = {dim} at {precision}: an ad must fill whole 16-byte quads (D multiple of 16)")
+    return dim * BYTES[precision] // 4
+
+
+def to_tiles(values: np.ndarray) -> np.ndarray:
+    """Row-major stored values (S, D) (S a multiple of 32) -> 'tiles' uint32 words."""
+    values = np.ascontiguousarray(values)
+    S = values.shape[0]
+    if S % TILE_ADS:
+        raise ValueError(f"slot count {S} is not a multiple of {TILE_ADS}")
+    words = values.view(np.uint32).reshape(S, -1)
+    V = words.shape[1] // QUAD_WORDS
+    return np.ascontiguousarray(words.reshape(S // TILE_ADS, TILE_ADS, V, QUAD_WORDS).transpose(0, 2, 1, 3)).reshape(-1)
+
+
+def from_tiles(words: np.ndarray, dtype, dim: int) -> np.ndarray:
+    """Inverse of `to_tiles`: (S, D) values of `dtype`."""
+    w_per_ad = dim * np.dtype(dtype).itemsize // 4
+    V = w_per_ad // QUAD_WORDS
+    t = np.asarray(words, np.uint32).reshape(-1, V, TILE_ADS, QUAD_WORDS).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(t).reshape(-1, w_per_ad).view(dtype).reshape(-1, dim)
+
+
+def tiles_on_device(values_dev, xp):
+    """`to_tiles` for a device array (CuPy `xp`), without a host copy."""
+    S = values_dev.shape[0]
+    words = values_dev.view(xp.uint32).reshape(S, -1)
+    V = words.shape[1] // QUAD_WORDS
+    return xp.ascontiguousarray(words.reshape(S // TILE_ADS, TILE_ADS, V, QUAD_WORDS).transpose(0, 2, 1, 3)).reshape(-1)
+
+
+# --- block top-K (shared by every version) ---------------------------------------------------------------
+
+
+@cuda.jit(device=True)
+def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
+    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (slot = first_slot + index) in
+    out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are nonzero."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    copy = (tid // 32) % HIST_COPIES
+    prefix = uint32(0)
+    mask = uint32(0)
+    krem = uint32(cap)
+    emit_all = False
+    if tid == 0:
+        state[ST_EMIT_ALL] = 0
+        state[ST_N_GREATER] = 0
+        state[ST_N_EQUAL] = 0
+    for rnd in range(4):
+        shift = uint32(24 - 8 * rnd)
+        for j in range(tid, HIST_COPIES * HIST_BINS, nt):
+            hist[j] = 0
+        cuda.syncthreads()
+        for i in range(tid, n, nt):
+            key = keys[i]
+            if key != 0 and (key & mask) == prefix:
+                cuda.atomic.add(hist, copy * HIST_BINS + int32((key >> shift) & uint32(255)), uint32(1))
+        cuda.syncthreads()
+        if tid < 16:
+            s = uint32(0)
+            for d in range(tid * 16, tid * 16 + 16):
+                t = uint32(0)
+                for c in range(HIST_COPIES):
+                    t += hist[c * HIST_BINS + d]
+                hist[d] = t
+                s += t
+            part[tid] = s
+        cuda.syncthreads()
+        if tid == 0:
+            if rnd == 0:
+                total = uint32(0)
+                for g in range(16):
+                    total += part[g]
+                state[ST_TOTAL] = total
+                if total <= uint32(cap):
+                    state[ST_EMIT_ALL] = 1
+            if state[ST_EMIT_ALL] == 0:
+                cum = uint32(0)
+                g = 15
+                while g > 0 and cum + part[g] < krem:
+                    cum += part[g]
+                    g -= 1
+                d = g * 16 + 15
+                while d > g * 16 and cum + hist[d] < krem:
+                    cum += hist[d]
+                    d -= 1
+                state[ST_PREFIX] = prefix | (uint32(d) << shift)
+                state[ST_KREM] = krem - cum
+        cuda.syncthreads()
+        if state[ST_EMIT_ALL] != 0:
+            emit_all = True
+            break
+        prefix = state[ST_PREFIX]
+        mask = mask | (uint32(255) << shift)
+        krem = state[ST_KREM]
+    kth = prefix
+    n_greater = uint32(cap) - krem
+    for i in range(tid, n, nt):
+        key = keys[i]
+        if key != 0:
+            if emit_all or key > kth:
+                p = cuda.atomic.add(state, ST_N_GREATER, uint32(1))
+                out_key[r, b, p] = key
+                out_slot[r, b, p] = first_slot + i
+            elif key == kth:
+                p = cuda.atomic.add(state, ST_N_EQUAL, uint32(1))
+                if p < krem:
+                    out_key[r, b, n_greater + p] = key
+                    out_slot[r, b, n_greater + p] = first_slot + i
+    count = cap
+    if emit_all:
+        count = int32(state[ST_TOTAL])
+    for j in range(count + tid, cap, nt):
+        out_key[r, b, j] = uint32(0)
+        out_slot[r, b, j] = -1
+
+
+# --- code generation ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    version: int
+    kind: str  # "moe" | "dot"
+    precision: str
+    dim: int
+    experts: int
+    top_e: int
+
+    @property
+    def table_width(self) -> int:
+        return table_width(self.experts, self.dim)
+
+
+_SKELETON = '''
+def {name}(emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot):
+    keys = cuda.shared.array({keys_n}, uint32)
+    tab = cuda.shared.array({tab_n}, float32{align})
+    hist = cuda.shared.array({hist_n}, uint32)
+    part = cuda.shared.array(16, uint32)
+    state = cuda.shared.array({state_n}, uint32)
+    tid = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    r = cuda.blockIdx.y
+    n_chunks = chunk_format.shape[0]
+    c0 = b * {cpb}
+    cur_f = -1
+{preload}
+    for cl in range({cpb}):
+        c = c0 + cl
+{key_init}
+        if c < n_chunks:
+{tables}
+            slot = c * {chunk} + tid
+{body}
+{key_store}
+    cuda.syncthreads()
+    block_topk_emit(keys, {keys_n}, cap, hist, part, state, out_key, out_slot, r, b, c0 * {chunk})
+'''
+
+_TABLE_PER_CHUNK = '''            f = chunk_format[c]
+            if f != cur_f:
+                cuda.syncthreads()
+                for j in range(tid, {dpe}, {nt}):
+                    d = j // {pe}
+                    e = j - d * {pe}
+                    v = float32(0.0)
+                    if e < {two_e}:
+                        v = tabs[r, f, e * {dim} + d]
+                    tab[j] = v
+                for j in range(tid, {two_e}, {nt}):
+                    tab[{dpe} + j] = tabs[r, f, {two_e_d} + j]
+                cuda.syncthreads()
+                cur_f = f'''
+
+_TABLE_ONCE = '''    for j in range(tid, {tw}, {nt}):
+        tab[j] = tabs[r, 0, j]
+    cuda.syncthreads()'''
+
+
+def _indent(lines, n):
+    pad = " " * n
+    return "\n".join(pad + ln if ln else ln for ln in lines)
+
+
+def _v1_body(spec: KernelSpec, apt: int) -> list[str]:
+    if spec.kind == "moe":
+        call = f"moe_score(emb, s, scale[s], tabs[r], chunk_format[s >> 8], {spec.experts}, {spec.dim}, {spec.top_e}, g)"
+        lines = [f"g = cuda.local.array({spec.experts}, float32)"]
+    else:
+        call = f"dot_score(emb, s, scale[s], tabs[r], {spec.dim})"
+        lines = []
+    lines += ["s = slot", "if (elig[r, s >> 5] >> (s & 31)) & 1:", f"    k0 = f32_to_key({call})"]
+    return lines
+
+
+def _quad_values(spec: KernelSpec, p: str, q_words: list[str]) -> list[tuple[str, list[str]]]:
+    """Lines turning the 4 words of one quad into float32 scalars: (lines, value names)."""
+    lines, names = [], []
+    for w in q_words:
+        if spec.precision == "fp32":
+            lines.append(f"v{len(names)}_{p} = u32_as_f32({w})")
+            names.append(f"v{len(names)}_{p}")
+        elif spec.precision == "fp16":
+            for half in ("lo", "hi"):
+                lines.append(f"v{len(names)}_{p} = half_{half}({w})")
+                names.append(f"v{len(names)}_{p}")
+        else:
+            lines.append(f"x_{w} = {w} ^ uint32(0x80808080)")
+            for j in range(4):
+                lines.append(f"v{len(names)}_{p} = i8_to_f32(x_{w}, {j})")
+                names.append(f"v{len(names)}_{p}")
+    return lines, names
+
+
+def _padded_experts(experts: int) -> int:
+    """Floats per embedding dimension in the shared d-major table (2E rounded up to a quad)."""
+    return -(-2 * experts // QUAD_WORDS) * QUAD_WORDS
+
+
+def _tiled_body(spec: KernelSpec, apt: int) -> list[str]:
+    """Per-ad code for `apt` ads per thread (slots slot + i * nt); results in keys k0..k{apt-1}.
+
+    The ad is streamed quad by quad (a runtime loop over the V quads of the ad; the values of one
+    quad are unrolled scalars) and every dot product advances together: E gate dots and E expert
+    dots for 'moe' (the shared table is d-major, 2E floats per dimension, read with 16-byte loads
+    that serve every ad of the thread), one dot for 'dot'. Routing then picks the top-k experts and
+    combines their already-computed expert dots."""
+    D, E, K = spec.dim, spec.experts, spec.top_e
+    W = words_per_ad(spec.precision, D)
+    V = W // QUAD_WORDS
+    per_quad = D // V  # embedding values per quad
+    nt = CHUNK_SLOTS // apt
+    ads = [f"a{i}" for i in range(apt)]
+    slots = [f"slot + {i * nt}" if i else "slot" for i in range(apt)]
+    n_acc = 2 * E if spec.kind == "moe" else 1
+    PE = _padded_experts(E)
+    lines = [f"e{i} = (elig[r, ({s}) >> 5] >> (({s}) & 31)) & 1" for i, s in enumerate(slots)]
+    lines.append(f"if {' or '.join(f'e{i}' for i in range(apt))}:")
+    body = []
+    for p, s in zip(ads, slots):
+        body.append(f"base_{p} = ((({s}) >> 5) * {V}) * 128 + (({s}) & 31) * 4")
+        body += [f"acc{j}_{p} = float32(0.0)" for j in range(n_acc)]
+    body.append(f"for q in range({V}):")
+    loop = []
+    values = {}
+    for p in ads:
+        ws = [f"w{j}_{p}" for j in range(4)]
+        loop.append(f"{', '.join(ws)} = load_u32x4(emb, base_{p} + q * 128)")
+        qlines, names = _quad_values(spec, p, ws)
+        loop += qlines
+        values[p] = names
+    if spec.kind == "dot":
+        loop.append(f"d0 = q * {per_quad}")
+        for m in range(per_quad // 4):
+            loop.append(f"u0, u1, u2, u3 = lds_f32x4(tab, d0 + {4 * m})")
+            for j in range(4):
+                for p in ads:
+                    loop.append(f"acc0_{p} += {values[p][4 * m + j]} * u{j}")
+    else:
+        loop.append(f"t0 = q * {per_quad * PE}")
+        for j in range(per_quad):
+            for m in range(PE // 4):
+                loop.append(f"u{4 * m}, u{4 * m + 1}, u{4 * m + 2}, u{4 * m + 3} = lds_f32x4(tab, t0 + {j * PE + 4 * m})")
+            for a in range(2 * E):
+                for p in ads:
+                    loop.append(f"acc{a}_{p} += {values[p][j]} * u{a}")
+    body += ["    " + ln for ln in loop]
+    scaled = spec.precision == "int8"
+    for i, (p, s) in enumerate(zip(ads, slots)):
+        sc = f" * sc_{p}" if scaled else ""
+        if scaled:
+            body.append(f"sc_{p} = scale[{s}]")
+        if spec.kind == "dot":
+            body.append(f"k{i} = f32_to_key(acc0_{p}{sc}) if e{i} else uint32(0)")
+            continue
+        qb, ub = D * PE, D * PE + E
+        for e in range(E):
+            body.append(f"g{e}_{p} = acc{e}_{p}{sc} + tab[{qb + e}]")
+        body.append(f"m_{p} = 0")
+        num, den = [], []
+        for j in range(K):
+            body += [f"b{j}_{p} = -1", f"gv{j}_{p} = float32(0.0)", f"x{j}_{p} = float32(0.0)"]
+            for e in range(E):
+                body.append(f"if (m_{p} >> {e}) & 1 == 0 and (b{j}_{p} < 0 or g{e}_{p} > gv{j}_{p}):")
+                body.append(f"    b{j}_{p} = {e}")
+                body.append(f"    gv{j}_{p} = g{e}_{p}")
+                body.append(f"    x{j}_{p} = acc{E + e}_{p}")
+            body.append(f"m_{p} |= 1 << b{j}_{p}")
+            wj = "float32(1.0)" if j == 0 else f"float32(math.exp(gv{j}_{p} - gv0_{p}))"
+            body.append(f"w{j}_{p} = {wj}")
+            num.append(f"w{j}_{p} * (x{j}_{p}{sc} + tab[{ub} + b{j}_{p}])")
+            den.append(f"w{j}_{p}")
+        body.append(f"sc{i} = ({' + '.join(num)}) / ({' + '.join(den)})")
+        body.append(f"k{i} = f32_to_key(sc{i}) if e{i} else uint32(0)")
+    return lines + ["    " + ln for ln in body]
+
+
+def _source(spec: KernelSpec, name: str) -> tuple[str, int]:
+    """(kernel source, threads per block)."""
+    apt = 2 if (spec.version == 3 and spec.dim <= 64) else 1
+    nt = CHUNK_SLOTS // apt
+    body = _v1_body(spec, apt) if spec.version == 1 else _tiled_body(spec, apt)
+    if spec.version == 1:
+        tables, preload = "", ""
+    elif spec.kind == "dot":
+        tables, preload = "", _TABLE_ONCE.format(tw=spec.dim, nt=nt)
+    else:
+        pe = _padded_experts(spec.experts)
+        tables = _TABLE_PER_CHUNK.format(dpe=spec.dim * pe, pe=pe, two_e=2 * spec.experts, dim=spec.dim,
+                                         two_e_d=2 * spec.experts * spec.dim, nt=nt)
+        preload = ""
+    key_init = _indent([f"k{i} = uint32(0)" for i in range(apt)], 8)
+    key_store = _indent([f"keys[cl * {CHUNK_SLOTS} + tid + {i * nt}] = k{i}" for i in range(apt)], 8)
+    src = _SKELETON.format(
+        name=name, keys_n=ADS_PER_BLOCK, tab_n=_shared_table_floats(spec),
+        align="" if runtime.simulator_enabled() else ", alignment=16", hist_n=HIST_COPIES * HIST_BINS,
+        state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK, chunk=CHUNK_SLOTS, preload=preload, key_init=key_init,
+        tables=tables, body=_indent(body, 12), key_store=key_store,
+    )
+    return src, nt
+
+
+def _shared_table_floats(spec: KernelSpec) -> int:
+    if spec.version == 1:
+        return 4
+    if spec.kind == "dot":
+        return spec.dim
+    return spec.dim * _padded_experts(spec.experts) + 2 * spec.experts
+
+
+def kernel_source(spec: KernelSpec) -> str:
+    return _source(spec, _name(spec))[0]
+
+
+def _name(spec: KernelSpec) -> str:
+    return f"score_v{spec.version}_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}"
+
+
+def _namespace() -> dict:
+    return {
+        "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
+        "moe_score": _device(moe_score), "dot_score": _device(dot_score),
+        "block_topk_emit": block_topk_emit, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
+        "half_lo": _bits.half_lo, "lds_f32x4": _bits.lds_f32x4, "half_hi": _bits.half_hi, "i8_to_f32": _bits.i8_to_f32,
+        "f32_to_key": _bits.f32_to_key,
+    }
+
+
+@lru_cache(maxsize=None)
+def _device(fn):
+    return cuda.jit(device=True)(fn)
+
+
+def python_function(spec: KernelSpec):
+    """The generated kernel as a plain Python function (before `cuda.jit`), and its threads per block."""
+    name = _name(spec)
+    src, nt = _source(spec, name)
+    filename = f"<andromeda generated {name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # readable tracebacks
+    ns = _namespace()
+    exec(compile(src, filename, "exec"), ns)
+    return ns[name], nt
+
+
+@dataclass
+class ScoreKernel:
+    spec: KernelSpec
+    kernel: object  # numba CUDA dispatcher
+    threads: int
+    layout: str
+
+    def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
+        return (-(-n_slots // ADS_PER_BLOCK), n_requests)
+
+    def launch(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot, stream=0):
+        n_slots = chunk_format.shape[0] * CHUNK_SLOTS
+        grid = self.grid(n_slots, elig.shape[0])
+        self.kernel[grid, self.threads, stream](emb, scale, chunk_format, elig, tabs, np.int32(cap), out_key, out_slot)
+
+
+@lru_cache(maxsize=None)
+def get_kernel(version: int, kind: str, precision: str, dim: int, experts: int, top_e: int) -> ScoreKernel:
+    if version not in VERSIONS:
+        raise ValueError(f"unknown scoring kernel version {version}; versions: {sorted(VERSIONS)}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
+    spec = KernelSpec(version, kind, precision, dim, experts, top_e)
+    fn, nt = python_function(spec)
+    return ScoreKernel(spec, cuda.jit(fn), nt, VERSIONS[version].layout)
+
+
+@dataclass(frozen=True)
+class Version:
+    name: str
+    layout: str  # "rows" | "tiles"
+    description: str
+
+
+VERSIONS = {
+    1: Version("v1 naive", "rows", "thread per ad, row-major, plain formula, tables in global memory"),
+    2: Version("v2 tiled", "tiles", "16-byte loads of tiled words, shared format table, unrolled gate-first"),
+    3: Version("v3 tiled x2", "tiles", "v2 with two ads per thread (D <= 64)"),
+}
+BEST = 2  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
+
+
+def cap_for(k: int) -> int:
+    return min(int(k), ADS_PER_BLOCK)
+
+
+def n_blocks(n_slots: int) -> int:
+    return -(-n_slots // ADS_PER_BLOCK)
+
+
+__all__ = [
+    "ADS_PER_BLOCK", "BEST", "CHUNKS_PER_BLOCK", "KINDS", "KernelSpec", "ScoreKernel", "VERSIONS",
+    "block_topk_emit", "cap_for", "from_tiles", "get_kernel", "kernel_source", "n_blocks", "tiles_on_device",
+    "to_tiles", "words_per_ad",
+]

@@ -1,0 +1,202 @@
+"""Final top-K on the GPU from the per-block candidates of the fused scoring kernel (DESIGN section 4:
+score descending, ties by ad id ascending; K up to MAX_K = 4096).
+
+Versions:
+    v1 block-per-request   one thread block per request: a 4-round radix select (8 bits a round,
+                           shared histogram) over the candidate keys finds the K-th largest key; the
+                           keys above it and up to P - (number above) keys equal to it go to a scratch
+                           of P = next power of two >= 2K entries; a bitonic sort of the scratch by
+                           (key descending, ad id ascending) in global memory, then the first K rows
+                           are written. Exact unless more than P - (number above) candidates share the
+                           K-th key exactly (then an arbitrary subset of those equal scores is kept).
+
+Kernel `final_topk_v1` arguments:
+    cand_key    uint32[R, NB, CA]  per-block candidate keys (gpu.kernels.score), 0 = none
+    cand_slot   int32[R, NB, CA]
+    cap         int32              valid entries per block (<= CA)
+    slot_ad_id  int64[S]           ad id of every slot
+    k           int32
+    sk, ss, sid uint32 / int32 / int64 [R, P] scratch
+    out_id      int64[R, >= k]     ad ids in rank order
+    out_score   float32[R, >= k]
+    out_count   int32[R]           rows written per request (min(k, candidates))
+Launch: grid (R,), block (FINAL_THREADS,) (fewer under the simulator).
+
+`topk_host` is the same rule in numpy for the CPU path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import runtime
+from . import _bits
+
+cuda = runtime.cuda()
+from numba import int32, int64, uint32  # noqa: E402
+
+FINAL_THREADS = 1024
+SIM_THREADS = 32
+HIST_BINS = 256
+
+
+def scratch_size(k: int) -> int:
+    p = 64
+    while p < 2 * k:
+        p *= 2
+    return p
+
+
+@cuda.jit(device=True, inline=True)
+def _before(ka, ia, kb, ib):
+    """Rank order: a comes before b (key descending, ad id ascending)."""
+    return ka > kb or (ka == kb and ia < ib)
+
+
+@cuda.jit
+def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, out_score, out_count):
+    hist = cuda.shared.array(HIST_BINS, uint32)
+    part = cuda.shared.array(16, uint32)
+    state = cuda.shared.array(8, uint32)
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    nb = cand_key.shape[1]
+    m = nb * cap
+    P = sk.shape[1]
+    prefix = uint32(0)
+    mask = uint32(0)
+    krem = uint32(k)
+    emit_all = False
+    if tid == 0:
+        state[0] = 0
+        state[4] = 0
+        state[5] = 0
+    for rnd in range(4):
+        shift = uint32(24 - 8 * rnd)
+        for j in range(tid, HIST_BINS, nt):
+            hist[j] = 0
+        cuda.syncthreads()
+        for i in range(tid, m, nt):
+            b = i // cap
+            key = cand_key[r, b, i - b * cap]
+            if key != 0 and (key & mask) == prefix:
+                cuda.atomic.add(hist, int32((key >> shift) & uint32(255)), uint32(1))
+        cuda.syncthreads()
+        if tid < 16:
+            s = uint32(0)
+            for d in range(tid * 16, tid * 16 + 16):
+                s += hist[d]
+            part[tid] = s
+        cuda.syncthreads()
+        if tid == 0:
+            if rnd == 0:
+                total = uint32(0)
+                for g in range(16):
+                    total += part[g]
+                state[3] = total
+                if total <= uint32(k):
+                    state[0] = 1
+            if state[0] == 0:
+                cum = uint32(0)
+                g = 15
+                while g > 0 and cum + part[g] < krem:
+                    cum += part[g]
+                    g -= 1
+                d = g * 16 + 15
+                while d > g * 16 and cum + hist[d] < krem:
+                    cum += hist[d]
+                    d -= 1
+                state[1] = prefix | (uint32(d) << shift)
+                state[2] = krem - cum
+        cuda.syncthreads()
+        if state[0] != 0:
+            emit_all = True
+            break
+        prefix = state[1]
+        mask = mask | (uint32(255) << shift)
+        krem = state[2]
+    kth = prefix
+    n_greater = uint32(k) - krem
+    room = uint32(P) - n_greater
+    for i in range(tid, m, nt):
+        b = i // cap
+        j = i - b * cap
+        key = cand_key[r, b, j]
+        if key != 0:
+            pos = int64(-1)
+            if emit_all or key > kth:
+                pos = int64(cuda.atomic.add(state, 4, uint32(1)))
+            elif key == kth:
+                p = cuda.atomic.add(state, 5, uint32(1))
+                if p < room:
+                    pos = int64(n_greater + p)
+            if pos >= 0:
+                slot = cand_slot[r, b, j]
+                sk[r, pos] = key
+                ss[r, pos] = slot
+                sid[r, pos] = slot_ad_id[slot]
+    cuda.syncthreads()
+    if emit_all:
+        total = int64(state[3])
+    else:
+        eq = state[5]
+        if eq > room:
+            eq = room
+        total = int64(n_greater + eq)
+    for j in range(total + tid, P, nt):
+        sk[r, j] = uint32(0)
+        ss[r, j] = -1
+        sid[r, j] = 0x7FFFFFFFFFFFFFFF
+    cuda.syncthreads()
+    size = 2
+    while size <= P:
+        stride = size // 2
+        while stride > 0:
+            for i in range(tid, P // 2, nt):
+                lo = 2 * stride * (i // stride) + (i % stride)
+                hi = lo + stride
+                first = (lo & size) == 0
+                ka, ia, kb, ib = sk[r, lo], sid[r, lo], sk[r, hi], sid[r, hi]
+                if _before(kb, ib, ka, ia) == first:
+                    sk[r, lo], sk[r, hi] = kb, ka
+                    sid[r, lo], sid[r, hi] = ib, ia
+                    sl = ss[r, lo]
+                    ss[r, lo] = ss[r, hi]
+                    ss[r, hi] = sl
+            cuda.syncthreads()
+            stride //= 2
+        size *= 2
+    n_out = total
+    if n_out > k:
+        n_out = k
+    for j in range(tid, n_out, nt):
+        out_id[r, j] = sid[r, j]
+        out_score[r, j] = _bits.key_to_f32(sk[r, j])
+    if tid == 0:
+        out_count[r] = n_out
+
+
+VERSIONS = {1: final_topk_v1}
+BEST = 1
+
+
+def threads() -> int:
+    return SIM_THREADS if runtime.simulator_enabled() else FINAL_THREADS
+
+
+def topk_host(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top k of (ids, scores) by score descending, ties by id ascending (numpy)."""
+    ids = np.asarray(ids, np.int64)
+    scores = np.asarray(scores, np.float32)
+    n = len(ids)
+    if n > k:
+        part = np.argpartition(-scores, k - 1)[:k]
+        kth = scores[part].min()
+        keep = np.flatnonzero(scores >= kth)  # every tie of the k-th score, so ids can break it
+        ids, scores = ids[keep], scores[keep]
+    order = np.lexsort((ids, -scores.astype(np.float64)))[:k]
+    return ids[order], scores[order]
+
+
+__all__ = ["BEST", "FINAL_THREADS", "VERSIONS", "final_topk_v1", "scratch_size", "threads", "topk_host"]

@@ -1,0 +1,52 @@
+"""Run the co-located server in the foreground (`andromeda serve colocated`, and
+`python -m gpu.serve ...` for the process `ColocatedRetriever` starts).
+
+When it listens it writes one JSON line to stdout, `{"service": "colocated", "location":
+"grpc://HOST:PORT"}`, so a parent that asked for port 0 learns the port. SIGTERM or SIGINT stops it
+cleanly (running calls finish, then the process exits 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def run_colocated(dataset, *, host: str = DEFAULT_HOST, port: int = 0, device: str = "auto",
+                  version: int | None = None, on_ready=None, out=None) -> None:
+    from .colocated import make_server
+
+    server = make_server(dataset, f"grpc://{host}:{port}", device=device, version=version)
+
+    def announce(srv):
+        line = json.dumps({"service": "colocated", "location": f"grpc://{host}:{srv.port}",
+                           "device": srv.engine.device})
+        print(line, file=out or sys.stdout, flush=True)
+
+    server.serve_until_stopped(on_ready or announce)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpu.serve", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", help="corpus directory")
+    parser.add_argument("--dataset-pickle", help="a pickled Dataset (written by ColocatedRetriever)")
+    parser.add_argument("--host", default=DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu", "sim"))
+    parser.add_argument("--version", type=int, default=None, help="scoring kernel version")
+    args = parser.parse_args(argv)
+    from . import runtime
+
+    runtime.select(args.device)  # before anything imports numba.cuda
+    from cpu_baseline.serve import load_dataset_for_service
+
+    dataset = load_dataset_for_service(args.data, args.dataset_pickle)
+    run_colocated(dataset, host=args.host, port=args.port, device=args.device, version=args.version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
