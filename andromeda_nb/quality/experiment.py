@@ -212,6 +212,7 @@ class QualityResult:
     flops_per_ad: dict[str, int]
     bytes_per_ad: dict[str, int]
     references: dict[str, float]  # recall of the REFERENCE_NAMES rankers
+    references_by_interests: dict[str, dict[int, float]]
     train_loss: dict[str, list[float]]  # per epoch
     test_loss: dict[str, float]  # click log-loss on held-out logs
     click_rate: float
@@ -229,6 +230,8 @@ class QualityResult:
                                     for m, d in self.recall_by_interests.items()},
             "requests_by_interests": {str(c): n for c, n in self.requests_by_interests.items()},
             "references": self.references,
+            "references_by_interests": {m: {str(c): v for c, v in d.items()}
+                                        for m, d in self.references_by_interests.items()},
             "test_loss": self.test_loss,
             "train_loss": self.train_loss,
             "click_rate": self.click_rate,
@@ -340,6 +343,7 @@ def _run_quality(config: QualityConfig, progress) -> QualityResult:
         flops_per_ad={name: flops_per_ad(name, tcfg.dim, tcfg.experts) for name in MODEL_NAMES},
         bytes_per_ad=bytes_per_ad(tcfg.dim),
         references={name: ev.recall[name] for name in REFERENCE_NAMES},
+        references_by_interests={name: ev.recall_by_interests[name] for name in REFERENCE_NAMES},
         train_loss=losses,
         test_loss=test_loss,
         click_rate=log.click_rate,

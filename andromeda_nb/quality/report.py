@@ -79,8 +79,9 @@ def summary_line(result: QualityResult) -> str:
 
 
 def plot(result: QualityResult, path) -> str | None:
-    """Recall@K against FLOPs per ad, one point per model, reference lines for the truth rankers.
-    Returns None when written, else why not (matplotlib missing: the `plots` extra)."""
+    """Two panels: recall@K against FLOPs per ad (one point per model, the truth rankers as lines),
+    and recall@K by the users' number of interests. Returns None when written, else why not
+    (matplotlib missing: the `plots` extra)."""
     try:
         import matplotlib
 
@@ -89,25 +90,49 @@ def plot(result: QualityResult, path) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install 'andromeda-nb[plots]')"
     cfg = result.config
-    fig, ax = plt.subplots(figsize=(7.0, 4.5), dpi=120)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.6), dpi=120)
+    colors = {"two_tower": "tab:red", "moe_k1": "tab:cyan", "moe_k2": "tab:blue", "moe_k4": "tab:purple",
+              "dense": "black"}
+    ref_styles = {"context_blind_truth": ("tab:green", "--"), "single_vector_truth": ("tab:orange", ":"),
+                  "random": ("tab:gray", "-.")}
     xs = [result.flops_per_ad[n] for n in MODEL_NAMES]
     ys = [result.recall[n] for n in MODEL_NAMES]
-    ax.plot(xs[1:], ys[1:], "o-", color="tab:blue", label="mixture of user experts (k of 6)")
-    ax.plot(xs[:1], ys[:1], "s", color="tab:red", label="two-tower")
-    for n, x, y in zip(MODEL_NAMES, xs, ys):
-        ax.annotate(LABELS[n], (x, y), textcoords="offset points", xytext=(6, -12), fontsize=8)
-    styles = {"context_blind_truth": ("tab:green", "--"), "single_vector_truth": ("tab:orange", ":"),
-              "random": ("tab:gray", "-.")}
-    for name, (color, style) in styles.items():
-        ax.axhline(result.references[name], color=color, linestyle=style, linewidth=1,
-                   label=f"{LABELS[name]} ({result.references[name]:.2f})")
-    ax.set_xscale("log")
-    ax.set_xlabel("FLOPs per scored ad (log scale)")
-    ax.set_ylabel(f"recall@{cfg.recall_k}")
-    ax.set_ylim(0.0, 1.0)
-    ax.set_title(f"Retrieval quality vs arithmetic per ad (seed {cfg.seed}, {cfg.truth.ads} ads)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    left.plot(xs[1:], ys[1:], "-", color="tab:blue", alpha=0.5)
+    for j, (n, x, y) in enumerate(zip(MODEL_NAMES, xs, ys)):
+        left.plot([x], [y], "s" if n == "two_tower" else "o", color=colors[n], label=f"{LABELS[n]} ({y:.3f})")
+        left.annotate(LABELS[n], (x, y), textcoords="offset points", xytext=(-20, 10 if j % 2 else -16), fontsize=8)
+    for name, (color, style) in ref_styles.items():
+        left.axhline(result.references[name], color=color, linestyle=style, linewidth=1,
+                     label=f"{LABELS[name]} ({result.references[name]:.3f})")
+    left.set_xlim(0, max(xs) * 1.1)
+    left.set_ylim(0.0, 1.25)
+    left.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    left.set_xlabel("FLOPs per scored ad")
+    left.set_ylabel(f"recall@{cfg.recall_k}")
+    left.set_title("Recall against arithmetic per ad", fontsize=10)
+    left.grid(True, alpha=0.3)
+    left.legend(fontsize=7, loc="upper center", ncol=3)
+
+    counts = sorted(result.requests_by_interests)
+    width = 0.8 / (len(MODEL_NAMES) + 1)
+    for j, n in enumerate(MODEL_NAMES):
+        right.bar([c + (j - len(MODEL_NAMES) / 2) * width for c in counts],
+                  [result.recall_by_interests[n][c] for c in counts], width, color=colors[n], label=LABELS[n])
+    single = result.references_by_interests["single_vector_truth"]
+    right.plot(counts, [single[c] for c in counts], "o:", color="tab:orange", label=LABELS["single_vector_truth"])
+    blind = result.references_by_interests["context_blind_truth"]
+    right.plot(counts, [blind[c] for c in counts], "o--", color="tab:green", label=LABELS["context_blind_truth"])
+    right.set_xticks(counts)
+    right.set_xticklabels([f"{c} (n={result.requests_by_interests[c]})" for c in counts])
+    right.set_xlabel("interests of the user (requests)")
+    right.set_ylim(0.0, 1.25)
+    right.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    right.set_title(f"Recall@{cfg.recall_k} by the user's number of interests", fontsize=10)
+    right.grid(True, axis="y", alpha=0.3)
+    right.legend(fontsize=7, loc="upper center", ncol=4)
+    fig.suptitle(f"andromeda quality, seed {cfg.seed}: {cfg.truth.ads} ads, {cfg.eligible_fraction:.0%} eligible, "
+                 f"{cfg.test_requests} test requests, E = {cfg.truth.experts}, D = {cfg.truth.dim}, "
+                 f"{cfg.precision} embeddings", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
