@@ -456,12 +456,11 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
         result = bm.run(pools=ints(pools, "pools"), versions=ints(versions, "versions") if versions else None,
                         batches=ints(batches, "batches"), base_ads=base_ads, requests=n_requests, seed=seed,
                         base_path=base_path, updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
-                        cpu_pool=cpu_pool, device=device, progress=not quiet)
+                        cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise click.ClickException(f"bench match: {exc}") from None
     click.echo(json.dumps(result, indent=2, default=float) if as_json else bm.table(result))
     if out:
-        bm.dump(result, out)
         _info(f"wrote {out}", quiet)
 
 

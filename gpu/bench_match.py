@@ -45,6 +45,7 @@ WARMUP = 2
 MIN_REPS, MAX_REPS = 5, 50
 REP_BUDGET_S = 1.5  # stop repeating a measurement after this much kernel time (at least MIN_REPS)
 UPDATE_ROUNDS, UPDATES_PER_ROUND = 20, 1000
+UPDATE_CHECK_ADS = 2000  # touched ads checked against the oracle after the update rounds
 
 
 def log(progress: bool, *parts) -> None:
@@ -241,15 +242,22 @@ def check_full_size(index: GpuTargetingIndex, base: BaseCorpus, copies: int, wor
     bits = _bits(words)
     slot_ids = index.slots.slot_ad_id
     used = np.flatnonzero(slot_ids != EMPTY)
-    base_ids = slot_ids[used] % stride
     assert not bits[:, slot_ids == EMPTY].any(), "an empty slot is marked eligible"
-    # 1. every copy agrees with copy 0 of the same base ad (the whole pool, every request)
-    order = np.lexsort((slot_ids[used] // stride, base_ids))
-    per_base = bits[:, used[order]].reshape(len(requests), len(ct), copies)
-    assert (per_base == per_base[:, :, :1]).all(), "copies of one base ad disagree"
-    base_bits = per_base[:, :, 0]
-    ads = {a.ad_id: a for a in base.ads} if ads_by_id is None else ads_by_id
+    # 1. every copy agrees with copy 0 of the same base ad (the whole pool, every request): in the
+    # tiled layout a format's slots hold copy 0 of its base ads, then copy 1, ... (build_tiled_index)
+    slot_format = index.slots.slot_format()
+    base_slot = np.zeros(len(ct), np.int64)
     sorted_ids = np.sort(ct.ad_id)
+    for f in np.unique(ct.format):
+        n_f = int((ct.format == f).sum())
+        first = int(np.flatnonzero(slot_format == f)[0])
+        block = bits[:, first:first + n_f * copies].reshape(len(requests), copies, n_f)
+        assert (block == block[:, :1, :]).all(), f"copies of one base ad of format {f} disagree"
+        ids0 = slot_ids[first:first + n_f]
+        assert (ids0 < stride).all() and (slot_ids[first + (copies - 1) * n_f:first + copies * n_f] // stride == copies - 1).all()
+        base_slot[np.searchsorted(sorted_ids, ids0)] = first + np.arange(n_f)
+    base_bits = bits[:, base_slot]
+    ads = {a.ad_id: a for a in base.ads} if ads_by_id is None else ads_by_id
     checked = 0
     # 2. base ads against the oracle: all of them for the first requests
     for r, req in enumerate(requests[:ORACLE_FULL_REQUESTS]):
@@ -336,6 +344,8 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: 
     prog_bytes = live["programs"] / n_ads
     for v in versions:
         for b in batches:
+            if v not in K.BATCHED and b != min(batches):
+                continue  # the naive kernel costs one thread per (slot, request): the smallest batch says enough
             batch = index.prepare(_requests_cycle(base.requests, b), version=v)
             out = index.new_output(b)
             t0 = time.perf_counter()
@@ -418,6 +428,8 @@ def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda,
     words = index.match_slots(enc).copy_to_host()
     bits = _bits(words)
     touched = list(current.items())
+    if len(touched) > UPDATE_CHECK_ADS:
+        touched = [touched[i] for i in rng.choice(len(touched), UPDATE_CHECK_ADS, replace=False)]
     checked = 0
     for ad_id, ad in touched:
         s = index.slots.slot_of(ad_id)
@@ -491,7 +503,7 @@ def environment(cuda) -> dict:
 def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches: Sequence[int] = BATCHES,
         base_ads: int = BASE_ADS, requests: int = 256, seed: int = 7, base_path: str | None = None,
         updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND), cpu_pool: int = 1_000_000,
-        device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS) -> dict:
+        device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS, out: str | None = None) -> dict:
     """The whole benchmark; returns the JSON-ready result."""
     from . import runtime
     from .index import resolve_device
@@ -522,8 +534,12 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
         copies = max(1, pool // len(base.ads))
         result["pools"].append(bench_pool(base, copies, versions, batches, cuda, rng, progress,
                                           updates if i == 0 else None, chunk_slots))
+        if out:  # what is measured so far survives an interrupted run
+            dump(result, out)
     if cpu_pool:
         result["cpu_index"] = bench_cpu(base, cpu_pool, progress)
+    if out:
+        dump(result, out)
     return result
 
 

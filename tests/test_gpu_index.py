@@ -315,3 +315,50 @@ def test_tiled_index_equals_index_of_tiled_corpus():
     for ad_id in direct.slots.slot_ad_id[direct.slots.slot_ad_id >= 0].tolist():
         assert tiled.slots.slot_of(ad_id) == direct.slots.slot_of(ad_id)
     assert 10**9 not in tiled.slots
+
+
+def test_bench_match_runs_and_checks(tmp_path, monkeypatch):
+    """The benchmark end to end at simulator size: generation, tiling, the full-size oracle check,
+    timing, updates while serving, the CPU index, the JSON file."""
+    import json
+
+    from gpu import bench_match as bm
+
+    monkeypatch.setattr(bm, "WARMUP", 0)
+    out = tmp_path / "match.json"
+    result = bm.run(pools=[240], versions=[_kernels().SIMULATOR_FALLBACK], batches=[32], base_ads=80, requests=40,
+                    updates=(2, 15), cpu_pool=160, chunk_slots=CHUNK, progress=False, out=str(out))
+    pool = json.loads(out.read_text())["pools"][0]
+    assert pool["ads"] == 240 and pool["copies"] == 3
+    assert pool["check"]["oracle_checks"] > 0 and pool["eligible_share"] > 0
+    assert pool["updates"]["updates"] > 0 and pool["updates"]["touched_ads_checked"] > 0
+    assert result["cpu_index"] is None or result["cpu_index"]["ads"] == 160
+
+
+def test_cli_match_gpu_equals_oracle(tmp_path):
+    """`andromeda match --arch gpu` (the simulator here, chosen by --device auto) against --arch oracle,
+    in a fresh process as a user runs it."""
+    data = tmp_path / "corpus"
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+
+    def cli(*args):
+        proc = subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, env=env,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout
+
+    cli("generate", "--ads", "150", "--requests", "12", "--seed", "5", "--out", str(data), "--quiet")
+    gpu = cli("match", "--data", str(data), "--arch", "gpu", "--json", "--quiet")
+    oracle = cli("match", "--data", str(data), "--arch", "oracle", "--json", "--quiet")
+    assert gpu == oracle and '"eligible": [1' in gpu
+
+
+def test_cli_bench_match_help():
+    from click.testing import CliRunner
+
+    import cli
+
+    res = CliRunner().invoke(cli.main, ["bench", "match", "--help"])
+    assert res.exit_code == 0 and "pool ads/s" in res.output
+    res = CliRunner().invoke(cli.main, ["bench", "match", "--pools", "ten"])
+    assert res.exit_code != 0 and "--pools" in res.output and "Traceback" not in res.output

@@ -92,7 +92,7 @@ haversine_dev = cuda.jit(device=True)(haversine_km)
 
 
 # --- shared device functions -------------------------------------------------------------------------
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _has_term(rterms, lo, hi, t):
     """Binary search for dense term t in the sorted rterms[lo:hi]."""
     while lo < hi:
@@ -107,7 +107,7 @@ def _has_term(rterms, lo, hi, t):
     return False
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _circle_mask(circles, cs, nc, lat, lon, need):
     """Requests of `need` (a group mask) whose user lies in one of circles[cs:cs+nc]."""
     hit = int64(0)
@@ -126,7 +126,7 @@ def _circle_mask(circles, cs, nc, lat, lon, need):
     return hit
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _eval_program(prog, p, alive, rtab, g, circles, lat, lon):
     """Run one slot's clause program for a group: `alive` in, surviving requests out."""
     n_clauses = int64(prog[p])
@@ -159,7 +159,7 @@ def _eval_program(prog, p, alive, rtab, g, circles, lat, lon):
     return alive & FULL_MASK
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
     """The group mask of requests for which `slot` is eligible."""
     w = int64(resid[slot])
@@ -185,7 +185,7 @@ def _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat
     return _eval_program(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _transpose_stage_shared(x, tr, tid, s, m):
     """One butterfly stage of the 32x32 bit transpose through shared memory: lane l swaps the
     off-diagonal s x s blocks with lane l ^ s (m = the columns j with j & s == 0)."""
@@ -198,7 +198,7 @@ def _transpose_stage_shared(x, tr, tid, s, m):
     return (x & ~m & FULL_MASK) | ((y >> s) & m)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _transpose_stage_shuffle(x, lane, s, m):
     """The same stage with a warp shuffle."""
     y = int64(cuda.shfl_xor_sync(FULL_MASK, int32(x), s)) & FULL_MASK  # int32: the shuffle's type
@@ -207,7 +207,7 @@ def _transpose_stage_shuffle(x, lane, s, m):
     return (x & ~m & FULL_MASK) | ((y >> s) & m)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
     i = tid
     while i < FTAB_WORDS:
@@ -221,7 +221,7 @@ def _load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
 
 
 # --- kernels -----------------------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def match_v1(resid, prog_ptr, prog, sched, circles, rscal, rpos1, rterm_ptr, rterms, out):
     """v1: one thread per (slot, request); grid x over slots, y over requests."""
     slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -280,7 +280,7 @@ def match_v1(resid, prog_ptr, prog, sched, circles, rscal, rpos1, rterm_ptr, rte
     cuda.atomic.or_(out, (b, slot >> 5), uint32(1 << (slot & 31)))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def match_v2(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
     """v2: one thread per slot, one group of <= 32 requests per grid row (blockIdx.y); shared-memory
     transpose. Block size: a multiple of 32, at most THREADS_PER_BLOCK. The bounds guard masks
@@ -309,7 +309,7 @@ def match_v2(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nre
         out[g * GROUP_REQUESTS + lane, slot >> 5] = uint32(x)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def match_v3(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
     """v3: v2 with the transpose by warp shuffles (GPU only)."""
     slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -335,7 +335,7 @@ def match_v3(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nre
         out[g * GROUP_REQUESTS + lane, slot >> 5] = uint32(x)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def compact_programs(old_prog, old_ptr, lengths, new_ptr, new_prog):
     """Copy every slot's program to its new offset. old_ptr/new_ptr int64[capacity], lengths
     uint32[capacity] (0 for empty slots); one thread per slot."""
@@ -348,7 +348,7 @@ def compact_programs(old_prog, old_ptr, lengths, new_ptr, new_prog):
         new_prog[dst + i] = old_prog[src + i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
     """Write the per-slot columns of the updated slots. slots int64[U], resid_v uint32[U],
     ptr_v int64[U], sched_v int64[U, 2]; one thread per updated slot (slots are distinct)."""
