@@ -6,7 +6,9 @@
   (requests x pool size / time) with every core matching;
 * CPU scorer: every version of `cpu_baseline.scorer.VERSIONS`, per precision, over one candidate
   list holding every row of a table several times larger than the last-level cache: ads per second
-  and GB/s, where bytes = stored ad bytes + 4 (candidate row in) + 4 (score out) per ad;
+  and GB/s (wall clock, all threads), where bytes = stored ad bytes + 4 (candidate row in) + 4
+  (score out) per ad; and the single-thread CPU time per ad (process CPU time, which other
+  processes on a shared machine do not inflate);
 * end to end over Flight: both services started as processes on loopback, one request per
   exchange (latency p50 / p99, requests per second), then batches of 64 (requests per second);
   and, through counting relays, the real bytes per request on each hop.
@@ -51,6 +53,16 @@ def _median_time(fn, repeat: int) -> float:
     return float(np.median(times))
 
 
+def _median_cpu_time(fn, repeat: int) -> float:
+    """Median CPU time of this process (robust to other processes sharing the cores)."""
+    times = []
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return float(np.median(times))
+
+
 def measure_copy_bandwidth(repeat: int = 5, nbytes: int = COPY_BYTES) -> dict:
     src = np.arange(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
@@ -70,7 +82,7 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
     from andromeda_nb.reference import reference_scores
     from andromeda_nb.testing import random_requests
 
-    from .scorer import SHIPPED_VERSION, VERSIONS, CpuScorer
+    from .scorer import SERIAL_OF, SHIPPED_VERSION, VERSIONS, CpuScorer
 
     rng = np.random.default_rng(seed)
     model = MoeModel.init(seed)
@@ -97,7 +109,13 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
             scorer.score(rows[: 1 << 14], P, c0)  # warm-up (compile / load from cache)
             seconds = _median_time(lambda: scorer.score(rows, P, c0), repeat)
             moved = n_rows * (scorer.bytes_per_row + 4 + 4)
+            serial = SERIAL_OF.get(scorer.kernel, scorer.kernel)
+            out = np.empty(n_rows, np.float32)
+            serial(scorer._values, scorer._scale, scorer._formats, rows[:64], P, c0, model.top_k, out)  # warm-up
+            cpu_s = _median_cpu_time(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, P, c0,
+                                                    model.top_k, out), max(1, repeat // 2))
             results.append({
+                "cpu_ns_per_ad_one_thread": cpu_s / n_rows * 1e9,
                 "precision": precision, "version": version, "shipped": version == SHIPPED_VERSION,
                 "ads": n_rows, "table_bytes": n_rows * scorer.bytes_per_row, "seconds": seconds,
                 "ads_per_s": n_rows / seconds, "GBps": moved / seconds / 1e9, "max_error": err,
@@ -150,7 +168,7 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
 
     requests = dataset.requests
     out: dict = {"k": k, "requests": len(requests), "precision": dataset.precision}
-    with RemoteRetriever.build(dataset, data_dir=data_dir) as remote:
+    with RemoteRetriever.build(dataset) as remote:
         remote.retrieve(requests[:4], k)  # warm-up: connections, caches
         latencies = []
         for _ in range(max(1, repeat // 2)):
@@ -168,7 +186,7 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
         out["index_host_stats"] = remote.action("stats")
     log(f"  end to end: p50 {out['latency_ms']['p50']:.2f} ms, p99 {out['latency_ms']['p99']:.2f} ms, "
         f"{out['batched_requests_per_s']:.0f} requests/s batched")
-    with RemoteRetriever.build(dataset, data_dir=data_dir, traffic=True) as remote:
+    with RemoteRetriever.build(dataset, traffic=True) as remote:
         remote.retrieve(requests[:2], k)
         _, per_request = remote.retrieve_traffic(requests, k)
     hops = {}
@@ -231,11 +249,11 @@ def format_table(result: dict) -> str:
     lines = [f"CPU baseline on {result['machine']['cpu']} ({result['machine']['cores']} cores); "
              f"copy bandwidth {bw['ceiling_GBps']:.1f} GB/s (numpy {bw['numpy_GBps']:.1f}, "
              f"parallel {bw['parallel_GBps']:.1f}); float32 arithmetic", "",
-             f"{'scorer':<22}{'ads':>12}{'M ads/s':>10}{'GB/s':>8}{'of copy':>9}"]
+             f"{'scorer':<22}{'ads':>12}{'M ads/s':>10}{'GB/s':>8}{'of copy':>9}{'ns/ad 1 core':>14}"]
     for r in result["scorer"]:
         name = f"v{r['version']} {r['precision']}" + (" (shipped)" if r["shipped"] else "")
         lines.append(f"{name:<22}{r['ads']:>12,}{r['ads_per_s'] / 1e6:>10.1f}{r['GBps']:>8.2f}"
-                     f"{r['fraction_of_copy'] * 100:>8.0f}%")
+                     f"{r['fraction_of_copy'] * 100:>8.0f}%{r['cpu_ns_per_ad_one_thread']:>14.0f}")
     m = result.get("match")
     if m:
         lines += ["", f"match: pool {m['pool_ads']:,} ads x {m['requests']} requests, {m['threads']} threads: "
