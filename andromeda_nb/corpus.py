@@ -183,7 +183,8 @@ def build_world(seed: int) -> GeoWorld:
         spread = max(c_ext[r_country[ri]] / math.sqrt(n_regions / len(codes)), 0.05)
         t_region += [ri] * n
         t_lat.append(np.clip(r_lat[ri] + rng.normal(0, spread * 0.5, n), -78.0, 78.0))
-        t_lon.append(_wrap_lon(r_lon[ri] + rng.normal(0, spread * 0.5, n) / max(math.cos(math.radians(r_lat[ri])), 0.3)))
+        lon_stretch = max(math.cos(math.radians(r_lat[ri])), 0.3)
+        t_lon.append(_wrap_lon(r_lon[ri] + rng.normal(0, spread * 0.5, n) / lon_stretch))
         t_w.append(_zipf_weights(n, 1.1))  # the first city of a region is its biggest
     t_region = np.asarray(t_region, np.int64)
     city_id = 100_000 + np.cumsum(rng.integers(1, 40, len(t_region))).astype(np.int64)
@@ -651,7 +652,8 @@ def make_requests(n_requests: int, seed: int, *, experts: int = DEFAULT_E, width
             "context": {
                 "publisher_platform": PUBLISHER_PLATFORMS[publisher[i]],
                 "device_platform": dev,
-                "user_os": USER_OS[min(int(np.searchsorted(os_cdf, os_u[i] * os_cdf[-1], side="right")), len(USER_OS) - 1)],
+                "user_os": USER_OS[min(int(np.searchsorted(os_cdf, os_u[i] * os_cdf[-1], side="right")),
+                                       len(USER_OS) - 1)],
                 "time": int(when[i]),
             },
             "signals": signals[i].tolist(),
@@ -717,7 +719,8 @@ def generate_corpus(out_dir, n_ads: int, n_requests: int, seed: int, *, dim: int
             if progress is not None:
                 progress(len(cols))
         if n_ads == 0:
-            writer.write(store.ads_record_batch([], [], [], [], [], [], quantize(np.empty((0, dim), np.float32), precision)))
+            empty = quantize(np.empty((0, dim), np.float32), precision)
+            writer.write(store.ads_record_batch([], [], [], [], [], [], empty))
     summary.request_objects = make_requests(n_requests, seed, experts=experts, width=model.S,
                                             settings=settings, world=world)
     store.write_requests(out, summary.request_objects)

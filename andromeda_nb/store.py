@@ -171,7 +171,8 @@ def save_dataset(dataset, out_dir, *, source: dict | None = None) -> Path:
                 [encode(_targeting_object(a)) for a in part], table.take(np.arange(lo, lo + len(part))),
             ))
         if not ads:
-            writer.write(ads_record_batch([], [], [], [], [], [], EmbeddingTable.empty(dataset.model.D, dataset.precision)))
+            empty = EmbeddingTable.empty(dataset.model.D, dataset.precision)
+            writer.write(ads_record_batch([], [], [], [], [], [], empty))
     write_requests(out, (request_to_json(r) for r in dataset.requests))
     dataset.model.save(out / MODEL_FILE)
     write_meta(out, seed=dataset.seed, model=dataset.model, precision=dataset.precision,

@@ -78,7 +78,8 @@ def main() -> None:
     for ad in fresh[:8]:  # 8 new ads
         updates.append({"op": "upsert", "ad": ad})
     for i in range(8):  # 8 status changes of existing ads
-        updates.append({"op": "status", "ad_id": ids[5 * i], "status": ("PAUSED", "ACTIVE", "ARCHIVED", "DELETED")[i % 4]})
+        status = ("PAUSED", "ACTIVE", "ARCHIVED", "DELETED")[i % 4]
+        updates.append({"op": "status", "ad_id": ids[5 * i], "status": status})
     for i in range(6):  # 6 retirements, two of them of ads created above
         updates.append({"op": "retire", "ad_id": ids[40 + 7 * i] if i < 4 else fresh[i - 4]["ad_id"]})
     changed = dict(valid[1], status="PAUSED", format=2)  # replace every field of an existing ad
@@ -89,7 +90,8 @@ def main() -> None:
     updates.append({"op": "status", "ad_id": fresh[3]["ad_id"], "status": "PAUSED"})
     updates.append({"op": "retire", "ad_id": 999})  # rejected: never existed
     updates.append({"op": "status", "ad_id": ids[40], "status": "ACTIVE"})  # rejected: retired above
-    updates.append({"op": "upsert", "ad": dict(fresh[9], targeting={"age_min": 70, "geo_locations": {"countries": ["US"]}})})  # rejected
+    too_old = {"age_min": 70, "geo_locations": {"countries": ["US"]}}
+    updates.append({"op": "upsert", "ad": dict(fresh[9], targeting=too_old)})  # rejected: age_min 70
     lines = [json.dumps(u) for u in updates] + ['{"op": "retire", "ad_id": ']  # rejected: not JSON
     (SAMPLE_DIR / "updates.jsonl").write_text("\n".join(lines) + "\n")
 

@@ -184,8 +184,9 @@ def test_import_with_a_model_uses_its_sizes(tmp_path):
 
     MoeModel.init(3, D=8, E=3, F=2).save(tmp_path / "m.npz")
     ads = tmp_path / "ads.jsonl"
-    ads.write_text(json.dumps({"ad_id": 1, "format": 1, "targeting": {"geo_locations": {"countries": ["FR"]}}}) + "\n"
-                   + json.dumps({"ad_id": 2, "format": 2, "targeting": {"geo_locations": {"countries": ["FR"]}}}) + "\n")
+    france = {"geo_locations": {"countries": ["FR"]}}
+    ads.write_text(json.dumps({"ad_id": 1, "format": 1, "targeting": france}) + "\n"
+                   + json.dumps({"ad_id": 2, "format": 2, "targeting": france}) + "\n")
     requests = tmp_path / "requests.jsonl"
     requests.write_text("")
     summary = store.import_jsonl(ads, requests, tmp_path / "out", model_path=tmp_path / "m.npz", precision="int8")
