@@ -69,8 +69,8 @@ class QualityConfig:
     @classmethod
     def small(cls, seed: int = 0, **changes) -> "QualityConfig":
         """A size for tests and quick looks: seconds, not minutes."""
-        base = cls(seed=seed, truth=TruthConfig(ads=3_000), train_requests=1_500, impressions=32,
-                   test_requests=60, dense_epochs=3, finetune_epochs=2)
+        base = cls(seed=seed, truth=TruthConfig(ads=3_000), train_requests=3_000, impressions=32,
+                   test_requests=60, dense_epochs=8, finetune_epochs=4)
         return replace(base, **changes)
 
     def to_json(self) -> dict:
