@@ -383,6 +383,30 @@ def serve_remote(data, scorer_address, host, port, threads, scorer_timeout):
         raise click.ClickException(str(exc)) from None
 
 
+@serve.command("colocated")
+@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
+              help="Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
+@click.option("--version", "version", type=int, default=None, help="Scoring kernel version (default: the best).")
+def serve_colocated(data, device, host, port, version):
+    """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
+    the ads; health, stats and update actions.
+
+    Prints {"service": "colocated", "location": ...} on stdout once listening; SIGTERM stops it."""
+    _prepare_device(device)
+    from gpu import runtime
+
+    try:
+        runtime.select(device)
+        from gpu.serve import run_colocated
+
+        run_colocated(_service_dataset(data), host=host, port=port, device=device, version=version)
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @bench.command("cpu")
 @click.option("--ads", "n_ads", default=200_000, show_default=True, help="Pool size (ads).")
 @click.option("--requests", "n_requests", default=64, show_default=True, help="Requests for match and end-to-end.")
@@ -418,7 +442,7 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
 @click.option("--pools", default="10000000,100000000", show_default=True,
               help="Pool sizes (ads), comma-separated; each pool tiles the generated base corpus.")
 @click.option("--versions", default=None, help="Kernel versions to time, comma-separated (default: all that run here).")
-@click.option("--batches", default="32,256", show_default=True, help="Requests per launch, comma-separated.")
+@click.option("--batches", default="64,256", show_default=True, help="Requests per launch, comma-separated.")
 @click.option("--base-ads", default=32_768, show_default=True, help="Ads of the generated base corpus.")
 @click.option("--requests", "n_requests", default=256, show_default=True, help="Requests generated.")
 @click.option("--seed", default=7, show_default=True, help="Corpus seed.")
@@ -462,6 +486,72 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     click.echo(json.dumps(result, indent=2, default=float) if as_json else bm.table(result))
     if out:
         _info(f"wrote {out}", quiet)
+
+
+def _write_json(result, out, quiet):
+    import json
+
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2, default=float)
+        _info(f"wrote {out}", quiet)
+
+
+@bench.command("score")
+@click.option("--ads", "n_ads", default=1 << 26, show_default=True, help="Pool size (ads), generated on the GPU.")
+@click.option("--dims", default="64,128", show_default=True, help="Embedding dims, comma-separated.")
+@click.option("--precision", "precisions", multiple=True, default=("fp32", "fp16", "int8"), show_default=True,
+              type=click.Choice(["fp32", "fp16", "int8"]), help="Storage precisions.")
+@click.option("--versions", default=None, help="Kernel versions, comma-separated (default: all).")
+@click.option("--k", default=100, show_default=True, help="Top-K of the full-size check and the timed runs.")
+@click.option("--unfused/--no-unfused", default=True, show_default=True, help="Also time the unfused CuPy pipeline.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the pool and the model.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+@_QUIET_OPTION
+def bench_score(n_ads, dims, precisions, versions, k, unfused, seed, out, as_json, quiet):
+    """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
+    every version x {moe, dot} x precision x D, each checked against the float64 reference first;
+    the unfused CuPy pipeline beside it. Needs a CUDA GPU and CuPy."""
+    import json
+
+    try:
+        from gpu import bench_score as bs
+
+        result = bs.bench_score(n_ads=n_ads, dims=[int(d) for d in dims.split(",")], precisions=precisions,
+                                versions=[int(v) for v in versions.split(",")] if versions else None, k=k,
+                                seed=seed, unfused=unfused, progress=not quiet, out=out)
+    except (RuntimeError, ValueError, ImportError) as exc:
+        raise click.ClickException(f"bench score: {exc}") from None
+    click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.score_table(result))
+    _write_json(result, out, quiet)
+
+
+@bench.command("pipeline")
+@click.option("--pool", default=10_000_000, show_default=True, help="Pool size (ads): a generated base corpus, tiled.")
+@click.option("--base-ads", default=8192, show_default=True, help="Ads of the generated base corpus.")
+@click.option("--precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "int8"]))
+@click.option("--dim", default=64, show_default=True, help="Embedding dim.")
+@click.option("--k", default=100, show_default=True, help="Top-K per request.")
+@click.option("--batches", default="1,16,64", show_default=True, help="Requests per batch for throughput.")
+@click.option("--seed", default=0, show_default=True, help="Corpus seed.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+@_QUIET_OPTION
+def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_json, quiet):
+    """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
+    per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
+    import json
+
+    try:
+        from gpu import bench_score as bs
+
+        result = bs.bench_pipeline(pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
+                                   batches=[int(b) for b in batches.split(",")], seed=seed, progress=not quiet)
+    except (RuntimeError, ValueError, ImportError) as exc:
+        raise click.ClickException(f"bench pipeline: {exc}") from None
+    click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.pipeline_table(result))
+    _write_json(result, out, quiet)
 
 
 # --- retrieval quality (andromeda_nb.quality) ----------------------------------------------------------

@@ -44,6 +44,24 @@ class FusedScorer:
         self._upload()
         self._bufs_key = None
 
+    @classmethod
+    def on_device(cls, d_emb, d_scale, chunk_format: np.ndarray, slot_ad_id: np.ndarray, *, precision: str,
+                  dim: int, experts: int, top_e: int, version: int | None = None, kind: str = "moe") -> "FusedScorer":
+        """A scorer over a table already on the device in the version's layout (benchmarks: pools
+        generated on the GPU). Such a scorer takes no updates."""
+        self = cls.__new__(cls)
+        self.precision, self.dim, self.experts, self.top_e, self.kind = precision, dim, experts, top_e, kind
+        self.version = score_kernels.BEST if version is None else version
+        self.kernel = score_kernels.get_kernel(self.version, kind, precision, dim, experts, top_e)
+        self._values = None
+        self._chunk_format = np.ascontiguousarray(chunk_format, np.int32)
+        self._slot_ad_id = np.ascontiguousarray(slot_ad_id, np.int64)
+        self.d_emb, self.d_scale = d_emb, d_scale
+        self.d_chunk_format = cuda.to_device(self._chunk_format)
+        self.d_slot_ad_id = cuda.to_device(self._slot_ad_id)
+        self._bufs_key = None
+        return self
+
     # --- device state -------------------------------------------------------------------------------
     def _check_shapes(self):
         S = self._values.shape[0]
@@ -63,7 +81,7 @@ class FusedScorer:
 
     @property
     def n_slots(self) -> int:
-        return self._values.shape[0]
+        return self._chunk_format.shape[0] * CHUNK_SLOTS
 
     def set_slot(self, slot: int, ad_id: int, values: np.ndarray | None, scale: float = 1.0) -> None:
         """Write one slot (an upsert: new values; a retire: ad_id EMPTY and values None)."""
@@ -124,6 +142,12 @@ class FusedScorer:
             return []
         if elig.shape[1] * 32 != self.n_slots:
             raise ValueError(f"eligibility covers {elig.shape[1] * 32} slots, the table {self.n_slots}")
+        b = self.launch(elig, tabs, k, stream)
+        return self.fetch(b, R)
+
+    def launch(self, elig, tabs, k: int, stream=0) -> dict:
+        """Launch scoring and final top-K (asynchronous); returns the buffers `fetch` reads."""
+        R = elig.shape[0]
         b = self._buffers(R, k)
         d_elig = elig if not isinstance(elig, np.ndarray) else cuda.to_device(np.ascontiguousarray(elig, np.uint32))
         d_tabs = tabs if not isinstance(tabs, np.ndarray) else cuda.to_device(np.ascontiguousarray(tabs, np.float32))
@@ -131,6 +155,9 @@ class FusedScorer:
         self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
                            b["cand_key"], b["cand_slot"], stream)
         self.final_topk(b, cap, k, R, stream)
+        return b
+
+    def fetch(self, b, R: int) -> list[tuple[np.ndarray, np.ndarray]]:
         counts = b["out_count"].copy_to_host()
         ids = b["out_id"].copy_to_host()
         scores = b["out_score"].copy_to_host()

@@ -1,0 +1,56 @@
+"""Compile every scoring and top-K kernel for sm_90 with numba.cuda.compile_ptx, with no GPU and
+without the simulator (run as a subprocess by tests/test_score_kernels.py). Prints one JSON line per
+kernel: name, seconds, and whether the PTX uses local memory."""
+
+import json
+import re
+import sys
+import time
+
+import gpu._compat  # noqa: F401
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda, types
+
+
+class _Hopper:  # device functions ask the current device for its compute capability
+    compute_capability = (9, 0)
+
+
+dispatcher.get_current_device = lambda: _Hopper()
+
+from gpu.kernels import score, topk  # noqa: E402
+
+DT = {"fp32": types.float32, "fp16": types.float16, "int8": types.int8}
+
+
+def score_signature(layout, precision):
+    emb = DT[precision][:, ::1] if layout == "rows" else types.uint32[::1]
+    return (emb, types.float32[::1], types.int32[::1], types.uint32[:, ::1], types.float32[:, :, ::1], types.int32,
+            types.uint32[:, :, ::1], types.int32[:, :, ::1])
+
+
+def report(name, fn, sig):
+    t = time.time()
+    ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
+    print(json.dumps({"kernel": name, "seconds": round(time.time() - t, 2),
+                      "local_memory": bool(re.search(r"\.local\b", ptx)), "ptx_lines": ptx.count("\n")}), flush=True)
+
+
+def main(argv):
+    dim, experts, top_e = (int(x) for x in argv[1:4])
+    versions = [int(v) for v in argv[4].split(",")]
+    for v in versions:
+        for kind in score.KINDS:
+            for prec in ("fp32", "fp16", "int8"):
+                spec = score.KernelSpec(v, kind, prec, dim, experts, top_e)
+                fn, _ = score.python_function(spec)
+                report(f"score_v{v}_{kind}_{prec}_d{dim}", fn, score_signature(score.VERSIONS[v].layout, prec))
+    for v, kern in topk.VERSIONS.items():
+        sig = (types.uint32[:, :, ::1], types.int32[:, :, ::1], types.int32, types.int64[::1], types.int32,
+               types.uint32[:, ::1], types.int32[:, ::1], types.int64[:, ::1], types.int64[:, ::1],
+               types.float32[:, ::1], types.int32[::1])
+        report(f"final_topk_v{v}", kern.py_func, sig)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
