@@ -158,8 +158,7 @@ def reference_scorers(world: World, test: Users, seed: int) -> dict:
     single_vector_truth: one vector per user, the strength-weighted sum of its interests, dotted
         with the ad's latent vector (a perfect single-vector model, context-blind);
     random: chance."""
-    blind = World(replace(world.config, cross_topic=0.0, cross_format=0.0), world.seed)
-    blind._ads = world.ads  # same corpus (the ads do not depend on the cross weights)
+    blind = World(replace(world.config, cross_topic=0.0, cross_format=0.0), world.seed, ads=world.ads)
     z = world.ads.z
 
     def single_vector(i, rows):

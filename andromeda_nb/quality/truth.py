@@ -141,7 +141,9 @@ class World:
     """The fixed parts of the synthetic world, all drawn from `seed`: topic centres and popularity,
     the embedding map, the per-group signal maps and the cross-feature tables."""
 
-    def __init__(self, config: TruthConfig, seed: int):
+    def __init__(self, config: TruthConfig, seed: int, ads: "Ads | None" = None):
+        """`ads`: reuse an already built corpus of this seed (it depends on neither the cross weights
+        nor anything about users)."""
         self.config = config
         self.seed = int(seed)
         cfg = config
@@ -156,7 +158,7 @@ class World:
         # cross tables, scaled so each term has unit standard deviation over random pairs
         self.context_topic = rng.standard_normal((cfg.latent, CONTEXT_WIDTH)) * np.sqrt(cfg.latent / 4.0)
         self.format_context = rng.standard_normal((cfg.formats, CONTEXT_WIDTH)) / 2.0
-        self._ads: Ads | None = None
+        self._ads: Ads | None = ads
 
     # --- ads --------------------------------------------------------------------------------------
     @property
