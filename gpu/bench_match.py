@@ -37,10 +37,10 @@ from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
 from .index import GpuTargetingIndex, clause_programs, resid_words
 
 BASE_ADS = 32_768
-CHECK_REQUESTS = 32  # one group: the batch checked at full size
+CHECK_REQUESTS = 64  # the batch checked at full size (one wide group)
 ORACLE_FULL_REQUESTS = 8  # requests checked against the oracle on every base ad
 ORACLE_SAMPLE_SLOTS = 4096  # random slots checked against the oracle for every check request
-BATCHES = (32, 256)  # requests per launch
+BATCHES = (64, 256)  # requests per launch
 WARMUP = 2
 MIN_REPS, MAX_REPS = 5, 50
 REP_BUDGET_S = 1.5  # stop repeating a measurement after this much kernel time (at least MIN_REPS)
@@ -354,7 +354,7 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: 
             budget = REP_BUDGET_S if v in K.BATCHED else REP_BUDGET_S / 3
             t = time_kernel(cuda, lambda: index.run(batch, out, version=v), budget)
             ads_per_s = b * n_ads / t["median_s"]
-            groups = -(-b // K.GROUP_REQUESTS) if v in K.BATCHED else b
+            groups = -(-b // K.GROUP_OF[v]) if v in K.BATCHED else b
             # napkin math: per-slot columns and programs read once per group, output written once
             min_bytes = groups * index.capacity * slot_bytes + groups * live["programs"] + b * index.capacity / 8
             row = {"version": v, "batch": b, **{k: t[k] for k in ("median_s", "min_s", "reps")},
@@ -480,6 +480,21 @@ def bench_cpu(base: BaseCorpus, pool: int, progress: bool) -> dict | None:
     return res
 
 
+def kernel_resources(K, versions) -> dict:
+    """Registers and local memory per thread of each compiled match kernel (after the first run)."""
+    out = {}
+    for v in versions:
+        kernel = K.VERSIONS[v]
+        try:
+            regs = kernel.get_regs_per_thread()
+            local = kernel.get_local_mem_per_thread()
+            out[v] = {"regs": list(regs.values()) if isinstance(regs, dict) else regs,
+                      "local_bytes": list(local.values()) if isinstance(local, dict) else local}
+        except Exception as exc:  # not compiled yet, or an older numba-cuda
+            out[v] = {"error": str(exc)}
+    return out
+
+
 def environment(cuda) -> dict:
     import numba
 
@@ -536,6 +551,9 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
                                           updates if i == 0 else None, chunk_slots))
         if out:  # what is measured so far survives an interrupted run
             dump(result, out)
+    if where == "gpu":
+        result["kernel_resources"] = kernel_resources(K, versions)
+        log(progress, f"registers / local bytes per thread: {result['kernel_resources']}")
     if cpu_pool:
         result["cpu_index"] = bench_cpu(base, cpu_pool, progress)
     if out:

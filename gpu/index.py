@@ -16,8 +16,9 @@ reads bit s and row s with no id translation. `capacity` grows by whole chunks w
 slot of a format with no free slot left; `index.capacity` and `index.slots.capacity` tell the current
 value, and slot-indexed arrays of other parts must be extended to it (new slots start empty).
 
-Requests are evaluated in groups of 32: one pass over the per-ad columns serves a whole group (bit r of
-a per-ad 32-bit mask is request r of the group). The output is written once per request and slot word.
+Requests are evaluated in groups (64 in the shipped kernel): one pass over the per-ad columns serves a
+whole group (bit r of a per-ad mask is request r of the group). The output is written once per request
+and slot word.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
 
 from . import runtime
 
-GROUP_REQUESTS = 32  # requests per mask word in the batched kernels (= kernels.match.GROUP_REQUESTS)
 COMPACT_MIN_WORDS = 1 << 20  # garbage program words tolerated before compaction (and ...)
 COMPACT_RATIO = 1.0  # ... as a fraction of the live words
 
@@ -157,13 +157,13 @@ class Vocabulary:
 
 
 def _bits_by_row(cond: np.ndarray) -> np.ndarray:
-    """cond bool[K, n] (n <= 32) -> uint32[K], bit r set where cond[:, r]."""
+    """cond bool[K, n] (n <= 64) -> uint64[K], bit r set where cond[:, r]."""
     weights = np.left_shift(np.uint64(1), np.arange(cond.shape[1], dtype=np.uint64))
-    return (cond.astype(np.uint64) * weights).sum(axis=1).astype(np.uint32)
+    return np.bitwise_or.reduce(np.where(cond, weights, np.uint64(0)), axis=1).astype(np.uint64)
 
 
 def residual_tables(encoded: Sequence[EncodedRequest]) -> np.ndarray:
-    """uint32[FTAB_WORDS]: the request masks per residual value for one group of <= 32 requests."""
+    """uint64[FTAB_WORDS]: the request masks per residual value for one group of <= 64 requests."""
     from .kernels import match as K
 
     age = np.asarray([e.age for e in encoded], np.int64)
@@ -171,7 +171,7 @@ def residual_tables(encoded: Sequence[EncodedRequest]) -> np.ndarray:
     pub = np.asarray([e.publisher for e in encoded], np.int64)
     dev = np.asarray([e.device for e in encoded], np.int64)
     os_ = np.asarray([e.os for e in encoded], np.int64)
-    ft = np.zeros(K.FTAB_WORDS, np.uint32)
+    ft = np.zeros(K.FTAB_WORDS, np.uint64)
     m8, m16, m64, a128 = (np.arange(n, dtype=np.int64)[:, None] for n in (8, 16, 64, 128))
     ft[K.GENDER_OFF:K.GENDER_OFF + 8] = _bits_by_row((((m8 >> gender) & 1) == 1) | (m8 == 7))
     ft[K.PUBLISHER_OFF:K.PUBLISHER_OFF + 16] = _bits_by_row(((m16 >> pub) & 1) == 1)
@@ -192,25 +192,27 @@ class RequestBatch:
     host_bytes: int
 
     @classmethod
-    def build(cls, encoded: Sequence[EncodedRequest], vocab: Vocabulary, cuda, batched: bool) -> "RequestBatch":
+    def build(cls, encoded: Sequence[EncodedRequest], vocab: Vocabulary, cuda, group: int) -> "RequestBatch":
+        """`group`: requests per group of the kernel (32 or 64), 0 for the per-request form of v1."""
         n = len(encoded)
         dense = [vocab.lookup(e.terms) for e in encoded]
         host: dict[str, np.ndarray] = {}
-        if batched:
-            groups = max(1, -(-n // GROUP_REQUESTS))
-            rtab = np.zeros((groups, max(1, len(vocab))), np.uint32)
-            ftab = np.zeros((groups, _ftab_words()), np.uint32)
-            rtime = np.zeros((groups, GROUP_REQUESTS), np.int64)
-            rpos = np.full((groups, GROUP_REQUESTS, 2), np.nan, np.float64)
+        if group:
+            word = np.uint32 if group <= 32 else np.uint64
+            groups = max(1, -(-n // group))
+            rtab = np.zeros((groups, max(1, len(vocab))), word)
+            ftab = np.zeros((groups, _ftab_words()), word)
+            rtime = np.zeros((groups, group), np.int64)
+            rpos = np.full((groups, group, 2), np.nan, np.float64)
             nreq = np.zeros(groups, np.int32)
             for g in range(groups):
-                part = encoded[g * GROUP_REQUESTS:(g + 1) * GROUP_REQUESTS]
+                part = encoded[g * group:(g + 1) * group]
                 nreq[g] = len(part)
                 if not part:
                     continue
-                ftab[g] = residual_tables(part)
+                ftab[g] = residual_tables(part).astype(word)
                 for r, e in enumerate(part):
-                    rtab[g, dense[g * GROUP_REQUESTS + r]] |= np.uint32(1 << r)
+                    rtab[g, dense[g * group + r]] |= word(1 << r)
                     rtime[g, r] = e.time
                     rpos[g, r] = (e.latitude, e.longitude)
             host = {"rtab": rtab, "ftab": ftab, "rtime": rtime, "rpos": rpos, "nreq": nreq}
@@ -381,7 +383,7 @@ class GpuTargetingIndex:
     def prepare(self, encoded: Sequence[EncodedRequest], version: int | None = None) -> RequestBatch:
         """Upload a batch of encoded requests in the form kernel `version` reads."""
         version = self.version if version is None else version
-        return RequestBatch.build(list(encoded), self.vocab, self._cuda, version in self._k.BATCHED)
+        return RequestBatch.build(list(encoded), self.vocab, self._cuda, self._k.GROUP_OF.get(version, 0))
 
     def new_output(self, n_requests: int):
         """A device array for match output: uint32[n_requests, capacity // 32]."""

@@ -10,10 +10,15 @@ Versions (`VERSIONS` below; `andromeda bench match` times every one, the index s
                   as the answer is known. The 32x32 bit matrix (slots x requests) of a warp is
                   transposed in shared memory, so each output word is written once, with no atomics.
     v3 shuffled   v2 with the transpose done by warp shuffles (`shfl_xor_sync`) instead of shared
-                  memory and barriers. GPU only: the CUDA simulator has no warp intrinsics, so under
-                  it the index runs v2 (`SIMULATOR_FALLBACK`), which computes the same bits.
+                  memory and barriers. GPU only: the CUDA simulator has no warp intrinsics.
+    v4 wide       groups of 64 requests (the masks were 64-bit integers already, so a pass serves
+                  twice the requests for the same instructions), and the term loop issues four
+                  independent table loads before it tests for an early exit (v2 waited for each
+                  load); shared-memory transpose of both 32-bit halves.
+    v5 wide+shfl  v4 with the shuffle transpose (GPU only).
+Under the simulator the index runs `SIMULATOR_FALLBACK` (v4), which computes the same bits as v5.
 
-Kernels: `match_v1`, `match_v2`, `match_v3`, `compact_programs`, `scatter_slots`.
+Kernels: `match_v1` .. `match_v5`, `compact_programs`, `scatter_slots`.
 Launchers: `launch(version, index_arrays, request_arrays, out)`, `launch_compact(...)`,
 `launch_scatter(...)`.
 
@@ -34,14 +39,14 @@ words `circle_start, n_circles` when CIRCLES_BIT is set, then `n_terms` dense te
 into the index's term vocabulary; user terms outside the vocabulary can match no ad and are dropped).
 Positive clauses come first (geo, locales, flexible_spec objects, custom audiences; compiled order).
 
-Per-request inputs, batched kernels (G groups of up to 32 requests; request r of the call is bit
-r % 32 of group r // 32):
-    rtab       uint32[G, V]      bit b of rtab[g, t] = request 32 g + b holds dense term t
-    ftab       uint32[G, FTAB_WORDS] request masks per residual value (offsets *_OFF below): e.g.
+Per-request inputs, batched kernels (G groups of up to R = GROUP_OF[version] requests, 32 or 64;
+request r of the call is bit r % R of group r // R; masks are uint32 for R = 32, uint64 for 64):
+    rtab       uint[G, V]        bit b of rtab[g, t] = request R g + b holds dense term t
+    ftab       uint[G, FTAB_WORDS] request masks per residual value (offsets *_OFF below): e.g.
                                  ftab[g, AMIN_OFF + a] = requests of the group with age >= a
-    rtime      int64[G, 32]      request times (unused lanes: 0)
-    rpos       float64[G, 32, 2] user latitude, longitude (NaN: no known location)
-    nreq       int32[G]          requests in the group (1..32)
+    rtime      int64[G, R]       request times (unused lanes: 0)
+    rpos       float64[G, R, 2]  user latitude, longitude (NaN: no known location)
+    nreq       int32[G]          requests in the group (1..R)
 Per-request inputs, v1:
     rscal      int64[B, 6]       age, gender, publisher, device, os, time
     rpos1      float64[B, 2]     latitude, longitude
@@ -59,11 +64,13 @@ from andromeda_nb.geo import haversine_km
 from .. import runtime
 
 cuda = runtime.cuda()
-from numba import float64, int32, int64, uint32  # noqa: E402  (after the simulator choice)
+from numba import float64, int32, int64, uint32, uint64  # noqa: E402  (after the simulator choice)
 
 # --- launch configuration ----------------------------------------------------------------------------
 THREADS_PER_BLOCK = 256  # = slots.CHUNK_SLOTS: one block covers one chunk, so one format
-GROUP_REQUESTS = 32  # requests per group in the batched kernels (bits of a mask word)
+GROUP_REQUESTS = 32  # requests per group in v2, v3 (bits of a mask word)
+WIDE_GROUP = 64  # requests per group in v4, v5
+TERM_UNROLL = 4  # independent table loads per step of the v4/v5 term loop
 
 # --- residual word layout ----------------------------------------------------------------------------
 AGE_MIN_SHIFT, AGE_MAX_SHIFT = 0, 7
@@ -335,6 +342,176 @@ def match_v3(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nre
         out[g * GROUP_REQUESTS + lane, slot >> 5] = uint32(x)
 
 
+# --- v4 / v5: 64-request groups ----------------------------------------------------------------------
+@cuda.jit(device=True, cache=True)
+def _circle_mask_wide(circles, cs, nc, lat, lon, need):
+    """`_circle_mask` for 64-bit group masks (bit 63 makes the mask negative: no shifting loop)."""
+    hit = int64(0)
+    for k in range(nc):
+        clat = circles[cs + k, 0]
+        clon = circles[cs + k, 1]
+        rad = circles[cs + k, 2]
+        for r in range(WIDE_GROUP):
+            if ((need & ~hit) >> r) & 1:
+                if haversine_dev(lat[r], lon[r], clat, clon) <= rad:
+                    hit |= int64(1) << r
+    return hit
+
+
+@cuda.jit(device=True, cache=True)
+def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
+    """`_eval_program` with TERM_UNROLL independent loads per early-exit test."""
+    n_clauses = int64(prog[p])
+    q = p + 1
+    for _c in range(n_clauses):
+        h = int64(prog[q])
+        q += 1
+        nt = h & TERM_COUNT_MASK
+        cs = int64(0)
+        nc = int64(0)
+        if h & CIRCLES_BIT:
+            cs = int64(prog[q])
+            nc = int64(prog[q + 1])
+            q += 2
+        sat = int64(0)
+        j = int64(0)
+        while j + TERM_UNROLL <= nt:
+            t0 = prog[q + j]
+            t1 = prog[q + j + 1]
+            t2 = prog[q + j + 2]
+            t3 = prog[q + j + 3]
+            sat |= int64(rtab[g, t0]) | int64(rtab[g, t1]) | int64(rtab[g, t2]) | int64(rtab[g, t3])
+            j += TERM_UNROLL
+            if (sat & alive) == alive:
+                break
+        if (sat & alive) != alive:
+            while j < nt:
+                sat |= int64(rtab[g, prog[q + j]])
+                j += 1
+        q += nt
+        need = alive & ~sat
+        if need != 0 and nc > 0:
+            sat |= _circle_mask_wide(circles, cs, nc, lat, lon, need)
+        if h & NEGATIVE_BIT:
+            alive &= ~sat
+        else:
+            alive &= sat
+        if alive == 0:
+            break
+    return alive
+
+
+@cuda.jit(device=True, cache=True)
+def _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
+    """The 64-bit group mask of requests for which `slot` is eligible."""
+    w = int64(resid[slot])
+    if (w & ACTIVE_BIT) == 0:
+        return int64(0)
+    alive = int64(ft[GENDER_OFF + ((w >> GENDER_SHIFT) & 7)])
+    alive &= int64(ft[PUBLISHER_OFF + ((w >> PUBLISHER_SHIFT) & 15)])
+    alive &= int64(ft[DEVICE_OFF + ((w >> DEVICE_SHIFT) & 7)])
+    alive &= int64(ft[OS_OFF + ((w >> OS_SHIFT) & 63)])
+    alive &= int64(ft[AMIN_OFF + ((w >> AGE_MIN_SHIFT) & 127)])
+    alive &= int64(ft[AMAX_OFF + ((w >> AGE_MAX_SHIFT) & 127)])
+    if alive != 0 and (w & SCHEDULE_BIT) != 0:
+        start = sched[slot, 0]
+        end = sched[slot, 1]
+        m = int64(0)
+        for r in range(n):
+            t = tm[r]
+            if start <= t and t < end:
+                m |= int64(1) << r
+        alive &= m
+    if alive == 0:
+        return alive
+    return _eval_program_wide(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
+
+
+@cuda.jit(device=True, cache=True)
+def _load_group_wide(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
+    i = tid
+    while i < FTAB_WORDS:
+        ft[i] = ftab[g, i]
+        i += cuda.blockDim.x
+    if tid < WIDE_GROUP:
+        tm[tid] = rtime[g, tid]
+        lat[tid] = rpos[g, tid, 0]
+        lon[tid] = rpos[g, tid, 1]
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, cache=True)
+def _transpose_shared(x, tr, tid):
+    x = _transpose_stage_shared(x, tr, tid, 16, 0x0000FFFF)
+    x = _transpose_stage_shared(x, tr, tid, 8, 0x00FF00FF)
+    x = _transpose_stage_shared(x, tr, tid, 4, 0x0F0F0F0F)
+    x = _transpose_stage_shared(x, tr, tid, 2, 0x33333333)
+    return _transpose_stage_shared(x, tr, tid, 1, 0x55555555)
+
+
+@cuda.jit(device=True, cache=True)
+def _transpose_shuffle(x, lane):
+    x = _transpose_stage_shuffle(x, lane, 16, 0x0000FFFF)
+    x = _transpose_stage_shuffle(x, lane, 8, 0x00FF00FF)
+    x = _transpose_stage_shuffle(x, lane, 4, 0x0F0F0F0F)
+    x = _transpose_stage_shuffle(x, lane, 2, 0x33333333)
+    return _transpose_stage_shuffle(x, lane, 1, 0x55555555)
+
+
+@cuda.jit(cache=True)
+def match_v4(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
+    """v4: one thread per slot, one group of <= 64 requests per grid row; shared-memory transpose of
+    each 32-bit half. The bounds guard masks instead of returning (barriers)."""
+    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    in_range = slot < resid.shape[0]
+    g = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    ft = cuda.shared.array(FTAB_WORDS, uint64)
+    tm = cuda.shared.array(WIDE_GROUP, int64)
+    lat = cuda.shared.array(WIDE_GROUP, float64)
+    lon = cuda.shared.array(WIDE_GROUP, float64)
+    tr = cuda.shared.array(THREADS_PER_BLOCK, uint32)
+    _load_group_wide(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
+    n = nreq[g]
+    x = int64(0)
+    if in_range:
+        x = _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n)
+    lo = _transpose_shared(x & FULL_MASK, tr, tid)
+    hi = _transpose_shared((x >> 32) & FULL_MASK, tr, tid)
+    lane = tid & 31
+    if in_range:
+        if lane < n:
+            out[g * WIDE_GROUP + lane, slot >> 5] = uint32(lo)
+        if lane + 32 < n:
+            out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
+
+
+@cuda.jit(cache=True)
+def match_v5(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
+    """v5: v4 with the shuffle transpose (GPU only)."""
+    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    in_range = slot < resid.shape[0]
+    g = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    ft = cuda.shared.array(FTAB_WORDS, uint64)
+    tm = cuda.shared.array(WIDE_GROUP, int64)
+    lat = cuda.shared.array(WIDE_GROUP, float64)
+    lon = cuda.shared.array(WIDE_GROUP, float64)
+    _load_group_wide(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
+    n = nreq[g]
+    x = int64(0)
+    if in_range:
+        x = _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n)
+    lane = tid & 31
+    lo = _transpose_shuffle(x & FULL_MASK, lane)
+    hi = _transpose_shuffle((x >> 32) & FULL_MASK, lane)
+    if in_range:
+        if lane < n:
+            out[g * WIDE_GROUP + lane, slot >> 5] = uint32(lo)
+        if lane + 32 < n:
+            out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
+
+
 @cuda.jit(cache=True)
 def compact_programs(old_prog, old_ptr, lengths, new_ptr, new_prog):
     """Copy every slot's program to its new offset. old_ptr/new_ptr int64[capacity], lengths
@@ -362,11 +539,12 @@ def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
     sched[s, 1] = sched_v[i, 1]
 
 
-VERSIONS = {1: match_v1, 2: match_v2, 3: match_v3}
-BATCHED = {2, 3}  # versions that take the grouped request tables
-NEEDS_WARP_INTRINSICS = {3}
-BEST = 3  # fastest measured (docs/GPU_INDEX.md); the index ships it
-SIMULATOR_FALLBACK = 2
+VERSIONS = {1: match_v1, 2: match_v2, 3: match_v3, 4: match_v4, 5: match_v5}
+GROUP_OF = {2: GROUP_REQUESTS, 3: GROUP_REQUESTS, 4: WIDE_GROUP, 5: WIDE_GROUP}  # batched versions
+BATCHED = set(GROUP_OF)
+NEEDS_WARP_INTRINSICS = {3, 5}
+BEST = 5  # fastest measured (docs/GPU_INDEX.md); the index ships it
+SIMULATOR_FALLBACK = 4  # the same bits as BEST, without warp intrinsics
 
 
 # --- launchers ---------------------------------------------------------------------------------------
@@ -413,11 +591,14 @@ def kernel_signatures():
     u32, i64, f64, i32 = T.uint32, T.int64, T.float64, T.int32
     ix = (u32[::1], i64[::1], u32[::1], i64[:, ::1], f64[:, ::1])
     batched = ix + (u32[:, ::1], u32[:, ::1], i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])
+    wide = ix + (T.uint64[:, ::1], T.uint64[:, ::1], i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])
     naive = ix + (i64[:, ::1], f64[:, ::1], i64[::1], u32[::1], u32[:, ::1])
     return [
         ("match_v1", match_v1.py_func, naive),
         ("match_v2", match_v2.py_func, batched),
         ("match_v3", match_v3.py_func, batched),
+        ("match_v4", match_v4.py_func, wide),
+        ("match_v5", match_v5.py_func, wide),
         ("compact_programs", compact_programs.py_func, (u32[::1], i64[::1], u32[::1], i64[::1], u32[::1])),
         ("scatter_slots", scatter_slots.py_func, (i64[::1], u32[::1], i64[::1], i64[:, ::1], u32[::1], i64[::1], i64[:, ::1])),
     ]
