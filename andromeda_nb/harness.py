@@ -27,6 +27,7 @@ from .updates import LiveAds, Rejection, apply_updates, read_updates
 
 Log = Callable[[str], None]
 ORACLE_FULL_POOL = 200_000  # above this the reference takes eligibility from the (checked) CPU index
+SIMULATOR_MAX_ADS = 20_000  # the GPU index under the CUDA simulator costs ~0.1 ms per thread
 
 
 @dataclass
@@ -78,22 +79,28 @@ def apply_stream(updates, targets: Sequence, dataset: Dataset) -> list[Rejection
 def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int,
                         log: Log = _quiet) -> tuple[dict, list[np.ndarray]]:
     from cpu_baseline.index import CpuTargetingIndex
-    from gpu.index import GpuTargetingIndex
+    from gpu.index import GpuTargetingIndex, resolve_device
 
     from .oracle import OracleIndex
 
     n_oracle = min(oracle_requests, len(requests))
-    log(f"building the oracle, the CPU index and the GPU index over {len(dataset.ads):,} ads")
+    gpu_where = resolve_device("sim" if device == "sim" else "auto")
+    gpu_skipped = None
+    if gpu_where == "sim" and len(dataset.ads) > SIMULATOR_MAX_ADS:
+        gpu_skipped = (f"no usable GPU, and {len(dataset.ads):,} ads is more than the CUDA simulator "
+                       f"is run on ({SIMULATOR_MAX_ADS:,})")
+    log(f"building the oracle, the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
+        f"over {len(dataset.ads):,} ads")
     oracle = OracleIndex.build(dataset.ads)
     cpu = CpuTargetingIndex.build(dataset.ads)
-    gpu = GpuTargetingIndex.build(dataset.ads, device=device)
-    apply_stream(updates, [oracle, cpu, gpu], dataset)
+    gpu = None if gpu_skipped else GpuTargetingIndex.build(dataset.ads, device=gpu_where)
+    apply_stream(updates, [x for x in (oracle, cpu, gpu) if x is not None], dataset)
     log(f"matching {len(requests)} requests (oracle on {n_oracle})")
     t0 = time.perf_counter()
     cpu_sets = cpu.match(requests)
     cpu_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    gpu_sets = gpu.match(requests)
+    gpu_sets = gpu.match(requests) if gpu is not None else None
     gpu_s = time.perf_counter() - t0
     oracle_sets = oracle.match(requests[:n_oracle])
     result = {"cpu_vs_oracle": Agreement(), "gpu_vs_oracle": Agreement(), "cpu_vs_gpu": Agreement()}
@@ -101,15 +108,18 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
         label = f"request {req.request_id}"
         if i < n_oracle:
             result["cpu_vs_oracle"].add(compare_eligible(oracle_sets[i], cpu_sets[i]), label)
-            result["gpu_vs_oracle"].add(compare_eligible(oracle_sets[i], gpu_sets[i]), label)
-        result["cpu_vs_gpu"].add(compare_eligible(cpu_sets[i], gpu_sets[i]), label)
+            if gpu_sets is not None:
+                result["gpu_vs_oracle"].add(compare_eligible(oracle_sets[i], gpu_sets[i]), label)
+        if gpu_sets is not None:
+            result["cpu_vs_gpu"].add(compare_eligible(cpu_sets[i], gpu_sets[i]), label)
     sizes = np.asarray([len(s) for s in cpu_sets])
     summary = {name: a.to_json() for name, a in result.items()}
     summary["equal"] = all(a.ok for a in result.values())
     summary["oracle_requests"] = n_oracle
+    summary["gpu_index"] = gpu_skipped or gpu_where
     summary["eligible_mean"] = float(sizes.mean()) if len(sizes) else 0.0
     summary["eligible_fraction_mean"] = float(sizes.mean() / max(1, len(cpu))) if len(sizes) else 0.0
-    summary["match_seconds"] = {"cpu": cpu_s, "gpu": gpu_s}
+    summary["match_seconds"] = {"cpu": cpu_s, "gpu": None if gpu is None else gpu_s}
     for index in (cpu, gpu):
         close = getattr(index, "close", None)
         if close:
@@ -179,9 +189,14 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     if not reqs:
         raise ValueError("the corpus has no requests to compare on")
     updates, rejected = load_updates(dataset, updates_path)
+    # one pass over the live ids splits the stream into what applies and what is rejected
+    live_rejected = apply_stream(updates, [], dataset)
+    rejected_lines = {r.line_no for r in live_rejected}
+    updates = [(line, u) for line, u in updates if line not in rejected_lines]
+    rejected = sorted(rejected + live_rejected, key=lambda r: r.line_no or 0)
     report: dict = {
         "ads": len(dataset.ads), "requests": len(reqs), "k": k, "precision": dataset.precision,
-        "updates": {"applied_lines": len(updates), "rejected": [str(r) for r in rejected]},
+        "updates": {"applied": len(updates), "rejected": [str(r) for r in rejected]},
     }
     eligibility, _ = compare_eligibility(dataset, reqs, updates, device=device,
                                          oracle_requests=oracle_requests, log=log)
@@ -223,10 +238,11 @@ def format_report(report: dict) -> str:
     lines = [
         f"{report['ads']:,} ads, {report['requests']} requests, K = {report['k']}, {report['precision']} embeddings; "
         f"mean eligible {e['eligible_mean']:,.0f} ({100 * e['eligible_fraction_mean']:.1f}% of the pool)",
-        f"updates: {report['updates']['applied_lines']} lines, {len(report['updates']['rejected'])} rejected",
+        f"updates: {report['updates']['applied']} applied, {len(report['updates']['rejected'])} rejected",
         f"eligible sets: CPU index vs oracle {mark(e['cpu_vs_oracle']['ok'])} ({e['oracle_requests']} requests), "
-        f"GPU index vs oracle {mark(e['gpu_vs_oracle']['ok'])}, CPU vs GPU {mark(e['cpu_vs_gpu']['ok'])} "
-        f"({e['cpu_vs_gpu']['checked']} requests)",
+        + (f"GPU index ({e['gpu_index']}) vs oracle {mark(e['gpu_vs_oracle']['ok'])}, CPU vs GPU "
+           f"{mark(e['cpu_vs_gpu']['ok'])} ({e['cpu_vs_gpu']['checked']} requests)"
+           if e["gpu_index"] in ("gpu", "sim") else f"GPU index skipped: {e['gpu_index']}"),
         f"reference eligibility from the {report['reference_eligibility']}",
         "",
         f"{'':<28}{'remote scoring':>18}{'co-located':>18}",

@@ -1,0 +1,75 @@
+"""The side-by-side harness: both architectures, the same requests and update stream, agreement and
+bytes on the wire. One full run (services on 127.0.0.1, started and stopped here) is shared by the
+checks; a perturbed answer must be caught."""
+
+import json
+
+import numpy as np
+import pytest
+
+from andromeda_nb.corpus import generate_corpus
+from andromeda_nb.harness import check_answers, format_report, reference_answers, run_comparison
+from andromeda_nb.store import load_dataset
+from andromeda_nb.testing import random_updates, update_to_json
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    generate_corpus(out, n_ads=1500, n_requests=5, seed=SEED)
+    return load_dataset(out)
+
+
+@pytest.fixture(scope="module")
+def updates_file(dataset, tmp_path_factory):
+    rng = np.random.default_rng(SEED)
+    lines = [json.dumps(update_to_json(u)) for u in random_updates(rng, dataset.ads, 60)]
+    lines.insert(3, '{"op": "retire", "ad_id": 999999999}')  # never created: rejected, the rest apply
+    path = tmp_path_factory.mktemp("updates") / "updates.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(dataset, updates_file):
+    return run_comparison(dataset, k=20, device="cpu", updates_path=updates_file, oracle_requests=5,
+                          traffic_requests=3)
+
+
+def test_architectures_agree_after_updates(report):
+    print(f"seed {SEED}, 1500 ads, 5 requests, k 20")
+    assert report["eligible_equal"], report["eligibility"]
+    assert report["eligibility"]["cpu_vs_oracle"]["checked"] == 5
+    assert report["eligibility"]["gpu_index"] == "sim"  # no GPU here: the index ran under the simulator
+    assert report["eligibility"]["cpu_vs_gpu"]["checked"] == 5
+    assert report["scores_equal"] and report["topk_equal"], (report["remote"], report["colocated"])
+    assert any("999999999" in r for r in report["updates"]["rejected"])
+
+
+def test_bytes_are_measured_per_hop(report):
+    hops = report["bytes_per_hop"]
+    assert set(hops["remote"]) == {"client->index host", "index host->scorer"}
+    assert set(hops["colocated"]) == {"client->server"}
+    # both carry the same request and answer; the remote design also ships the candidates
+    assert hops["remote"]["index host->scorer"] > 8 * report["eligibility"]["eligible_mean"]
+    assert report["bytes_per_request"]["remote"] > report["bytes_per_request"]["colocated"] > 0
+    assert report["traffic_reduction"] == pytest.approx(
+        report["bytes_per_request"]["remote"] / report["bytes_per_request"]["colocated"])
+    text = format_report(report)
+    assert "bytes on the wire / request" in text and "traffic reduction" in text
+
+
+def test_a_wrong_answer_is_caught(dataset):
+    reference, _ = reference_answers(dataset, dataset.requests, [], 10)
+    good = [(top_ids, top_scores.astype(np.float32)) for _, _, top_ids, top_scores in reference]
+    assert check_answers(reference, good, 10, "good")["topk"]["ok"]
+    i = next(j for j, (ids, _) in enumerate(good) if len(ids) >= 3)
+    ids, scores = good[i]
+    dropped = list(good)
+    dropped[i] = (ids[1:], scores[1:])
+    assert not check_answers(reference, dropped, 10, "dropped")["topk"]["ok"]
+    shifted = list(good)
+    shifted[i] = (ids, scores + np.float32(1e-3))
+    assert not check_answers(reference, shifted, 10, "shifted")["scores"]["ok"]
