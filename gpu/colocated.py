@@ -108,7 +108,8 @@ class ColocatedEngine:
             from cpu_baseline.index import CpuTargetingIndex
 
             self.index = CpuTargetingIndex.build(dataset.ads)
-            self._values = values.copy()
+            # numba's CPU target has no float16 arrays: fp16 values are widened to float32 (exact)
+            self._values = values.astype(np.float32) if values.dtype == np.float16 else values.copy()
             self._scale = scale.copy()
             self._formats = dataset.formats.astype(np.int64)
             self._row_ad = ids.copy()

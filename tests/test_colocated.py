@@ -1,0 +1,137 @@
+"""The co-located architecture: ColocatedRetriever on --device cpu and sim equals the reference through
+update streams; the co-located Flight server answers a plain pyarrow.flight client correctly, reports
+health and stats, rejects malformed requests clearly and keeps serving, and takes updates while
+serving. Servers bind 127.0.0.1 and are started and stopped here."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from andromeda_nb import flight as fl
+from andromeda_nb.compare import compare_topk
+from andromeda_nb.dataset import Dataset
+from andromeda_nb.model import MoeModel, quantize
+from andromeda_nb.reference import ReferenceRetriever
+from andromeda_nb.targeting import request_to_json
+from andromeda_nb.testing import random_ads, random_requests, random_updates, update_to_json
+
+SEED = 0
+
+
+def make_dataset(seed, n_ads=150, n_requests=4, precision="fp32", D=16, F=2):
+    rng = np.random.default_rng(seed)
+    ads = [a for a in random_ads(rng, n_ads, dim=D)]
+    ads = [a.__class__(**{**a.__dict__, "format": a.format % F}) for a in ads]
+    requests = random_requests(rng, n_requests)
+    model = MoeModel.init(seed, D=D, F=F)
+    table = quantize(np.stack([a.embedding for a in ads]), precision)
+    return Dataset(ads=ads, embeddings=table, requests=requests, model=model, seed=SEED, precision=precision), rng
+
+
+def assert_equal_reference(reference, requests, answers, k, context):
+    assert len(answers) == len(requests)
+    for request, (ids, scores) in zip(requests, answers):
+        ref_ids, result = reference.score_eligible(request)
+        cmp = compare_topk(ref_ids, result, ids, scores, k)
+        assert cmp.ok, f"{context}, request {request.request_id}, k={k}: {cmp.message}"
+
+
+def _updates(rng, reference, dataset, n):
+    ups = random_updates(rng, list(reference.index.ads.values()), n, dim=dataset.model.D)
+    out = []
+    for u in ups:  # keep formats inside the model's F
+        ad = getattr(u, "ad", None)
+        if ad is not None and ad.format >= dataset.model.F:
+            u = u.__class__(ad.__class__(**{**ad.__dict__, "format": ad.format % dataset.model.F}))
+        out.append(u)
+    return out
+
+
+@pytest.mark.parametrize("device,precision", [("cpu", "int8"), ("cpu", "fp16"), ("sim", "int8")])
+def test_colocated_equals_reference_through_updates(device, precision):
+    from gpu.colocated import ColocatedRetriever
+
+    dataset, rng = make_dataset(31, precision=precision, n_requests=3 if device == "sim" else 8)
+    reference = ReferenceRetriever.build(dataset)
+    retriever = ColocatedRetriever.build(dataset, device=device)
+    try:
+        assert retriever.device == device
+        for step in range(2):
+            for k in ((7,) if device == "sim" else (1, 10, 200)):
+                answers = retriever.retrieve(dataset.requests, k)
+                assert_equal_reference(reference, dataset.requests, answers, k, f"{device} {precision} step {step}")
+            assert sum(len(a[0]) for a in answers) > 0
+            for update in _updates(rng, reference, dataset, 15):
+                reference.apply(update)
+                retriever.apply(update)
+    finally:
+        retriever.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    from gpu.colocated import make_server
+
+    dataset, rng = make_dataset(41, precision="int8", n_requests=6)
+    srv = make_server(dataset, "grpc://127.0.0.1:0", device="cpu")
+    yield srv, f"grpc://127.0.0.1:{srv.port}", dataset, rng
+    srv.shutdown()
+    srv.close_resources()
+
+
+def test_plain_flight_client_gets_correct_answers(server):
+    srv, location, dataset, _ = server
+    reference = ReferenceRetriever.build(dataset)
+    client = flight.connect(location)
+    k = 9
+    batch = pa.record_batch([pa.array([r.request_id for r in dataset.requests], pa.int64()),
+                             pa.array([json.dumps(request_to_json(r)) for r in dataset.requests], pa.utf8()),
+                             pa.array([k] * len(dataset.requests), pa.int32())],
+                            names=["request_id", "request", "k"])
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("retrieve"))
+    with writer:
+        writer.begin(batch.schema)
+        writer.write_batch(batch)
+        writer.done_writing()
+        table = reader.read_all()
+    client.close()
+    assert table.schema.names == ["request_id", "ad_id", "score"]
+    rid = table.column("request_id").to_numpy()
+    answers = [(table.column("ad_id").to_numpy()[rid == r.request_id], table.column("score").to_numpy()[rid == r.request_id])
+               for r in dataset.requests]
+    assert_equal_reference(reference, dataset.requests, answers, k, "plain client")
+    assert len(table) > 0
+
+
+def test_malformed_request_gets_a_clear_error_and_serving_goes_on(server):
+    srv, location, dataset, _ = server
+    client = flight.connect(location)
+    bad = pa.record_batch([pa.array([1], pa.int64()), pa.array(['{"user": '], pa.utf8()), pa.array([5], pa.int32())],
+                          schema=fl.REQUEST_SCHEMA)
+    with pytest.raises(flight.FlightServerError, match="invalid request: request 1: request is not valid JSON"):
+        fl.exchange_batches(client, [bad], timeout=10)
+    with pytest.raises(flight.FlightServerError, match="k = 0 is outside"):
+        fl.exchange_batches(client, [fl.request_batch([request_to_json(dataset.requests[0])], [0])], timeout=10)
+    client.close()
+    assert len(fl.retrieve_over_flight(location, dataset.requests[:2], 5)) == 2
+    stats = fl.flight_action(location, "stats")
+    assert stats["errors"] >= 2 and stats["requests"] >= 2
+    health = fl.flight_action(location, "health")
+    assert health["status"] == "ok" and health["device"] == "cpu" and health["ads"] == len(srv.engine)
+
+
+def test_updates_while_serving(server):
+    srv, location, dataset, rng = server
+    reference = ReferenceRetriever.build(dataset)
+    updates = _updates(rng, reference, dataset, 20)
+    ack = fl.flight_action(location, "update", "\n".join(json.dumps(update_to_json(u)) for u in updates))
+    assert ack == {"applied": len(updates), "rejected": []}
+    for u in updates:
+        reference.apply(u)
+    answers = fl.retrieve_over_flight(location, dataset.requests, 12)
+    assert_equal_reference(reference, dataset.requests, answers, 12, "after updates")
+    ack = fl.flight_action(location, "update", json.dumps({"op": "retire", "ad_id": 987654321}))
+    assert ack["applied"] == 0 and "does not exist" in ack["rejected"][0]["error"]
