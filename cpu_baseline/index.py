@@ -12,13 +12,14 @@ form both indexes share), it stores:
 
 Match (conjunction counting, after Whang et al., "Indexing Boolean Expressions", VLDB 2009, with
 each clause a disjunction): for every term the user holds, walk its postings and set the clause's
-bit in the slot's `satisfied` word (or the slot's `negated` flag). A slot is eligible when the
-popcount of `satisfied` equals its positive clause count, `negated` is clear and the residuals pass.
+bit in the slot's word (bit 31 for the negative clause). A slot is eligible when the popcount of
+its word equals its positive clause count (a negative hit makes it exceed it) and the residuals pass.
 Only slots reached through a posting are examined, plus the (rare) ads with no positive clause.
 
 Updates (DESIGN section 6) never rebuild the index: a slot belongs to the *main* segment or the
 *delta* segment (`segment` column); postings of a segment count only for slots currently in it, so
-a retired or replaced ad's old postings are dead (tombstoned) at once and its slot can be reused.
+a retired or replaced ad's old postings are dead (tombstoned) at once and its slot can be reused;
+while main holds no dead entries the walk skips the segment test.
 Upserts go to the delta segment, whose small CSR is rebuilt lazily at the next match; when the delta
 grows past `DELTA_MERGE_FRACTION` of the main segment the two are merged (sort of the live entries).
 Status changes only touch the status column.
@@ -44,7 +45,8 @@ from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
 
 SEG_EMPTY, SEG_MAIN, SEG_DELTA = 0, 1, 2
 NEGATIVE_CLAUSE = -1
-MAX_POSITIVE_CLAUSES = 32  # one bit each in the uint32 `satisfied` word (validated specs have <= 28)
+MAX_POSITIVE_CLAUSES = 31  # one bit each in a uint32 word (validated specs have <= 28) ...
+NEGATED_BIT = np.uint32(1 << 31)  # ... whose top bit records a hit on the negative clause
 DELTA_MERGE_FRACTION = 0.05  # merge the delta into main when it holds this share of main's slots
 DELTA_MERGE_MIN = 4096  # ... but never for fewer delta ads than this
 KM_PER_DEGREE_LAT = float(np.pi * EARTH_RADIUS_KM / 180.0)
@@ -123,20 +125,24 @@ class _Postings:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _hit(s, c, sat, neg, touched, n_touched):
-    if sat[s] == 0 and neg[s] == 0:
+def _hit(s, c, word, touched, n_touched):
+    """Record that slot s satisfies its clause c (c < 0: its negative clause)."""
+    if word[s] == 0:
         touched[n_touched] = s
         n_touched += 1
     if c < 0:
-        neg[s] = 1
+        word[s] |= NEGATED_BIT
     else:
-        sat[s] |= np.uint32(1) << np.uint32(c)
+        word[s] |= np.uint32(1) << np.uint32(c)
     return n_touched
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_postings(user_terms, p_terms, p_ptr, p_slot, p_clause, seg_id, segment, sat, neg, touched, n_touched):
-    """Mark the clauses hit by every user term (both arrays sorted): a merge-style walk."""
+def _walk_postings(user_terms, p_terms, p_ptr, p_slot, p_clause, check_segment, seg_id, segment, word, touched,
+                   n_touched):
+    """Mark the clauses hit by every user term (both arrays sorted): a merge-style walk with a
+    binary-search skip. With `check_segment`, entries of slots no longer in this segment are skipped
+    (tombstones); a segment without dead entries skips the check."""
     i = 0
     j = 0
     nu = user_terms.shape[0]
@@ -147,7 +153,6 @@ def _walk_postings(user_terms, p_terms, p_ptr, p_slot, p_clause, seg_id, segment
         if t < pt:
             i += 1
         elif pt < t:
-            # gallop: binary search for t in p_terms[j:]
             lo = j + 1
             hi = npt
             while lo < hi:
@@ -158,33 +163,35 @@ def _walk_postings(user_terms, p_terms, p_ptr, p_slot, p_clause, seg_id, segment
                     hi = mid
             j = lo
         else:
-            for e in range(p_ptr[j], p_ptr[j + 1]):
-                s = p_slot[e]
-                if segment[s] == seg_id:
-                    n_touched = _hit(s, p_clause[e], sat, neg, touched, n_touched)
+            if check_segment:
+                for e in range(p_ptr[j], p_ptr[j + 1]):
+                    s = p_slot[e]
+                    if segment[s] == seg_id:
+                        n_touched = _hit(s, p_clause[e], word, touched, n_touched)
+            else:
+                for e in range(p_ptr[j], p_ptr[j + 1]):
+                    n_touched = _hit(p_slot[e], p_clause[e], word, touched, n_touched)
             i += 1
             j += 1
     return n_touched
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_circles(lat, lon, circles, c_slot, c_clause, seg_id, segment, sat, neg, touched, n_touched):
+def _walk_circles(lat, lon, circles, c_slot, c_clause, seg_id, segment, word, touched, n_touched):
     for e in range(c_slot.shape[0]):
         s = c_slot[e]
         if segment[s] != seg_id:
             continue
         c = c_clause[e]
-        if c < 0:
-            if neg[s] != 0:
-                continue
-        elif sat[s] & (np.uint32(1) << np.uint32(c)):
-            continue
+        bit = NEGATED_BIT if c < 0 else np.uint32(1) << np.uint32(c)
+        if word[s] & bit:
+            continue  # this clause is already satisfied
         radius = circles[e, 2]
         # latitude band first: the great-circle distance is at least |delta latitude| * km per degree
         if abs(circles[e, 0] - lat) * KM_PER_DEGREE_LAT > radius + LAT_BAND_MARGIN_KM:
             continue
         if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius:
-            n_touched = _hit(s, c, sat, neg, touched, n_touched)
+            n_touched = _hit(s, c, word, touched, n_touched)
     return n_touched
 
 
@@ -210,33 +217,34 @@ def _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time
 
 @numba.njit(cache=True, nogil=True)
 def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
-              m_terms, m_ptr, m_slot, m_clause, m_circles, m_cslot, m_cclause,
+              m_terms, m_ptr, m_slot, m_clause, m_circles, m_cslot, m_cclause, m_check,
               d_terms, d_ptr, d_slot, d_clause, d_circles, d_cslot, d_cclause,
               zero_slots, segment, ad_id, n_positive, status, start_time, end_time, age_min, age_max,
-              gender_mask, publisher_mask, device_mask, os_mask, sat, neg, touched):
+              gender_mask, publisher_mask, device_mask, os_mask, word, touched):
     """Eligible slots of one request, ordered by ad id ascending (int32[m]).
 
     user_terms int64[U] sorted; m_*/d_*: main/delta postings (terms int64, ptr int64, slot int32,
-    clause int8) and circles (float64[Q,3], slot int32, clause int8); per-slot columns (int8 segment,
-    int64 ad_id, int8 n_positive, ...); scratch: sat uint32[cap], neg uint8[cap], touched int32[cap],
-    all zero on entry and left zero on return.
+    clause int8) and circles (float64[Q,3], slot int32, clause int8); m_check: main has dead entries;
+    per-slot columns (int8 segment, int64 ad_id, int8 n_positive, ...); scratch: word uint32[cap]
+    (bit c: positive clause c satisfied; NEGATED_BIT: the negative clause hit), touched int32[cap];
+    word is zero on entry and left zero on return.
     """
     n = 0
-    n = _walk_postings(user_terms, m_terms, m_ptr, m_slot, m_clause, 1, segment, sat, neg, touched, n)
-    n = _walk_postings(user_terms, d_terms, d_ptr, d_slot, d_clause, 2, segment, sat, neg, touched, n)
-    n = _walk_circles(lat, lon, m_circles, m_cslot, m_cclause, 1, segment, sat, neg, touched, n)
-    n = _walk_circles(lat, lon, d_circles, d_cslot, d_cclause, 2, segment, sat, neg, touched, n)
+    n = _walk_postings(user_terms, m_terms, m_ptr, m_slot, m_clause, m_check, 1, segment, word, touched, n)
+    n = _walk_postings(user_terms, d_terms, d_ptr, d_slot, d_clause, False, 2, segment, word, touched, n)
+    n = _walk_circles(lat, lon, m_circles, m_cslot, m_cclause, 1, segment, word, touched, n)
+    n = _walk_circles(lat, lon, d_circles, d_cslot, d_cclause, 2, segment, word, touched, n)
     out = np.empty(n + zero_slots.shape[0], np.int32)
     m = 0
     for i in range(n):
         s = touched[i]
-        if (neg[s] == 0 and _popcount32(sat[s]) == n_positive[s]
+        w = word[s]
+        if (_popcount32(w) == n_positive[s]  # NEGATED_BIT set makes the count exceed n_positive
                 and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time, end_time,
                                  age_min, age_max, gender_mask, publisher_mask, device_mask, os_mask)):
             out[m] = s
             m += 1
-        sat[s] = 0
-        neg[s] = 0
+        word[s] = 0
     for i in range(zero_slots.shape[0]):
         s = zero_slots[i]
         if segment[s] != 0 and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time,
@@ -288,6 +296,7 @@ class CpuTargetingIndex:
         self._delta_entries: dict[int, tuple] = {}  # slot -> flat entries of its current delta ad
         self._delta = _Postings.empty()
         self._delta_dirty = False
+        self._main_dead = 0  # main-segment slots whose postings are dead (retired or replaced)
         self._slot_of: dict[int, int] = dict(zip(compiled.ad_id.tolist(), range(n)))
         if len(self._slot_of) != n:
             raise ValueError("duplicate ad ids in the corpus")
@@ -362,6 +371,7 @@ class CpuTargetingIndex:
             "main_postings": int(len(self._main.slot)),
             "main_circles": int(len(self._main.circle_slot)),
             "delta_ads": len(self._delta_entries),
+            "dead_main_slots": self._main_dead,
             "merges": self.merges,
             "bytes": int(self.nbytes),
         }
@@ -371,20 +381,20 @@ class CpuTargetingIndex:
         cap = self.capacity
         sc = getattr(self._scratch, "arrays", None)
         if sc is None or len(sc[0]) != cap:
-            sc = (np.zeros(cap, np.uint32), np.zeros(cap, np.uint8), np.zeros(cap, np.int32))
+            sc = (np.zeros(cap, np.uint32), np.zeros(cap, np.int32))
             self._scratch.arrays = sc
         return sc
 
     def _match_encoded(self, e: EncodedRequest) -> tuple[np.ndarray, np.ndarray]:
-        sat, neg, touched = self._scratch_arrays()
+        word, touched = self._scratch_arrays()
         c, m, d = self._cols, self._main, self._delta
         slots = match_one(
             e.terms, e.age, e.gender, e.latitude, e.longitude, e.publisher, e.device, e.os, e.time,
-            m.terms, m.ptr, m.slot, m.clause, m.circles, m.circle_slot, m.circle_clause,
+            m.terms, m.ptr, m.slot, m.clause, m.circles, m.circle_slot, m.circle_clause, self._main_dead > 0,
             d.terms, d.ptr, d.slot, d.clause, d.circles, d.circle_slot, d.circle_clause,
             self._zero_arr, c["segment"], c["ad_id"], c["n_positive"], c["status"], c["start_time"],
             c["end_time"], c["age_min"], c["age_max"], c["gender_mask"], c["publisher_mask"],
-            c["device_mask"], c["os_mask"], sat, neg, touched,
+            c["device_mask"], c["os_mask"], word, touched,
         )
         return c["ad_id"][slots], slots
 
@@ -414,6 +424,8 @@ class CpuTargetingIndex:
                 self._grow()
             slot = self._free.pop()
             self._slot_of[ad_id] = slot
+        if self._cols["segment"][slot] == SEG_MAIN:
+            self._main_dead += 1
         ct = compile_ads([ad])
         slots = np.asarray([slot], np.int32)
         self._store_columns(ct, slots, SEG_DELTA)  # main postings of this slot are now dead
@@ -423,6 +435,8 @@ class CpuTargetingIndex:
 
     def _retire(self, ad_id: int) -> None:
         slot = self._slot_of.pop(ad_id)
+        if self._cols["segment"][slot] == SEG_MAIN:
+            self._main_dead += 1
         for name, (dtype, empty) in _COLUMNS.items():
             self._cols[name][slot] = empty
         if self._delta_entries.pop(slot, None) is not None:
@@ -462,6 +476,7 @@ class CpuTargetingIndex:
             self._delta_entries.clear()
             self._delta = _Postings.empty()
             self._delta_dirty = False
+            self._main_dead = 0
             self.merges += 1
 
 
