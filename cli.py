@@ -309,19 +309,33 @@ def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
 
 
 @main.command()
-@click.option("--ads", "n_ads", type=click.IntRange(1), default=2000, show_default=True, help="Ads in the demo corpus.")
-@click.option("--requests", "n_requests", type=click.IntRange(1), default=8, show_default=True,
+@click.option("--ads", "n_ads", type=click.IntRange(100), default=50_000, show_default=True,
+              help="Ads in the built-in demo corpus.")
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=12, show_default=True,
               help="Requests in the demo corpus.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Corpus seed.")
-@click.option("--k", "k", type=click.IntRange(1, 4096), default=10, show_default=True, help="Answers per request.")
+@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True, help="Answers per request.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
+              help="Where the co-located path runs (auto: the GPU if usable, else the CPU).")
+@_JSON_OPTION
 @_QUIET_OPTION
-def demo(n_ads, n_requests, seed, k, quiet):
-    """End to end on a small built-in corpus: generate, match with the oracle, retrieve with the
-    float64 reference, and print a short summary."""
-    from andromeda_nb.demo import run_demo
+def demo(n_ads, n_requests, seed, k, device, as_json, quiet):
+    """The migration, step by step, measured on this machine: find the bottleneck, the byte budget,
+    one tower versus experts, co-location and its traffic, the fused kernel and int8; then both
+    architectures side by side. With --json the last line is one object with every figure."""
+    import json as _json
 
-    run_demo(n_ads=n_ads, n_requests=n_requests, seed=seed, k=k, echo=click.echo,
-             log=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)))
+    from andromeda_nb.demo import DemoError, run_demo
+
+    _prepare_device(device)
+    try:
+        figures = run_demo(n_ads=n_ads, n_requests=n_requests, seed=seed, k=k, device=device,
+                           echo=(lambda m: None) if as_json else click.echo,
+                           log=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)))
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(_json.dumps(figures, default=float))
 
 
 @main.group()

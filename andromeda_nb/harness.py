@@ -35,6 +35,13 @@ class ArchMeasurement:
     answers: list
     seconds: float
     traffic: list[dict]  # per request: hop -> {"upstream", "downstream", "total", ...}
+    latencies: list[float] = field(default_factory=list)  # seconds, one request per exchange
+
+    def latency_ms(self) -> dict[str, float]:
+        if not self.latencies:
+            return {}
+        ms = np.asarray(self.latencies) * 1e3
+        return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": len(ms)}
 
     def bytes_per_hop(self) -> dict[str, float]:
         hops = self.traffic[0].keys() if self.traffic else []
@@ -84,8 +91,11 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     from .oracle import OracleIndex
 
     n_oracle = min(oracle_requests, len(requests))
-    gpu_where = resolve_device("sim" if device == "sim" else "auto")
     gpu_skipped = None
+    try:
+        gpu_where = resolve_device("sim" if device == "sim" else "auto")
+    except RuntimeError as exc:  # no GPU, and numba.cuda was loaded before the simulator could be chosen
+        gpu_where, gpu_skipped = "none", f"no usable GPU ({exc})"
     if gpu_where == "sim" and len(dataset.ads) > SIMULATOR_MAX_ADS:
         gpu_skipped = (f"no usable GPU, and {len(dataset.ads):,} ads is more than the CUDA simulator "
                        f"is run on ({SIMULATOR_MAX_ADS:,})")
@@ -96,6 +106,9 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     gpu = None if gpu_skipped else GpuTargetingIndex.build(dataset.ads, device=gpu_where)
     apply_stream(updates, [x for x in (oracle, cpu, gpu) if x is not None], dataset)
     log(f"matching {len(requests)} requests (oracle on {n_oracle})")
+    cpu.match(requests[:1])  # warm-up: compiled code, scratch buffers
+    if gpu is not None:
+        gpu.match(requests[:1])
     t0 = time.perf_counter()
     cpu_sets = cpu.match(requests)
     cpu_s = time.perf_counter() - t0
@@ -149,13 +162,19 @@ def reference_answers(dataset: Dataset, requests, updates, k: int, log: Log = _q
 
 
 def measure(retriever, requests, k: int, traffic_requests: int) -> ArchMeasurement:
-    """Time all requests in one exchange, then count bytes one request at a time."""
+    """Time all requests in one exchange, time single-request exchanges (latency), then count bytes
+    one request at a time."""
     retriever.retrieve(requests[:1], k)  # warm-up: connections, compiled code
     t0 = time.perf_counter()
     answers = retriever.retrieve(requests, k)
     seconds = time.perf_counter() - t0
+    latencies = []
+    for request in requests[:traffic_requests]:
+        t0 = time.perf_counter()
+        retriever.retrieve([request], k)
+        latencies.append(time.perf_counter() - t0)
     _, traffic = retriever.retrieve_traffic(requests[:traffic_requests], k)
-    return ArchMeasurement(answers, seconds, traffic)
+    return ArchMeasurement(answers, seconds, traffic, latencies)
 
 
 def check_answers(reference, answers, k: int, label: str) -> dict:
@@ -221,6 +240,7 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     report["bytes_per_request"] = {n: m.bytes_per_request() for n, m in runs.items()}
     report["traffic_reduction"] = report["bytes_per_request"]["remote"] / max(1.0, report["bytes_per_request"]["colocated"])
     report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in runs.items()}
+    report["latency_ms"] = {n: m.latency_ms() for n, m in runs.items()}
     report["pool_ads_per_second"] = {n: len(reqs) * len(dataset.ads) / m.seconds for n, m in runs.items()}
     report["payload_estimate"] = network_payload(
         request_bytes=0, n_eligible=int(round(mean_request)), k=k, dim=dataset.model.D,
@@ -256,6 +276,10 @@ def format_report(report: dict) -> str:
     for arch in ("remote", "colocated"):
         for hop, value in report["bytes_per_hop"][arch].items():
             lines.append(f"{'  ' + hop:<28}" + (f"{value:>18,.0f}" if arch == "remote" else f"{'':>18}{value:>18,.0f}"))
+    lat = report["latency_ms"]
+    if lat["remote"] and lat["colocated"]:
+        lines.append(f"{'latency p50 / p99 (ms)':<28}{lat['remote']['p50']:>11.2f} / {lat['remote']['p99']:<5.2f}"
+                     f"{lat['colocated']['p50']:>11.2f} / {lat['colocated']['p99']:<5.2f}")
     q = report["requests_per_second"]
     lines.append(f"{'requests / second':<28}{q['remote']:>18,.1f}{q['colocated']:>18,.1f}")
     p = report["pool_ads_per_second"]

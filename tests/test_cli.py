@@ -156,12 +156,6 @@ def test_user_errors_are_clean(tmp_path, corpus_dir, monkeypatch):
     assert result.exit_code == 1 and "not available" in result.stderr
 
 
-def test_demo_runs_end_to_end():
-    result = _run("demo", "--ads", 300, "--requests", 3, "--k", 4, "--quiet")
-    assert "every answer eligible and in rank order" in result.stdout
-    assert "match (oracle)" in result.stdout
-
-
 def test_export_then_import_gives_the_same_answers(corpus_dir, tmp_path):
     _run("export", "--data", corpus_dir, "--out", tmp_path / "jsonl", "--quiet")
     _run("import", "--ads", tmp_path / "jsonl" / "ads.jsonl", "--requests", tmp_path / "jsonl" / "requests.jsonl",
