@@ -44,6 +44,14 @@ def _info(message: str, quiet: bool = False) -> None:
         click.echo(message, err=True)
 
 
+def _stamp(result: dict, kind: str) -> dict:
+    """Add "kind" and "provenance" (the command, its options, the time, host and versions) to a result,
+    so `andromeda bench report` can show each figure with what made it."""
+    from andromeda_nb.provenance import stamp_from_click
+
+    return stamp_from_click(result, kind)
+
+
 def _load_dataset(data: str, quiet: bool):
     from andromeda_nb.store import StoreError, load_dataset, read_meta
 
@@ -445,6 +453,7 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
     log = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
     result = run_cpu_bench(n_ads=n_ads, n_requests=n_requests, k=k, seed=seed, precisions=precisions,
                            e2e_precision=e2e_precision, repeat=repeat, score_rows=score_rows, log=log)
+    _stamp(result, "cpu")
     click.echo(format_table(result))
     if out:
         with open(out, "w") as f:
@@ -497,8 +506,10 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
                         cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise click.ClickException(f"bench match: {exc}") from None
+    _stamp(result, "match")
     click.echo(json.dumps(result, indent=2, default=float) if as_json else bm.table(result))
-    if out:
+    if out:  # rewritten with the command and environment (the partial files written during the run lack them)
+        bm.dump(result, out)
         _info(f"wrote {out}", quiet)
 
 
@@ -537,6 +548,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, seed, out, as_jso
                                 seed=seed, unfused=unfused, progress=not quiet, out=out)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench score: {exc}") from None
+    _stamp(result, "score")
     click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.score_table(result))
     _write_json(result, out, quiet)
 
@@ -564,8 +576,41 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_jso
                                    batches=[int(b) for b in batches.split(",")], seed=seed, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
+    _stamp(result, "pipeline")
     click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.pipeline_table(result))
     _write_json(result, out, quiet)
+
+
+@bench.command("report")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", "out", default="docs", show_default=True, type=click.Path(file_okay=False),
+              help="Directory of BENCHMARKS.md; the charts go to OUT/benchmarks/.")
+@click.option("--charts/--no-charts", default=True, show_default=True,
+              help="Draw the PNG charts (needs matplotlib, the `plots` extra; skipped with a note without it).")
+@_JSON_OPTION
+@_QUIET_OPTION
+def bench_report(files, out, charts, as_json, quiet):
+    """Turn benchmark JSON into OUT/BENCHMARKS.md with PNG charts: a roofline of the kernels against
+    the copy bandwidth measured in the same run, match throughput against pool size (GPU and CPU
+    index), pipeline throughput and latency, bytes on the wire, and the CPU baseline figures.
+
+    FILES are the JSON written by `bench match|score|pipeline|cpu --out`, `compare --json` and
+    `quality --out` (a directory stands for its *.json files); each file's kind is recognised from
+    its content. Only the generated part of BENCHMARKS.md (between its markers) is rewritten."""
+    import json
+
+    from andromeda_nb.report import ReportError, build_report, format_summary
+
+    try:
+        result = build_report(files, out, charts=charts)
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from None
+    if result.skipped and charts:
+        click.echo(f"charts skipped: {result.skipped}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+    elif not quiet:
+        click.echo(format_summary(result))
 
 
 # --- retrieval quality (andromeda_nb.quality) ----------------------------------------------------------
@@ -606,9 +651,14 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
         result.kernel = measure_result(result)
         _info(f"kernel: {result.kernel.get('skipped') or result.kernel.get('device')}", quiet)
     if out:
-        for what, where in write_outputs(result, out).items():
+        for what, where in write_outputs(result, out, extra=_stamp({}, "quality")).items():
             _info(f"{what}: {where}", quiet)
-    click.echo(summary_line(result) if as_json else format_table(result))
+    if as_json:
+        import json
+
+        click.echo(json.dumps({**json.loads(summary_line(result)), **_stamp({}, "quality")}))
+    else:
+        click.echo(format_table(result))
 
 
 # --- the side-by-side harness ----------------------------------------------------------------------
@@ -646,6 +696,7 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
                                 log=lambda m: _info(m, quiet))
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
+    _stamp(report, "compare")
     click.echo(_json.dumps(report) if as_json else format_report(report))
     if not (report["eligible_equal"] and report["scores_equal"] and report["topk_equal"]):
         raise SystemExit(1)

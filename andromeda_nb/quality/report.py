@@ -139,8 +139,10 @@ def plot(result: QualityResult, path) -> str | None:
     return None
 
 
-def write_outputs(result: QualityResult, out_dir, *, make_plot: bool = True) -> dict[str, str]:
+def write_outputs(result: QualityResult, out_dir, *, make_plot: bool = True,
+                  extra: dict | None = None) -> dict[str, str]:
     """Write the model files, quality.json and (when matplotlib is there) quality.png into out_dir.
+    `extra` (e.g. "kind" and "provenance" from andromeda_nb.provenance) is added to quality.json.
     Returns {what: path or the reason it was skipped}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,7 @@ def write_outputs(result: QualityResult, out_dir, *, make_plot: bool = True) -> 
         result.models[name].save(out / filename)
         written[name] = str(out / filename)
     with open(out / "quality.json", "w") as fh:
-        json.dump(result.summary(), fh, indent=2)
+        json.dump({**result.summary(), **(extra or {})}, fh, indent=2)
         fh.write("\n")
     written["summary"] = str(out / "quality.json")
     if make_plot:

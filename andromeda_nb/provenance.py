@@ -1,0 +1,123 @@
+"""Where a measured figure came from: the command that made it, when, on which host, with which
+package versions and source revision. Commands that write result JSON (`bench ...`, `compare --json`,
+`quality --out`) add this under the key "provenance", and an explicit "kind", so that
+`andromeda bench report` can show every figure with the command and environment that produced it.
+
+    {"kind": "match" | "score" | "pipeline" | "cpu" | "compare" | "quality",
+     "provenance": {"command": "andromeda bench match --pools 10000000 ...",
+                    "options": {every parsed option of the command, defaults included},
+                    "created": "2026-01-01T12:00:00Z",
+                    "host": {"python", "platform", "cpu", "cores", package versions, "git_commit", ...}}}
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+KINDS = ("match", "score", "pipeline", "cpu", "compare", "quality")
+PACKAGES = ("numpy", "numba", "numba-cuda", "pyarrow", "cupy-cuda12x", "cupy-cuda13x", "click")
+CLI_NAMES = ("andromeda", "cli.py")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> dict:
+    """The source revision of the working tree, when it is a git checkout (else empty)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_ROOT, capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return {}
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_ROOT,
+                               capture_output=True, text=True, timeout=5)
+        return {"git_commit": head.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def host_info() -> dict:
+    """Python, platform, CPU, core count, the versions of the packages that matter, the git revision."""
+    info = {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu_model(),
+            "cores": os.cpu_count()}
+    for name in PACKAGES:
+        try:
+            info[name.replace("-", "_")] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    info.update(_git_commit())
+    return info
+
+
+def command_line(command_path: str, params: dict | None = None, argv: list[str] | None = None) -> str:
+    """The command as typed when this process is the CLI itself (`andromeda ...` or `python3 cli.py
+    ...`); otherwise (the CLI called as a library, e.g. in tests) rebuilt from the parsed options."""
+    argv = sys.argv if argv is None else argv
+    if argv and os.path.basename(argv[0]) in CLI_NAMES:
+        prefix = ["python3", "cli.py"] if argv[0].endswith(".py") else ["andromeda"]
+        return shlex.join(prefix + list(argv[1:]))
+    words = ["andromeda", *command_path.split()[1:]]
+    for name, value in (params or {}).items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                words += [flag, str(v)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _jsonable(value):
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def stamp(result: dict, kind: str, *, command_path: str = "andromeda", params: dict | None = None,
+          argv: list[str] | None = None) -> dict:
+    """Add "kind" and "provenance" to a result dict (in place; returned for chaining)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown result kind {kind!r}; expected one of {', '.join(KINDS)}")
+    created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    result["kind"] = kind
+    result["provenance"] = {
+        "command": command_line(command_path, params, argv),
+        "options": {k: _jsonable(v) for k, v in (params or {}).items()},
+        "created": created,
+        "host": host_info(),
+    }
+    return result
+
+
+def stamp_from_click(result: dict, kind: str) -> dict:
+    """`stamp` with the command path and options of the click command now running."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return stamp(result, kind)
+    return stamp(result, kind, command_path=ctx.command_path, params=dict(ctx.params))
+
+
+__all__ = ["KINDS", "command_line", "host_info", "stamp", "stamp_from_click"]
