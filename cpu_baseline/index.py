@@ -51,6 +51,7 @@ DELTA_MERGE_FRACTION = 0.05  # merge the delta into main when it holds this shar
 DELTA_MERGE_MIN = 4096  # ... but never for fewer delta ads than this
 KM_PER_DEGREE_LAT = float(np.pi * EARTH_RADIUS_KM / 180.0)
 LAT_BAND_MARGIN_KM = 1e-3  # keeps the band test strictly looser than the haversine test
+DENSE_TOUCH_RATIO = 8  # more than 1/8 of the slots reached: check them in one sequential pass
 
 _haversine = numba.njit(cache=True, nogil=True)(haversine_km)
 
@@ -126,10 +127,11 @@ class _Postings:
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _hit(s, c, word, touched, n_touched):
-    """Record that slot s satisfies its clause c (c < 0: its negative clause)."""
-    if word[s] == 0:
-        touched[n_touched] = s
-        n_touched += 1
+    """Record that slot s satisfies its clause c (c < 0: its negative clause). Branch-free first
+    touch: the slot is always written at the end of `touched` (capacity + 1 entries) and the end
+    advances only when the slot's word was still zero."""
+    touched[n_touched] = s
+    n_touched += word[s] == 0
     if c < 0:
         word[s] |= NEGATED_BIT
     else:
@@ -226,7 +228,7 @@ def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
     user_terms int64[U] sorted; m_*/d_*: main/delta postings (terms int64, ptr int64, slot int32,
     clause int8) and circles (float64[Q,3], slot int32, clause int8); m_check: main has dead entries;
     per-slot columns (int8 segment, int64 ad_id, int8 n_positive, ...); scratch: word uint32[cap]
-    (bit c: positive clause c satisfied; NEGATED_BIT: the negative clause hit), touched int32[cap];
+    (bit c: positive clause c satisfied; NEGATED_BIT: the negative clause hit), touched int32[cap + 1];
     word is zero on entry and left zero on return.
     """
     n = 0
@@ -236,15 +238,28 @@ def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
     n = _walk_circles(lat, lon, d_circles, d_cslot, d_cclause, 2, segment, word, touched, n)
     out = np.empty(n + zero_slots.shape[0], np.int32)
     m = 0
-    for i in range(n):
-        s = touched[i]
-        w = word[s]
-        if (_popcount32(w) == n_positive[s]  # NEGATED_BIT set makes the count exceed n_positive
-                and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time, end_time,
-                                 age_min, age_max, gender_mask, publisher_mask, device_mask, os_mask)):
-            out[m] = s
-            m += 1
-        word[s] = 0
+    if n * DENSE_TOUCH_RATIO > word.shape[0]:
+        # most slots were reached: one pass in slot order reads memory sequentially
+        for s in range(word.shape[0]):
+            w = word[s]
+            if w != 0:
+                word[s] = 0
+                if (_popcount32(w) == n_positive[s]
+                        and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time,
+                                         end_time, age_min, age_max, gender_mask, publisher_mask, device_mask,
+                                         os_mask)):
+                    out[m] = s
+                    m += 1
+    else:
+        for i in range(n):
+            s = touched[i]
+            w = word[s]
+            if (_popcount32(w) == n_positive[s]  # NEGATED_BIT set makes the count exceed n_positive
+                    and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time, end_time,
+                                     age_min, age_max, gender_mask, publisher_mask, device_mask, os_mask)):
+                out[m] = s
+                m += 1
+            word[s] = 0
     for i in range(zero_slots.shape[0]):
         s = zero_slots[i]
         if segment[s] != 0 and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time,
@@ -254,8 +269,13 @@ def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
             m += 1
     out = out[:m]
     keys = np.empty(m, np.int64)
+    ordered = True
     for i in range(m):
         keys[i] = ad_id[out[i]]
+        if i and keys[i] < keys[i - 1]:
+            ordered = False
+    if ordered:  # slots laid out in id order (a fresh build from a sorted corpus)
+        return out
     return out[np.argsort(keys)]
 
 
@@ -381,7 +401,7 @@ class CpuTargetingIndex:
         cap = self.capacity
         sc = getattr(self._scratch, "arrays", None)
         if sc is None or len(sc[0]) != cap:
-            sc = (np.zeros(cap, np.uint32), np.zeros(cap, np.int32))
+            sc = (np.zeros(cap, np.uint32), np.zeros(cap + 1, np.int32))
             self._scratch.arrays = sc
         return sc
 

@@ -104,3 +104,26 @@ def test_match_arch_cpu_is_this_index():
     assert index.match([]) == []
     info = index.describe()
     assert info["ads"] == 30 and info["main_postings"] > 0
+
+
+def test_sparse_and_dense_touch_paths_agree_with_oracle():
+    """Users reaching most ads take the sequential pass, users reaching few the touched list."""
+    import dataclasses
+
+    rng = np.random.default_rng(13)
+    ads = testing.random_ads(rng, 400, dim=8)
+    requests = testing.random_requests(rng, 20)
+    bare = [dataclasses.replace(r, user=dataclasses.replace(r.user, country="JP", region=-1, city=-1, locale=-1,
+                                                            ids={})) for r in requests[:10]]
+    cpu, oracle = CpuTargetingIndex.build(ads, threads=1), OracleIndex.build(ads)
+    word, touched = cpu._scratch_arrays()
+    reached = []
+    for request in bare + requests[10:]:
+        _assert_same(cpu, oracle, [request], "sparse/dense")
+        e = cpu_index.encode_request(request)
+        m = cpu._main
+        n = cpu_index._walk_postings(e.terms, m.terms, m.ptr, m.slot, m.clause, False, 1, cpu._cols["segment"],
+                                     word, touched, 0)
+        word[touched[:n]] = 0
+        reached.append(n / cpu.capacity)
+    assert min(reached) * cpu_index.DENSE_TOUCH_RATIO < 1 < max(reached) * cpu_index.DENSE_TOUCH_RATIO, reached
