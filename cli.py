@@ -587,9 +587,11 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_jso
               help="Directory of BENCHMARKS.md; the charts go to OUT/benchmarks/.")
 @click.option("--charts/--no-charts", default=True, show_default=True,
               help="Draw the PNG charts (needs matplotlib, the `plots` extra; skipped with a note without it).")
+@click.option("--command", "commands", multiple=True, metavar="FILE=COMMAND",
+              help="The command that made FILE, for JSON that does not record it (repeatable).")
 @_JSON_OPTION
 @_QUIET_OPTION
-def bench_report(files, out, charts, as_json, quiet):
+def bench_report(files, out, charts, commands, as_json, quiet):
     """Turn benchmark JSON into OUT/BENCHMARKS.md with PNG charts: a roofline of the kernels against
     the copy bandwidth measured in the same run, match throughput against pool size (GPU and CPU
     index), pipeline throughput and latency, bytes on the wire, and the CPU baseline figures.
@@ -599,10 +601,10 @@ def bench_report(files, out, charts, as_json, quiet):
     its content. Only the generated part of BENCHMARKS.md (between its markers) is rewritten."""
     import json
 
-    from andromeda_nb.report import ReportError, build_report, format_summary
+    from andromeda_nb.report import ReportError, build_report, format_summary, parse_commands
 
     try:
-        result = build_report(files, out, charts=charts)
+        result = build_report(files, out, charts=charts, commands=parse_commands(commands))
     except ReportError as exc:
         raise click.ClickException(str(exc)) from None
     if result.skipped and charts:

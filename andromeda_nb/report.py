@@ -84,6 +84,7 @@ class Source:
     path: str
     kind: str
     doc: dict
+    given_command: str | None = None  # supplied to the report for a JSON that does not record its command
 
     @property
     def name(self) -> str:
@@ -169,7 +170,8 @@ def load_source(path) -> Source:
     doc = parse_json_text(text, path)
     kind = detect_kind(doc)
     if kind is None:
-        what = f"a JSON object with keys {sorted(doc)[:12]}" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
+        what = (f"a JSON object with keys {sorted(doc)[:12]}" if isinstance(doc, dict)
+                else f"a JSON {type(doc).__name__}")
         explicit = f' (its "kind" {doc["kind"]!r} is not one of {", ".join(KINDS)})' \
             if isinstance(doc, dict) and "kind" in doc else ""
         raise ReportError(
@@ -247,43 +249,67 @@ def versions_of(src: Source) -> str:
     return ", ".join(parts) if parts else "versions not recorded"
 
 
+def _n(x) -> str:
+    """An integer with thousands separators, or the value as it is (e.g. '?')."""
+    return f"{x:,}" if isinstance(x, (int, float)) else str(x)
+
+
 def sizes_of(src: Source) -> str:
     d = src.doc
     if src.kind == "match":
         pools = " and ".join(f"{p['ads']:,}" for p in d["pools"])
-        return (f"pools of {pools} ads (tiled from {d.get('base_ads', '?'):,} generated ads, seed {d.get('seed', '?')}); "
+        return (f"pools of {pools} ads (tiled from {_n(d.get('base_ads', '?'))} generated ads, "
+                f"seed {d.get('seed', '?')}); "
                 f"requests per launch {', '.join(str(b) for b in d.get('batches', []))}")
     if src.kind == "score":
         dims = sorted({r["D"] for r in d["runs"]})
         precs = sorted({r["precision"] for r in d["runs"]}, key=list(ELEMENT_BYTES).index)
-        return (f"pool of {d.get('n_ads', 0):,} ads; D = {', '.join(map(str, dims))}; {', '.join(precs)}; "
+        return (f"pool of {_n(d.get('n_ads', '?'))} ads; D = {', '.join(map(str, dims))}; {', '.join(precs)}; "
                 f"k = {d.get('k', '?')}; {d.get('arithmetic', 'float32')}")
     if src.kind == "pipeline":
-        return (f"pool of {d['pool_ads']:,} ads; {d.get('precision', '?')}, D = {d.get('D', '?')}, k = {d.get('k', '?')}; "
+        return (f"pool of {d['pool_ads']:,} ads; {d.get('precision', '?')}, D = {d.get('D', '?')}, "
+                f"k = {d.get('k', '?')}; "
                 f"batches {', '.join(str(t['batch']) for t in d['throughput'])}; {d.get('arithmetic', 'float32')}")
     if src.kind == "cpu":
         s = d.get("settings") or {}
-        return (f"pool of {s.get('pool_ads', 0):,} ads, {s.get('requests', '?')} requests, k = {s.get('k', '?')}, "
-                f"scorer table {s.get('score_rows', 0):,} rows, seed {s.get('seed', '?')}")
+        return (f"pool of {_n(s.get('pool_ads', '?'))} ads, {s.get('requests', '?')} requests, k = {s.get('k', '?')}, "
+                f"scorer table {_n(s.get('score_rows', '?'))} rows, seed {s.get('seed', '?')}")
     if src.kind == "compare":
-        return (f"{d.get('ads', 0):,} ads, {d.get('requests', '?')} requests, K = {d.get('k', '?')}, "
+        return (f"{_n(d.get('ads', '?'))} ads, {d.get('requests', '?')} requests, K = {d.get('k', '?')}, "
                 f"{d.get('precision', '?')} embeddings")
     cfg = d.get("config") or {}
     truth = cfg.get("truth") or {}
-    return (f"{truth.get('ads', '?'):,} ads, {cfg.get('test_requests', '?')} test requests, E = {truth.get('experts', '?')}, "
+    return (f"{_n(truth.get('ads', '?'))} ads, {cfg.get('test_requests', '?')} test requests, "
+            f"E = {truth.get('experts', '?')}, "
             f"D = {truth.get('dim', '?')}, seed {cfg.get('seed', '?')}, {cfg.get('precision', '?')} embeddings")
 
 
 def command_of(src: Source) -> str | None:
-    return (src.doc.get("provenance") or {}).get("command")
+    return (src.doc.get("provenance") or {}).get("command") or src.given_command
 
 
 def provenance_line(src: Source) -> str:
-    cmd = command_of(src)
+    recorded = (src.doc.get("provenance") or {}).get("command")
     created = (src.doc.get("provenance") or {}).get("created")
-    return (f"`{src.name}` ({src.kind}): {device_of(src)}; {versions_of(src)}; {sizes_of(src)}; "
-            + (f"command `{cmd}`" if cmd else "command not recorded in the JSON")
+    if recorded:
+        cmd = f"command `{recorded}`"
+    elif src.given_command:
+        cmd = f"command `{src.given_command}` (as documented; the JSON does not record it)"
+    else:
+        cmd = "command not recorded in the JSON"
+    return (f"`{src.name}` ({src.kind}): {device_of(src)}; {versions_of(src)}; {sizes_of(src)}; {cmd}"
             + (f"; made {created}" if created else "") + ".")
+
+
+def parse_commands(pairs: Iterable[str]) -> dict[str, str]:
+    """`FILE=COMMAND` pairs (FILE: a file name or path as given) -> {file name: command}."""
+    out = {}
+    for pair in pairs:
+        name, sep, command = pair.partition("=")
+        if not sep or not name.strip() or not command.strip():
+            raise ReportError(f"--command {pair!r}: expected FILE=COMMAND")
+        out[Path(name.strip()).name] = command.strip()
+    return out
 
 
 # --- derived figures -----------------------------------------------------------------------------------
@@ -613,7 +639,8 @@ def _compare_section(s: Source) -> list[str]:
             ["bytes on the wire / request", _f(b["remote"], 0), _f(b["colocated"], 0)]]
     for arch in ("remote", "colocated"):
         for hop, v in ((d.get("bytes_per_hop") or {}).get(arch) or {}).items():
-            rows.append([f"&nbsp;&nbsp;{hop}", _f(v, 0) if arch == "remote" else "", _f(v, 0) if arch != "remote" else ""])
+            cells = [_f(v, 0), ""] if arch == "remote" else ["", _f(v, 0)]
+            rows.append([f"&nbsp;&nbsp;{hop}", *cells])
     rows += [["requests / second", _f(q.get("remote"), 1), _f(q.get("colocated"), 1)],
              ["pool ads / second", _f(p.get("remote"), 0), _f(p.get("colocated"), 0)]]
     lines += _table(["", "remote scoring", "co-located"], rows)
@@ -653,7 +680,8 @@ CHART_CAPTIONS = {
 }
 
 
-def render_markdown(sources: list[Source], charts: dict[str, str], skipped: str | None, chart_dir: str = CHART_DIR) -> str:
+def render_markdown(sources: list[Source], charts: dict[str, str], skipped: str | None,
+                    chart_dir: str = CHART_DIR) -> str:
     """The generated block (markers included). `charts`: chart name -> file name under chart_dir;
     `skipped`: why no charts were drawn (None when they were)."""
     lines = [BEGIN, "", "## Generated report (`andromeda bench report`)", "",
@@ -670,7 +698,8 @@ def render_markdown(sources: list[Source], charts: dict[str, str], skipped: str 
         for name, file in charts.items():
             used = ", ".join(f"`{s.name}`" for s in sources if s.kind in CHART_KINDS[name])
             lines += [f"![{CHART_CAPTIONS[name]}]({chart_dir}/{file})", "",
-                      f"*{CHART_CAPTIONS[name]}* (from {used}; devices, versions and commands in the sections below).", ""]
+                      f"*{CHART_CAPTIONS[name]}* (from {used}; devices, versions and commands in the sections "
+                      "below).", ""]
     for kind in SECTION_ORDER:
         for s in _of(sources, kind):
             lines += SECTIONS[kind](s)
@@ -813,9 +842,9 @@ def chart_roofline(plt, sources: list[Source], path) -> bool:
             for p in pts:
                 color = PREC_COLORS.get(p["precision"], "gray")
                 hollow = p.get("kind") == "dot"
-                ax.scatter([p["intensity"]], [p["flops_per_s"]], marker=MARKERS[versions.index(p["version"]) % len(MARKERS)],
-                           s=40, zorder=3, facecolors="none" if hollow else color, edgecolors=color,
-                           linewidths=1.3)
+                marker = MARKERS[versions.index(p["version"]) % len(MARKERS)]
+                ax.scatter([p["intensity"]], [p["flops_per_s"]], marker=marker, s=40, zorder=3,
+                           facecolors="none" if hollow else color, edgecolors=color, linewidths=1.3)
                 if not p.get("ok", True):
                     ax.annotate("check failed", (p["intensity"], p["flops_per_s"]), fontsize=7, color="red")
             for u in uf:
@@ -839,7 +868,8 @@ def chart_roofline(plt, sources: list[Source], path) -> bool:
         xs = [o.get_offsets()[:, 0] for o in ax.collections if len(o.get_offsets())]
         ys = [o.get_offsets()[:, 1] for o in ax.collections if len(o.get_offsets())]
         _log_axis(ax, "x", [float(v) for a in xs for v in a], plain=True)
-        _log_axis(ax, "y", [float(v) for a in ys for v in a] + [float(v) for line in ax.lines for v in line.get_ydata()])
+        line_ys = [float(v) for line in ax.lines for v in line.get_ydata()]
+        _log_axis(ax, "y", [float(v) for a in ys for v in a] + line_ys)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Kernels against the measured bandwidth ceiling (float32 arithmetic)", fontsize=10)
@@ -863,7 +893,8 @@ def chart_match(plt, sources: list[Source], path) -> bool:
         cpu = s.doc.get("cpu_index")
         if cpu:
             series.append((f"CPU index, {cpu.get('threads', '?')} threads ({s.label})",
-                           [(cpu["ads"], cpu["pool_ads_per_s"])], "*", {"color": "black", "alpha": 1.0 if latest else 0.45}))
+                           [(cpu["ads"], cpu["pool_ads_per_s"])], "*",
+                           {"color": "black", "alpha": 1.0 if latest else 0.45}))
     for s in _of(sources, "cpu"):
         m = s.doc.get("match")
         if m:
@@ -1015,9 +1046,16 @@ class ReportResult:
                 "charts": self.charts, "charts_skipped": self.skipped}
 
 
-def build_report(paths: Iterable, out_dir, *, charts: bool = True, markdown_name: str = "BENCHMARKS.md") -> ReportResult:
-    """Read the result files, draw the charts into OUT/benchmarks/ and write (or update) OUT/BENCHMARKS.md."""
+def build_report(paths: Iterable, out_dir, *, charts: bool = True, markdown_name: str = "BENCHMARKS.md",
+                 commands: dict[str, str] | None = None) -> ReportResult:
+    """Read the result files, draw the charts into OUT/benchmarks/ and write (or update) OUT/BENCHMARKS.md.
+    `commands`: {file name: command} for files whose JSON does not record the command that made them."""
     sources = load_sources(paths)
+    commands = dict(commands or {})
+    for s in sources:
+        s.given_command = commands.pop(s.name, None)
+    if commands:
+        raise ReportError(f"--command given for {', '.join(sorted(commands))}, which is not among the input files")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md_path = out / markdown_name
@@ -1044,5 +1082,6 @@ def format_summary(result: ReportResult) -> str:
 
 
 __all__ = ["BEGIN", "END", "ReportError", "ReportResult", "Source", "build_report", "detect_kind",
-           "format_summary", "kernel_flops_per_ad", "load_source", "load_sources", "merge_into", "render_markdown",
+           "format_summary", "kernel_flops_per_ad", "load_source", "load_sources", "merge_into", "parse_commands",
+           "render_markdown",
            "write_charts"]
