@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -85,6 +86,7 @@ class Source:
     kind: str
     doc: dict
     given_command: str | None = None  # supplied to the report for a JSON that does not record its command
+    link: str | None = None  # the file relative to BENCHMARKS.md, when it lies beside or below it
 
     @property
     def name(self) -> str:
@@ -687,8 +689,8 @@ def render_markdown(sources: list[Source], charts: dict[str, str], skipped: str 
     lines = [BEGIN, "", "## Generated report (`andromeda bench report`)", "",
              "Written by `andromeda bench report` from the JSON files listed below; rerun it to refresh this "
              "part (text outside the markers is kept).", ""]
-    rows = [[f"`{s.name}`", s.kind, device_of(s), f"`{command_of(s)}`" if command_of(s) else "not recorded"]
-            for s in sources]
+    rows = [[f"[`{s.link}`]({s.link})" if s.link else f"`{s.name}`", s.kind, device_of(s),
+             f"`{command_of(s)}`" if command_of(s) else "not recorded"] for s in sources]
     lines += _table(["source", "kind", "device", "command"], rows) + [""]
     lines += _headline(sources)
     if skipped:
@@ -1054,6 +1056,8 @@ def build_report(paths: Iterable, out_dir, *, charts: bool = True, markdown_name
     commands = dict(commands or {})
     for s in sources:
         s.given_command = commands.pop(s.name, None)
+        rel = os.path.relpath(Path(s.path).resolve(), Path(out_dir).resolve())
+        s.link = None if rel.startswith("..") else Path(rel).as_posix()
     if commands:
         raise ReportError(f"--command given for {', '.join(sorted(commands))}, which is not among the input files")
     out = Path(out_dir)
