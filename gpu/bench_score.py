@@ -269,8 +269,6 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                 for v in versions:
                     if v == 1 and pool.rows is None:
                         continue
-                    if v == 3 and D > 64:
-                        continue  # v3 is v2 above D = 64
                     emb = pool.rows if sk.VERSIONS[v].layout == "rows" else pool.tiles
                     t0 = time.time()
                     fs = FusedScorer.on_device(cuda.as_cuda_array(emb), cuda.as_cuda_array(pool.scale), pool.chunk_format,
@@ -450,6 +448,24 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     lat_ms = np.asarray(lat) * 1e3
     result["latency_ms"] = {"p50": float(np.percentile(lat_ms, 50)), "p99": float(np.percentile(lat_ms, 99)),
                             "mean": float(lat_ms.mean()), "requests": latency_requests}
+    # where the time of one request goes (each stage synchronized; medians over the latency requests)
+    stages = {"user_side_host": [], "match": [], "score_and_topk": [], "answers_to_host": []}
+    for i in range(min(50, latency_requests)):
+        req = [requests[i % len(requests)]]
+        t0 = time.perf_counter()
+        tabs = np.stack([fold_user_side(user_side(model, r)) for r in req])
+        t1 = time.perf_counter()
+        elig = index.match_slots([encode_request(r) for r in req])
+        cuda.synchronize()
+        t2 = time.perf_counter()
+        b = fs.launch(elig, tabs, k)
+        cuda.synchronize()
+        t3 = time.perf_counter()
+        fs.fetch(b, 1)
+        t4 = time.perf_counter()
+        for name, dt in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            stages[name].append(dt * 1e3)
+    result["stages_ms"] = {name: float(np.median(v)) for name, v in stages.items()}
     result["throughput"] = []
     for B in batches:
         reqs = [requests[i % len(requests)] for i in range(B)]
@@ -475,7 +491,8 @@ def pipeline_table(result) -> str:
     lat = result["latency_ms"]
     lines = [f"device: {result['env'].get('device')}   pool: {result['pool_ads']:,} ads   {result['precision']} D={result['D']}"
              f"   k={result['k']}   check: {'ok' if result['checks_ok'] else 'FAILED'}",
-             f"latency per request (batch 1): p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"]
+             f"latency per request (batch 1): p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms",
+             "stages (median ms): " + "  ".join(f"{k} {v:.3f}" for k, v in result.get("stages_ms", {}).items())]
     for t in result["throughput"]:
         lines.append(f"batch {t['batch']:>3}: {t['batch_ms']:8.2f} ms  {t['requests_per_s']:8.0f} req/s  "
                      f"{t['pool_ads_per_s'] / 1e9:6.2f} G pool ads/s")

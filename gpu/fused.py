@@ -121,6 +121,7 @@ class FusedScorer:
             nb = score_kernels.n_blocks(self.n_slots)
             cap = score_kernels.cap_for(k)
             P = topk_kernels.scratch_size(k)
+            n_seg = topk_kernels.n_segments(nb * cap)
             self._bufs = dict(
                 cand_key=cuda.device_array((R, nb, cap), np.uint32),
                 cand_slot=cuda.device_array((R, nb, cap), np.int32),
@@ -130,6 +131,8 @@ class FusedScorer:
                 out_id=cuda.device_array((R, k), np.int64),
                 out_score=cuda.device_array((R, k), np.float32),
                 out_count=cuda.device_array(R, np.int32),
+                seg_key=cuda.device_array((R, n_seg, k), np.uint32),
+                seg_slot=cuda.device_array((R, n_seg, k), np.int32),
             )
             self._bufs_key = key
         return self._bufs
@@ -163,10 +166,16 @@ class FusedScorer:
         scores = b["out_score"].copy_to_host()
         return [(ids[r, : counts[r]].copy(), scores[r, : counts[r]].copy()) for r in range(R)]
 
-    def final_topk(self, b, cap: int, k: int, R: int, stream=0) -> None:
-        kern = topk_kernels.VERSIONS[topk_kernels.BEST]
-        kern[(R,), topk_kernels.threads(), stream](
-            b["cand_key"], b["cand_slot"], np.int32(cap), self.d_slot_ad_id, np.int32(k),
+    def final_topk(self, b, cap: int, k: int, R: int, stream=0, version: int | None = None) -> None:
+        version = topk_kernels.BEST if version is None else version
+        keys, slots, width = b["cand_key"], b["cand_slot"], cap
+        n_seg = b["seg_key"].shape[1]
+        if version == 2 and n_seg > 1:
+            topk_kernels.segment_topk_v2[(n_seg, R), topk_kernels.threads(), stream](
+                keys, slots, np.int32(cap), np.int32(topk_kernels.SEGMENT_LEN), np.int32(k), b["seg_key"], b["seg_slot"])
+            keys, slots, width = b["seg_key"], b["seg_slot"], k
+        topk_kernels.final_topk_v1[(R,), topk_kernels.threads(), stream](
+            keys, slots, np.int32(width), self.d_slot_ad_id, np.int32(k),
             b["sk"], b["ss"], b["sid"], b["out_id"], b["out_score"], b["out_count"])
 
 

@@ -45,11 +45,14 @@ def main(argv):
                 spec = score.KernelSpec(v, kind, prec, dim, experts, top_e)
                 fn, _ = score.python_function(spec)
                 report(f"score_v{v}_{kind}_{prec}_d{dim}", fn, score_signature(score.VERSIONS[v].layout, prec))
-    for v, kern in topk.VERSIONS.items():
-        sig = (types.uint32[:, :, ::1], types.int32[:, :, ::1], types.int32, types.int64[::1], types.int32,
-               types.uint32[:, ::1], types.int32[:, ::1], types.int64[:, ::1], types.int64[:, ::1],
-               types.float32[:, ::1], types.int32[::1])
-        report(f"final_topk_v{v}", kern.py_func, sig)
+    if len(argv) > 5 and argv[5] == "no-topk":
+        return
+    cand = (types.uint32[:, :, ::1], types.int32[:, :, ::1], types.int32)
+    report("final_topk_v1", topk.final_topk_v1.py_func,
+           cand + (types.int64[::1], types.int32, types.uint32[:, ::1], types.int32[:, ::1], types.int64[:, ::1],
+                   types.int64[:, ::1], types.float32[:, ::1], types.int32[::1]))
+    report("segment_topk_v2", topk.segment_topk_v2.py_func,
+           cand + (types.int32, types.int32, types.uint32[:, :, ::1], types.int32[:, :, ::1]))
 
 
 if __name__ == "__main__":

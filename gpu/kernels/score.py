@@ -6,14 +6,20 @@ Versions (`VERSIONS`; the benchmark runs every one, the product imports `BEST`):
                   per-ad formula of `andromeda_nb.scoring` (a loop over D per dot, a local array for
                   the E gate logits); the folded tables of every format read from global memory
     v2 tiled      one thread per ad; embeddings tile-interleaved as 32-bit words (below) read with
-                  16-byte loads; the block's format table in shared memory (chunks are
-                  format-uniform, so every lane reads the same address: broadcast, no bank
-                  conflicts); the ad held in registers as D float32 scalars (generated, fully
-                  unrolled code: no local memory); the E gate dots first, then only the top-k
-                  routed expert dots; int8 unpacked by one byte permute and one add per value
+                  16-byte loads; the block's format table in shared memory, d-major (2E floats per
+                  dimension: gate keys then expert vectors, FiLM folded in), read with 16-byte
+                  loads (chunks are format-uniform, so every lane reads the same address:
+                  broadcast, no bank conflicts); the ad streamed one 16-byte quad at a time
+                  (generated code, the quad's values unrolled into scalars: no local memory) while
+                  all 2E dots advance; then routing picks the top-k gates and combines the routed
+                  expert dots; int8 unpacked by one byte permute and one add per value
     v3 tiled x2   v2 with two ads per thread (slots t and t+128 of a chunk, 128-thread blocks), so
-                  every shared-memory table load feeds two FMAs; D <= 64 only (D = 128 would need
-                  256 registers for the two ads), larger D falls back to one ad per thread
+                  every shared-memory table load feeds two FMAs
+    v4 tiled x4   four ads per thread (64-thread blocks): each table load feeds four FMAs
+
+(A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
+dots, was written first: it saves a third of the FMAs but its fully unrolled code took numba minutes
+per kernel to compile, so it is not in the table.)
 
 Kernels (one per version, precision, D, E, top-k and kind 'moe' | 'dot', generated and compiled on
 first use by `get_kernel`). Every kernel has the same arguments:
@@ -383,7 +389,7 @@ def _tiled_body(spec: KernelSpec, apt: int) -> list[str]:
 
 def _source(spec: KernelSpec, name: str) -> tuple[str, int]:
     """(kernel source, threads per block)."""
-    apt = 2 if (spec.version == 3 and spec.dim <= 64) else 1
+    apt = VERSIONS[spec.version].ads_per_thread
     nt = CHUNK_SLOTS // apt
     body = _v1_body(spec, apt) if spec.version == 1 else _tiled_body(spec, apt)
     if spec.version == 1:
@@ -479,15 +485,17 @@ def get_kernel(version: int, kind: str, precision: str, dim: int, experts: int, 
 class Version:
     name: str
     layout: str  # "rows" | "tiles"
+    ads_per_thread: int
     description: str
 
 
 VERSIONS = {
-    1: Version("v1 naive", "rows", "thread per ad, row-major, plain formula, tables in global memory"),
-    2: Version("v2 tiled", "tiles", "16-byte loads of tiled words, shared format table, unrolled gate-first"),
-    3: Version("v3 tiled x2", "tiles", "v2 with two ads per thread (D <= 64)"),
+    1: Version("v1 naive", "rows", 1, "thread per ad, row-major, plain formula, tables in global memory"),
+    2: Version("v2 tiled", "tiles", 1, "16-byte loads of tiled words, shared d-major format table, streamed dots"),
+    3: Version("v3 tiled x2", "tiles", 2, "v2 with two ads per thread"),
+    4: Version("v4 tiled x4", "tiles", 4, "v2 with four ads per thread"),
 }
-BEST = 2  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
+BEST = 3  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
 
 
 def cap_for(k: int) -> int:

@@ -10,6 +10,12 @@ Versions:
                            are written. Exact unless more than P - (number above) candidates share the
                            K-th key exactly (then an arbitrary subset of those equal scores is kept).
 
+    v2 segments            when there are more than SEGMENT_LEN candidates per request, a first
+                           kernel (`segment_topk_v2`, grid (segments, R)) keeps the top K of every
+                           segment of SEGMENT_LEN candidates with the same radix select, in parallel
+                           over the whole GPU; `final_topk_v1` then runs on segments x K candidates.
+                           v1 alone spends milliseconds with one block reading millions of candidates.
+
 Kernel `final_topk_v1` arguments:
     cand_key    uint32[R, NB, CA]  per-block candidate keys (gpu.kernels.score), 0 = none
     cand_slot   int32[R, NB, CA]
@@ -53,17 +59,13 @@ def _before(ka, ia, kb, ib):
     return ka > kb or (ka == kb and ia < ib)
 
 
-@cuda.jit
-def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, out_score, out_count):
-    hist = cuda.shared.array(HIST_BINS, uint32)
-    part = cuda.shared.array(16, uint32)
-    state = cuda.shared.array(8, uint32)
-    r = cuda.blockIdx.x
+@cuda.jit(device=True)
+def _radix_kth(cand_key, r, cap, lo, hi, k, hist, part, state):
+    """Block-wide 4-round radix select over the nonzero keys of flat candidates [lo, hi) of request r
+    (flat index i -> cand_key[r, i // cap, i % cap]). Returns (kth key, how many keys equal to it
+    to take, emit_all): emit_all when there are at most k nonzero keys (state[3] holds their count)."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    nb = cand_key.shape[1]
-    m = nb * cap
-    P = sk.shape[1]
     prefix = uint32(0)
     mask = uint32(0)
     krem = uint32(k)
@@ -77,7 +79,7 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         for j in range(tid, HIST_BINS, nt):
             hist[j] = 0
         cuda.syncthreads()
-        for i in range(tid, m, nt):
+        for i in range(lo + tid, hi, nt):
             b = i // cap
             key = cand_key[r, b, i - b * cap]
             if key != 0 and (key & mask) == prefix:
@@ -116,6 +118,62 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         prefix = state[1]
         mask = mask | (uint32(255) << shift)
         krem = state[2]
+    return prefix, krem, emit_all
+
+
+@cuda.jit
+def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
+    """First stage of v2: block (seg, r) keeps the top k of flat candidates [seg * seg_len, ...) in
+    out_key[r, seg, :k] / out_slot[r, seg, :k] (padding key 0)."""
+    hist = cuda.shared.array(HIST_BINS, uint32)
+    part = cuda.shared.array(16, uint32)
+    state = cuda.shared.array(8, uint32)
+    seg = cuda.blockIdx.x
+    r = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    m = cand_key.shape[1] * cap
+    lo = seg * seg_len
+    hi = lo + seg_len
+    if hi > m:
+        hi = m
+    kth, krem, emit_all = _radix_kth(cand_key, r, cap, lo, hi, k, hist, part, state)
+    n_greater = uint32(k) - krem
+    for i in range(lo + tid, hi, nt):
+        b = i // cap
+        j = i - b * cap
+        key = cand_key[r, b, j]
+        if key != 0:
+            if emit_all or key > kth:
+                p = cuda.atomic.add(state, 4, uint32(1))
+                out_key[r, seg, p] = key
+                out_slot[r, seg, p] = cand_slot[r, b, j]
+            elif key == kth:
+                p = cuda.atomic.add(state, 5, uint32(1))
+                if p < krem:
+                    out_key[r, seg, n_greater + p] = key
+                    out_slot[r, seg, n_greater + p] = cand_slot[r, b, j]
+    cuda.syncthreads()
+    count = k
+    if emit_all:
+        count = int32(state[3])
+    for j in range(count + tid, k, nt):
+        out_key[r, seg, j] = uint32(0)
+        out_slot[r, seg, j] = -1
+
+
+@cuda.jit
+def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, out_score, out_count):
+    hist = cuda.shared.array(HIST_BINS, uint32)
+    part = cuda.shared.array(16, uint32)
+    state = cuda.shared.array(8, uint32)
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    nb = cand_key.shape[1]
+    m = nb * cap
+    P = sk.shape[1]
+    prefix, krem, emit_all = _radix_kth(cand_key, r, cap, 0, m, k, hist, part, state)
     kth = prefix
     n_greater = uint32(k) - krem
     room = uint32(P) - n_greater
@@ -177,8 +235,13 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         out_count[r] = n_out
 
 
-VERSIONS = {1: final_topk_v1}
-BEST = 1
+VERSIONS = {1: "block per request", 2: "segments, then block per request"}
+BEST = 2
+SEGMENT_LEN = 16384  # candidates per first-stage block (v2)
+
+
+def n_segments(n_candidates: int) -> int:
+    return -(-n_candidates // SEGMENT_LEN)
 
 
 def threads() -> int:
@@ -199,4 +262,4 @@ def topk_host(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, 
     return ids[order], scores[order]
 
 
-__all__ = ["BEST", "FINAL_THREADS", "VERSIONS", "final_topk_v1", "scratch_size", "threads", "topk_host"]
+__all__ = ["BEST", "FINAL_THREADS", "SEGMENT_LEN", "VERSIONS", "final_topk_v1", "n_segments", "segment_topk_v2", "scratch_size", "threads", "topk_host"]
