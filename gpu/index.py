@@ -504,7 +504,8 @@ class GpuTargetingIndex:
             fresh = self._cuda.to_device(host)
         else:
             fresh = self._cuda.device_array((new_rows,) + d_arr.shape[1:], d_arr.dtype)
-        fresh[:rows].copy_to_device(d_arr)
+        if rows:  # an index built from no ads has empty slot columns (the simulator rejects empty copies)
+            fresh[:rows].copy_to_device(d_arr)
         return fresh
 
     def _upload_changes(self, changed: list[int], new_words: list[np.ndarray], new_circles: list[np.ndarray]) -> None:
