@@ -1,0 +1,440 @@
+"""Equivalence at scale: property-based tests (hypothesis) over random ads, requests and update
+streams, across every implementation of targeting and of retrieval.
+
+Targeting (exact eligible sets, DESIGN section 2; the custom-location boundary aside):
+* `OracleIndex` against `CpuTargetingIndex`: many small drawn cases (hypothesis shrinks them), and
+  a few seeded cases of thousands of ads, with update streams (creates, replacements, status
+  changes, retirements, re-creations, updates for ids that are not live) checked between chunks;
+* `OracleIndex` against `GpuTargetingIndex` under the CUDA simulator, on small pools only (the
+  simulator costs about 10 ms per slot and launch), with single and batched (`apply_many`) updates.
+
+Retrieval (top-K and scores against the float64 `ReferenceRetriever` by `andromeda_nb.compare`):
+* both architectures end to end as real processes on 127.0.0.1: `RemoteRetriever` (index host and
+  scoring service) and `ColocatedRetriever` on device "cpu" behind its Flight server. One pair of
+  services is started for the module and reused: every hypothesis example sends a drawn update
+  stream (JSON Lines, a malformed line sometimes among them) through each service's `update` action,
+  checks the acknowledgement, then compares a drawn batch of requests at a drawn K;
+* `ColocatedRetriever` on device "sim" (GPU index, fused kernel and GPU top-K under the simulator)
+  in process, on a tiny pool.
+
+The stateful tests accumulate updates across examples, so they run without shrinking; every
+failure names the seed of its step and the seeds of the steps before it.
+
+CI draws a fixed set of examples (derandomized; about a minute on two cores). For a longer search
+set ANDROMEDA_EQUIVALENCE_SCALE=N: N times the examples, drawn at random.
+
+Every check can fail: the meta-tests run the same property code on an index that drops one eligible
+ad and on a retriever that ignores status updates, and require a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import strategies as st
+
+import cpu_baseline.index as cpu_index_module
+from andromeda_nb import testing
+from andromeda_nb.compare import boundary_excused, compare_eligible, compare_topk
+from andromeda_nb.constants import DEFAULT_F
+from andromeda_nb.dataset import Dataset
+from andromeda_nb.model import MoeModel, quantize
+from andromeda_nb.oracle import OracleIndex
+from andromeda_nb.reference import ReferenceRetriever
+from andromeda_nb.types import SetStatus, Upsert
+from andromeda_nb.updates import LiveAds, apply_updates, read_updates
+from cpu_baseline.index import CpuTargetingIndex
+
+# ANDROMEDA_EQUIVALENCE_SCALE=N: N times the examples, drawn at random instead of the fixed CI draw
+# (a longer local search; hypothesis prints the falsifying example and how to reproduce it)
+SCALE = max(1, int(os.environ.get("ANDROMEDA_EQUIVALENCE_SCALE", "1")))
+SEEDS = st.integers(0, 2**32 - 1)
+BASE = settings(deadline=None, derandomize=SCALE == 1, database=None, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# examples that carry state from one to the next cannot be replayed alone: no shrinking
+STATEFUL = settings(BASE, phases=(Phase.explicit, Phase.generate))
+
+SIM_CHUNK = 32  # slots per format chunk for the simulated GPU index (production: 256)
+SIM_FORMATS = 3
+SIM_POOL = 200  # ads of the simulated co-located pool: one format, so one 256-slot chunk ...
+SIM_MAX_UPDATES = 10  # ... which 4 steps of at most 10 updates (3 in 10 of them creates) cannot outgrow
+
+
+# --- targeting: one case, any set of indexes against the oracle ------------------------------------------
+
+
+class _Collect:
+    """An update target that only records what it was given (for batched `apply_many`)."""
+
+    def __init__(self):
+        self.items = []
+
+    def apply(self, update):
+        self.items.append(update)
+
+
+def check_match(oracle: OracleIndex, indexes: dict, requests, context: str) -> int:
+    """Every index's eligible sets equal the oracle's (ids of ads within BOUNDARY_SLACK_KM of a
+    custom-location radius excused). Returns the number of eligible (ad, request) pairs."""
+    want = oracle.match(requests)
+    for name, index in indexes.items():
+        got = index.match(requests)
+        assert len(got) == len(requests), f"{name}, {context}: {len(got)} answers for {len(requests)} requests"
+        for request, w, g in zip(requests, want, got):
+            cmp = compare_eligible(w, g)
+            if not cmp.ok:  # the boundary rule, computed only where it could matter
+                cmp = compare_eligible(w, g, excused=boundary_excused(oracle.ads.values(), request))
+            assert cmp.ok, f"{name} vs oracle, {context}, request {request.request_id}: {cmp.message}"
+    return sum(len(w) for w in want)
+
+
+def index_case(factories: dict, ads, updates, requests, context: str, *, chunks: int = 2,
+               inspect=None) -> tuple[int, int]:
+    """Build every index and the oracle from `ads`, compare them, then apply `updates` in `chunks`
+    pieces (checked against the live ids once; indexes with `apply_many` take every other piece in
+    one batch) comparing after each; `inspect(indexes)` sees them at the end. Returns (eligible
+    pairs seen, updates rejected)."""
+    oracle = OracleIndex.build(ads)
+    indexes = {name: make(ads) for name, make in factories.items()}
+    live = LiveAds(a.ad_id for a in ads)
+    try:
+        eligible = check_match(oracle, indexes, requests, f"{context}, {len(ads)} ads, before updates")
+        rejected = 0
+        bounds = np.linspace(0, len(updates), chunks + 1).astype(int)
+        for step, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            batched = {n: x for n, x in indexes.items() if step % 2 == 1 and hasattr(x, "apply_many")}
+            collect = _Collect()
+            single = [x for n, x in indexes.items() if n not in batched]
+            rejected += len(apply_updates(updates[lo:hi], [oracle, collect, *single], live))
+            for index in batched.values():
+                index.apply_many(collect.items)
+            where = f"{context}, after updates [0, {hi}) of {len(updates)}"
+            for name, index in indexes.items():
+                assert len(index) == len(oracle), f"{name}, {where}: {len(index)} live ads, oracle {len(oracle)}"
+            eligible += check_match(oracle, indexes, requests, where)
+        if inspect is not None:
+            inspect(indexes)
+        return eligible, rejected
+    finally:
+        for index in indexes.values():
+            close = getattr(index, "close", None)
+            if close is not None:
+                close()
+
+
+def index_property(factories: dict, *, max_examples: int, max_ads: int, max_updates: int, max_requests: int,
+                   formats: int = DEFAULT_F,
+                   chunks: int = 2, config=BASE):
+    """A hypothesis test: drawn ads, update stream (10% for ids that are not live) and requests,
+    `index_case` on them."""
+
+    @settings(config, max_examples=max_examples * SCALE)
+    @given(testing.ads_and_updates(max_ads=max_ads, max_updates=max_updates, invalid=0.1, dim=8, formats=formats),
+           testing.request_lists(1, max_requests))
+    def prop(ads_updates, requests):
+        ads, updates = ads_updates
+        note(f"{len(ads)} ads, {len(updates)} updates, {len(requests)} requests")
+        index_case(factories, ads, updates, requests, f"{len(updates)} updates", chunks=chunks)
+
+    return prop
+
+
+def _cpu(threads: int = 1):
+    return lambda ads: CpuTargetingIndex.build(ads, threads=threads)
+
+
+def _gpu_sim(ads):
+    from gpu.index import GpuTargetingIndex
+
+    return GpuTargetingIndex.build(ads, device="sim", chunk_slots=SIM_CHUNK)
+
+
+test_cpu_index_equals_oracle_drawn = index_property(
+    {"cpu index": _cpu()}, max_examples=150, max_ads=14, max_updates=24, max_requests=6, chunks=3)
+test_cpu_index_equals_oracle_drawn.__doc__ = (
+    "Many small drawn corpora and streams: the CPU inverted index equals the oracle at every step.")
+
+test_gpu_index_sim_equals_oracle_drawn = index_property(
+    {"gpu index (sim)": _gpu_sim}, max_examples=7, max_ads=12, max_updates=16, max_requests=40,
+    formats=SIM_FORMATS)
+test_gpu_index_sim_equals_oracle_drawn.__doc__ = (
+    "The GPU index under the CUDA simulator equals the oracle on small drawn corpora, single and "
+    "batched updates (every request of a draw shares one launch, so requests are many).")
+
+
+def test_gpu_index_sim_built_empty_takes_upserts():
+    """Regression (found by the drawn property above): a GPU index built from no ads failed its
+    first batch of upserts under the simulator (an empty device-to-device copy when the slot columns
+    grew from zero rows)."""
+    rng = np.random.default_rng(5)
+    ads = testing.random_ads(rng, 40, dim=8, formats=SIM_FORMATS)
+    requests = testing.random_requests(rng, 48)
+    updates = [Upsert(a) for a in ads] + testing.random_updates(rng, ads, 20, invalid=0.1, dim=8,
+                                                               formats=SIM_FORMATS)
+    eligible, rejected = index_case({"gpu index (sim)": _gpu_sim}, [], updates, requests,
+                                    "seed 5, built empty", chunks=2)
+    assert eligible > 0 and rejected > 0, f"seed 5: {eligible} eligible pairs, {rejected} rejected updates"
+
+
+@pytest.mark.parametrize("early_merge", [False, True])
+@settings(BASE, max_examples=2 * SCALE)
+@given(seed=SEEDS)
+def test_cpu_index_equals_oracle_thousands(early_merge, seed):
+    """Thousands of seeded random ads and a few hundred updates per case; with `early_merge` the
+    CPU index merges its delta segment into the main one during the stream."""
+    rng = np.random.default_rng(seed)
+    n_ads = int(rng.integers(1500, 2500))
+    threads = int(rng.integers(1, 3))
+    ads = testing.random_ads(rng, n_ads, dim=8)
+    requests = testing.random_requests(rng, 60)
+    updates = testing.random_updates(rng, ads, 400, invalid=0.1, dim=8)
+    context = f"seed {seed}, early_merge {early_merge}, threads {threads}"
+    merges = []
+    with pytest.MonkeyPatch.context() as mp:
+        if early_merge:
+            mp.setattr(cpu_index_module, "DELTA_MERGE_MIN", 8)
+        eligible, rejected = index_case({"cpu index": _cpu(threads)}, ads, updates, requests, context, chunks=4,
+                                        inspect=lambda indexes: merges.append(indexes["cpu index"].merges))
+    print(f"{context}: {n_ads} ads, 60 requests, 400 updates ({rejected} rejected, {merges[0]} merges), "
+          f"{eligible} eligible pairs")
+    assert (merges[0] > 0) == early_merge, f"{context}: {merges[0]} delta merges"
+    assert eligible > 0 and rejected > 0, f"{context}: the case proves nothing ({eligible} eligible, {rejected} rejected)"
+
+
+# --- retrieval: a world of services kept in step with the reference ------------------------------------------
+
+
+def make_dataset(seed: int, n_ads: int, *, D: int, F: int, precision: str, n_requests: int = 2) -> Dataset:
+    rng = np.random.default_rng(seed)
+    ads = testing.random_ads(rng, n_ads, dim=D, formats=F)
+    table = quantize(np.stack([a.embedding for a in ads]), precision)
+    return Dataset(ads=ads, embeddings=table, requests=testing.random_requests(rng, n_requests),
+                   model=MoeModel.init(seed, D=D, F=F), seed=0, precision=precision)
+
+
+MALFORMED_LINES = (
+    '{"op": "retire"}',  # ad_id missing
+    '{"op": "upsert", "ad": {"ad_id": 5, "targeting": {"genders": []}}}',  # empty list
+    '{"op": "status", "ad_id": 1, "status": "LIVE"}',  # unknown status
+    'not json',
+)
+
+
+class RetrievalWorld:
+    """The reference and any retrievers, fed the same update streams.
+
+    Served retrievers (a Flight `location`, no in-process engine) get the JSON Lines through their
+    `update` action and their acknowledgement is checked; in-process ones get the parsed updates.
+    The reference gets what the lines parse to, checked against the live ids here; its oracle holds
+    the live ads the next stream is drawn from."""
+
+    def __init__(self, dataset: Dataset, retrievers: dict):
+        self.dataset = dataset
+        self.reference = ReferenceRetriever.build(dataset)
+        self.retrievers = retrievers
+        self.steps: list[int] = []
+        self.next_request_id = 0
+
+    @property
+    def live(self) -> dict:
+        return self.reference.index.ads  # OracleIndex: ad id -> Ad, current status included
+
+    @staticmethod
+    def _served(retriever) -> bool:
+        return getattr(retriever, "location", None) is not None and getattr(retriever, "engine", None) is None
+
+    def update(self, rng: np.random.Generator, n_updates: int, malformed: bool, context: str) -> int:
+        """Apply a random stream to everything; returns how many updates applied."""
+        model = self.dataset.model
+        updates = testing.random_updates(rng, list(self.live.values()), n_updates, invalid=0.1, dim=model.D,
+                                         formats=model.F)
+        lines = [json.dumps(testing.update_to_json(u)) for u in updates]
+        if malformed:
+            lines.insert(int(rng.integers(len(lines) + 1)), MALFORMED_LINES[int(rng.integers(len(MALFORMED_LINES)))])
+        parsed, bad = read_updates(lines, seed=self.dataset.seed, dim=model.D, formats=model.F)
+        assert len(bad) == int(malformed), f"{context}: {len(bad)} malformed lines, expected {int(malformed)}"
+        in_process = [r for r in self.retrievers.values() if not self._served(r)]
+        not_live = apply_updates(parsed, [self.reference, *in_process], LiveAds(self.live))
+        applied = len(parsed) - len(not_live)
+        expected_rejected = sorted(r.line_no for r in bad + not_live)
+        for name, retriever in self.retrievers.items():
+            if self._served(retriever):
+                ack = retriever.apply_lines(lines)
+                got = sorted(r["line"] for r in ack["rejected"])
+                assert ack["applied"] == applied and got == expected_rejected, (
+                    f"{name}, {context}: acknowledged {ack}; expected {applied} applied and lines "
+                    f"{expected_rejected} rejected")
+        return applied
+
+    def check(self, rng: np.random.Generator, n_requests: int, k: int, context: str) -> int:
+        """Every retriever's answers equal the reference's by `compare_topk`. Returns the number of
+        eligible ads summed over the requests."""
+        model = self.dataset.model
+        requests = testing.random_requests(rng, n_requests, experts=model.E, width=model.S,
+                                           start_id=self.next_request_id)
+        self.next_request_id += n_requests
+        reference = [self.reference.score_eligible(r) for r in requests]
+        for name, retriever in self.retrievers.items():
+            answers = retriever.retrieve(requests, k)
+            assert len(answers) == len(requests), f"{name}, {context}: {len(answers)} answers"
+            for request, (ref_ids, result), (ids, scores) in zip(requests, reference, answers):
+                cmp = compare_topk(ref_ids, result, ids, scores, k)
+                assert cmp.ok, (f"{name} vs reference, {context}, k={k}, request {request.request_id} "
+                                f"({len(ref_ids)} eligible of {len(self.live)} live ads): {cmp.message}")
+        return sum(len(ids) for ids, _ in reference)
+
+
+def run_step(world: RetrievalWorld, seed: int, *, max_updates: int, ks, n_requests: int,
+             require_eligible: bool) -> int:
+    """One step of a world, everything drawn from (seed, step number): a stream of up to
+    `max_updates` updates (a malformed line among them three times in ten) sent to every part of
+    the world, then `n_requests` requests compared at a K from `ks`."""
+    rng = np.random.default_rng([seed, len(world.steps)])
+    n_updates, malformed = int(rng.integers(0, max_updates + 1)), bool(rng.random() < 0.3)
+    k = int(ks[rng.integers(len(ks))])
+    context = f"step {len(world.steps)} seed {seed}"
+    note(f"{context}; earlier step seeds, in order: {world.steps}")
+    world.steps.append(seed)
+    try:
+        applied = world.update(rng, n_updates, malformed, context)
+        eligible = world.check(rng, n_requests, k, context)
+        if require_eligible:
+            assert eligible > 0, f"{context}: no request had an eligible ad; the step proves nothing"
+    except AssertionError as err:  # the world's state depends on every step before this one
+        err.args = (f"{err}\n(earlier step seeds, in order: {world.steps[:-1]})",)
+        raise
+    print(f"{context}: {applied} of {n_updates} updates applied, malformed line {malformed}, "
+          f"{len(world.live)} live ads, {n_requests} requests at k={k}, {eligible} eligible")
+    return eligible
+
+
+@pytest.fixture(scope="module")
+def served_world():
+    """2,000 random ads (int8 embeddings, D 16, 4 formats); the remote architecture (index host and
+    scoring service) and the co-located server on device "cpu", all subprocesses on 127.0.0.1."""
+    from cpu_baseline.remote import RemoteRetriever
+    from gpu.colocated import ColocatedRetriever
+
+    dataset = make_dataset(2026, 2000, D=16, F=4, precision="int8")
+    started = []
+    try:
+        started.append(RemoteRetriever.build(dataset))
+        started.append(ColocatedRetriever.build(dataset, device="cpu", served=True))
+        yield RetrievalWorld(dataset, {"remote": started[0], "colocated (cpu, served)": started[1]})
+    finally:
+        for retriever in reversed(started):
+            retriever.close()
+
+
+@settings(STATEFUL, max_examples=40 * SCALE)
+@given(seed=SEEDS)
+def test_both_architectures_equal_reference_through_updates(served_world, seed):
+    """Both architectures end to end over Flight, through drawn update streams sent to the services'
+    update action: the acknowledgements the live ids predict, and answers equal to the float64
+    reference (at K 4096 every eligible ad is in the answer, so the eligible sets are compared too)."""
+    run_step(served_world, seed, max_updates=40, ks=(1, 10, 100, 4096), n_requests=16, require_eligible=True)
+
+
+@pytest.fixture(scope="module")
+def sim_world():
+    """A small pool in one format (one 256-slot chunk, the simulator's cost) for the co-located path
+    on device "sim"."""
+    from gpu.colocated import ColocatedRetriever
+
+    dataset = make_dataset(7, SIM_POOL, D=16, F=1, precision="int8")
+    retriever = ColocatedRetriever.build(dataset, device="sim")
+    assert retriever.device == "sim"
+    try:
+        yield RetrievalWorld(dataset, {"colocated (sim)": retriever})
+    finally:
+        retriever.close()
+
+
+@settings(STATEFUL, max_examples=4 * SCALE)
+@given(seed=SEEDS)
+def test_colocated_sim_equals_reference_through_updates(sim_world, seed):
+    """The co-located path on the simulated GPU (match, fused scoring and top-K kernels) equals the
+    reference through drawn update streams."""
+    run_step(sim_world, seed, max_updates=SIM_MAX_UPDATES, ks=(1, 5, 64), n_requests=3, require_eligible=False)
+
+
+# --- every check can fail -----------------------------------------------------------------------------------
+
+
+class DropsOneEligible:
+    """A wrong index: the CPU index, except that the highest eligible id of the first request with
+    any eligible ad is left out."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def match(self, requests):
+        out = self.inner.match(requests)
+        for i, ids in enumerate(out):
+            if len(ids):
+                out[i] = ids[:-1]
+                break
+        return out
+
+    def apply(self, update):
+        self.inner.apply(update)
+
+    def __len__(self):
+        return len(self.inner)
+
+
+class IgnoresStatus:
+    """A wrong retriever: the co-located engine, except that status updates never reach it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def apply(self, update):
+        if not isinstance(update, SetStatus):
+            self.inner.apply(update)
+
+    def retrieve(self, requests, k):
+        return self.inner.retrieve(requests, k)
+
+
+NO_SHRINK = settings(BASE, phases=(Phase.explicit, Phase.generate), report_multiple_bugs=False)
+
+
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
+def test_wrong_index_is_caught_by_the_same_property():
+    prop = index_property({"cpu index dropping one": lambda ads: DropsOneEligible(CpuTargetingIndex.build(ads))},
+                          max_examples=30, max_ads=14, max_updates=24, max_requests=6, config=NO_SHRINK)
+    with pytest.raises(AssertionError, match=r"cpu index dropping one vs oracle.*eligible ad\(s\) missing"):
+        prop()
+
+
+def test_wrong_retriever_is_caught_by_the_same_property():
+    """A retriever that misses status updates fails the step property within a few steps, while the
+    same engine receiving every update passes them."""
+    from gpu.colocated import ColocatedRetriever
+
+    dataset = make_dataset(99, 400, D=16, F=4, precision="fp32")
+    engines = [ColocatedRetriever.build(dataset, device="cpu") for _ in range(2)]
+    worlds = {
+        "stale": RetrievalWorld(dataset, {"stale": IgnoresStatus(engines[0])}),
+        "good": RetrievalWorld(dataset, {"good": engines[1]}),
+    }
+
+    @settings(NO_SHRINK, max_examples=8)
+    @given(seed=SEEDS)
+    def prop(name, seed):
+        run_step(worlds[name], seed, max_updates=40, ks=(4096,), n_requests=16, require_eligible=False)
+
+    try:
+        with pytest.raises(AssertionError, match=r"stale vs reference"):
+            prop("stale")
+        prop("good")
+    finally:
+        for engine in engines:
+            engine.close()
+    assert len(worlds["good"].steps) == 8
+    assert len(worlds["stale"].steps) < 8
