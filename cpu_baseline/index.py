@@ -334,6 +334,12 @@ class CpuTargetingIndex:
     def build(cls, ads: Sequence[Ad], **options) -> "CpuTargetingIndex":
         return cls(compile_ads(ads), **options)
 
+    @classmethod
+    def from_compiled(cls, ct: CompiledTargeting, **options) -> "CpuTargetingIndex":
+        """Build from compiled targeting (row i = one ad, slot i), as a stored corpus holds it
+        (`Dataset.compiled`), with no ad parsed; the mirror of `GpuTargetingIndex.from_compiled`."""
+        return cls(ct, **options)
+
     def __len__(self) -> int:
         return len(self._slot_of)
 

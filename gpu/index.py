@@ -311,6 +311,8 @@ class GpuTargetingIndex:
         32): slots per format chunk (smaller than CHUNK_SLOTS only for tiny simulator pools)."""
         if chunk_slots % 32:
             raise ValueError(f"chunk_slots must be a multiple of 32, got {chunk_slots}")
+        if len(np.unique(ct.ad_id)) != len(ct):
+            raise ValueError("duplicate ad ids in the corpus")
         index = cls(device=device, version=version)
         slots = SlotAllocator.from_ads(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare)
         index.vocab = Vocabulary(ct.terms)
