@@ -556,7 +556,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, seed, out, as_jso
 @bench.command("pipeline")
 @click.option("--pool", default=10_000_000, show_default=True, help="Pool size (ads): a generated base corpus, tiled.")
 @click.option("--base-ads", default=8192, show_default=True, help="Ads of the generated base corpus.")
-@click.option("--precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "int8"]))
+@click.option("--precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "int8"]),
+              help="Stored embedding precision of the pool.")
 @click.option("--dim", default=64, show_default=True, help="Embedding dim.")
 @click.option("--k", default=100, show_default=True, help="Top-K per request.")
 @click.option("--batches", default="1,16,64", show_default=True, help="Requests per batch for throughput.")
