@@ -335,11 +335,6 @@ class CpuTargetingIndex:
         return cls(compile_ads(ads), **options)
 
     @classmethod
-    def from_compiled(cls, compiled: CompiledTargeting, **options) -> "CpuTargetingIndex":
-        """From targeting already compiled (`andromeda_nb.compiled`), row i in slot i."""
-        return cls(compiled, **options)
-
-    @classmethod
     def from_compiled(cls, ct: CompiledTargeting, **options) -> "CpuTargetingIndex":
         """Build from compiled targeting (row i = one ad, slot i), as a stored corpus holds it
         (`Dataset.compiled`), with no ad parsed; the mirror of `GpuTargetingIndex.from_compiled`."""
