@@ -609,11 +609,8 @@ def bench_report(files, out, charts, commands, as_json, quiet):
     except ReportError as exc:
         raise click.ClickException(str(exc)) from None
     if result.skipped and charts:
-        click.echo(f"charts skipped: {result.skipped}", err=True)
-    if as_json:
-        click.echo(json.dumps(result.to_json()))
-    elif not quiet:
-        click.echo(format_summary(result))
+        _info(f"charts skipped: {result.skipped}", quiet)
+    click.echo(json.dumps(result.to_json()) if as_json else format_summary(result))
 
 
 # --- retrieval quality (andromeda_nb.quality) ----------------------------------------------------------

@@ -405,7 +405,7 @@ def match_points(src: Source) -> list[dict]:
         for t in p["timings"]:
             bytes_total = t.get("scan_bytes_upper")
             bytes_per_ad = bytes_total / (t["batch"] * p["ads"]) if bytes_total else None
-            achieved = bytes_total / t["median_s"] if bytes_total else None
+            achieved = bytes_total / t["median_s"] if bytes_total and t["median_s"] > 0 else None
             out.append({"pool": p["ads"], "version": t["version"], "batch": t["batch"], "median_s": t["median_s"],
                         "pool_ads_per_s": float(t["pool_ads_per_s"]), "bytes_per_ad": bytes_per_ad,
                         "Bps": achieved, "copy_fraction": achieved / bw if achieved and bw else None,
@@ -953,8 +953,10 @@ def chart_pipeline(plt, sources: list[Source], path) -> bool:
     left.set_title("Throughput", fontsize=10)
     left.grid(True, which="major", alpha=0.3)
     left.legend(fontsize=7)
-    bars = [(f"co-located\n{s.label}", s.doc["latency_ms"]) for s in pipes]
-    bars += [(f"remote\n{s.label}", s.doc["end_to_end"]["latency_ms"]) for s in cpus]
+    bars = [(f"co-located, {s.doc['pool_ads']:,} ads\n{_short_device(s)}\n{s.label}", s.doc["latency_ms"])
+            for s in pipes]
+    bars += [(f"remote, {_n((s.doc.get('settings') or {}).get('pool_ads', '?'))} ads\n{_short_device(s)}\n{s.label}",
+              s.doc["end_to_end"]["latency_ms"]) for s in cpus]
     if bars:
         xs = range(len(bars))
         left_edges = [x - 0.2 for x in xs]
