@@ -330,3 +330,13 @@ def test_cli_retrieve_remote_traffic_json_equals_reference(tmp_path):
         assert g["traffic"]["index host->scorer"]["total"] > 0
     refused = runner.invoke(main, ["retrieve", "--data", str(data), "--arch", "reference", "--traffic"])
     assert refused.exit_code != 0 and "--traffic needs" in refused.output
+
+
+def test_remote_retriever_connects_to_running_services(services):
+    svc, dataset, _ = services
+    reference = ReferenceRetriever.build(dataset)
+    with RemoteRetriever.build(dataset, host=svc.location.split("://")[1]) as remote:
+        assert remote.processes == []  # nothing started, nothing to stop
+        assert_equals_reference(reference, dataset.requests, remote.retrieve(dataset.requests, 15), 15, "connected")
+        assert remote.action("health")["status"] == "ok"
+    assert fl.flight_action(svc.location, "health")["status"] == "ok"  # still running after close()
