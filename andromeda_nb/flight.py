@@ -217,7 +217,7 @@ def split_answers(batch: pa.RecordBatch | pa.Table, request_ids: Sequence[int]
 # --- the server base ----------------------------------------------------------------------------------
 
 
-def _flight_error(exc: BaseException) -> Exception:
+def to_flight_error(exc: BaseException) -> Exception:
     """Map a handler exception to the Flight error a client sees."""
     if isinstance(exc, flight.FlightError):
         return exc
@@ -282,7 +282,7 @@ class RetrieveServer(flight.FlightServerBase):
                 writer.begin(ANSWER_SCHEMA)
         except Exception as exc:  # every failure reaches the client as a Flight error
             self.stats.add(errors=1)
-            raise _flight_error(exc) from None
+            raise to_flight_error(exc) from None
 
     def do_action(self, context, action):
         name = action.type
@@ -304,7 +304,7 @@ class RetrieveServer(flight.FlightServerBase):
                     raise InvalidInput(f"unknown action {name!r}; actions: {', '.join(self.action_names())}")
         except Exception as exc:
             self.stats.add(errors=1)
-            raise _flight_error(exc) from None
+            raise to_flight_error(exc) from None
         yield flight.Result(json.dumps(result).encode())
 
     def extra_stats(self) -> dict:
@@ -449,6 +449,7 @@ __all__ = [
     "request_batch",
     "retrieve_over_flight",
     "serve_until_stopped",
+    "to_flight_error",
     "split_answers",
     "wait_until_healthy",
 ]

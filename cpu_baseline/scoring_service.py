@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from andromeda_nb.flight import InvalidInput, ServiceStats, _flight_error
+from andromeda_nb.flight import InvalidInput, ServiceStats, to_flight_error
 from andromeda_nb.model import quantize
 
 from .scorer import CpuScorer
@@ -123,7 +123,7 @@ class ScoringServer(flight.FlightServerBase):
             self.stats.add(errors=1)
             if isinstance(exc, IndexError):
                 exc = InvalidInput(str(exc))
-            raise _flight_error(exc) from None
+            raise to_flight_error(exc) from None
 
     # --- actions -------------------------------------------------------------------------------------
     def do_action(self, context, action):
@@ -140,7 +140,7 @@ class ScoringServer(flight.FlightServerBase):
                 raise InvalidInput(f"unknown action {action.type!r}; actions: {', '.join(ACTIONS)}")
         except Exception as exc:
             self.stats.add(errors=1)
-            raise _flight_error(exc) from None
+            raise to_flight_error(exc) from None
         yield flight.Result(json.dumps(result).encode())
 
     def list_actions(self, context):
