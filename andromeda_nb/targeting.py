@@ -91,6 +91,10 @@ USER_AGE_RANGE = (0, 120)
 NO_LOCATION = math.nan
 _ISO2 = re.compile(r"[A-Z]{2}")
 _F32_MAX = float(np.finfo(np.float32).max)
+# every ISO-3166 alpha-2 shaped code: a list of valid countries is a subset (the fast path of `country`)
+_ISO2_CODES = frozenset(chr(a) + chr(b) for a in range(65, 91) for b in range(65, 91))
+_INT_ONLY = {int}
+_STR_ONLY = {str}
 
 
 # --- the checker: one place that builds every error -------------------------------------------------
@@ -122,9 +126,14 @@ def _is_int(v: Any) -> bool:
 
 def _copy_json(v: Any) -> Any:
     """A deep copy of a JSON-shaped value (dicts, lists, scalars); much faster than copy.deepcopy."""
-    if type(v) is dict or isinstance(v, Mapping):
-        return {k: _copy_json(x) for k, x in v.items()}
-    if type(v) is list or isinstance(v, tuple):
+    t = type(v)
+    if t is list:
+        if set(map(type, v)) <= _JSON_SCALARS:  # a list of numbers or strings: one C-level copy
+            return v.copy()
+        return [x if type(x) in _JSON_SCALARS else _copy_json(x) for x in v]
+    if t is dict or isinstance(v, Mapping):
+        return {k: x if type(x) in _JSON_SCALARS else _copy_json(x) for k, x in v.items()}
+    if isinstance(v, tuple):
         return [x if type(x) in _JSON_SCALARS else _copy_json(x) for x in v]
     return v
 
@@ -152,9 +161,10 @@ class _Checker:
     def object(self, v, path: str, allowed: tuple[str, ...], *, nonempty: bool = False) -> Mapping:
         if type(v) is not dict and not isinstance(v, Mapping):
             self.fail(path, f"must be an object, got {_type_name(v)}")
-        for key in v:
-            if not isinstance(key, str) or key not in allowed:
-                self.fail(_join(path, str(key)), f"unknown key {key!r}; allowed: {', '.join(allowed)}")
+        if not v.keys() <= _keyset(allowed):  # the per-key loop names the first unknown key
+            for key in v:
+                if not isinstance(key, str) or key not in allowed:
+                    self.fail(_join(path, str(key)), f"unknown key {key!r}; allowed: {', '.join(allowed)}")
         if nonempty and not v:
             self.fail(path, "must not be an empty object")
         return v
@@ -193,6 +203,10 @@ class _Checker:
 
     def ids(self, v, path: str, *, nonempty: bool = True) -> frozenset[int]:
         items = self.list(v, path, nonempty=nonempty)
+        # happy path in C: every item a plain int (not bool), all in range; otherwise the per-item
+        # loop below names the first offending item
+        if items and set(map(type, items)) == _INT_ONLY and min(items) >= 0 and max(items) <= MAX_TERM_ID:
+            return frozenset(items)
         return frozenset(self.int(x, f"{path}[{i}]", 0, MAX_TERM_ID) for i, x in enumerate(items))
 
     def enum(self, v, path: str, universe: tuple) -> Any:
@@ -206,7 +220,20 @@ class _Checker:
 
     def enum_set(self, v, path: str, universe: tuple) -> frozenset:
         items = self.list(v, path)
+        # happy path: items of the universe's own type (so True never passes for 1), all members
+        if set(map(type, items)) == {type(universe[0])}:
+            values = frozenset(items)
+            if values <= _keyset(universe):
+                return values
         return frozenset(self.enum(x, f"{path}[{i}]", universe) for i, x in enumerate(items))
+
+    def countries(self, v, path: str) -> frozenset[str]:
+        items = self.list(v, path)
+        if set(map(type, items)) == _STR_ONLY:
+            values = frozenset(items)
+            if values <= _ISO2_CODES:
+                return values
+        return frozenset(self.country(x, f"{path}[{i}]") for i, x in enumerate(items))
 
     def country(self, v, path: str) -> str:
         if not isinstance(v, str):
@@ -221,6 +248,17 @@ class _Checker:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+_KEYSETS: dict[tuple, frozenset] = {}
+
+
+def _keyset(allowed: tuple) -> frozenset:
+    """`allowed` as a frozenset, made once per tuple (the tuples are this module's constants)."""
+    keys = _KEYSETS.get(allowed)
+    if keys is None:
+        keys = _KEYSETS[allowed] = frozenset(allowed)
+    return keys
 
 
 # --- targeting spec ---------------------------------------------------------------------------------
@@ -250,9 +288,7 @@ def _parse_geo(chk: _Checker, v, path: str) -> GeoSpec:
     cities: frozenset[int] = frozenset()
     circles: tuple[CustomLocation, ...] = ()
     if "countries" in obj:
-        p = _join(path, "countries")
-        items = chk.list(obj["countries"], p)
-        countries = frozenset(chk.country(x, f"{p}[{i}]") for i, x in enumerate(items))
+        countries = chk.countries(obj["countries"], _join(path, "countries"))
     if "regions" in obj:
         regions = chk.ids(obj["regions"], _join(path, "regions"))
     if "cities" in obj:
@@ -352,14 +388,16 @@ def _parse_vector(chk: _Checker, v, path: str, size: int) -> np.ndarray:
 
 
 def parse_ad(obj, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | None = None,
-             derive_embedding: bool = True) -> Ad:
+             derive_embedding: bool = True, copy_targeting: bool = True) -> Ad:
     """Validate one ad line of DESIGN section 2 and return an `Ad`.
 
     `status` defaults to ACTIVE, `start_time` / `end_time` to null (open), `format` to 0 (must be in
     0..formats-1); `targeting` is required; an ad without `embedding` gets
     `derive.ad_embedding(ad_id, seed, dim)`, or None with `derive_embedding=False` (bulk loaders
     then fill many at once with `derive.ad_embeddings`). `line` (1-based, when the ad came from a
-    file) is carried into the error.
+    file) is carried into the error. The `Ad` keeps its targeting object (`Ad.targeting_json`) as a
+    deep copy; `copy_targeting=False` keeps `obj["targeting"]` itself, for bulk loaders that hand
+    over freshly decoded JSON they never touch again.
     """
     chk = _Checker(None, line)
     if not isinstance(obj, Mapping):
@@ -389,7 +427,7 @@ def parse_ad(obj, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | 
         start_time=start,
         end_time=end,
         format=fmt,
-        targeting_json=_copy_json(obj["targeting"]),
+        targeting_json=_copy_json(obj["targeting"]) if copy_targeting else obj["targeting"],
         embedding=embedding,
     )
 
