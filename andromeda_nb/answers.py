@@ -38,10 +38,12 @@ def _load(table: dict[str, str], arch: str, kind: str):
 
 
 def build_matcher(dataset, arch: str, device: str = "auto"):
-    """The `interfaces.TargetingIndex` that `--arch` names, built over the dataset's ads; `device`
-    goes to the ones that take it."""
+    """The `interfaces.TargetingIndex` that `--arch` names, built over the dataset's ads (from their
+    compiled targeting where the index takes it: no ad parsed); `device` goes to the ones that take it."""
+    from .reference import build_index
+
     cls = _load(MATCHERS, arch, "match")
-    return cls.build(dataset.ads, device=device) if arch in DEVICE_MATCHERS else cls.build(dataset.ads)
+    return build_index(cls, dataset, device=device) if arch in DEVICE_MATCHERS else build_index(cls, dataset)
 
 
 def build_retriever(dataset, arch: str, device: str = "auto"):

@@ -141,7 +141,7 @@ def _network_from_dataset(dataset, k: int) -> dict:
 
     from .targeting import request_to_json
 
-    index = CpuTargetingIndex.build(dataset.ads)
+    index = CpuTargetingIndex(dataset.compiled)  # the compiled form: no ad parsed
     sizes = [len(ids) for ids in index.match(dataset.requests)]
     index.close()
     request_bytes = [len(json.dumps(request_to_json(r)).encode()) for r in dataset.requests]

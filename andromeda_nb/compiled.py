@@ -144,6 +144,18 @@ class CompiledTargeting:
         return sum(getattr(self, f.name).nbytes for f in fields(self))
 
 
+# every array of a CompiledTargeting: its dtype and what its length counts ("N" ads, "N+1", "M"
+# clauses, "M+1", "T" terms, "Q" circles); stored corpora are checked against this table
+COMPILED_ARRAYS: dict[str, tuple[type, str]] = {
+    "ad_id": (np.int64, "N"), "status": (np.int8, "N"), "format": (np.int16, "N"),
+    "start_time": (np.int64, "N"), "end_time": (np.int64, "N"), "age_min": (np.int8, "N"),
+    "age_max": (np.int8, "N"), "gender_mask": (np.uint8, "N"), "publisher_mask": (np.uint8, "N"),
+    "device_mask": (np.uint8, "N"), "os_mask": (np.uint8, "N"), "clause_ptr": (np.int64, "N+1"),
+    "n_positive": (np.int32, "N"), "clause_negative": (np.uint8, "M"), "term_ptr": (np.int64, "M+1"),
+    "terms": (np.int64, "T"), "circle_ptr": (np.int64, "M+1"), "circles": (np.float64, "Q"),
+}
+
+
 def compile_ads(ads: Iterable[Ad]) -> CompiledTargeting:
     """Compile ads (in the order given, which becomes slot order) to flat arrays."""
     ads = list(ads)
@@ -200,6 +212,56 @@ def compile_ads(ads: Iterable[Ad]) -> CompiledTargeting:
         circles=np.asarray(circles, np.float64).reshape(-1, 3),
         **cols,
     )
+
+
+def concat_compiled(parts: Sequence[CompiledTargeting]) -> CompiledTargeting:
+    """The compiled form of the ads of `parts` one after the other (row order kept): equal, array
+    for array, to `compile_ads` of all their ads at once."""
+    if not parts:
+        return compile_ads([])
+    cols = {}
+    for name, (dtype, length) in COMPILED_ARRAYS.items():
+        if length == "N":
+            cols[name] = np.concatenate([getattr(p, name) for p in parts]).astype(dtype, copy=False)
+    for ptr, counted in (("clause_ptr", "clause_negative"), ("term_ptr", "terms"), ("circle_ptr", "circles")):
+        offsets = np.cumsum([0] + [len(getattr(p, counted)) for p in parts])
+        cols[ptr] = np.concatenate([getattr(p, ptr)[:-1] + off for p, off in zip(parts, offsets)]
+                                   + [offsets[-1:]]).astype(np.int64)
+    cols["clause_negative"] = np.concatenate([p.clause_negative for p in parts]).astype(np.uint8, copy=False)
+    cols["terms"] = np.concatenate([p.terms for p in parts]).astype(np.int64, copy=False)
+    cols["circles"] = np.concatenate([p.circles.reshape(-1, 3) for p in parts]).astype(np.float64, copy=False)
+    return CompiledTargeting(**cols)
+
+
+def check_compiled(ct: CompiledTargeting) -> None:
+    """Structural checks of a compiled form that did not come from `compile_ads` (a stored file):
+    dtypes, lengths, pointer arrays that start at 0, never decrease and end at their array's length,
+    and positive clauses before the negative one. Raises ValueError naming the first problem."""
+    n = len(ct.ad_id)
+    m = len(ct.clause_negative)
+    sizes = {"N": n, "N+1": n + 1, "M": m, "M+1": m + 1, "T": len(ct.terms), "Q": len(ct.circles)}
+    for name, (dtype, length) in COMPILED_ARRAYS.items():
+        a = getattr(ct, name)
+        if not isinstance(a, np.ndarray) or a.dtype != dtype:
+            raise ValueError(f"{name}: expected {np.dtype(dtype)}, got {getattr(a, 'dtype', type(a).__name__)}")
+        want_ndim = 2 if name == "circles" else 1
+        if a.ndim != want_ndim or (name == "circles" and a.shape[1] != 3):
+            raise ValueError(f"{name}: has shape {a.shape}")
+        if len(a) != sizes[length]:
+            raise ValueError(f"{name}: has {len(a)} rows, expected {sizes[length]} ({length})")
+    for ptr, total in (("clause_ptr", m), ("term_ptr", len(ct.terms)), ("circle_ptr", len(ct.circles))):
+        a = getattr(ct, ptr)
+        if a[0] != 0 or a[-1] != total or np.any(np.diff(a) < 0):
+            raise ValueError(f"{ptr}: must start at 0, never decrease and end at {total}")
+    n_clauses = np.diff(ct.clause_ptr)
+    n_negative = n_clauses - ct.n_positive
+    if np.any(ct.n_positive < 0) or np.any((n_negative != 0) & (n_negative != 1)):
+        raise ValueError("n_positive: disagrees with clause_ptr (each ad has at most one negative clause)")
+    if m:
+        local = np.arange(m) - np.repeat(ct.clause_ptr[:-1], n_clauses)
+        want = (local >= np.repeat(ct.n_positive, n_clauses)).astype(np.uint8)
+        if not np.array_equal(want, ct.clause_negative):
+            raise ValueError("clause_negative: disagrees with n_positive (negative clause last)")
 
 
 @dataclass(frozen=True)

@@ -268,6 +268,7 @@ class AdColumns:
     format: np.ndarray  # int16 (n,)
     targeting: list[str]  # JSON text of each ad's targeting object
     embedding: np.ndarray  # float32 (n, D)
+    compiled: object = None  # compiled.CompiledTargeting of the chunk (iter_ads(..., compile=True))
 
     def __len__(self) -> int:
         return len(self.ad_id)
@@ -536,30 +537,49 @@ def _pick(rng, choices: tuple, p: tuple, n: int) -> list:
     return [values[j] for j in _choice_index(rng, p, n).tolist()]
 
 
+def _validated_compiled(seed: int, dim: int, formats: int, ad_ids, status, fmt, start, end, targeting):
+    """Every generated ad through `targeting.parse_ad` (the checks `import` applies; a failure is a
+    generator bug and raises), compiled (`compiled.compile_ads`, row i is ad i)."""
+    from .compiled import compile_ads
+    from .store import paused_gc
+    from .targeting import parse_ad
+
+    with paused_gc():
+        ads = [parse_ad({"ad_id": int(ad_ids[i]), "status": status[i], "start_time": start[i],
+                         "end_time": end[i], "format": int(fmt[i]), "targeting": targeting[i]},
+                        seed=seed, dim=dim, formats=formats, derive_embedding=False, copy_targeting=False)
+               for i in range(len(ad_ids))]
+        return compile_ads(ads)
+
+
 def _make_chunk(args) -> AdColumns:
-    maker, seed, dim, index, n, first_id = args
+    maker, seed, dim, index, n, first_id, compile_chunk = args
     rng = np.random.default_rng([seed, _ADS_STREAM, index])
     ad_ids = first_id + np.cumsum(rng.integers(1, 10, n)).astype(np.int64)  # ids with gaps
     status, fmt, start, end, targeting = maker.make(rng, n)
+    compiled = (_validated_compiled(seed, dim, maker.formats, ad_ids, status, fmt, start, end, targeting)
+                if compile_chunk else None)
     encode = json.JSONEncoder(separators=(",", ":")).encode
     return AdColumns(
         ad_id=ad_ids, status=status, start_time=start, end_time=end, format=fmt,
         targeting=[encode(t) for t in targeting], embedding=derive.ad_embeddings(ad_ids, seed, dim),
+        compiled=compiled,
     )
 
 
 def iter_ads(n_ads: int, seed: int, *, dim: int = DEFAULT_D, formats: int = DEFAULT_F,
              settings: CorpusSettings | None = None, world: GeoWorld | None = None,
-             chunk: int = CHUNK_ADS, workers: int = 1) -> Iterator[AdColumns]:
+             chunk: int = CHUNK_ADS, workers: int = 1, compile: bool = False) -> Iterator[AdColumns]:
     """Yield the corpus's ads in chunks of at most `chunk` rows, in ad-id order.
 
     Chunk c uses its own random stream and starts its ids at 1_000_000 + 10 * c * chunk, so chunks
     are independent: `workers` > 1 makes them in that many processes with identical results.
+    `compile=True` also validates every ad (`targeting.parse_ad`) and fills `AdColumns.compiled`.
     """
     settings = settings or CorpusSettings()
     world = world or build_world(seed)
     maker = _AdChunkMaker(world, build_vocabulary(seed, settings), settings, formats)
-    jobs = [(maker, seed, dim, index, min(chunk, n_ads - lo), 1_000_000 + 10 * lo)
+    jobs = [(maker, seed, dim, index, min(chunk, n_ads - lo), 1_000_000 + 10 * lo, compile)
             for index, lo in enumerate(range(0, n_ads, chunk))]
     if workers <= 1 or len(jobs) <= 1:
         yield from map(_make_chunk, jobs)
@@ -688,12 +708,14 @@ def generate_corpus(out_dir, n_ads: int, n_requests: int, seed: int, *, dim: int
                     precision: str = "fp32", experts: int = DEFAULT_E, formats: int = DEFAULT_F,
                     settings: CorpusSettings | None = None, workers: int = 1, progress=None,
                     sample_ads: int = ELIGIBILITY_SAMPLE_ADS) -> GenerateSummary:
-    """Write a seeded corpus into `out_dir`: ads.parquet, requests.parquet, model.npz (from
-    `MoeModel.init(seed)`) and meta.json. `progress(n)` is called as ads are written. Keeps an evenly
-    spaced sample of at most `sample_ads` ads for `eligible_fractions`."""
+    """Write a seeded corpus into `out_dir`: ads.parquet, targeting.npz (every ad validated by
+    `targeting.parse_ad` and compiled), requests.parquet, model.npz (from `MoeModel.init(seed)`) and
+    meta.json. `progress(n)` is called as ads are written. Keeps an evenly spaced sample of at most
+    `sample_ads` ads for `eligible_fractions`."""
     from pathlib import Path
 
     from . import store
+    from .compiled import concat_compiled
     from .model import MoeModel, quantize
 
     if n_ads < 0 or n_requests < 0:
@@ -707,10 +729,12 @@ def generate_corpus(out_dir, n_ads: int, n_requests: int, seed: int, *, dim: int
     world = build_world(seed)
     stride = max(1, -(-n_ads // max(sample_ads, 1)))
     summary = GenerateSummary(str(out), n_ads, n_requests, seed, precision, dim)
+    compiled_parts = []
     with store.AdsWriter(out, precision, dim) as writer:
         done = 0
         for cols in iter_ads(n_ads, seed, dim=dim, formats=formats, settings=settings, world=world,
-                             workers=workers):
+                             workers=workers, compile=True):
+            compiled_parts.append(cols.compiled)
             writer.write(store.ads_record_batch(cols.ad_id, cols.status, cols.start_time, cols.end_time,
                                                 cols.format, cols.targeting, quantize(cols.embedding, precision)))
             for i in range((-done) % stride, len(cols), stride):
@@ -721,12 +745,15 @@ def generate_corpus(out_dir, n_ads: int, n_requests: int, seed: int, *, dim: int
         if n_ads == 0:
             empty = quantize(np.empty((0, dim), np.float32), precision)
             writer.write(store.ads_record_batch([], [], [], [], [], [], empty))
+    targeting = store.write_targeting(out, concat_compiled(compiled_parts))
+    del compiled_parts
     summary.request_objects = make_requests(n_requests, seed, experts=experts, width=model.S,
                                             settings=settings, world=world)
     store.write_requests(out, summary.request_objects)
     model.save(out / store.MODEL_FILE)
     store.write_meta(out, seed=seed, model=model, precision=precision, n_ads=n_ads, n_requests=n_requests,
-                     source={"kind": "generate", "now": NOW, "settings": settings_dict(settings)})
+                     source={"kind": "generate", "now": NOW, "settings": settings_dict(settings)},
+                     targeting=targeting)
     return summary
 
 

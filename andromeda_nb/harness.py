@@ -96,14 +96,14 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
         gpu_where = resolve_device("sim" if device == "sim" else "auto")
     except RuntimeError as exc:  # no GPU, and numba.cuda was loaded before the simulator could be chosen
         gpu_where, gpu_skipped = "none", f"no usable GPU ({exc})"
-    if gpu_where == "sim" and len(dataset.ads) > SIMULATOR_MAX_ADS:
-        gpu_skipped = (f"no usable GPU, and {len(dataset.ads):,} ads is more than the CUDA simulator "
+    if gpu_where == "sim" and dataset.n_ads > SIMULATOR_MAX_ADS:
+        gpu_skipped = (f"no usable GPU, and {dataset.n_ads:,} ads is more than the CUDA simulator "
                        f"is run on ({SIMULATOR_MAX_ADS:,})")
     log(f"building the oracle, the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
-        f"over {len(dataset.ads):,} ads")
-    oracle = OracleIndex.build(dataset.ads)
-    cpu = CpuTargetingIndex.build(dataset.ads)
-    gpu = None if gpu_skipped else GpuTargetingIndex.build(dataset.ads, device=gpu_where)
+        f"over {dataset.n_ads:,} ads")
+    oracle = OracleIndex.build(dataset.ads)  # the only consumer of the parsed ads
+    cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
+    gpu = None if gpu_skipped else GpuTargetingIndex.from_compiled(dataset.compiled, device=gpu_where)
     apply_stream(updates, [x for x in (oracle, cpu, gpu) if x is not None], dataset)
     log(f"matching {len(requests)} requests (oracle on {n_oracle})")
     cpu.match(requests[:1])  # warm-up: compiled code, scratch buffers
@@ -145,7 +145,7 @@ def reference_answers(dataset: Dataset, requests, updates, k: int, log: Log = _q
     from .reference import ReferenceRetriever, reference_topk
 
     matcher = None
-    if len(dataset.ads) > ORACLE_FULL_POOL:
+    if dataset.n_ads > ORACLE_FULL_POOL:
         from cpu_baseline.index import CpuTargetingIndex
 
         matcher = CpuTargetingIndex
@@ -214,7 +214,7 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     updates = [(line, u) for line, u in updates if line not in rejected_lines]
     rejected = sorted(rejected + live_rejected, key=lambda r: r.line_no or 0)
     report: dict = {
-        "ads": len(dataset.ads), "requests": len(reqs), "k": k, "precision": dataset.precision,
+        "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision,
         "updates": {"applied": len(updates), "rejected": [str(r) for r in rejected]},
     }
     eligibility, _ = compare_eligibility(dataset, reqs, updates, device=device,
@@ -241,7 +241,7 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     report["traffic_reduction"] = report["bytes_per_request"]["remote"] / max(1.0, report["bytes_per_request"]["colocated"])
     report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in runs.items()}
     report["latency_ms"] = {n: m.latency_ms() for n, m in runs.items()}
-    report["pool_ads_per_second"] = {n: len(reqs) * len(dataset.ads) / m.seconds for n, m in runs.items()}
+    report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in runs.items()}
     report["payload_estimate"] = network_payload(
         request_bytes=0, n_eligible=int(round(mean_request)), k=k, dim=dataset.model.D,
         experts=dataset.model.E, formats=dataset.model.F)

@@ -244,6 +244,16 @@ def reference_candidates(ids, result: ScoreResult, k: int, margin: float) -> tup
 # --- the reference retriever --------------------------------------------------------------------------
 
 
+def build_index(matcher, dataset, **options):
+    """A `matcher` (a TargetingIndex class) over the dataset's ads: from the compiled targeting when
+    the class takes it (`from_compiled`, no ad parsed), else from the parsed ads (the oracle)."""
+    from_compiled = getattr(matcher, "from_compiled", None)
+    if from_compiled is not None:
+        return from_compiled(dataset.compiled, **options)
+    return matcher.build(dataset.ads, **options)
+
+
+
 class ReferenceRetriever:
     """`interfaces.Retriever` in plain numpy: eligibility from a targeting index (the oracle unless
     `matcher=` names another TargetingIndex class), every eligible ad scored by `reference_scores`
@@ -280,7 +290,7 @@ class ReferenceRetriever:
             from .oracle import OracleIndex  # imported here: the targeting module stands apart
 
             matcher = OracleIndex
-        index = matcher.build(dataset.ads)
+        index = build_index(matcher, dataset)
         return cls(dataset.model, index, dataset.embeddings, dataset.ad_ids, dataset.formats,
                    seed=dataset.seed, scorer=scorer)
 
@@ -385,6 +395,7 @@ class ReferenceRetriever:
 __all__ = [
     "BATCH_ROWS",
     "ReferenceRetriever",
+    "build_index",
     "ScoreResult",
     "acceptable_routings",
     "check_k",

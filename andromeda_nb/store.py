@@ -1,8 +1,9 @@
 """A corpus on disk: Parquet ads and requests, model.npz and meta.json (layout in `dataset.py`),
 and the JSON Lines interchange forms of DESIGN section 2.
 
-    save_dataset(dataset, dir)        write a Dataset
-    load_dataset(dir, progress=None)  read and validate one (schema version checked first)
+    save_dataset(dataset, dir)        write a Dataset (its targeting compiled into targeting.npz)
+    load_dataset(dir, progress=None)  read one (schema version checked first); no ad is parsed
+    reindex(dir)                      parse and validate ads.parquet again and rewrite targeting.npz
     import_jsonl(ads, requests, out)  JSON Lines -> a corpus directory; rejected ads -> rejected.jsonl
     export_jsonl(dataset, dir)        a Dataset -> ads.jsonl, requests.jsonl
 
@@ -10,12 +11,25 @@ Embeddings are stored at the dataset's precision: a fixed-size list column of fl
 int8 values plus a float32 `scale` column (ones unless int8). Every problem with a directory (missing
 file, wrong schema version, a column of the wrong type, counts that disagree with meta.json) raises
 `StoreError` with a message that names the file and what is wrong.
+
+Targeting is validated when a corpus is written (`generate` parses every ad it makes, `import`
+parses and rejects as it reads) and stored twice: as the JSON text of each ad in ads.parquet (the
+form users read and export) and compiled, in targeting.npz (`compiled.CompiledTargeting`, row i is
+ad i, plain `np.savez` arrays plus `format_version`). meta.json's `targeting` entry records the
+sha256 of targeting.npz and of the ads.parquet it was compiled from; `load_dataset` checks both, so
+a targeting.npz that does not belong to its ads.parquet (either file replaced or edited) is an
+error, never a silent disagreement. A corpus written before targeting.npz existed loads the slow
+way (every ad parsed and compiled in memory) until `reindex` adds the file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -25,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__, derive
+from .compiled import COMPILED_ARRAYS, CompiledTargeting, check_compiled
 from .constants import PRECISIONS, SCHEMA_VERSION
 from .model import STORED_DTYPES, EmbeddingTable, ModelError, MoeModel, quantize
 from .types import Ad, Request, TargetingError
@@ -37,12 +52,33 @@ REJECTED_FILE = "rejected.jsonl"
 REJECTED_REQUESTS_FILE = "rejected_requests.jsonl"
 ADS_JSONL = "ads.jsonl"
 REQUESTS_JSONL = "requests.jsonl"
+TARGETING_FILE = "targeting.npz"
+TARGETING_FORMAT = 1  # version of targeting.npz's layout (the arrays of compiled.COMPILED_ARRAYS)
 
 Progress = Callable[[int], None]  # called with the number of items just done
 
 
 class StoreError(ValueError):
     """A corpus directory or interchange file that cannot be used as it is."""
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """The cyclic garbage collector off while many small objects are made (bulk parsing): parsed
+    ads hold no reference cycles, and with the collector on its full passes over the growing heap
+    cost more than the parsing itself. Reference counting still frees everything."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def file_sha256(path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 _ARROW_VALUE_TYPES = {"fp32": pa.float32(), "fp16": pa.float16(), "int8": pa.int8()}
@@ -127,7 +163,8 @@ def write_requests(out_dir, request_objects: Iterable[dict]) -> int:
 
 
 def write_meta(out_dir, *, seed: int, model: MoeModel, precision: str, n_ads: int, n_requests: int,
-               source: dict) -> dict:
+               source: dict, targeting: dict | None = None) -> dict:
+    """DIR/meta.json. `targeting` is what `write_targeting` returned (None: no targeting.npz)."""
     meta = {
         "schema_version": SCHEMA_VERSION,
         "seed": int(seed),
@@ -137,18 +174,41 @@ def write_meta(out_dir, *, seed: int, model: MoeModel, precision: str, n_ads: in
         "source": source,
         "written_by": f"andromeda-nb {__version__}",
     }
+    if targeting is not None:
+        meta["targeting"] = targeting
     with open(Path(out_dir) / META_FILE, "w") as fh:
         json.dump(meta, fh, indent=2)
         fh.write("\n")
     return meta
 
 
+def _write_npz(path: Path, arrays: dict) -> None:
+    """An uncompressed .npz that `np.load` reads, with fixed zip timestamps (np.savez stamps the
+    current time), so the same arrays always give the same bytes: same seed, same files."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, np.asanyarray(array), allow_pickle=False)
+
+
+def write_targeting(out_dir, compiled: CompiledTargeting) -> dict:
+    """DIR/targeting.npz from the compiled targeting of the ads in DIR/ads.parquet (row i is row i;
+    call it after ads.parquet is complete). Returns the `targeting` entry of meta.json."""
+    out = Path(out_dir)
+    arrays = {name: np.ascontiguousarray(getattr(compiled, name)) for name in COMPILED_ARRAYS}
+    path = out / TARGETING_FILE
+    _write_npz(path, {"format_version": np.int64(TARGETING_FORMAT), **arrays})
+    return {"file": TARGETING_FILE, "format_version": TARGETING_FORMAT, "ads": len(compiled),
+            "sha256": file_sha256(path), "ads_sha256": file_sha256(out / ADS_FILE)}
+
+
 # --- save -------------------------------------------------------------------------------------------
 
 
 def save_dataset(dataset, out_dir, *, source: dict | None = None) -> Path:
-    """Write `dataset` into `out_dir` (created if needed): meta.json, ads.parquet, requests.parquet,
-    model.npz. The targeting text of each ad is the object it was parsed from."""
+    """Write `dataset` into `out_dir` (created if needed): meta.json, ads.parquet, targeting.npz,
+    requests.parquet, model.npz. The targeting text of each ad is the object it was parsed from."""
     from .targeting import request_to_json
 
     out = Path(out_dir)
@@ -173,11 +233,15 @@ def save_dataset(dataset, out_dir, *, source: dict | None = None) -> Path:
         if not ads:
             empty = EmbeddingTable.empty(dataset.model.D, dataset.precision)
             writer.write(ads_record_batch([], [], [], [], [], [], empty))
+    compiled = dataset.compiled
+    if len(compiled) != len(ads) or not np.array_equal(compiled.ad_id, [a.ad_id for a in ads]):
+        raise StoreError("the dataset's compiled targeting does not hold its ads in order")
+    targeting = write_targeting(out, compiled)
     write_requests(out, (request_to_json(r) for r in dataset.requests))
     dataset.model.save(out / MODEL_FILE)
     write_meta(out, seed=dataset.seed, model=dataset.model, precision=dataset.precision,
                n_ads=len(ads), n_requests=len(dataset.requests),
-               source=source or dataset.meta.get("source") or {"kind": "saved"})
+               source=source or dataset.meta.get("source") or {"kind": "saved"}, targeting=targeting)
     return out
 
 
@@ -218,21 +282,38 @@ def read_meta(data_dir) -> dict:
     for name in (ADS_FILE, REQUESTS_FILE, MODEL_FILE):
         if not (root / name).is_file():
             raise StoreError(f"{root / name}: missing")
+    entry = meta.get("targeting")
+    if entry is not None:
+        if not isinstance(entry, dict) or entry.get("file") != TARGETING_FILE:
+            raise StoreError(f"{path}: 'targeting' must name {TARGETING_FILE}, got {entry!r}")
+        if not (root / TARGETING_FILE).is_file():
+            raise StoreError(f"{root / TARGETING_FILE}: missing (meta.json lists it); run "
+                             f"`andromeda reindex --data {root}` to rebuild it from ads.parquet")
     return meta
 
 
-def _read_parquet(path: Path, schema: pa.Schema) -> pa.Table:
+def _check_parquet_schema(path: Path, schema: pa.Schema) -> int:
+    """Check the column types from the file's footer; returns its number of rows."""
     try:
-        table = pq.read_table(path)
+        pf = pq.ParquetFile(path)
     except Exception as exc:  # truncated or not Parquet at all
         raise StoreError(f"{path}: not a readable Parquet file ({exc})") from None
+    got_schema = pf.schema_arrow
     for f in schema:
-        if f.name not in table.column_names:
+        if f.name not in got_schema.names:
             raise StoreError(f"{path}: missing column {f.name!r}")
-        got = table.schema.field(f.name).type
+        got = got_schema.field(f.name).type
         if got != f.type:
             raise StoreError(f"{path}: column {f.name!r} has type {got}, expected {f.type}")
-    return table
+    return pf.metadata.num_rows
+
+
+def _read_parquet(path: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+    _check_parquet_schema(path, schema)
+    try:
+        return pq.read_table(path, columns=columns)
+    except Exception as exc:
+        raise StoreError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
 def read_embeddings(table: pa.Table, precision: str, dim: int) -> EmbeddingTable:
@@ -255,13 +336,88 @@ def _progress_chunks(items: list, progress: Progress | None, step: int = 4096) -
             progress(len(items[lo : lo + step]))
 
 
+_AD_COLUMNS = ("ad_id", "status", "start_time", "end_time", "format", "targeting")
+
+
+class ParquetAds:
+    """Parses the ads of a corpus directory's ads.parquet (the `Dataset.ads_loader` of a loaded
+    corpus; picklable). Every row goes through `targeting.parse_ad`, as at import: a row that fails
+    raises StoreError naming the row."""
+
+    def __init__(self, root, seed: int, dim: int, formats: int, progress: Progress | None = None):
+        self.root, self.seed, self.dim, self.formats = Path(root), seed, dim, formats
+        self.progress = progress
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "progress": None}
+
+    def __call__(self) -> list[Ad]:
+        from .targeting import parse_ad
+
+        path = self.root / ADS_FILE
+        table = _read_parquet(path, ads_schema_without_embedding(), list(_AD_COLUMNS))
+        cols = {name: table.column(name).to_pylist() for name in _AD_COLUMNS}
+        del table
+        ads: list[Ad] = []
+        loads = json.loads
+        with paused_gc():
+            for i in _progress_chunks(range(len(cols["ad_id"])), self.progress):
+                obj = {name: cols[name][i] for name in _AD_COLUMNS[:5]}
+                try:
+                    obj["targeting"] = loads(cols["targeting"][i])
+                    # the embedding lives in `Dataset.embeddings` (row i); the Ad itself carries none
+                    ads.append(parse_ad(obj, seed=self.seed, dim=self.dim, formats=self.formats,
+                                        derive_embedding=False, copy_targeting=False))
+                except (ValueError, TargetingError) as exc:
+                    raise StoreError(f"{path}: row {i}: {exc}") from None
+        if len({a.ad_id for a in ads}) != len(ads):
+            raise StoreError(f"{path}: duplicate ad ids")
+        return ads
+
+
+def ads_schema_without_embedding() -> pa.Schema:
+    return pa.schema([f for f in ads_schema("fp32", 1) if f.name in _AD_COLUMNS])
+
+
+def read_targeting(root, meta: dict, n_ads: int) -> CompiledTargeting:
+    """DIR/targeting.npz, after checking that it is the file meta.json recorded and that it was
+    compiled from the ads.parquet beside it (sha256 of both files)."""
+    root = Path(root)
+    entry = meta["targeting"]
+    path = root / TARGETING_FILE
+    fix = (f"re-run `andromeda generate` / `andromeda import`, or `andromeda reindex --data {root}` to "
+           f"parse and validate ads.parquet again and rebuild {TARGETING_FILE}")
+    if entry.get("format_version") != TARGETING_FORMAT:
+        raise StoreError(f"{path}: format_version {entry.get('format_version')!r}, this andromeda-nb reads "
+                         f"{TARGETING_FORMAT}; {fix}")
+    if file_sha256(root / ADS_FILE) != entry.get("ads_sha256"):
+        raise StoreError(f"{path}: stale: {ADS_FILE} has changed since {TARGETING_FILE} was compiled from it "
+                         f"(its sha256 differs from the one meta.json recorded); {fix}")
+    if file_sha256(path) != entry.get("sha256"):
+        raise StoreError(f"{path}: not the file meta.json recorded (sha256 differs): replaced or damaged; {fix}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [name for name in COMPILED_ARRAYS if name not in npz.files]
+            if missing:
+                raise ValueError(f"missing arrays {', '.join(missing)}")
+            ct = CompiledTargeting(**{name: npz[name] for name in COMPILED_ARRAYS})
+        check_compiled(ct)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{path}: {exc}; {fix}") from None
+    if len(ct) != n_ads:
+        raise StoreError(f"{path}: holds {len(ct)} ads, {ADS_FILE} {n_ads}; {fix}")
+    return ct
+
+
 def load_dataset(data_dir, progress: Progress | None = None):
-    """Read a corpus directory into a `Dataset`, validating every ad and request with the same
-    parser as `import` (an invalid row here means the files were edited by hand: StoreError naming
-    the row). The embeddings are `dataset.embeddings` (row i is ads[i]); the `Ad` objects carry
-    none (`Ad.embedding` is None). `progress(n)` is called as ads and requests are parsed."""
+    """Read a corpus directory into a `Dataset` without parsing any ad: the compiled targeting comes
+    from targeting.npz (checked to belong to ads.parquet), ids and formats from its columns, the
+    embeddings from ads.parquet (`dataset.embeddings`, row i is ad i). `dataset.ads` parses
+    ads.parquet on first access (the `Ad` objects carry no embedding). Requests are parsed and
+    validated here. A directory without targeting.npz (written before it existed) is read the slow
+    way: every ad parsed and compiled now. `progress(n)` is called as ads and requests are done."""
     from .dataset import Dataset
-    from .targeting import parse_ad, parse_request
+    from .targeting import parse_request
 
     root = Path(data_dir)
     meta = read_meta(root)
@@ -270,29 +426,34 @@ def load_dataset(data_dir, progress: Progress | None = None):
     except ModelError as exc:
         raise StoreError(str(exc)) from None
     precision, seed = meta["precision"], int(meta["seed"])
-    ads_table = _read_parquet(root / ADS_FILE, ads_schema(precision, model.D))
-    req_table = _read_parquet(root / REQUESTS_FILE, REQUESTS_SCHEMA)
-    for name, got in (("ads", ads_table.num_rows), ("requests", req_table.num_rows)):
+    schema = ads_schema(precision, model.D)
+    n_rows = {"ads": _check_parquet_schema(root / ADS_FILE, schema),
+              "requests": _check_parquet_schema(root / REQUESTS_FILE, REQUESTS_SCHEMA)}
+    for name, got in n_rows.items():
         want = meta["counts"].get(name)
         if want != got:
             raise StoreError(f"{root / META_FILE}: says {want} {name}, the Parquet file has {got}")
+    loader = ParquetAds(root, seed, model.D, model.F, progress)
+    compiled, ads = None, None
+    if "targeting" in meta:
+        compiled = read_targeting(root, meta, n_rows["ads"])
+        ads_table = _read_parquet(root / ADS_FILE, schema, ["ad_id", "format", "embedding", "scale"])
+        for name in ("ad_id", "format"):
+            if not np.array_equal(ads_table.column(name).to_numpy(), getattr(compiled, name)):
+                raise StoreError(f"{root / TARGETING_FILE}: column {name!r} differs from {ADS_FILE}'s")
+        if len(np.unique(compiled.ad_id)) != len(compiled):
+            raise StoreError(f"{root / ADS_FILE}: duplicate ad ids")
+        if progress is not None:
+            progress(len(compiled))
+    else:  # written before targeting.npz existed: parse every ad now
+        ads_table = _read_parquet(root / ADS_FILE, schema, ["embedding", "scale"])
+        ads = loader()
     embeddings = read_embeddings(ads_table, precision, model.D)
+    del ads_table
     if not np.all(np.isfinite(embeddings.values)):
         row = int(np.flatnonzero(~np.all(np.isfinite(embeddings.values), axis=1))[0])
         raise StoreError(f"{root / ADS_FILE}: row {row}: embedding has a NaN or infinite value")
-    cols = {name: ads_table.column(name).to_pylist() for name in
-            ("ad_id", "status", "start_time", "end_time", "format", "targeting")}
-    ads: list[Ad] = []
-    for i in _progress_chunks(range(len(embeddings)), progress):
-        obj = {name: cols[name][i] for name in ("ad_id", "status", "start_time", "end_time", "format")}
-        try:
-            obj["targeting"] = json.loads(cols["targeting"][i])
-            # the embedding lives in `embeddings` (row i); the Ad itself carries none
-            ads.append(parse_ad(obj, seed=seed, dim=model.D, formats=model.F, derive_embedding=False))
-        except (ValueError, TargetingError) as exc:
-            raise StoreError(f"{root / ADS_FILE}: row {i}: {exc}") from None
-    if len({a.ad_id for a in ads}) != len(ads):
-        raise StoreError(f"{root / ADS_FILE}: duplicate ad ids")
+    req_table = _read_parquet(root / REQUESTS_FILE, REQUESTS_SCHEMA)
     requests: list[Request] = []
     rids, texts = req_table.column("request_id").to_pylist(), req_table.column("request").to_pylist()
     for i in _progress_chunks(range(len(rids)), progress):
@@ -301,8 +462,36 @@ def load_dataset(data_dir, progress: Progress | None = None):
                                           request_id=rids[i]))
         except (ValueError, TargetingError) as exc:
             raise StoreError(f"{root / REQUESTS_FILE}: row {i}: {exc}") from None
+    loader.progress = None
     return Dataset(ads=ads, embeddings=embeddings, requests=requests, model=model, seed=seed,
-                   precision=precision, meta=meta)
+                   precision=precision, meta=meta, compiled=compiled, ads_loader=loader, source_dir=root)
+
+
+def reindex(data_dir, progress: Progress | None = None) -> dict:
+    """Parse and validate every ad of DIR/ads.parquet again (as `import` does), compile them and
+    write DIR/targeting.npz, recording it in meta.json. For a corpus written before targeting.npz
+    existed, or one whose ads.parquet was edited on purpose. Returns meta.json's new entry."""
+    from .compiled import compile_ads
+
+    root = Path(data_dir)
+    meta = read_meta(root)
+    meta.pop("targeting", None)
+    try:
+        model = MoeModel.load(root / MODEL_FILE)
+    except ModelError as exc:
+        raise StoreError(str(exc)) from None
+    n_ads = _check_parquet_schema(root / ADS_FILE, ads_schema(meta["precision"], model.D))
+    if meta["counts"].get("ads") != n_ads:
+        raise StoreError(f"{root / META_FILE}: says {meta['counts'].get('ads')} ads, the Parquet file has {n_ads}")
+    ads = ParquetAds(root, int(meta["seed"]), model.D, model.F, progress)()
+    with paused_gc():
+        compiled = compile_ads(ads)
+    del ads
+    meta["targeting"] = write_targeting(root, compiled)
+    with open(root / META_FILE, "w") as fh:
+        json.dump(meta, fh, indent=2)
+        fh.write("\n")
+    return meta["targeting"]
 
 
 # --- JSON Lines -------------------------------------------------------------------------------------
@@ -379,7 +568,7 @@ def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 
     summary = ImportSummary(out_dir=str(out), rejected_path=str(out / REJECTED_FILE))
     ads: list[Ad] = []
     first_line: dict[int, int] = {}
-    with open(out / REJECTED_FILE, "w") as rejected:
+    with open(out / REJECTED_FILE, "w") as rejected, paused_gc():
         def reject(ad_id, error: str) -> None:
             summary.rejected_ads += 1
             record = {"ad_id": ad_id, "error": error}
@@ -394,7 +583,9 @@ def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 
                 reject(None, error)
                 continue
             try:
-                ad = parse_ad(obj, seed=seed, dim=model.D, formats=model.F, line=line_no, derive_embedding=False)
+                # `obj` is freshly decoded and not kept: the Ad may hold its targeting object as is
+                ad = parse_ad(obj, seed=seed, dim=model.D, formats=model.F, line=line_no, derive_embedding=False,
+                              copy_targeting=False)
             except TargetingError as exc:
                 reject(exc.ad_id if exc.ad_id is not None else _id_of(obj, "ad_id"), str(exc))
                 continue
@@ -462,7 +653,8 @@ def export_jsonl(dataset, out_dir) -> tuple[Path, Path]:
 
 
 __all__ = [
-    "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "AdsWriter", "ImportSummary",
-    "StoreError", "ads_record_batch", "ads_schema", "export_jsonl", "import_jsonl", "load_dataset",
-    "read_meta", "save_dataset", "write_meta", "write_requests",
+    "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
+    "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "export_jsonl", "file_sha256",
+    "import_jsonl", "load_dataset", "paused_gc", "read_meta", "read_targeting", "reindex", "save_dataset",
+    "write_meta", "write_requests", "write_targeting",
 ]

@@ -93,12 +93,12 @@ class IndexHostServer(RetrieveServer):
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, **kwargs)
         self.model = model
         self.dim, self.formats = model.D, model.F
-        self.index = CpuTargetingIndex.build(dataset.ads, threads=threads)
+        self.index = CpuTargetingIndex.from_compiled(dataset.compiled, threads=threads)  # no ad parsed
         if dataset.requests:
             self.index.match_slots(dataset.requests[:1])  # compile / load the match kernel now
         # scorer row per index slot: at start both hold the corpus in file order
         self.scorer_row = np.full(self.index.capacity, -1, np.int32)
-        self.scorer_row[: len(dataset.ads)] = np.arange(len(dataset.ads), dtype=np.int32)
+        self.scorer_row[: dataset.n_ads] = np.arange(dataset.n_ads, dtype=np.int32)
         self.corpus_fingerprint = fingerprint(dataset.ad_ids)
         self.scorer = ScorerClient(scorer_location, timeout_s=scorer_timeout_s)
         self.scorer_location = scorer_location

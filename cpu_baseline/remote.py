@@ -75,6 +75,16 @@ class ServiceProcess:
         return self.proc.returncode
 
 
+def _check_same_corpus(location: str, dataset, data_dir) -> None:
+    """The index host loaded `data_dir`: it must hold the dataset's ads, row for row."""
+    from .scoring_service import fingerprint
+
+    got = flight_action(location, "health").get("fingerprint")
+    if got != fingerprint(dataset.ad_ids):
+        raise RuntimeError(f"the services loaded {data_dir}, whose ads differ from the dataset's "
+                           f"(fingerprint {got}, expected {fingerprint(dataset.ad_ids)})")
+
+
 class RemoteRetriever:
     """interfaces.Retriever over the index host's `["retrieve"]` exchange."""
 
@@ -92,10 +102,15 @@ class RemoteRetriever:
               traffic: bool = False, data_dir: str | None = None, scorer_timeout_s: float = 10.0,
               threads: int | None = None, start_timeout_s: float = START_TIMEOUT_S, **options) -> "RemoteRetriever":
         """Start (or connect to) the scoring service and the index host. `device` is accepted for
-        interface symmetry and ignored: this architecture runs on the CPU."""
+        interface symmetry and ignored: this architecture runs on the CPU. The services load the
+        corpus directory `data_dir`, or the one `dataset` was read from (`dataset.source_dir`: the
+        fast load, nothing parsed), and are checked to hold the dataset's ads; a dataset made in
+        memory travels to them as a pickle."""
         processes: list[ServiceProcess] = []
         relays: dict[str, Relay] = {}
         tmp = None
+        if data_dir is None and dataset is not None:
+            data_dir = getattr(dataset, "source_dir", None)
         try:
             if host is None:
                 if data_dir:
@@ -122,6 +137,8 @@ class RemoteRetriever:
                 host = proc.location
             location = location_of(host)
             wait_until_healthy(location, timeout=30.0)
+            if processes and data_dir and dataset is not None:
+                _check_same_corpus(location, dataset, data_dir)
             if traffic:
                 h, p = location.split("://", 1)[1].rsplit(":", 1)
                 relays["client->index host"] = Relay(h, int(p)).start()

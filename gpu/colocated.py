@@ -107,7 +107,7 @@ class ColocatedEngine:
         if self.device == "cpu":
             from cpu_baseline.index import CpuTargetingIndex
 
-            self.index = CpuTargetingIndex.build(dataset.ads)
+            self.index = CpuTargetingIndex.from_compiled(dataset.compiled)  # no ad parsed
             # numba's CPU target has no float16 arrays: fp16 values are widened to float32 (exact)
             self._values = values.astype(np.float32) if values.dtype == np.float16 else values.copy()
             self._scale = scale.copy()
@@ -120,7 +120,7 @@ class ColocatedEngine:
             from .fused import FusedScorer
             from .index import GpuTargetingIndex
 
-            self.index = GpuTargetingIndex.build(dataset.ads, device=self.device)
+            self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device)
             slots = self.index.slots
             S = slots.capacity
             row_of = {int(a): i for i, a in enumerate(ids.tolist())}
@@ -286,12 +286,15 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
             return {"applied": applied, "rejected": [r.to_json() for r in rejections]}
 
         def health_info(self) -> dict:
-            return self.engine.describe()
+            return {**self.engine.describe(), "fingerprint": corpus_fingerprint}
 
         def close_resources(self) -> None:
             self.engine.close()
 
+    from cpu_baseline.scoring_service import fingerprint
+
     model_dim, model_f = dataset.model.D, dataset.model.F
+    corpus_fingerprint = fingerprint(dataset.ad_ids)  # the ad id of each row at start, as the remote services
     return ColocatedServer()
 
 
@@ -347,6 +350,17 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def _check_same_corpus(location: str, dataset, data_dir) -> None:
+    """The server loaded `data_dir`: it must hold the dataset's ads, row for row."""
+    from andromeda_nb.flight import flight_action
+    from cpu_baseline.scoring_service import fingerprint
+
+    got = flight_action(location, "health").get("fingerprint")
+    if got != fingerprint(dataset.ad_ids):
+        raise RuntimeError(f"the co-located server loaded {data_dir}, whose ads differ from the dataset's "
+                           f"(fingerprint {got}, expected {fingerprint(dataset.ad_ids)})")
+
+
 class ColocatedRetriever:
     """`interfaces.Retriever` for the co-located architecture (in process, or over Flight to a server)."""
 
@@ -379,19 +393,25 @@ class ColocatedRetriever:
         from andromeda_nb.relay import Relay
 
         proc, tmp, relays = None, None, {}
+        data_dir = getattr(dataset, "source_dir", None)  # read from a directory: the server loads it
         try:
             if host is None:
-                tmp = tempfile.TemporaryDirectory(prefix="andromeda-colocated-")
-                path = Path(tmp.name) / "dataset.pkl"
-                with open(path, "wb") as f:
-                    pickle.dump(dataset, f, protocol=pickle.HIGHEST_PROTOCOL)
-                args = ["--dataset-pickle", str(path), "--device", device]
+                if data_dir is not None:
+                    args = ["--data", str(data_dir), "--device", device]
+                else:  # a dataset made in memory travels as a pickle
+                    tmp = tempfile.TemporaryDirectory(prefix="andromeda-colocated-")
+                    path = Path(tmp.name) / "dataset.pkl"
+                    with open(path, "wb") as f:
+                        pickle.dump(dataset, f, protocol=pickle.HIGHEST_PROTOCOL)
+                    args = ["--dataset-pickle", str(path), "--device", device]
                 if version is not None:
                     args += ["--version", str(version)]
                 proc = ServerProcess(args)
                 host = proc.location
             location = location_of(host)
             wait_until_healthy(location, timeout=30.0)
+            if proc is not None and data_dir is not None:
+                _check_same_corpus(location, dataset, data_dir)
             if traffic:
                 h, p = location.split("://", 1)[1].rsplit(":", 1)
                 relays["client->server"] = Relay(h, int(p)).start()

@@ -36,7 +36,7 @@ def test_same_seed_gives_identical_files(tmp_path):
     a = corpus.generate_corpus(tmp_path / "a", 700, 9, SEED, precision="int8")
     b = corpus.generate_corpus(tmp_path / "b", 700, 9, SEED, precision="int8", workers=2)
     files_a, files_b = _files(tmp_path / "a"), _files(tmp_path / "b")
-    assert set(files_a) == {"meta.json", "ads.parquet", "requests.parquet", "model.npz"}
+    assert set(files_a) == {"meta.json", "ads.parquet", "targeting.npz", "requests.parquet", "model.npz"}
     assert files_a == files_b, f"seed {SEED}: two runs wrote different files"
     assert a.sample_ads == b.sample_ads
     corpus.generate_corpus(tmp_path / "c", 700, 9, SEED + 1, precision="int8")
