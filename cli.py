@@ -211,6 +211,30 @@ def export(data, out, quiet):
     click.echo(f"wrote {len(dataset.ads)} ads to {ads_path} and {len(dataset.requests)} requests to {requests_path}")
 
 
+@main.command()
+@_DATA_OPTION
+@_JSON_OPTION
+@_QUIET_OPTION
+def reindex(data, as_json, quiet):
+    """Parse and validate every ad of a corpus directory's ads.parquet again and rewrite its compiled
+    targeting (targeting.npz, recorded in meta.json). For a corpus written before targeting.npz
+    existed (it loads the slow way until then) or one whose ads.parquet was changed on purpose."""
+    import json
+
+    from andromeda_nb.store import StoreError, read_meta, reindex as reindex_corpus
+
+    try:
+        n_ads = int(read_meta(data)["counts"].get("ads", 0))
+        with _Progress("parsing ads", n_ads, quiet) as bar:
+            entry = reindex_corpus(data, progress=bar)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(entry))
+    else:
+        click.echo(f"compiled the targeting of {entry['ads']} ads into {data}/{entry['file']}")
+
+
 # --- answers ---------------------------------------------------------------------------------------
 
 

@@ -269,3 +269,23 @@ def test_a_directory_that_no_longer_holds_the_dataset_is_refused(corpus_dir, tmp
     corpus.generate_corpus(moved, 40, 2, SEED + 2)  # the same path now holds another corpus
     with pytest.raises(RuntimeError, match="differ from the dataset's"):
         ColocatedRetriever.build(ds, device="cpu", served=True)
+
+
+def test_cli_reindex_adds_the_targeting_file_to_an_old_corpus(corpus_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from cli import main
+
+    old = _copy(corpus_dir, tmp_path / "old")
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["targeting"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    (old / "targeting.npz").unlink()
+    result = CliRunner().invoke(main, ["reindex", "--data", str(old), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["ads"] == N_ADS
+    ds = store.load_dataset(old)
+    assert not ds.ads_loaded
+    _assert_same_compiled(ds.compiled, store.load_dataset(corpus_dir).compiled, "reindexed")
+    bad = CliRunner().invoke(main, ["reindex", "--data", str(tmp_path)])
+    assert bad.exit_code == 1 and "meta.json: missing" in bad.output and "Traceback" not in bad.output
