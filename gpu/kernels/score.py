@@ -495,7 +495,7 @@ VERSIONS = {
     3: Version("v3 tiled x2", "tiles", 2, "v2 with two ads per thread"),
     4: Version("v4 tiled x4", "tiles", 4, "v2 with four ads per thread"),
 }
-BEST = 3  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
+BEST = 4  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
 
 
 def cap_for(k: int) -> int:
