@@ -344,9 +344,12 @@ class ParquetAds:
     corpus; picklable). Every row goes through `targeting.parse_ad`, as at import: a row that fails
     raises StoreError naming the row."""
 
-    def __init__(self, root, seed: int, dim: int, formats: int, progress: Progress | None = None):
+    def __init__(self, root, seed: int, dim: int, formats: int, progress: Progress | None = None, *,
+                 ads_sha256: str | None = None, ad_ids: np.ndarray | None = None):
         self.root, self.seed, self.dim, self.formats = Path(root), seed, dim, formats
         self.progress = progress
+        self.ads_sha256 = ads_sha256  # when given: ads.parquet must still be the file that was loaded
+        self.ad_ids = ad_ids  # ... and hold these ids in this order
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "progress": None}
@@ -355,6 +358,8 @@ class ParquetAds:
         from .targeting import parse_ad
 
         path = self.root / ADS_FILE
+        if self.ads_sha256 is not None and file_sha256(path) != self.ads_sha256:
+            raise StoreError(f"{path}: has changed since the corpus was loaded; load it again")
         table = _read_parquet(path, ads_schema_without_embedding(), list(_AD_COLUMNS))
         cols = {name: table.column(name).to_pylist() for name in _AD_COLUMNS}
         del table
@@ -372,6 +377,8 @@ class ParquetAds:
                     raise StoreError(f"{path}: row {i}: {exc}") from None
         if len({a.ad_id for a in ads}) != len(ads):
             raise StoreError(f"{path}: duplicate ad ids")
+        if self.ad_ids is not None and not np.array_equal(self.ad_ids, [a.ad_id for a in ads]):
+            raise StoreError(f"{path}: its ads are not the ones loaded from it before")
         return ads
 
 
@@ -437,6 +444,7 @@ def load_dataset(data_dir, progress: Progress | None = None):
     compiled, ads = None, None
     if "targeting" in meta:
         compiled = read_targeting(root, meta, n_rows["ads"])
+        loader.ads_sha256, loader.ad_ids = meta["targeting"]["ads_sha256"], compiled.ad_id
         ads_table = _read_parquet(root / ADS_FILE, schema, ["ad_id", "format", "embedding", "scale"])
         for name in ("ad_id", "format"):
             if not np.array_equal(ads_table.column(name).to_numpy(), getattr(compiled, name)):

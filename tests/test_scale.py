@@ -289,3 +289,15 @@ def test_cli_reindex_adds_the_targeting_file_to_an_old_corpus(corpus_dir, tmp_pa
     _assert_same_compiled(ds.compiled, store.load_dataset(corpus_dir).compiled, "reindexed")
     bad = CliRunner().invoke(main, ["reindex", "--data", str(tmp_path)])
     assert bad.exit_code == 1 and "meta.json: missing" in bad.output and "Traceback" not in bad.output
+
+
+def test_lazy_ads_refuse_an_ads_file_changed_after_loading(corpus_dir, tmp_path):
+    copy = _copy(corpus_dir, tmp_path / "copy")
+    ds = store.load_dataset(copy)
+    shutil.copy(tmp_path / "copy" / "ads.parquet", tmp_path / "keep.parquet")
+    table = pq.read_table(copy / "ads.parquet").slice(0, N_ADS - 1)
+    pq.write_table(table, copy / "ads.parquet")
+    with pytest.raises(store.StoreError, match="has changed since the corpus was loaded"):
+        ds.ads
+    shutil.copy(tmp_path / "keep.parquet", copy / "ads.parquet")
+    assert len(ds.ads) == N_ADS
