@@ -10,8 +10,8 @@ Targeting (exact eligible sets, DESIGN section 2; the custom-location boundary a
 
 Retrieval (top-K and scores against the float64 `ReferenceRetriever` by `andromeda_nb.compare`):
 * both architectures end to end as real processes on 127.0.0.1: `RemoteRetriever` (index host and
-  scoring service) and `ColocatedRetriever` on device "cpu" behind its Flight server. One pair of
-  services is started for the module and reused: every hypothesis example sends a drawn update
+  scoring service) and `ColocatedRetriever` on device "cpu" behind its Flight server, loading the
+  corpus saved as a directory. One pair of services is started for the module and reused: every hypothesis example sends a drawn update
   stream (JSON Lines, a malformed line sometimes among them) through each service's `update` action,
   checks the acknowledgement, then compares a drawn batch of requests at a drawn K;
 * `ColocatedRetriever` on device "sim" (GPU index, fused kernel and GPU top-K under the simulator)
@@ -60,8 +60,8 @@ STATEFUL = settings(BASE, phases=(Phase.explicit, Phase.generate))
 
 SIM_CHUNK = 32  # slots per format chunk for the simulated GPU index (production: 256)
 SIM_FORMATS = 3
-SIM_POOL = 200  # ads of the simulated co-located pool: one format, so one 256-slot chunk ...
-SIM_MAX_UPDATES = 10  # ... which 4 steps of at most 10 updates (3 in 10 of them creates) cannot outgrow
+SIM_POOL = 300  # ads of the simulated co-located pool: two formats, so two 256-slot chunks ...
+SIM_MAX_UPDATES = 10  # ... which 4 steps of at most 10 updates (3 in 10 of them creates) do not outgrow
 
 
 # --- targeting: one case, any set of indexes against the oracle ------------------------------------------
@@ -127,8 +127,7 @@ def index_case(factories: dict, ads, updates, requests, context: str, *, chunks:
 
 
 def index_property(factories: dict, *, max_examples: int, max_ads: int, max_updates: int, max_requests: int,
-                   formats: int = DEFAULT_F,
-                   chunks: int = 2, config=BASE):
+                   formats: int = DEFAULT_F, chunks: int = 2, config=BASE):
     """A hypothesis test: drawn ads, update stream (10% for ids that are not live) and requests,
     `index_case` on them."""
 
@@ -313,17 +312,22 @@ def run_step(world: RetrievalWorld, seed: int, *, max_updates: int, ks, n_reques
 
 
 @pytest.fixture(scope="module")
-def served_world():
-    """2,000 random ads (int8 embeddings, D 16, 4 formats); the remote architecture (index host and
-    scoring service) and the co-located server on device "cpu", all subprocesses on 127.0.0.1."""
+def served_world(tmp_path_factory):
+    """2,000 random ads (int8 embeddings, D 16, 4 formats) saved as a corpus directory; the remote
+    architecture (index host and scoring service) and the co-located server on device "cpu", all
+    subprocesses on 127.0.0.1 loading that directory (compiled targeting from targeting.npz, nothing
+    parsed). The reference is built from the ads in memory."""
+    from andromeda_nb.store import load_dataset, save_dataset
     from cpu_baseline.remote import RemoteRetriever
     from gpu.colocated import ColocatedRetriever
 
     dataset = make_dataset(2026, 2000, D=16, F=4, precision="int8")
+    stored = load_dataset(save_dataset(dataset, tmp_path_factory.mktemp("corpus")))
+    assert stored.source_dir is not None and not stored.ads_loaded
     started = []
     try:
-        started.append(RemoteRetriever.build(dataset))
-        started.append(ColocatedRetriever.build(dataset, device="cpu", served=True))
+        started.append(RemoteRetriever.build(stored))
+        started.append(ColocatedRetriever.build(stored, device="cpu", served=True))
         yield RetrievalWorld(dataset, {"remote": started[0], "colocated (cpu, served)": started[1]})
     finally:
         for retriever in reversed(started):
@@ -341,11 +345,12 @@ def test_both_architectures_equal_reference_through_updates(served_world, seed):
 
 @pytest.fixture(scope="module")
 def sim_world():
-    """A small pool in one format (one 256-slot chunk, the simulator's cost) for the co-located path
-    on device "sim"."""
+    """A small pool in two formats (two 256-slot chunks: the simulator's cost is per slot) for the
+    co-located path on device "sim", with float16 embeddings; replacements may move an ad to the
+    other format's chunk."""
     from gpu.colocated import ColocatedRetriever
 
-    dataset = make_dataset(7, SIM_POOL, D=16, F=1, precision="int8")
+    dataset = make_dataset(7, SIM_POOL, D=16, F=2, precision="fp16")
     retriever = ColocatedRetriever.build(dataset, device="sim")
     assert retriever.device == "sim"
     try:
@@ -359,7 +364,7 @@ def sim_world():
 def test_colocated_sim_equals_reference_through_updates(sim_world, seed):
     """The co-located path on the simulated GPU (match, fused scoring and top-K kernels) equals the
     reference through drawn update streams."""
-    run_step(sim_world, seed, max_updates=SIM_MAX_UPDATES, ks=(1, 5, 64), n_requests=3, require_eligible=False)
+    run_step(sim_world, seed, max_updates=SIM_MAX_UPDATES, ks=(1, 5, 64), n_requests=2, require_eligible=False)
 
 
 # --- every check can fail -----------------------------------------------------------------------------------
