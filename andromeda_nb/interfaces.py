@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class TargetingIndex(Protocol):
     """Targeting match: `andromeda_nb.oracle.OracleIndex`, `cpu_baseline.index.CpuTargetingIndex`,
-    `gpu.index.GpuTargetingIndex`."""
+    `gpu.index.GpuTargetingIndex`. The two indexes also offer `from_compiled(ct, **options)`, built
+    from a `compiled.CompiledTargeting` (a stored corpus's `Dataset.compiled`) with no ad parsed;
+    `andromeda_nb.reference.build_index` picks it where a class has it."""
 
     @classmethod
     def build(cls, ads: Sequence[Ad]) -> "TargetingIndex": ...
