@@ -6,7 +6,9 @@ Targeting (exact eligible sets, DESIGN section 2; the custom-location boundary a
   a few seeded cases of thousands of ads, with update streams (creates, replacements, status
   changes, retirements, re-creations, updates for ids that are not live) checked between chunks;
 * `OracleIndex` against `GpuTargetingIndex` under the CUDA simulator, on small pools only (the
-  simulator costs about 10 ms per slot and launch), with single and batched (`apply_many`) updates.
+  simulator costs about 10 ms per slot and launch), with single and batched (`apply_many`) updates;
+* both again at the edges of the value ranges: ad ids above 2**62, targeting ids near 2**40 (equal
+  raw ids under different keys), users at the age limits, request times on schedule boundaries.
 
 Retrieval (top-K and scores against the float64 `ReferenceRetriever` by `andromeda_nb.compare`):
 * both architectures end to end as real processes on 127.0.0.1: `RemoteRetriever` (index host and
@@ -24,11 +26,13 @@ CI draws a fixed set of examples (derandomized; about a minute on two cores). Fo
 set ANDROMEDA_EQUIVALENCE_SCALE=N: N times the examples, drawn at random.
 
 Every check can fail: the meta-tests run the same property code on an index that drops one eligible
-ad and on a retriever that ignores status updates, and require a failure.
+ad, on one that keeps ads eligible at their end_time (caught by the edge cases only) and on a
+retriever that ignores status updates, and require a failure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -40,12 +44,14 @@ from hypothesis import strategies as st
 import cpu_baseline.index as cpu_index_module
 from andromeda_nb import testing
 from andromeda_nb.compare import boundary_excused, compare_eligible, compare_topk
-from andromeda_nb.constants import DEFAULT_F
+from andromeda_nb.compiled import MAX_TERM_ID
+from andromeda_nb.constants import DEFAULT_F, FLEX_KEYS
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.model import MoeModel, quantize
-from andromeda_nb.oracle import OracleIndex
+from andromeda_nb.oracle import OracleIndex, eligible
 from andromeda_nb.reference import ReferenceRetriever
-from andromeda_nb.types import SetStatus, Upsert
+from andromeda_nb.targeting import ad_to_json, parse_ad, parse_request, request_to_json
+from andromeda_nb.types import Retire, SetStatus, Upsert
 from andromeda_nb.updates import LiveAds, apply_updates, read_updates
 from cpu_baseline.index import CpuTargetingIndex
 
@@ -153,7 +159,7 @@ def _gpu_sim(ads):
 
 
 test_cpu_index_equals_oracle_drawn = index_property(
-    {"cpu index": _cpu()}, max_examples=150, max_ads=14, max_updates=24, max_requests=6, chunks=3)
+    {"cpu index": _cpu()}, max_examples=400, max_ads=14, max_updates=24, max_requests=6, chunks=3)
 test_cpu_index_equals_oracle_drawn.__doc__ = (
     "Many small drawn corpora and streams: the CPU inverted index equals the oracle at every step.")
 
@@ -163,6 +169,104 @@ test_gpu_index_sim_equals_oracle_drawn = index_property(
 test_gpu_index_sim_equals_oracle_drawn.__doc__ = (
     "The GPU index under the CUDA simulator equals the oracle on small drawn corpora, single and "
     "batched updates (every request of a draw shares one launch, so requests are many).")
+
+
+# --- the same cases pushed to the edges of the value ranges ------------------------------------------------
+
+BIG_ID_STEP = 104_729  # ids i -> MAX_TERM_ID - i * step: the top of the range, equal raw ids across keys
+BIG_AD_ID = 1 << 62  # ad ids a -> BIG_AD_ID + a * 1_000_003
+EDGE_AGES = (0, 12, 13, 17, 18, 19, 40, 64, 65, 66, 120)
+ID_LIST_KEYS = FLEX_KEYS + ("custom_audiences", "excluded_custom_audiences", "regions", "cities", "locales")
+
+
+def _big(i: int) -> int:
+    return MAX_TERM_ID - int(i) * BIG_ID_STEP
+
+
+def _big_ad(a: int) -> int:
+    return BIG_AD_ID + int(a) * 1_000_003
+
+
+def _big_ids(obj):
+    """A targeting or user object with every id (lists of the id keys, region, city, locale) mapped
+    by `_big`; everything else as it was."""
+    if isinstance(obj, list):
+        return [_big_ids(x) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {}
+    for key, value in obj.items():
+        if key in ID_LIST_KEYS and isinstance(value, list):
+            out[key] = [_big(i) for i in value]
+        elif key in ("region", "city", "locale") and isinstance(value, int):
+            out[key] = _big(value)
+        else:
+            out[key] = _big_ids(value)
+    return out
+
+
+def _edge_ad(ad, formats: int):
+    obj = ad_to_json(ad)
+    obj["ad_id"] = _big_ad(obj["ad_id"])
+    obj["targeting"] = _big_ids(obj["targeting"])
+    return parse_ad(obj, seed=0, dim=len(ad.embedding), formats=formats)
+
+
+def _edge_update(update, formats: int):
+    if isinstance(update, Upsert):
+        return Upsert(_edge_ad(update.ad, formats))
+    if isinstance(update, SetStatus):
+        return SetStatus(_big_ad(update.ad_id), update.status)
+    return Retire(_big_ad(update.ad_id))
+
+
+@st.composite
+def edge_cases(draw, *, max_ads: int, max_updates: int, max_requests: int, formats: int):
+    """Drawn ads, updates and requests with every id at the top of its range (ad ids above 2**62,
+    targeting ids near 2**40), users at the age limits, and request times on the ads' schedule
+    boundaries (start inclusive, end exclusive) or one second either side."""
+    ads, updates = draw(testing.ads_and_updates(max_ads=max_ads, max_updates=max_updates, invalid=0.1, dim=8,
+                                                formats=formats))
+    requests = draw(testing.request_lists(1, max_requests))
+    ads = [_edge_ad(a, formats) for a in ads]
+    updates = [_edge_update(u, formats) for u in updates]
+    times = sorted({t for a in ads + [u.ad for u in updates if isinstance(u, Upsert)]
+                    for t in (a.start_time, a.end_time) if t is not None})
+    out = []
+    for request in requests:
+        obj = request_to_json(request)
+        obj["user"] = _big_ids(obj["user"])
+        if draw(st.booleans()):
+            obj["user"]["age"] = draw(st.sampled_from(EDGE_AGES))
+        if times and draw(st.integers(0, 9)) < 8:
+            obj["context"]["time"] = draw(st.sampled_from(times)) + draw(st.sampled_from((-1, 0, 0, 1)))
+        out.append(parse_request(obj, seed=0, experts=len(request.signals), width=request.signals.shape[1]))
+    return ads, updates, out
+
+
+def edge_property(factories: dict, *, max_examples: int, max_ads: int, max_updates: int, max_requests: int,
+                  formats: int = DEFAULT_F, config=BASE):
+    @settings(config, max_examples=max_examples * SCALE)
+    @given(edge_cases(max_ads=max_ads, max_updates=max_updates, max_requests=max_requests, formats=formats))
+    def prop(case):
+        ads, updates, requests = case
+        note(f"{len(ads)} ads, {len(updates)} updates, {len(requests)} requests")
+        index_case(factories, ads, updates, requests, f"edge values, {len(updates)} updates")
+
+    return prop
+
+
+test_cpu_index_equals_oracle_at_the_edges = edge_property(
+    {"cpu index": _cpu()}, max_examples=200, max_ads=14, max_updates=20, max_requests=8)
+test_cpu_index_equals_oracle_at_the_edges.__doc__ = (
+    "The CPU index equals the oracle with ids at the top of their ranges, ages at the limits and "
+    "request times on schedule boundaries.")
+
+test_gpu_index_sim_equals_oracle_at_the_edges = edge_property(
+    {"gpu index (sim)": _gpu_sim}, max_examples=3, max_ads=12, max_updates=16, max_requests=40,
+    formats=SIM_FORMATS)
+test_gpu_index_sim_equals_oracle_at_the_edges.__doc__ = (
+    "The GPU index under the simulator at the same edges.")
 
 
 def test_gpu_index_sim_built_empty_takes_upserts():
@@ -179,18 +283,22 @@ def test_gpu_index_sim_built_empty_takes_upserts():
     assert eligible > 0 and rejected > 0, f"seed 5: {eligible} eligible pairs, {rejected} rejected updates"
 
 
+N_REQUESTS_AT_SCALE = 100
+N_UPDATES_AT_SCALE = 600
+
+
 @pytest.mark.parametrize("early_merge", [False, True])
-@settings(BASE, max_examples=2 * SCALE)
+@settings(BASE, max_examples=3 * SCALE)
 @given(seed=SEEDS)
 def test_cpu_index_equals_oracle_thousands(early_merge, seed):
     """Thousands of seeded random ads and a few hundred updates per case; with `early_merge` the
     CPU index merges its delta segment into the main one during the stream."""
     rng = np.random.default_rng(seed)
-    n_ads = int(rng.integers(1500, 2500))
+    n_ads = int(rng.integers(2000, 4000))
     threads = int(rng.integers(1, 3))
     ads = testing.random_ads(rng, n_ads, dim=8)
-    requests = testing.random_requests(rng, 60)
-    updates = testing.random_updates(rng, ads, 400, invalid=0.1, dim=8)
+    requests = testing.random_requests(rng, N_REQUESTS_AT_SCALE)
+    updates = testing.random_updates(rng, ads, N_UPDATES_AT_SCALE, invalid=0.1, dim=8)
     context = f"seed {seed}, early_merge {early_merge}, threads {threads}"
     merges = []
     with pytest.MonkeyPatch.context() as mp:
@@ -198,8 +306,8 @@ def test_cpu_index_equals_oracle_thousands(early_merge, seed):
             mp.setattr(cpu_index_module, "DELTA_MERGE_MIN", 8)
         eligible, rejected = index_case({"cpu index": _cpu(threads)}, ads, updates, requests, context, chunks=4,
                                         inspect=lambda indexes: merges.append(indexes["cpu index"].merges))
-    print(f"{context}: {n_ads} ads, 60 requests, 400 updates ({rejected} rejected, {merges[0]} merges), "
-          f"{eligible} eligible pairs")
+    print(f"{context}: {n_ads} ads, {N_REQUESTS_AT_SCALE} requests, {N_UPDATES_AT_SCALE} updates "
+          f"({rejected} rejected, {merges[0]} merges), {eligible} eligible pairs")
     assert (merges[0] > 0) == early_merge, f"{context}: {merges[0]} delta merges"
     assert eligible > 0 and rejected > 0, f"{context}: the case proves nothing ({eligible} eligible, {rejected} rejected)"
 
@@ -392,6 +500,17 @@ class DropsOneEligible:
         return len(self.inner)
 
 
+class EndInclusive(OracleIndex):
+    """A wrong index: the oracle, except that an ad is still eligible at its end_time."""
+
+    def match(self, requests):
+        def later_end(ad):
+            return ad if ad.end_time is None else dataclasses.replace(ad, end_time=ad.end_time + 1)
+
+        return [np.asarray(sorted(i for i, ad in self.ads.items() if eligible(later_end(ad), r)), np.int64)
+                for r in requests]
+
+
 class IgnoresStatus:
     """A wrong retriever: the co-located engine, except that status updates never reach it."""
 
@@ -414,6 +533,16 @@ def test_wrong_index_is_caught_by_the_same_property():
     prop = index_property({"cpu index dropping one": lambda ads: DropsOneEligible(CpuTargetingIndex.build(ads))},
                           max_examples=30, max_ads=14, max_updates=24, max_requests=6, config=NO_SHRINK)
     with pytest.raises(AssertionError, match=r"cpu index dropping one vs oracle.*eligible ad\(s\) missing"):
+        prop()
+
+
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
+def test_schedule_off_by_one_is_caught_at_the_edges():
+    """An index that keeps an ad eligible at its end_time is caught by the edge property (request
+    times on the boundaries), while random times almost never land on a boundary."""
+    prop = edge_property({"end-inclusive": EndInclusive.build}, max_examples=40, max_ads=14, max_updates=20,
+                         max_requests=8, config=NO_SHRINK)
+    with pytest.raises(AssertionError, match=r"end-inclusive vs oracle.*not eligible but returned"):
         prop()
 
 
