@@ -65,6 +65,16 @@ class Dataset:
             self._ads = ads
         return self._ads
 
+    def ad_chunks(self, rows: int = 1 << 16):
+        """The ads, `rows` at a time, in order. Parses a chunk at a time from the corpus directory
+        when `.ads` has not been parsed (memory for one chunk, not for every ad)."""
+        if self._ads is None and hasattr(self._ads_loader, "chunks"):
+            yield from self._ads_loader.chunks(rows)
+            return
+        ads = self.ads
+        for lo in range(0, len(ads), rows):
+            yield ads[lo : lo + rows]
+
     @ads.setter
     def ads(self, ads: list[Ad]) -> None:
         self._ads, self._compiled, self._ads_loader = ads, None, None

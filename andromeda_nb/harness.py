@@ -88,7 +88,7 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     from cpu_baseline.index import CpuTargetingIndex
     from gpu.index import GpuTargetingIndex, resolve_device
 
-    from .oracle import OracleIndex
+    from .oracle import match_stream
 
     n_oracle = min(oracle_requests, len(requests))
     gpu_skipped = None
@@ -101,10 +101,9 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
                        f"is run on ({SIMULATOR_MAX_ADS:,})")
     log(f"building the oracle, the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
         f"over {dataset.n_ads:,} ads")
-    oracle = OracleIndex.build(dataset.ads)  # the only consumer of the parsed ads
     cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
     gpu = None if gpu_skipped else GpuTargetingIndex.from_compiled(dataset.compiled, device=gpu_where)
-    apply_stream(updates, [x for x in (oracle, cpu, gpu) if x is not None], dataset)
+    rejected = {r.line_no for r in apply_stream(updates, [x for x in (cpu, gpu) if x is not None], dataset)}
     log(f"matching {len(requests)} requests (oracle on {n_oracle})")
     cpu.match(requests[:1])  # warm-up: compiled code, scratch buffers
     if gpu is not None:
@@ -115,7 +114,9 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     t0 = time.perf_counter()
     gpu_sets = gpu.match(requests) if gpu is not None else None
     gpu_s = time.perf_counter() - t0
-    oracle_sets = oracle.match(requests[:n_oracle])
+    # the oracle over the ads parsed a chunk at a time (a million parsed ads would take ~8 GB)
+    oracle_sets = match_stream(dataset.ad_chunks(), requests[:n_oracle],
+                               [u for line, u in updates if line not in rejected])
     result = {"cpu_vs_oracle": Agreement(), "gpu_vs_oracle": Agreement(), "cpu_vs_gpu": Agreement()}
     for i, req in enumerate(requests):
         label = f"request {req.request_id}"

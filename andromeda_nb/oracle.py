@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -91,6 +91,40 @@ def eligible(ad: Ad, request: Request) -> bool:
     """DESIGN section 2: the ad is ACTIVE, in its schedule, and its targeting matches."""
     return (ad.status == "ACTIVE" and in_schedule(ad, request.context.time)
             and spec_matches(ad.targeting, request))
+
+
+def match_stream(ad_chunks: Iterable[Sequence[Ad]], requests: Sequence[Request],
+                 updates: Iterable[Update] = ()) -> list[np.ndarray]:
+    """What `OracleIndex.build(ads)` answers after `updates` (already checked against the live
+    ids, applied in order), for ads that arrive in chunks: memory for one chunk of parsed ads, not
+    for the whole corpus. The stream is first reduced to its end state per id (the upserted ads as
+    they end up, the ids whose original ad is gone, the status set on an original ad), then every
+    original ad still live is checked with `eligible` as it streams by, and the upserted ads after.
+    Eligible ad ids per request: int64, ascending."""
+    upserted = OracleIndex()  # ads created or replaced by the stream, in their final state
+    replaced: set[int] = set()  # ids whose original ad was retired or replaced
+    status: dict[int, str] = {}  # status changes of original ads
+    for update in updates:
+        ad_id = update.ad.ad_id if isinstance(update, Upsert) else update.ad_id
+        if isinstance(update, Upsert) or isinstance(update, Retire):
+            replaced.add(ad_id)
+            status.pop(ad_id, None)
+        if ad_id in upserted.ads or isinstance(update, Upsert):
+            upserted.apply(update)
+        elif isinstance(update, SetStatus):
+            status[ad_id] = update.status
+    hits: list[list[int]] = [[] for _ in requests]
+    for chunk in ad_chunks:
+        for ad in chunk:
+            if ad.ad_id in replaced:
+                continue
+            if ad.ad_id in status:
+                ad = dataclasses.replace(ad, status=status[ad.ad_id])
+            for j, request in enumerate(requests):
+                if eligible(ad, request):
+                    hits[j].append(ad.ad_id)
+    extra = upserted.match(requests)
+    return [np.unique(np.concatenate([np.asarray(h, np.int64), e])) for h, e in zip(hits, extra)]
 
 
 class OracleIndex:

@@ -355,31 +355,48 @@ class ParquetAds:
         return {**self.__dict__, "progress": None}
 
     def __call__(self) -> list[Ad]:
+        ads: list[Ad] = []
+        seen: set[int] = set()
+        for chunk in self.chunks():
+            ads.extend(chunk)
+            seen.update(a.ad_id for a in chunk)
+        if len(seen) != len(ads):
+            raise StoreError(f"{self.root / ADS_FILE}: duplicate ad ids")
+        return ads
+
+    def chunks(self, rows: int = 1 << 16) -> Iterator[list[Ad]]:
+        """The ads parsed `rows` at a time, in file order (a caller that streams over them holds one
+        chunk of parsed ads at a time)."""
         from .targeting import parse_ad
 
         path = self.root / ADS_FILE
         if self.ads_sha256 is not None and file_sha256(path) != self.ads_sha256:
             raise StoreError(f"{path}: has changed since the corpus was loaded; load it again")
-        table = _read_parquet(path, ads_schema_without_embedding(), list(_AD_COLUMNS))
-        cols = {name: table.column(name).to_pylist() for name in _AD_COLUMNS}
-        del table
-        ads: list[Ad] = []
+        _check_parquet_schema(path, ads_schema_without_embedding())
         loads = json.loads
-        with paused_gc():
-            for i in _progress_chunks(range(len(cols["ad_id"])), self.progress):
-                obj = {name: cols[name][i] for name in _AD_COLUMNS[:5]}
-                try:
-                    obj["targeting"] = loads(cols["targeting"][i])
-                    # the embedding lives in `Dataset.embeddings` (row i); the Ad itself carries none
-                    ads.append(parse_ad(obj, seed=self.seed, dim=self.dim, formats=self.formats,
-                                        derive_embedding=False, copy_targeting=False))
-                except (ValueError, TargetingError) as exc:
-                    raise StoreError(f"{path}: row {i}: {exc}") from None
-        if len({a.ad_id for a in ads}) != len(ads):
-            raise StoreError(f"{path}: duplicate ad ids")
-        if self.ad_ids is not None and not np.array_equal(self.ad_ids, [a.ad_id for a in ads]):
+        lo = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=list(_AD_COLUMNS)):
+            cols = {name: batch.column(name).to_pylist() for name in _AD_COLUMNS}
+            ads: list[Ad] = []
+            with paused_gc():
+                for i in range(len(cols["ad_id"])):
+                    obj = {name: cols[name][i] for name in _AD_COLUMNS[:5]}
+                    try:
+                        obj["targeting"] = loads(cols["targeting"][i])
+                        # the embedding lives in `Dataset.embeddings` (row i); the Ad itself carries none
+                        ads.append(parse_ad(obj, seed=self.seed, dim=self.dim, formats=self.formats,
+                                            derive_embedding=False, copy_targeting=False))
+                    except (ValueError, TargetingError) as exc:
+                        raise StoreError(f"{path}: row {lo + i}: {exc}") from None
+            if self.ad_ids is not None and not np.array_equal(self.ad_ids[lo : lo + len(ads)],
+                                                              [a.ad_id for a in ads]):
+                raise StoreError(f"{path}: its ads are not the ones loaded from it before")
+            lo += len(ads)
+            if self.progress is not None:
+                self.progress(len(ads))
+            yield ads
+        if self.ad_ids is not None and lo != len(self.ad_ids):
             raise StoreError(f"{path}: its ads are not the ones loaded from it before")
-        return ads
 
 
 def ads_schema_without_embedding() -> pa.Schema:

@@ -184,6 +184,31 @@ def test_save_dataset_of_an_in_memory_dataset_round_trips(tmp_path):
     assert back.ads == ads
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_streamed_oracle_equals_the_oracle_index_through_updates(seed):
+    from andromeda_nb.oracle import OracleIndex, match_stream
+    from andromeda_nb.testing import random_updates
+    from andromeda_nb.types import Retire, SetStatus
+    from andromeda_nb.updates import LiveAds, apply_updates
+
+    rng = np.random.default_rng(seed)
+    ads = random_ads(rng, 300, dim=8)
+    requests = random_requests(rng, 25)
+    stream = random_updates(rng, ads, 200, invalid=0.1, dim=8)
+    assert {type(u) for u in stream} >= {Upsert, SetStatus, Retire}
+    oracle = OracleIndex.build(ads)
+    rejections = apply_updates(list(enumerate(stream)), [oracle], LiveAds(a.ad_id for a in ads))
+    rejected = {r.line_no for r in rejections}
+    assert rejected, "the stream must hold updates a checked stream rejects"
+    accepted = [u for i, u in enumerate(stream) if i not in rejected]
+    chunks = [ads[lo : lo + 37] for lo in range(0, len(ads), 37)]
+    want = oracle.match(requests)
+    got = match_stream(chunks, requests, accepted)
+    assert sum(len(w) for w in want) > 0
+    for w, g, r in zip(want, got, requests):
+        assert np.array_equal(w, g), f"seed {seed}, request {r.request_id}"
+
+
 # --- the parse fast paths give the slow paths' answers and errors ------------------------------------
 
 
