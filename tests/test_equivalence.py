@@ -205,16 +205,26 @@ def _big_ids(obj):
     return out
 
 
-def _edge_ad(ad, formats: int):
+def _edge_ad(draw, ad, formats: int):
+    """The ad with big ids; three in ten get a broad targeting (every country, the age bounds kept)
+    so that boundaries decide their eligibility; half the open schedule bounds get closed."""
     obj = ad_to_json(ad)
     obj["ad_id"] = _big_ad(obj["ad_id"])
+    if draw(st.integers(0, 9)) < 3:
+        t = obj["targeting"]
+        obj["targeting"] = {"geo_locations": {"countries": list(testing.COUNTRIES)},
+                            **{k: t[k] for k in ("age_min", "age_max") if k in t}}
     obj["targeting"] = _big_ids(obj["targeting"])
+    if obj.get("start_time") is None and draw(st.booleans()):
+        obj["start_time"] = testing.T0 + draw(st.integers(-3, 3)) * testing.DAY
+    if obj.get("end_time") is None and draw(st.booleans()):
+        obj["end_time"] = (obj.get("start_time") or testing.T0) + draw(st.integers(1, 4)) * testing.DAY
     return parse_ad(obj, seed=0, dim=len(ad.embedding), formats=formats)
 
 
-def _edge_update(update, formats: int):
+def _edge_update(draw, update, formats: int):
     if isinstance(update, Upsert):
-        return Upsert(_edge_ad(update.ad, formats))
+        return Upsert(_edge_ad(draw, update.ad, formats))
     if isinstance(update, SetStatus):
         return SetStatus(_big_ad(update.ad_id), update.status)
     return Retire(_big_ad(update.ad_id))
@@ -228,8 +238,8 @@ def edge_cases(draw, *, max_ads: int, max_updates: int, max_requests: int, forma
     ads, updates = draw(testing.ads_and_updates(max_ads=max_ads, max_updates=max_updates, invalid=0.1, dim=8,
                                                 formats=formats))
     requests = draw(testing.request_lists(1, max_requests))
-    ads = [_edge_ad(a, formats) for a in ads]
-    updates = [_edge_update(u, formats) for u in updates]
+    ads = [_edge_ad(draw, a, formats) for a in ads]
+    updates = [_edge_update(draw, u, formats) for u in updates]
     times = sorted({t for a in ads + [u.ad for u in updates if isinstance(u, Upsert)]
                     for t in (a.start_time, a.end_time) if t is not None})
     out = []
@@ -355,10 +365,16 @@ class RetrievalWorld:
         return getattr(retriever, "location", None) is not None and getattr(retriever, "engine", None) is None
 
     def update(self, rng: np.random.Generator, n_updates: int, malformed: bool, context: str) -> int:
-        """Apply a random stream to everything; returns how many updates applied."""
+        """Apply a random stream to everything; returns how many updates applied. A quarter of the
+        upserts copy the embedding and format of a live ad: twins score exactly alike, so answers
+        must break the tie by ad id."""
         model = self.dataset.model
-        updates = testing.random_updates(rng, list(self.live.values()), n_updates, invalid=0.1, dim=model.D,
-                                         formats=model.F)
+        live = list(self.live.values())
+        updates = testing.random_updates(rng, live, n_updates, invalid=0.1, dim=model.D, formats=model.F)
+        for i, u in enumerate(updates):
+            if isinstance(u, Upsert) and live and rng.random() < 0.25:
+                twin = live[int(rng.integers(len(live)))]
+                updates[i] = Upsert(dataclasses.replace(u.ad, embedding=twin.embedding.copy(), format=twin.format))
         lines = [json.dumps(testing.update_to_json(u)) for u in updates]
         if malformed:
             lines.insert(int(rng.integers(len(lines) + 1)), MALFORMED_LINES[int(rng.integers(len(MALFORMED_LINES)))])
