@@ -325,9 +325,12 @@ def test_cpu_index_equals_oracle_thousands(early_merge, seed):
 # --- retrieval: a world of services kept in step with the reference ------------------------------------------
 
 
-def make_dataset(seed: int, n_ads: int, *, D: int, F: int, precision: str, n_requests: int = 2) -> Dataset:
+def make_dataset(seed: int, n_ads: int, *, D: int, F: int, precision: str, n_requests: int = 2,
+                 big_ids: bool = False) -> Dataset:
+    """Random ads and a model; with `big_ids` the ad ids lie above 2**62 (shuffled)."""
     rng = np.random.default_rng(seed)
-    ads = testing.random_ads(rng, n_ads, dim=D, formats=F)
+    ids = rng.permutation([_big_ad(i) for i in range(n_ads)]) if big_ids else None
+    ads = testing.random_ads(rng, n_ads, dim=D, formats=F, ids=ids)
     table = quantize(np.stack([a.embedding for a in ads]), precision)
     return Dataset(ads=ads, embeddings=table, requests=testing.random_requests(rng, n_requests),
                    model=MoeModel.init(seed, D=D, F=F), seed=0, precision=precision)
@@ -437,15 +440,15 @@ def run_step(world: RetrievalWorld, seed: int, *, max_updates: int, ks, n_reques
 
 @pytest.fixture(scope="module")
 def served_world(tmp_path_factory):
-    """2,000 random ads (int8 embeddings, D 16, 4 formats) saved as a corpus directory; the remote
-    architecture (index host and scoring service) and the co-located server on device "cpu", all
-    subprocesses on 127.0.0.1 loading that directory (compiled targeting from targeting.npz, nothing
-    parsed). The reference is built from the ads in memory."""
+    """2,000 random ads (ids above 2**62, int8 embeddings, D 16, 4 formats) saved as a corpus
+    directory; the remote architecture (index host and scoring service) and the co-located server
+    on device "cpu", all subprocesses on 127.0.0.1 loading that directory (compiled targeting from
+    targeting.npz, nothing parsed). The reference is built from the ads in memory."""
     from andromeda_nb.store import load_dataset, save_dataset
     from cpu_baseline.remote import RemoteRetriever
     from gpu.colocated import ColocatedRetriever
 
-    dataset = make_dataset(2026, 2000, D=16, F=4, precision="int8")
+    dataset = make_dataset(2026, 2000, D=16, F=4, precision="int8", big_ids=True)
     stored = load_dataset(save_dataset(dataset, tmp_path_factory.mktemp("corpus")))
     assert stored.source_dir is not None and not stored.ads_loaded
     started = []
@@ -470,11 +473,11 @@ def test_both_architectures_equal_reference_through_updates(served_world, seed):
 @pytest.fixture(scope="module")
 def sim_world():
     """A small pool in two formats (two 256-slot chunks: the simulator's cost is per slot) for the
-    co-located path on device "sim", with float16 embeddings; replacements may move an ad to the
-    other format's chunk."""
+    co-located path on device "sim", with float16 embeddings and ids above 2**62; replacements may
+    move an ad to the other format's chunk."""
     from gpu.colocated import ColocatedRetriever
 
-    dataset = make_dataset(7, SIM_POOL, D=16, F=2, precision="fp16")
+    dataset = make_dataset(7, SIM_POOL, D=16, F=2, precision="fp16", big_ids=True)
     retriever = ColocatedRetriever.build(dataset, device="sim")
     assert retriever.device == "sim"
     try:
