@@ -164,11 +164,11 @@ test_cpu_index_equals_oracle_drawn.__doc__ = (
     "Many small drawn corpora and streams: the CPU inverted index equals the oracle at every step.")
 
 test_gpu_index_sim_equals_oracle_drawn = index_property(
-    {"gpu index (sim)": _gpu_sim}, max_examples=7, max_ads=12, max_updates=16, max_requests=40,
+    {"gpu index (sim)": _gpu_sim}, max_examples=7, max_ads=12, max_updates=16, max_requests=80,
     formats=SIM_FORMATS)
 test_gpu_index_sim_equals_oracle_drawn.__doc__ = (
     "The GPU index under the CUDA simulator equals the oracle on small drawn corpora, single and "
-    "batched updates (every request of a draw shares one launch, so requests are many).")
+    "batched updates (up to 80 requests a draw: more than one 64-request group of a launch).")
 
 
 # --- the same cases pushed to the edges of the value ranges ------------------------------------------------
@@ -273,7 +273,7 @@ test_cpu_index_equals_oracle_at_the_edges.__doc__ = (
     "request times on schedule boundaries.")
 
 test_gpu_index_sim_equals_oracle_at_the_edges = edge_property(
-    {"gpu index (sim)": _gpu_sim}, max_examples=3, max_ads=12, max_updates=16, max_requests=40,
+    {"gpu index (sim)": _gpu_sim}, max_examples=3, max_ads=12, max_updates=16, max_requests=80,
     formats=SIM_FORMATS)
 test_gpu_index_sim_equals_oracle_at_the_edges.__doc__ = (
     "The GPU index under the simulator at the same edges.")
@@ -414,14 +414,17 @@ class RetrievalWorld:
         return sum(len(ids) for ids, _ in reference)
 
 
-def run_step(world: RetrievalWorld, seed: int, *, max_updates: int, ks, n_requests: int,
+def run_step(world: RetrievalWorld, seed: int, *, max_updates: int, ks, n_requests,
              require_eligible: bool) -> int:
     """One step of a world, everything drawn from (seed, step number): a stream of up to
     `max_updates` updates (a malformed line among them three times in ten) sent to every part of
-    the world, then `n_requests` requests compared at a K from `ks`."""
+    the world, then a batch of requests (a size from `n_requests`, an int or a choice of ints)
+    compared at a K from `ks`."""
     rng = np.random.default_rng([seed, len(world.steps)])
     n_updates, malformed = int(rng.integers(0, max_updates + 1)), bool(rng.random() < 0.3)
     k = int(ks[rng.integers(len(ks))])
+    sizes = np.atleast_1d(n_requests)
+    n_requests = int(sizes[rng.integers(len(sizes))])
     context = f"step {len(world.steps)} seed {seed}"
     note(f"{context}; earlier step seeds, in order: {world.steps}")
     world.steps.append(seed)
@@ -466,8 +469,10 @@ def served_world(tmp_path_factory):
 def test_both_architectures_equal_reference_through_updates(served_world, seed):
     """Both architectures end to end over Flight, through drawn update streams sent to the services'
     update action: the acknowledgements the live ids predict, and answers equal to the float64
-    reference (at K 4096 every eligible ad is in the answer, so the eligible sets are compared too)."""
-    run_step(served_world, seed, max_updates=40, ks=(1, 10, 100, 4096), n_requests=16, require_eligible=True)
+    reference (at K 4096 every eligible ad is in the answer, so the eligible sets are compared too).
+    Batches of 70 requests cross the co-located engine's 64-request launches."""
+    run_step(served_world, seed, max_updates=40, ks=(1, 10, 100, 4096), n_requests=(16, 16, 16, 70),
+             require_eligible=True)
 
 
 @pytest.fixture(scope="module")
