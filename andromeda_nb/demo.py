@@ -57,7 +57,7 @@ def _median_seconds(fn, repeat: int = REPEAT) -> float:
 
 def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lambda m: None) -> dict:
     """Fused (numba, per-ad formula) vs unfused (numpy array ops) vs two-tower dot, on the CPU."""
-    from andromeda_nb.kernels_common import fold_user_side
+    from andromeda_nb.scoring import fold_user_side
     from cpu_baseline.bench import measure_copy_bandwidth
     from cpu_baseline.scorer import CpuScorer
     from gpu.bench_score import scores_xp
@@ -72,7 +72,7 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
     formats = rng.integers(0, model.F, rows).astype(np.int16)
     request = dataset.requests[0]
     us = user_side(model, request)
-    P, c0 = fold_user_side(us.U, us.Q, us.gamma, us.beta)
+    tab = fold_user_side(us)
     u = two_tower_vector(model, request)
     all_rows = np.arange(rows, dtype=np.int64)
     sample = rng.choice(rows, CHECK_ROWS, replace=False)
@@ -83,10 +83,10 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
         table = quantize(emb, precision)
         scorer = CpuScorer.from_table(table, formats, model.top_k)
         lo, hi = reference_scores(model, us, table, sample, formats[sample]).bounds()
-        got = scorer.score(sample, P, c0)
+        got = scorer.score(sample, tab)
         if np.any(got < lo - 1e-4) or np.any(got > hi + 1e-4):
             raise DemoError(f"CPU fused scorer ({precision}) disagrees with the float64 reference")
-        t = _median_seconds(lambda: scorer.score(all_rows, P, c0))
+        t = _median_seconds(lambda: scorer.score(all_rows, tab))
         nbytes = stored_ad_bytes(precision, model.D)
         out["fused"][precision] = {"ads_per_s": rows / t, "GBps": rows * nbytes / t / 1e9}
         values, scale = table.values, table.scale

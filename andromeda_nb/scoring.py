@@ -43,6 +43,15 @@ def table_width(experts: int, dim: int) -> int:
     return -(-raw // TABLE_ALIGN) * TABLE_ALIGN
 
 
+def table_experts(width: int, dim: int) -> int:
+    """E of a folded table with rows of `width` floats at embedding dim `dim` (the inverse of
+    `table_width`; unique since the padding is shorter than the 2 * (dim + 1) floats one expert adds)."""
+    experts = int(width) // (2 * (int(dim) + 1))
+    if experts < 1 or table_width(experts, dim) != width:
+        raise ValueError(f"a folded table row of {width} floats fits no expert count at D={dim}")
+    return experts
+
+
 def fold_tables(U, Q, gamma, beta) -> np.ndarray:
     """float32 (F, table_width(E, D)) from the user side U, Q (E, D) and gamma, beta (F, D)."""
     U, Q = np.asarray(U, np.float64), np.asarray(Q, np.float64)
@@ -118,4 +127,5 @@ def dot_score(emb, row, scale, tab, D):
     return acc * scale
 
 
-__all__ = ["TABLE_ALIGN", "dot_score", "dot_table", "fold_tables", "fold_user_side", "moe_score", "table_width"]
+__all__ = ["TABLE_ALIGN", "dot_score", "dot_table", "fold_tables", "fold_user_side", "moe_score", "table_experts",
+           "table_width"]

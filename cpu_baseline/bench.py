@@ -77,9 +77,9 @@ def measure_copy_bandwidth(repeat: int = 5, nbytes: int = COPY_BYTES) -> dict:
 
 
 def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[dict]:
-    from andromeda_nb.kernels_common import fold_user_side
     from andromeda_nb.model import MoeModel, quantize, user_side
     from andromeda_nb.reference import reference_scores
+    from andromeda_nb.scoring import fold_user_side
     from andromeda_nb.testing import random_requests
 
     from .scorer import SERIAL_OF, SHIPPED_VERSION, VERSIONS, CpuScorer
@@ -89,7 +89,7 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
     formats = rng.integers(0, model.F, n_rows).astype(np.int16)
     request = random_requests(rng, 1)[0]
     us = user_side(model, request)
-    P, c0 = fold_user_side(us.U, us.Q, us.gamma, us.beta)
+    tab = fold_user_side(us)
     rows = np.arange(n_rows, dtype=np.int32)
     emb = np.empty((n_rows, model.D), np.float32)
     for lo in range(0, n_rows, 1 << 18):  # never zeros: N(0, 1/D) entries
@@ -102,18 +102,18 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
         lo_b, hi_b = ref.bounds()
         for version in VERSIONS:
             scorer = CpuScorer.from_table(table, formats, model.top_k, version=version)
-            got = scorer.score(sample, P, c0)
+            got = scorer.score(sample, tab)
             err = float(np.max(np.maximum(lo_b - got, got - hi_b).clip(0)))
             if err > SCORE_ATOL:
                 raise AssertionError(f"scorer v{version} {precision}: error {err} vs the reference")
-            scorer.score(rows[: 1 << 14], P, c0)  # warm-up (compile / load from cache)
-            seconds = _median_time(lambda: scorer.score(rows, P, c0), repeat)
+            scorer.score(rows[: 1 << 14], tab)  # warm-up (compile / load from cache)
+            seconds = _median_time(lambda: scorer.score(rows, tab), repeat)
             moved = n_rows * (scorer.bytes_per_row + 4 + 4)
             serial = SERIAL_OF.get(scorer.kernel, scorer.kernel)
             out = np.empty(n_rows, np.float32)
-            serial(scorer._values, scorer._scale, scorer._formats, rows[:64], P, c0, model.top_k, out)  # warm-up
-            cpu_s = _median_cpu_time(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, P, c0,
-                                                    model.top_k, out), max(1, repeat // 2))
+            serial(scorer._values, scorer._scale, scorer._formats, rows[:64], tab, model.E, model.top_k, out)  # warm-up
+            cpu_s = _median_cpu_time(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, tab,
+                                                    model.E, model.top_k, out), max(1, repeat // 2))
             results.append({
                 "cpu_ns_per_ad_one_thread": cpu_s / n_rows * 1e9,
                 "precision": precision, "version": version, "shipped": version == SHIPPED_VERSION,

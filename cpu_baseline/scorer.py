@@ -1,11 +1,13 @@
 """CPU scorer: the DESIGN section 3 formula over a candidate list, numba-parallel, fp32/fp16/int8.
 
-Per request the user side is folded into per-format tables (`andromeda_nb.kernels_common.
-fold_user_side`: P float32 (F, 2E, D), c0 float32 (F, 2E)); per candidate the kernel converts the
-stored row to float32 once (int8: sign-extend; fp16: the F16C conversion through a small LLVM
-intrinsic, since numba has no float16 type on the CPU) and runs the shared per-ad formula
-`andromeda_nb.kernels_common.moe_score_row` on it: E gate dot products, top-k routing, k expert dot
-products, softmax-weighted sum. Arithmetic is float32 (DESIGN section 4's default mode).
+Per request the user side is folded into the per-format tables the GPU kernels read too
+(`andromeda_nb.scoring.fold_tables`: `tab` float32 (F, table_width(E, D)), one row per format with
+the E gate rows, the E expert rows, then the E + E constant terms; that module's docstring has the
+layout). Per candidate the kernel converts the stored row to float32 once (int8: sign-extend; fp16:
+the F16C conversion through a small LLVM intrinsic, since numba has no float16 type on the CPU) and
+runs the per-ad formula on it: E gate dot products, top-k routing, k expert dot products,
+softmax-weighted sum. Versions 1 and 2 run the shared per-ad function `andromeda_nb.scoring.
+moe_score` itself. Arithmetic is float32 (DESIGN section 4's default mode).
 
 Storage arrays: `values` (N, D) float32 | uint16 (fp16 bits) | int8, `scale` float32 (N,), `formats`
 int16 (N,). Candidates are row numbers (int32 or int64) into them.
@@ -37,7 +39,7 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from andromeda_nb.constants import DEFAULT_E
-from andromeda_nb.kernels_common import fold_user_side, moe_score_row
+from andromeda_nb.scoring import fold_tables, moe_score, table_experts, table_width
 
 UNROLLED_E = DEFAULT_E  # version 4 is written out for this many experts (12 accumulators)
 ROUTE_BLOCK = 64  # version 5 routes this many ads together
@@ -69,7 +71,9 @@ def _to_float32_overload(x):
     return lambda x: np.float32(x)
 
 
-_score_row = numba.njit(cache=True, nogil=True, fastmath=True)(moe_score_row)
+# inlined into the cached callers below (compiled with their flags); no cache of its own, so it never
+# shares numba's cache entries with other compilations of `moe_score` (gpu/colocated.py)
+_score_row = numba.njit(inline="always")(moe_score)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -81,43 +85,41 @@ def _load_row(values, row, scale, buf):
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def _score_range(values, scale, formats, rows, P, c0, top_k, out, lo, hi):
-    E = c0.shape[1] // 2
+def _score_range(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
     D = values.shape[1]
     buf = np.empty(D, np.float32)
+    emb = buf.reshape((1, D))  # the converted row as the one-row table `moe_score` reads
     g = np.empty(E, np.float32)
-    s = np.empty(E, np.float32)
-    sel = np.empty(top_k, np.int64)
     for i in range(lo, hi):
         row = rows[i]
         sc = _load_row(values, row, scale, buf)
-        out[i] = _score_row(buf, sc, P, c0, formats[row], E, top_k, g, s, sel)
+        out[i] = _score_row(emb, 0, sc, tab, formats[row], E, D, top_k, g)
 
 
 @numba.njit(cache=True, nogil=True)
-def score_serial(values, scale, formats, rows, P, c0, top_k, out):
+def score_serial(values, scale, formats, rows, tab, E, top_k, out):
     """Version 1: out[i] = score of stored row rows[i] (float32 out (C,))."""
-    _score_range(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
+    _score_range(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
 
 
 @numba.njit(cache=True, parallel=True)
-def score_parallel(values, scale, formats, rows, P, c0, top_k, out):
+def score_parallel(values, scale, formats, rows, tab, E, top_k, out):
     """Version 2: blocks of BLOCK_CANDIDATES candidates spread over numba's threads."""
     n = rows.shape[0]
     blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
     for b in numba.prange(blocks):
         lo = b * BLOCK_CANDIDATES
         hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+        _score_range(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, hi):
+def _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
     """The same formula with all 2E dot products in one pass over the row (no data-dependent
     row choice between the gate and the expert products), then routing on the results."""
-    E2 = c0.shape[1]
-    E = E2 // 2
+    E2 = 2 * E
     D = values.shape[1]
+    c = E2 * D  # the constant terms qb, ub follow the 2E rows of D
     buf = np.empty(D, np.float32)
     acc = np.empty(E2, np.float32)
     sel = np.empty(top_k, np.int64)
@@ -129,9 +131,10 @@ def _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, h
             buf[d] = _to_float32(values[row, d])
         for j in range(E2):
             a = np.float32(0.0)
+            base = j * D
             for d in range(D):
-                a += P[f, j, d] * buf[d]
-            acc[j] = a * sc + c0[f, j]
+                a += tab[f, base + d] * buf[d]
+            acc[j] = a * sc + tab[f, c + j]
         for j in range(top_k):  # top_k largest gate logits, ties to the lower expert
             best = -1
             for e in range(E):
@@ -153,32 +156,33 @@ def _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, h
 
 
 @numba.njit(cache=True, parallel=True)
-def score_parallel_all_dots(values, scale, formats, rows, P, c0, top_k, out):
+def score_parallel_all_dots(values, scale, formats, rows, tab, E, top_k, out):
     """Version 3: version 2's blocks with the all-dots-then-route per-ad loop."""
     n = rows.shape[0]
     blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
     for b in numba.prange(blocks):
         lo = b * BLOCK_CANDIDATES
         hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+        _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
 
 
 @numba.njit(cache=True, nogil=True)
-def score_serial_all_dots(values, scale, formats, rows, P, c0, top_k, out):
-    _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
+def score_serial_all_dots(values, scale, formats, rows, tab, E, top_k, out):
+    _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, lo, hi):
+def _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
     """E == 6 (the default, `DEFAULT_E`): the 12 dot products as 12 scalar accumulators in one loop
     over the row, which LLVM vectorizes over d (12 vector FMAs per 8 elements, the row converted
     once per 8 elements); top-2 routing as two arg-max passes and one exp. Other E or top_k fall
     back to the all-dots loop."""
-    if c0.shape[1] != 2 * UNROLLED_E:
-        _score_range_all_dots(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+    if E != UNROLLED_E:
+        _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
         return
-    E = UNROLLED_E
+    E = UNROLLED_E  # a compile-time constant for the loops below
     D = values.shape[1]
+    c = 2 * E * D  # the constant terms qb, ub follow the 2E rows of D
     buf = np.empty(D, np.float32)
     acc = np.empty(2 * E, np.float32)
     sel = np.empty(top_k, np.int64)
@@ -188,26 +192,26 @@ def _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, lo, h
         sc = scale[row]
         for d in range(D):
             buf[d] = _to_float32(values[row, d])
-        Pf = P[f]
+        Tf = tab[f]
         a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = np.float32(0.0)
         for d in range(D):
             x = buf[d]
-            a0 += Pf[0, d] * x
-            a1 += Pf[1, d] * x
-            a2 += Pf[2, d] * x
-            a3 += Pf[3, d] * x
-            a4 += Pf[4, d] * x
-            a5 += Pf[5, d] * x
-            a6 += Pf[6, d] * x
-            a7 += Pf[7, d] * x
-            a8 += Pf[8, d] * x
-            a9 += Pf[9, d] * x
-            a10 += Pf[10, d] * x
-            a11 += Pf[11, d] * x
+            a0 += Tf[d] * x
+            a1 += Tf[D + d] * x
+            a2 += Tf[2 * D + d] * x
+            a3 += Tf[3 * D + d] * x
+            a4 += Tf[4 * D + d] * x
+            a5 += Tf[5 * D + d] * x
+            a6 += Tf[6 * D + d] * x
+            a7 += Tf[7 * D + d] * x
+            a8 += Tf[8 * D + d] * x
+            a9 += Tf[9 * D + d] * x
+            a10 += Tf[10 * D + d] * x
+            a11 += Tf[11 * D + d] * x
         acc[0], acc[1], acc[2], acc[3], acc[4], acc[5] = a0, a1, a2, a3, a4, a5
         acc[6], acc[7], acc[8], acc[9], acc[10], acc[11] = a6, a7, a8, a9, a10, a11
         for j in range(2 * E):
-            acc[j] = acc[j] * sc + c0[f, j]
+            acc[j] = acc[j] * sc + Tf[c + j]
         if top_k == 2:
             b0 = 0
             g0 = acc[0]
@@ -245,31 +249,32 @@ def _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, lo, h
 
 
 @numba.njit(cache=True, parallel=True)
-def score_parallel_unrolled(values, scale, formats, rows, P, c0, top_k, out):
+def score_parallel_unrolled(values, scale, formats, rows, tab, E, top_k, out):
     """Version 4: version 2's blocks with the unrolled E == 6 per-ad loop."""
     n = rows.shape[0]
     blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
     for b in numba.prange(blocks):
         lo = b * BLOCK_CANDIDATES
         hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+        _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
 
 
 @numba.njit(cache=True, nogil=True)
-def score_serial_unrolled(values, scale, formats, rows, P, c0, top_k, out):
-    _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
+def score_serial_unrolled(values, scale, formats, rows, tab, E, top_k, out):
+    _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def _score_range_blocked(values, scale, formats, rows, P, c0, top_k, out, lo, hi):
+def _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
     """E == 6 and top_k == 2: version 4's dot products for a block of ROUTE_BLOCK ads into a
     (12, block) table, then the top-2 routing as branch-free running selections with the ads as
     the inner (vectorized) loop: no unpredictable branches per ad. Other sizes fall back to 4."""
-    if c0.shape[1] != 2 * UNROLLED_E or top_k != 2:
-        _score_range_unrolled(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+    if E != UNROLLED_E or top_k != 2:
+        _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
         return
-    E = UNROLLED_E
+    E = UNROLLED_E  # a compile-time constant for the loops below
     D = values.shape[1]
+    c = 2 * E * D  # the constant terms qb, ub follow the 2E rows of D
     buf = np.empty(D, np.float32)
     acc = np.empty((2 * E, ROUTE_BLOCK), np.float32)
     g0 = np.empty(ROUTE_BLOCK, np.float32)
@@ -284,34 +289,34 @@ def _score_range_blocked(values, scale, formats, rows, P, c0, top_k, out, lo, hi
             sc = scale[row]
             for d in range(D):
                 buf[d] = _to_float32(values[row, d])
-            Pf = P[f]
+            Tf = tab[f]
             a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = np.float32(0.0)
             for d in range(D):
                 x = buf[d]
-                a0 += Pf[0, d] * x
-                a1 += Pf[1, d] * x
-                a2 += Pf[2, d] * x
-                a3 += Pf[3, d] * x
-                a4 += Pf[4, d] * x
-                a5 += Pf[5, d] * x
-                a6 += Pf[6, d] * x
-                a7 += Pf[7, d] * x
-                a8 += Pf[8, d] * x
-                a9 += Pf[9, d] * x
-                a10 += Pf[10, d] * x
-                a11 += Pf[11, d] * x
-            acc[0, t] = a0 * sc + c0[f, 0]
-            acc[1, t] = a1 * sc + c0[f, 1]
-            acc[2, t] = a2 * sc + c0[f, 2]
-            acc[3, t] = a3 * sc + c0[f, 3]
-            acc[4, t] = a4 * sc + c0[f, 4]
-            acc[5, t] = a5 * sc + c0[f, 5]
-            acc[6, t] = a6 * sc + c0[f, 6]
-            acc[7, t] = a7 * sc + c0[f, 7]
-            acc[8, t] = a8 * sc + c0[f, 8]
-            acc[9, t] = a9 * sc + c0[f, 9]
-            acc[10, t] = a10 * sc + c0[f, 10]
-            acc[11, t] = a11 * sc + c0[f, 11]
+                a0 += Tf[d] * x
+                a1 += Tf[D + d] * x
+                a2 += Tf[2 * D + d] * x
+                a3 += Tf[3 * D + d] * x
+                a4 += Tf[4 * D + d] * x
+                a5 += Tf[5 * D + d] * x
+                a6 += Tf[6 * D + d] * x
+                a7 += Tf[7 * D + d] * x
+                a8 += Tf[8 * D + d] * x
+                a9 += Tf[9 * D + d] * x
+                a10 += Tf[10 * D + d] * x
+                a11 += Tf[11 * D + d] * x
+            acc[0, t] = a0 * sc + Tf[c + 0]
+            acc[1, t] = a1 * sc + Tf[c + 1]
+            acc[2, t] = a2 * sc + Tf[c + 2]
+            acc[3, t] = a3 * sc + Tf[c + 3]
+            acc[4, t] = a4 * sc + Tf[c + 4]
+            acc[5, t] = a5 * sc + Tf[c + 5]
+            acc[6, t] = a6 * sc + Tf[c + 6]
+            acc[7, t] = a7 * sc + Tf[c + 7]
+            acc[8, t] = a8 * sc + Tf[c + 8]
+            acc[9, t] = a9 * sc + Tf[c + 9]
+            acc[10, t] = a10 * sc + Tf[c + 10]
+            acc[11, t] = a11 * sc + Tf[c + 11]
         # running top-2 over experts in ascending order; strict '>' keeps the lower expert on ties
         for t in range(n):
             g0[t] = acc[0, t]
@@ -336,19 +341,19 @@ def _score_range_blocked(values, scale, formats, rows, P, c0, top_k, out, lo, hi
 
 
 @numba.njit(cache=True, parallel=True)
-def score_parallel_blocked(values, scale, formats, rows, P, c0, top_k, out):
+def score_parallel_blocked(values, scale, formats, rows, tab, E, top_k, out):
     """Version 5: version 2's blocks with the block-routed E == 6, top-2 per-ad loop."""
     n = rows.shape[0]
     blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
     for b in numba.prange(blocks):
         lo = b * BLOCK_CANDIDATES
         hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range_blocked(values, scale, formats, rows, P, c0, top_k, out, lo, hi)
+        _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
 
 
 @numba.njit(cache=True, nogil=True)
-def score_serial_blocked(values, scale, formats, rows, P, c0, top_k, out):
-    _score_range_blocked(values, scale, formats, rows, P, c0, top_k, out, 0, rows.shape[0])
+def score_serial_blocked(values, scale, formats, rows, tab, E, top_k, out):
+    _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
 
 
 VERSIONS = {1: score_serial, 2: score_parallel, 3: score_parallel_all_dots, 4: score_parallel_unrolled,
@@ -413,8 +418,13 @@ class CpuScorer:
         self._formats[row] = fmt
         self.rows = max(self.rows, row + 1)
 
-    def score(self, rows: np.ndarray, P: np.ndarray, c0: np.ndarray) -> np.ndarray:
-        """float32 (C,) scores of the candidate rows (int32/int64 (C,)) for folded tables P, c0."""
+    def score(self, rows: np.ndarray, tab: np.ndarray) -> np.ndarray:
+        """float32 (C,) scores of the candidate rows (int32/int64 (C,)) for one request's folded table
+        `tab` float32 (F, table_width(E, D)) (`andromeda_nb.scoring.fold_tables`)."""
+        tab = np.ascontiguousarray(tab, np.float32)
+        if tab.ndim != 2:
+            raise ValueError(f"folded table must be 2-D (F, table_width(E, D)), got shape {tab.shape}")
+        E = table_experts(tab.shape[1], self.D)
         rows = np.asarray(rows)
         if rows.dtype not in (np.int32, np.int64):
             rows = rows.astype(np.int64)
@@ -426,7 +436,7 @@ class CpuScorer:
         kernel = self.kernel
         if len(rows) < PARALLEL_MIN_CANDIDATES:
             kernel = SERIAL_OF.get(kernel, kernel)
-        kernel(self._values, self._scale, self._formats, rows, P, c0, self.top_k, out)
+        kernel(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)
         return out
 
     def warm_up(self, E: int, F: int) -> None:
@@ -434,17 +444,15 @@ class CpuScorer:
         for int32 candidate rows, so the first real request does not pay for it."""
         if self.rows == 0:
             return
-        P = np.zeros((F, 2 * E, self.D), np.float32)
-        c0 = np.zeros((F, 2 * E), np.float32)
+        tab = np.zeros((F, table_width(E, self.D)), np.float32)
         rows = np.zeros(1, np.int32)
         out = np.empty(1, np.float32)
         for kernel in {self.kernel, SERIAL_OF.get(self.kernel, self.kernel)}:
-            kernel(self._values, self._scale, self._formats, rows, P, c0, self.top_k, out)
+            kernel(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)
 
     def score_user_side(self, rows: np.ndarray, U, Q, gamma, beta) -> np.ndarray:
         """Scores from the unfolded user-side tables U, Q (E, D), gamma, beta (F, D)."""
-        P, c0 = fold_user_side(U, Q, gamma, beta)
-        return self.score(rows, P, c0)
+        return self.score(rows, fold_tables(U, Q, gamma, beta))
 
 
 def threads() -> int:
