@@ -8,7 +8,7 @@ import pytest
 from andromeda_nb.constants import SCORE_ATOL
 from andromeda_nb.model import MoeModel, quantize, user_side
 from andromeda_nb.reference import reference_scores
-from andromeda_nb.scoring import fold_user_side, moe_score, table_width
+from andromeda_nb.scoring import fold_user_side, moe_score, table_experts, table_width
 from andromeda_nb.testing import random_requests
 from cpu_baseline.scorer import SHIPPED_VERSION, VERSIONS, CpuScorer, _score_row, storage_view
 
@@ -125,3 +125,16 @@ def test_read_only_tables_are_copied_so_rows_can_be_set():
     scorer = CpuScorer(values, table.scale, np.zeros(4, np.int16), 2)
     scorer.set_row(1, np.ones(8, np.float16), 1.0, 0)
     assert np.array_equal(values, table.values)  # the caller's array is untouched
+
+
+def test_table_width_inverts_and_bad_tables_are_refused():
+    for E in (1, 2, 6, 9):
+        for D in (1, 2, 3, 16, 64, 128):
+            assert table_experts(table_width(E, D), D) == E
+    with pytest.raises(ValueError, match="fits no expert count"):
+        table_experts(table_width(6, 64) + 4, 64)
+    scorer = CpuScorer(np.ones((2, 8), np.float32), np.ones(2, np.float32), np.zeros(2, np.int16), 2)
+    with pytest.raises(ValueError, match="fits no expert count"):
+        scorer.score(np.array([0], np.int32), np.zeros((1, table_width(6, 16)), np.float32))  # made for D=16
+    with pytest.raises(ValueError, match="2-D"):
+        scorer.score(np.array([0], np.int32), np.zeros(table_width(6, 8), np.float32))
