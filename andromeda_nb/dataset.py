@@ -32,7 +32,8 @@ class Dataset:
     """ads (row i of `embeddings` and of `compiled` is ads[i]), requests, model and settings.
 
     Build it from `ads` (a list of `Ad`) or from `compiled` plus `ads_loader` (a picklable callable
-    returning the list of ads, called once on first access of `.ads`); `source_dir` is the corpus
+    returning the list of ads, called once on first access of `.ads`; with a `chunks(rows)` method,
+    `ad_chunks` streams over them instead); `source_dir` is the corpus
     directory it was read from, so that a service process can load that directory itself. The ads
     and the compiled targeting are read-only once made: a change means a new Dataset.
     """
@@ -43,7 +44,7 @@ class Dataset:
                  ads_loader: Callable[[], list[Ad]] | None = None, source_dir=None):
         if ads is None and (compiled is None or ads_loader is None):
             raise ValueError("a Dataset needs its ads, or their compiled targeting and a loader for them")
-        self._ads = None if ads is None else ads
+        self._ads = ads
         self._compiled = compiled
         self._ads_loader = ads_loader
         self.embeddings = embeddings
@@ -65,6 +66,15 @@ class Dataset:
             self._ads = ads
         return self._ads
 
+    @ads.setter
+    def ads(self, ads: list[Ad]) -> None:
+        self._ads, self._compiled, self._ads_loader = ads, None, None
+        self.source_dir = None  # the directory no longer holds these ads
+
+    @property
+    def ads_loaded(self) -> bool:
+        return self._ads is not None
+
     def ad_chunks(self, rows: int = 1 << 16):
         """The ads, `rows` at a time, in order. Parses a chunk at a time from the corpus directory
         when `.ads` has not been parsed (memory for one chunk, not for every ad)."""
@@ -74,15 +84,6 @@ class Dataset:
         ads = self.ads
         for lo in range(0, len(ads), rows):
             yield ads[lo : lo + rows]
-
-    @ads.setter
-    def ads(self, ads: list[Ad]) -> None:
-        self._ads, self._compiled, self._ads_loader = ads, None, None
-        self.source_dir = None  # the directory no longer holds these ads
-
-    @property
-    def ads_loaded(self) -> bool:
-        return self._ads is not None
 
     @property
     def compiled(self) -> "CompiledTargeting":
