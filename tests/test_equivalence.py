@@ -318,7 +318,8 @@ def test_cpu_index_equals_oracle_thousands(early_merge, seed):
                                         inspect=lambda indexes: merges.append(indexes["cpu index"].merges))
     print(f"{context}: {n_ads} ads, {N_REQUESTS_AT_SCALE} requests, {N_UPDATES_AT_SCALE} updates "
           f"({rejected} rejected, {merges[0]} merges), {eligible} eligible pairs")
-    assert (merges[0] > 0) == early_merge, f"{context}: {merges[0]} delta merges"
+    if early_merge:
+        assert merges[0] > 0, f"{context}: the delta segment was never merged"
     assert eligible > 0 and rejected > 0, f"{context}: the case proves nothing ({eligible} eligible, {rejected} rejected)"
 
 
