@@ -477,3 +477,25 @@ def test_embedding_forms_and_deferred_derivation():
     with pytest.raises(TargetingError) as info:
         parse_ad(ad_line(embedding=np.array([0.0, np.nan, 1.0, 2.0])), seed=0, dim=4)
     assert info.value.path == "embedding[1]"
+
+
+def test_signals_travel_as_shortest_float32_text_and_read_back_exactly():
+    import json
+
+    import numpy as np
+
+    from andromeda_nb.targeting import float32_json, parse_request, request_to_json
+    from andromeda_nb.testing import random_requests
+
+    rng = np.random.default_rng(21)
+    values = np.concatenate([rng.standard_normal(20000).astype(np.float32),
+                             np.float32([0.0, -0.0, 1e-38, 3.4e38, -1.5e-7])])
+    assert np.array_equal(np.asarray(float32_json(values), np.float32), values)
+    for request in random_requests(rng, 20):
+        obj = request_to_json(request)
+        text = json.dumps(obj["signals"])
+        back = parse_request(json.loads(json.dumps(obj)), seed=0, experts=request.signals.shape[0],
+                             width=request.signals.shape[1])
+        assert np.array_equal(back.signals, request.signals)
+        # the float64 expansion of a float32 needs ~17 significant digits; the shortest form ~9
+        assert len(text) < 0.75 * len(json.dumps(request.signals.astype(np.float64).tolist()))
