@@ -21,7 +21,6 @@ Rows map to ad ids only here and in the index host; ids never travel on this hop
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -32,6 +31,7 @@ import pyarrow.flight as flight
 
 from andromeda_nb.flight import InvalidInput, ServiceStats, to_flight_error
 from andromeda_nb.model import quantize
+from andromeda_nb.services import fingerprint
 
 from .scorer import CpuScorer
 
@@ -43,11 +43,6 @@ ACTIONS = {
     "stats": "counters: requests, candidates, batches, bytes_in, bytes_out, errors, updates (JSON)",
     "update": "body: JSON Lines updates (checked by the index host); answer: rows of upserted ads",
 }
-
-
-def fingerprint(ad_ids: np.ndarray) -> str:
-    """Hash of the ad id in each row (int64), as both services compute it from the corpus."""
-    return hashlib.sha256(np.ascontiguousarray(ad_ids, np.int64).tobytes()).hexdigest()[:16]
 
 
 def user_side_bytes(U, Q, gamma, beta) -> bytes:

@@ -1,0 +1,145 @@
+"""Server processes and the client plumbing both architectures' retrievers share.
+
+* `ServiceProcess`: one server started as `python -m MODULE ARGS...` (`cpu_baseline.serve`,
+  `gpu.serve`) with the project on `PYTHONPATH`. A server announces itself with one JSON line on
+  stdout once it listens, `{"service": ..., "location": "grpc://HOST:PORT"}`, so a parent that asked
+  for port 0 learns the port. `stop()` sends SIGTERM, waits, then kills.
+* `dataset_args`: how a started server gets the corpus: the directory it was read from, or a pickle
+  of an in-memory dataset written to a temporary directory.
+* `fingerprint` / `check_same_corpus`: a hash of the ad id in each row, so a started server (or
+  another service) can be checked to hold the dataset's ads, row for row.
+* `relay_in_front`: a counting relay (`andromeda_nb.relay`) that forwards to a server, for real
+  bytes on the wire.
+* `RelayedTraffic`: `retrieve_traffic` and `traffic` for a retriever with `relays` and `retrieve`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 120.0  # a cold start compiles the numba kernels once
+STOP_TIMEOUT_S = 10.0
+
+
+class ServiceProcess:
+    """`python -m module *args` as a subprocess; `location` is what it announced. `name` says which
+    server it is in errors."""
+
+    def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.module = module
+        self.args = list(args)
+        self.name = name or module
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *self.args], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, env=env, text=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=start_timeout_s)
+        except queue.Empty:
+            self.stop()
+            raise RuntimeError(f"{self.name} did not start within {start_timeout_s:.0f} s") from None
+        if not line:
+            code = self.proc.wait()
+            raise RuntimeError(f"{self.name} exited with code {code} before listening (see its stderr)")
+        self.location = json.loads(line)["location"]
+
+    @property
+    def port(self) -> int:
+        return int(self.location.rsplit(":", 1)[1])
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, wait; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def dataset_args(dataset, data_dir=None, *, prefix: str = "andromeda-"
+                 ) -> tuple[list[str], tempfile.TemporaryDirectory | None]:
+    """Server arguments that load the corpus: `--data DIR` when there is a directory, else
+    `--dataset-pickle PATH` with the dataset pickled into a new temporary directory, returned for
+    the caller to clean up (None otherwise)."""
+    if data_dir is not None:
+        return ["--data", str(data_dir)], None
+    tmp = tempfile.TemporaryDirectory(prefix=prefix)
+    path = Path(tmp.name) / "dataset.pkl"
+    with open(path, "wb") as f:
+        pickle.dump(dataset, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return ["--dataset-pickle", str(path)], tmp
+
+
+def fingerprint(ad_ids: np.ndarray) -> str:
+    """Hash of the ad id in each row (int64), as every service computes it from the corpus."""
+    return hashlib.sha256(np.ascontiguousarray(ad_ids, np.int64).tobytes()).hexdigest()[:16]
+
+
+def check_same_corpus(location: str, dataset, data_dir, who: str) -> None:
+    """The server at `location` (`who`, for the error) loaded `data_dir`: its `health` fingerprint
+    must be the dataset's."""
+    from .flight import flight_action
+
+    got = flight_action(location, "health").get("fingerprint")
+    if got != fingerprint(dataset.ad_ids):
+        raise RuntimeError(f"{who} loaded {data_dir}, whose ads differ from the dataset's "
+                           f"(fingerprint {got}, expected {fingerprint(dataset.ad_ids)})")
+
+
+def relay_in_front(location: str):
+    """A started counting `Relay` to the server at `location` (`grpc://HOST:PORT`)."""
+    from .relay import Relay
+
+    host, port = location.split("://", 1)[1].rsplit(":", 1)
+    return Relay(host, int(port)).start()
+
+
+class RelayedTraffic:
+    """Traffic figures for a retriever whose `relays` ({hop: Relay}, in the order a request travels)
+    sit in front of its servers."""
+
+    relays: dict
+
+    def retrieve_traffic(self, requests: Sequence, k: int) -> tuple[list, list[dict]]:
+        """Answers plus, per request, the bytes each relayed hop carried for it (one request per
+        exchange, counters read after the relays have gone quiet)."""
+        if not self.relays:
+            raise RuntimeError("traffic needs relays: build(..., traffic=True)")
+        answers, per_request = [], []
+        for request in requests:
+            before = {hop: relay.snapshot() for hop, relay in self.relays.items()}
+            answers.extend(self.retrieve([request], k))
+            for relay in self.relays.values():
+                relay.wait_idle()
+            per_request.append({hop: (relay.snapshot() - before[hop]).to_json() for hop, relay in self.relays.items()})
+        return answers, per_request
+
+    def traffic(self) -> dict:
+        """Bytes so far per hop (`andromeda_nb.relay.Traffic`)."""
+        return {hop: relay.snapshot() for hop, relay in self.relays.items()}
+
+
+__all__ = ["PROJECT_ROOT", "RelayedTraffic", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServiceProcess",
+           "check_same_corpus", "dataset_args", "fingerprint", "relay_in_front"]

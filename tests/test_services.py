@@ -1,0 +1,84 @@
+"""andromeda_nb.services: server subprocesses (announce, start failures, stop), dataset arguments,
+fingerprints. The real servers are started through it in test_remote.py and test_colocated.py."""
+
+import pickle
+import signal
+import textwrap
+
+import numpy as np
+import pytest
+
+from andromeda_nb.services import RelayedTraffic, ServiceProcess, dataset_args, fingerprint
+
+LOCATION = "grpc://127.0.0.1:45678"
+
+
+@pytest.fixture()
+def modules(tmp_path, monkeypatch):
+    """Small server stand-ins importable by `python -m` (on PYTHONPATH, after the project)."""
+    (tmp_path / "svc_announces.py").write_text(textwrap.dedent(f"""
+        import json, time
+        print(json.dumps({{"service": "stand-in", "location": "{LOCATION}"}}), flush=True)
+        while True:
+            time.sleep(1)
+    """))
+    (tmp_path / "svc_ignores_term.py").write_text(textwrap.dedent(f"""
+        import json, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(json.dumps({{"service": "stand-in", "location": "{LOCATION}"}}), flush=True)
+        while True:
+            time.sleep(1)
+    """))
+    (tmp_path / "svc_silent.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "svc_fails.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return tmp_path
+
+
+def test_start_reads_the_announced_location_and_stop_terminates(modules):
+    proc = ServiceProcess("svc_announces", ["--anything"], name="stand-in")
+    try:
+        assert proc.location == LOCATION and proc.port == 45678
+        assert proc.proc.poll() is None and proc.args == ["--anything"]
+    finally:
+        code = proc.stop()
+    assert code == -signal.SIGTERM
+    assert proc.stop() == -signal.SIGTERM  # stopping twice is harmless
+
+
+def test_stop_kills_a_server_that_ignores_sigterm(modules):
+    proc = ServiceProcess("svc_ignores_term", [])
+    assert proc.stop(timeout_s=0.5) == -signal.SIGKILL
+
+
+def test_a_server_that_exits_or_stays_silent_is_reported_by_name(modules):
+    with pytest.raises(RuntimeError, match="the stand-in exited with code 3 before listening"):
+        ServiceProcess("svc_fails", [], name="the stand-in")
+    with pytest.raises(RuntimeError, match="svc_silent did not start within 1 s"):
+        ServiceProcess("svc_silent", [], start_timeout_s=1.0)
+
+
+def test_dataset_args_directory_or_pickle(tmp_path):
+    args, tmp = dataset_args({"any": "dataset"}, tmp_path)
+    assert args == ["--data", str(tmp_path)] and tmp is None
+    args, tmp = dataset_args({"any": "dataset"}, None, prefix="andromeda-test-")
+    try:
+        assert args[0] == "--dataset-pickle" and "andromeda-test-" in args[1]
+        with open(args[1], "rb") as f:
+            assert pickle.load(f) == {"any": "dataset"}
+    finally:
+        tmp.cleanup()
+
+
+def test_fingerprint_depends_on_ids_and_their_order():
+    ids = np.array([5, 9, 2], np.int64)
+    assert fingerprint(ids) == fingerprint(ids.astype(np.int32).tolist())
+    assert fingerprint(ids) != fingerprint(ids[::-1]) and fingerprint(ids) != fingerprint(ids[:2])
+
+
+def test_traffic_needs_relays():
+    class NoRelays(RelayedTraffic):
+        relays: dict = {}
+
+    with pytest.raises(RuntimeError, match="traffic needs relays"):
+        NoRelays().retrieve_traffic([], 1)
