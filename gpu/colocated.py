@@ -157,6 +157,8 @@ class ColocatedEngine:
 
         if self.scorer.n_slots != self.index.capacity:  # grown by updates
             self.scorer.grow(self.index.slots.chunk_format, self.index.slots.slot_ad_id)
+        if self.index.capacity == 0:  # built from no ads, none created yet: nothing to launch over
+            return [(np.empty(0, np.int64), np.empty(0, np.float32)) for _ in requests]
         tabs = self.tables(requests)
         elig = self.index.match_slots([encode_request(r) for r in requests])
         return self.scorer.topk(elig, tabs, k)

@@ -98,7 +98,7 @@ def to_tiles(values: np.ndarray) -> np.ndarray:
     S = values.shape[0]
     if S % TILE_ADS:
         raise ValueError(f"slot count {S} is not a multiple of {TILE_ADS}")
-    words = values.view(np.uint32).reshape(S, -1)
+    words = values.view(np.uint32).reshape(S, values.shape[1] * values.itemsize // 4)  # S may be 0
     V = words.shape[1] // QUAD_WORDS
     return np.ascontiguousarray(words.reshape(S // TILE_ADS, TILE_ADS, V, QUAD_WORDS).transpose(0, 2, 1, 3)).reshape(-1)
 
