@@ -332,7 +332,7 @@ def make_dataset(seed: int, n_ads: int, *, D: int, F: int, precision: str, n_req
     rng = np.random.default_rng(seed)
     ids = rng.permutation([_big_ad(i) for i in range(n_ads)]) if big_ids else None
     ads = testing.random_ads(rng, n_ads, dim=D, formats=F, ids=ids)
-    table = quantize(np.stack([a.embedding for a in ads]), precision)
+    table = quantize(np.stack([a.embedding for a in ads]) if ads else np.empty((0, D), np.float32), precision)
     return Dataset(ads=ads, embeddings=table, requests=testing.random_requests(rng, n_requests),
                    model=MoeModel.init(seed, D=D, F=F), seed=0, precision=precision)
 
@@ -498,6 +498,24 @@ def test_colocated_sim_equals_reference_through_updates(sim_world, seed):
     """The co-located path on the simulated GPU (match, fused scoring and top-K kernels) equals the
     reference through drawn update streams."""
     run_step(sim_world, seed, max_updates=SIM_MAX_UPDATES, ks=(1, 5, 64), n_requests=2, require_eligible=False)
+
+
+def test_colocated_sim_built_empty_takes_upserts():
+    """Regression: the co-located engine on the GPU path could not be built from a corpus with no
+    ads (the tiled embedding table of zero slots), nor answer before its first create."""
+    from gpu.colocated import ColocatedRetriever
+
+    dataset = make_dataset(8, 0, D=16, F=1, precision="int8")
+    retriever = ColocatedRetriever.build(dataset, device="sim")
+    try:
+        world = RetrievalWorld(dataset, {"colocated (sim), built empty": retriever})
+        rng = np.random.default_rng(8)
+        assert world.check(rng, 2, 5, "seed 8, no ads") == 0
+        ads = testing.random_ads(rng, 120, dim=16, formats=1)
+        apply_updates([Upsert(a) for a in ads], [world.reference, retriever], LiveAds())
+        assert world.check(rng, 2, 5, "seed 8, after 120 creates") > 0
+    finally:
+        retriever.close()
 
 
 # --- every check can fail -----------------------------------------------------------------------------------
