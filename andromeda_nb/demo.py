@@ -78,7 +78,8 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
     sample = rng.choice(rows, CHECK_ROWS, replace=False)
     log(f"measuring memory bandwidth and the scoring kernels on {rows:,} random ads")
     copy = measure_copy_bandwidth(repeat=3, nbytes=256 << 20)
-    out: dict = {"device": "cpu", "rows": rows, "copy_GBps": copy["ceiling_GBps"], "fused": {}, "unfused": {}}
+    out: dict = {"device": "cpu", "rows": rows, "copy_GBps": copy["ceiling_GBps"], "fused": {}, "unfused": {},
+                 "dot": {}, "compare_precision": "fp32"}
     for precision in ("fp32", "fp16", "int8"):
         table = quantize(emb, precision)
         scorer = CpuScorer.from_table(table, formats, model.top_k)
@@ -104,7 +105,7 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
                 raise DemoError("CPU dot product disagrees with the float64 reference")
             u32 = u.astype(np.float32)
             t = _median_seconds(lambda: f32 @ u32)
-            out["dot_fp32"] = {"ads_per_s": rows / t, "GBps": rows * nbytes / t / 1e9}
+            out["dot"]["fp32"] = {"ads_per_s": rows / t, "GBps": rows * nbytes / t / 1e9}
         log(f"  {precision}: fused {out['fused'][precision]['ads_per_s'] / 1e6:.1f} M ads/s, "
             f"unfused {out['unfused'][precision]['ads_per_s'] / 1e6:.1f} M ads/s")
     return out
@@ -115,20 +116,16 @@ def gpu_kernels(seed: int, log: Echo = lambda m: None) -> dict:
     from gpu.bench_score import bench_score
     from gpu.kernels import score as sk
 
-    res = bench_score(n_ads=GPU_KERNEL_ADS, dims=(64,), precisions=("fp32", "fp16", "int8"), kinds=("moe", "dot"),
+    res = bench_score(n_ads=GPU_KERNEL_ADS, dims=(64,), precisions=("fp16", "int8"), kinds=("moe", "dot"),
                       versions=[sk.BEST], seed=seed, unfused=True, progress=False)
     if not res.get("checks_ok", False):
         raise DemoError("a GPU kernel disagreed with the float64 reference")
     out: dict = {"device": res["env"].get("device", "gpu"), "rows": res["n_ads"],
-                 "copy_GBps": res["copy_bandwidth_Bps"] / 1e9, "fused": {}, "unfused": {}}
+                 "copy_GBps": res["copy_bandwidth_Bps"] / 1e9, "fused": {}, "unfused": {}, "dot": {},
+                 "compare_precision": "fp16"}
     for row in res["runs"]:
         entry = {"ads_per_s": row["ads_per_s"], "copy_fraction": row.get("copy_fraction")}
-        if row["kind"] == "moe":
-            out["fused"][row["precision"]] = entry
-        elif row["precision"] == "fp32":
-            out["dot_fp32"] = entry
-        if row["kind"] == "dot":
-            out.setdefault("dot", {})[row["precision"]] = entry
+        out["fused" if row["kind"] == "moe" else "dot"][row["precision"]] = entry
     for row in res["unfused"]:
         out["unfused"][row["precision"]] = {"ads_per_s": row["ads_per_s"]}
     return out
@@ -151,7 +148,7 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     from gpu.index import resolve_device
 
     from . import corpus
-    from .budget import build_budget
+    from .budget import build_budget, stored_ad_bytes
     from .harness import run_comparison
     from .quality import QualityConfig, run_quality
     from .store import load_dataset
@@ -186,7 +183,9 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     echo("\n1. Find the bottleneck (remote scoring: CPU index host, separate scoring service)")
     per_req = report["latency_ms"]["remote"]["p50"] / 1e3
     match_s = e["match_seconds"]["cpu"] / n_requests
-    score_rate = kernels["fused"]["fp32"]["ads_per_s"] if kernel_device == "cpu" else None
+    cp = kernels["compare_precision"]
+    ref = kernels["fused"][cp]
+    score_rate = ref["ads_per_s"] if kernel_device == "cpu" else None
     hop = report["bytes_per_hop"]["remote"]
     echo(f"   a request takes {per_req * 1e3:.2f} ms end to end (median, one request at a time); matching on "
          f"the CPU index takes {match_s * 1e3:.2f} ms of it")
@@ -198,10 +197,10 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
              f"candidate lists and scores between processes and to top-K")
     echo(f"   bytes on the wire per request: {hop.get('index host->scorer', 0):,.0f} between index host and "
          f"scorer, {hop.get('client->index host', 0):,.0f} between client and index host")
-    fp32 = kernels["fused"]["fp32"]
-    echo(f"   the scorer reads {fp32.get('GBps', fp32['ads_per_s'] * m.D * 4 / 1e9):.1f} GB/s of embeddings "
-         f"against {kernels['copy_GBps']:.1f} GB/s of measured copy bandwidth: moving bytes, not arithmetic, "
-         f"sets the pace")
+    read_GBps = ref["ads_per_s"] * stored_ad_bytes(cp, m.D) / 1e9
+    echo(f"   the {kernels['device']} scoring kernel ({cp}) reads {read_GBps:,.1f} GB/s of embeddings against "
+         f"{kernels['copy_GBps']:,.1f} GB/s of measured copy bandwidth (read + write); every candidate costs its "
+         f"stored bytes, so the budget of step 2 decides how many ads fit in a request")
 
     # 2 -------------------------------------------------------------------------------------------------
     echo("\n2. The byte budget per candidate")
@@ -222,10 +221,10 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     f = quality.flops_per_ad
     echo(f"   FLOPs per ad: two-tower {f['two_tower']}, MoE k=2 {f['moe_k2']} ({f['moe_k2'] / f['two_tower']:.0f}x), "
          f"same stored bytes per ad")
-    dot = kernels.get("dot_fp32")
+    dot = kernels["dot"].get(cp)
     if dot:
-        echo(f"   scoring speed, fp32, same bytes per ad: dot product {_rate(dot['ads_per_s'])}ads/s, gated MoE "
-             f"{_rate(fp32['ads_per_s'])}ads/s (MoE time {dot['ads_per_s'] / fp32['ads_per_s']:.2f}x the dot's)")
+        echo(f"   scoring speed, {cp}, same bytes per ad: dot product {_rate(dot['ads_per_s'])}ads/s, gated MoE "
+             f"{_rate(ref['ads_per_s'])}ads/s (MoE time {dot['ads_per_s'] / ref['ads_per_s']:.2f}x the dot's)")
 
     # 4 -------------------------------------------------------------------------------------------------
     echo("\n4. Co-location and its traffic")
@@ -241,6 +240,8 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     # 5 -------------------------------------------------------------------------------------------------
     echo(f"\n5. The fused kernel and int8 ({kernels['device']}, {kernels['rows']:,} ads per pass)")
     for precision in ("fp32", "fp16", "int8"):
+        if precision not in kernels["fused"]:
+            continue
         fu, un = kernels["fused"][precision], kernels["unfused"].get(precision)
         line = f"   {precision}: fused {_rate(fu['ads_per_s'])}ads/s"
         if un:
