@@ -14,7 +14,8 @@ updates around it still apply:
 
 `apply_updates(updates, targets, live)` does the second check and applies each accepted update, in
 order, to every target (anything with `.apply(update)`: `OracleIndex`, the CPU and GPU indexes, the
-retrievers), so every index sees exactly the same accepted stream.
+retrievers), so every index sees exactly the same accepted stream. A server checks a stream against
+the index it updates (`IndexLiveIds`) and acknowledges it with `update_answer`.
 """
 
 from __future__ import annotations
@@ -153,6 +154,25 @@ class LiveAds:
         if reason is None:
             self.record(update)
         return reason
+
+
+class IndexLiveIds(LiveAds):
+    """The live ids as held by a container that applying the updates advances by itself (an index:
+    `ad_id in index`), so a server checks a stream against the index it updates without a second
+    copy of the ids: `record` has nothing to do."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def record(self, update: Update) -> None:
+        pass
+
+
+def update_answer(applied: int, rejections: Iterable[Rejection]) -> dict:
+    """A service's acknowledgement of an update stream: `{"applied": n, "rejected": [{"line", "ad_id",
+    "error"}, ...]}`, the rejections by line."""
+    ordered = sorted(rejections, key=lambda r: r.line_no or 0)
+    return {"applied": applied, "rejected": [r.to_json() for r in ordered]}
 
 
 def _ad_id_of(update: Update) -> int | None:

@@ -146,21 +146,16 @@ class IndexHostServer(RetrieveServer):
 
     # --- updates ---------------------------------------------------------------------------------------
     def apply_updates(self, text: str) -> dict:
-        from andromeda_nb.updates import LiveAds, Rejection, read_updates
+        from andromeda_nb.updates import IndexLiveIds, apply_updates, read_updates, update_answer
 
         lines = text.splitlines()
         updates, rejections = read_updates(lines, seed=self.seed, dim=self.dim, formats=self.formats)
         self._rw.acquire_write()
         try:
-            live = _IndexLiveIds(self.index)
-            accepted = []
-            for line_no, update in updates:
-                reason = LiveAds.check(live, update)
-                if reason is not None:
-                    rejections.append(Rejection(line_no, getattr(update, "ad_id", None), reason))
-                    continue
-                self.index.apply(update)
-                accepted.append(line_no)
+            not_live = apply_updates(updates, [self.index], IndexLiveIds(self.index))
+            refused = {r.line_no for r in not_live}
+            accepted = [line_no for line_no, _ in updates if line_no not in refused]
+            rejections += not_live
             if accepted:  # forward the accepted lines as given (both services derive the same defaults)
                 body = "\n".join(lines[n - 1].strip() for n in accepted)
                 ack = self.scorer.action("update", body.encode())
@@ -174,8 +169,7 @@ class IndexHostServer(RetrieveServer):
             self.stats.add(updates=len(accepted))
         finally:
             self._rw.release_write()
-        rejections.sort(key=lambda r: r.line_no or 0)
-        return {"applied": len(accepted), "rejected": [r.to_json() for r in rejections]}
+        return update_answer(len(accepted), rejections)
 
     # --- reporting -------------------------------------------------------------------------------------
     def health_info(self) -> dict:
@@ -195,14 +189,6 @@ class IndexHostServer(RetrieveServer):
     def close_resources(self) -> None:
         self.index.close()
         self.scorer.close()
-
-
-class _IndexLiveIds:
-    """The index's live ids in the shape `LiveAds.check` reads (`ids` with membership), without
-    copying them into a set."""
-
-    def __init__(self, index: CpuTargetingIndex):
-        self.ids = index
 
 
 __all__ = ["IndexHostServer", "ReadWriteLock", "top_k"]

@@ -184,3 +184,23 @@ def test_stream_equals_rebuild_seeded():
     assert kinds == {Upsert, SetStatus, Retire}, f"seed {seed}"
     rejections = _check_stream(ads, updates, reqs)
     assert 10 <= len(rejections) <= 60, f"seed {seed}: {len(rejections)} rejections"
+
+
+def test_index_live_ids_follow_the_index_and_answers_are_by_line():
+    from andromeda_nb.updates import IndexLiveIds, update_answer
+    from cpu_baseline.index import CpuTargetingIndex
+
+    rng = np.random.default_rng(8)
+    ads = random_ads(rng, 4, dim=4, ids=[10, 11, 12, 13])
+    new = random_ads(rng, 1, dim=4, ids=[14])[0]
+    stream = [(1, Retire(10)), (2, SetStatus(10, "ACTIVE")), (3, Upsert(new)), (4, Retire(99)),
+              (5, SetStatus(14, "PAUSED")), (6, Retire(10))]
+    index = CpuTargetingIndex.build(ads)
+    live = IndexLiveIds(index)  # no copy of the ids: the index advances them as it applies
+    rejections = apply_updates(stream, [index], live)
+    assert [(r.line_no, r.ad_id) for r in rejections] == [(2, 10), (4, 99), (6, 10)]
+    assert sorted(int(a) for a in [10, 11, 12, 13, 14] if a in index) == [11, 12, 13, 14] and len(live) == 4
+    malformed = [Rejection(3, None, "malformed JSON: x"), Rejection(None, 7, "not from a file")]
+    answer = update_answer(3, rejections + malformed)
+    assert answer["applied"] == 3
+    assert [(r["line"], r["ad_id"]) for r in answer["rejected"]] == [(None, 7), (2, 10), (3, None), (4, 99), (6, 10)]
