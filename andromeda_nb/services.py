@@ -42,7 +42,8 @@ class ServiceProcess:
     def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
                  start_timeout_s: float = START_TIMEOUT_S):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        paths = [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        env["PYTHONPATH"] = os.pathsep.join(paths)  # the project first, whatever the caller's directory
         self.module = module
         self.args = list(args)
         self.name = name or module

@@ -21,29 +21,22 @@ to the ads, and only the final candidates leave it.
 from __future__ import annotations
 
 import json
-import os
-import pickle
-import queue
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from andromeda_nb.model import quantize, user_side
 from andromeda_nb.scoring import fold_user_side
+from andromeda_nb.services import (RelayedTraffic, ServiceProcess, check_same_corpus, dataset_args, fingerprint,
+                                   relay_in_front)
 from andromeda_nb.types import Request, Retire, SetStatus, Update, Upsert
 
 from . import runtime
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MAX_BATCH = 64  # requests per device launch
 START_TIMEOUT_S = 180.0
-STOP_TIMEOUT_S = 10.0
+SERVE_MODULE = "gpu.serve"
 
 
 def _stored(ad, seed: int, dim: int, precision: str):
@@ -270,22 +263,14 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
             return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)]
 
         def apply_updates(self, text: str) -> dict:
-            from andromeda_nb.updates import LiveAds, Rejection, read_updates
+            from andromeda_nb.updates import IndexLiveIds, apply_updates, read_updates, update_answer
 
             updates, rejections = read_updates(text.splitlines(), seed=self.seed, dim=model_dim, formats=model_f)
-            applied = 0
             with self._lock:
-                live = _LiveView(self.engine.index)
-                for line_no, update in updates:
-                    reason = LiveAds.check(live, update)
-                    if reason is not None:
-                        rejections.append(Rejection(line_no, getattr(update, "ad_id", None), reason))
-                        continue
-                    self.engine.apply(update)
-                    applied += 1
+                not_live = apply_updates(updates, [self.engine], IndexLiveIds(self.engine.index))
+            applied = len(updates) - len(not_live)
             self.stats.add(updates=applied)
-            rejections.sort(key=lambda r: r.line_no or 0)
-            return {"applied": applied, "rejected": [r.to_json() for r in rejections]}
+            return update_answer(applied, rejections + not_live)
 
         def health_info(self) -> dict:
             return {**self.engine.describe(), "fingerprint": corpus_fingerprint}
@@ -293,78 +278,17 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
         def close_resources(self) -> None:
             self.engine.close()
 
-    from cpu_baseline.scoring_service import fingerprint
-
     model_dim, model_f = dataset.model.D, dataset.model.F
     corpus_fingerprint = fingerprint(dataset.ad_ids)  # the ad id of each row at start, as the remote services
     return ColocatedServer()
 
 
-class _LiveView:
-    """The index's live ids in the shape `LiveAds.check` reads."""
-
-    def __init__(self, index):
-        self.ids = _Contains(index)
-
-
-class _Contains:
-    def __init__(self, index):
-        self.index = index
-
-    def __contains__(self, ad_id) -> bool:
-        slots = getattr(self.index, "slots", None)
-        return int(ad_id) in (slots if slots is not None else self.index)
-
-
 # --- the retriever --------------------------------------------------------------------------------------
 
 
-class ServerProcess:
-    """`python -m gpu.serve` as a subprocess; `location` is what it announced."""
-
-    def __init__(self, args: list[str], *, start_timeout_s: float = START_TIMEOUT_S):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpu.serve", *args], stdout=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, env=env, text=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=start_timeout_s)
-        except queue.Empty:
-            self.stop()
-            raise RuntimeError(f"the co-located server did not start within {start_timeout_s:.0f} s") from None
-        if not line:
-            code = self.proc.wait()
-            raise RuntimeError(f"the co-located server exited with code {code} before listening (see its stderr)")
-        self.location = json.loads(line)["location"]
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        return self.proc.returncode
-
-
-def _check_same_corpus(location: str, dataset, data_dir) -> None:
-    """The server loaded `data_dir`: it must hold the dataset's ads, row for row."""
-    from andromeda_nb.flight import flight_action
-    from cpu_baseline.scoring_service import fingerprint
-
-    got = flight_action(location, "health").get("fingerprint")
-    if got != fingerprint(dataset.ad_ids):
-        raise RuntimeError(f"the co-located server loaded {data_dir}, whose ads differ from the dataset's "
-                           f"(fingerprint {got}, expected {fingerprint(dataset.ad_ids)})")
-
-
-class ColocatedRetriever:
-    """`interfaces.Retriever` for the co-located architecture (in process, or over Flight to a server)."""
+class ColocatedRetriever(RelayedTraffic):
+    """`interfaces.Retriever` for the co-located architecture (in process, or over Flight to a server;
+    `retrieve_traffic` and `traffic` from `andromeda_nb.services.RelayedTraffic`)."""
 
     def __init__(self, engine: ColocatedEngine | None = None, *, location: str | None = None, process=None,
                  relays=None, tmpdir=None, timeout_s: float = 60.0):
@@ -392,31 +316,23 @@ class ColocatedRetriever:
         if not (served or traffic or host):
             return cls(ColocatedEngine(dataset, device, version=version))
         from andromeda_nb.flight import location_of, wait_until_healthy
-        from andromeda_nb.relay import Relay
 
         proc, tmp, relays = None, None, {}
         data_dir = getattr(dataset, "source_dir", None)  # read from a directory: the server loads it
         try:
-            if host is None:
-                if data_dir is not None:
-                    args = ["--data", str(data_dir), "--device", device]
-                else:  # a dataset made in memory travels as a pickle
-                    tmp = tempfile.TemporaryDirectory(prefix="andromeda-colocated-")
-                    path = Path(tmp.name) / "dataset.pkl"
-                    with open(path, "wb") as f:
-                        pickle.dump(dataset, f, protocol=pickle.HIGHEST_PROTOCOL)
-                    args = ["--dataset-pickle", str(path), "--device", device]
+            if host is None:  # a dataset made in memory travels as a pickle
+                source, tmp = dataset_args(dataset, data_dir, prefix="andromeda-colocated-")
+                args = [*source, "--device", device]
                 if version is not None:
                     args += ["--version", str(version)]
-                proc = ServerProcess(args)
+                proc = ServiceProcess(SERVE_MODULE, args, name="the co-located server", start_timeout_s=START_TIMEOUT_S)
                 host = proc.location
             location = location_of(host)
             wait_until_healthy(location, timeout=30.0)
             if proc is not None and data_dir is not None:
-                _check_same_corpus(location, dataset, data_dir)
+                check_same_corpus(location, dataset, data_dir, "the co-located server")
             if traffic:
-                h, p = location.split("://", 1)[1].rsplit(":", 1)
-                relays["client->server"] = Relay(h, int(p)).start()
+                relays["client->server"] = relay_in_front(location)
                 location = relays["client->server"].location
             return cls(location=location, process=proc, relays=relays, tmpdir=tmp)
         except BaseException:
@@ -434,22 +350,6 @@ class ColocatedRetriever:
         from andromeda_nb.flight import retrieve_over_flight
 
         return retrieve_over_flight(self.location, requests, k, timeout=self.timeout_s, client=self.client)
-
-    def retrieve_traffic(self, requests: Sequence[Request], k: int) -> tuple[list, list[dict]]:
-        """Answers plus, per request, the bytes the relayed hop carried for it."""
-        if not self.relays:
-            raise RuntimeError("traffic needs a relay: build(..., traffic=True)")
-        answers, per_request = [], []
-        for request in requests:
-            before = {hop: relay.snapshot() for hop, relay in self.relays.items()}
-            answers.extend(self.retrieve([request], k))
-            for relay in self.relays.values():
-                relay.wait_idle()
-            per_request.append({hop: (relay.snapshot() - before[hop]).to_json() for hop, relay in self.relays.items()})
-        return answers, per_request
-
-    def traffic(self) -> dict:
-        return {hop: relay.snapshot() for hop, relay in self.relays.items()}
 
     def apply(self, update: Update) -> None:
         if self.engine is not None:
@@ -493,4 +393,4 @@ class ColocatedRetriever:
         self.close()
 
 
-__all__ = ["ColocatedEngine", "ColocatedRetriever", "ServerProcess", "cpu_scores", "make_server"]
+__all__ = ["ColocatedEngine", "ColocatedRetriever", "cpu_scores", "make_server"]

@@ -356,6 +356,10 @@ class GpuTargetingIndex:
     def __len__(self) -> int:
         return len(self.slots)
 
+    def __contains__(self, ad_id: int) -> bool:
+        """Whether `ad_id` is live (mirror of `CpuTargetingIndex.__contains__`)."""
+        return int(ad_id) in self.slots
+
     @property
     def capacity(self) -> int:
         return self.slots.capacity

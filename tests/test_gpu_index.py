@@ -155,6 +155,8 @@ def test_update_stream_equals_oracle(monkeypatch):
         else:
             index.apply_many(accepted)
         assert len(index) == len(oracle)
+        ever = {a.ad_id for a in ads} | set(oracle.ads)  # live ids through growth and compaction
+        assert all((i in index) == (i in oracle.ads) for i in ever), f"seed={seed} after update {start + len(part)}"
         _assert_same(oracle.match(requests), index.match(requests), f"seed={seed} after update {start + len(part)}")
     assert rejected > 0
     assert index.compactions > 0
