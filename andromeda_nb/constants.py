@@ -66,5 +66,9 @@ TOPK_TIE_ATOL = 1e-4
 REDUCED_SCORE_RTOL = 1e-2  # reduced-precision modes: relative to the reference's score spread
 REDUCED_MIN_RECALL = 0.99
 
+# --- seeded data (the corpus generator, the test data, the quality world) ---------------------------------
+DATA_EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z: generated schedules and request times lie around it
+SECONDS_PER_DAY = 86_400
+
 # --- storage ------------------------------------------------------------------------------------------
 SCHEMA_VERSION = 1

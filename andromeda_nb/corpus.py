@@ -35,19 +35,19 @@ import numpy as np
 
 from . import derive
 from .constants import (
+    DATA_EPOCH as NOW,  # schedules are drawn around it, requests in the 14 days after
     DEFAULT_D,
     DEFAULT_E,
     DEFAULT_F,
     DEVICE_PLATFORMS,
     FLEX_KEYS,
-        PUBLISHER_PLATFORMS,
+    PUBLISHER_PLATFORMS,
+    SECONDS_PER_DAY as DAY,
     SIGNAL_WIDTH,
     STATUSES,
     USER_OS,
 )
 
-NOW = 1_767_225_600  # 2026-01-01T00:00:00Z: schedules are drawn around it, requests in the 14 days after
-DAY = 86_400
 CHUNK_ADS = 65_536
 
 VOCABULARY = {

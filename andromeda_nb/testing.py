@@ -23,12 +23,14 @@ from .constants import (
     AGE_HIGHEST,
     AGE_LOWEST,
     AGE_MIN_DEFAULT,
+    DATA_EPOCH as T0,
     DEFAULT_D,
     DEFAULT_E,
     DEFAULT_F,
     DEVICE_PLATFORMS,
     FLEX_KEYS,
     PUBLISHER_PLATFORMS,
+    SECONDS_PER_DAY as DAY,
     SIGNAL_WIDTH,
     STATUSES,
     USER_OS,
@@ -43,8 +45,6 @@ N_LOCALES = 5
 N_IDS = 8  # ids per flexible key and custom audiences: 0..N_IDS-1
 COMMON_FLEX_KEYS = FLEX_KEYS[:3]  # most objects use these, so overlaps with users are frequent
 CENTRES = ((40.7, -74.0), (51.5, -0.1), (-33.9, 151.2), (10.0, 179.8), (89.6, 20.0))
-T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
-DAY = 86_400
 
 
 # --- one generator, two sources of randomness -------------------------------------------------------

@@ -31,11 +31,13 @@ import numpy as np
 
 from ..constants import (
     CONTEXT_WIDTH,
+    DATA_EPOCH,
     DEFAULT_D,
     DEFAULT_E,
     DEFAULT_F,
     DEVICE_PLATFORMS,
     PUBLISHER_PLATFORMS,
+    SECONDS_PER_DAY,
     SIGNAL_WIDTH,
     USER_OS,
 )
@@ -44,8 +46,8 @@ from ..types import Context, Request, User
 
 # independent random streams of one seed, so changing one size does not reshuffle the others
 _STREAM_WORLD, _STREAM_ADS, _STREAM_TRAIN, _STREAM_TEST, _STREAM_LOG, _STREAM_ELIGIBLE = 11, 12, 13, 14, 15, 16
-TIME_ORIGIN = 1_767_225_600  # 2026-01-01 00:00 UTC; request times fall in the 28 days after it
-_TIME_SPAN = 28 * 86_400
+TIME_ORIGIN = DATA_EPOCH  # request times fall in the 28 days after it
+_TIME_SPAN = 28 * SECONDS_PER_DAY
 _LOG_BATCH = 64  # requests a vectorized pass while sampling logs
 
 
