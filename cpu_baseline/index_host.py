@@ -7,7 +7,8 @@ clients cannot tell the two apart except by speed. Per batch of client requests:
 2. compute each request's user side (U, Q, gamma, beta; `andromeda_nb.model.user_side`) and ship
    it with the candidate rows to the scoring service in one `["score"]` exchange (one record batch
    per request, lock-step), with a deadline of `scorer_timeout_s`;
-3. top-K of the returned float32 scores on the CPU (score descending, ties by ad id ascending).
+3. top-K of the returned float32 scores on the CPU (score descending, ties by ad id ascending;
+   `andromeda_nb.reference.reference_topk`).
 
 Updates (`DoAction("update")`, JSON Lines of DESIGN section 6): the index host owns the stream. It
 parses it, checks each update against its live ids (rejections are reported with their line and
@@ -30,6 +31,7 @@ import numpy as np
 
 from andromeda_nb.flight import RetrieveServer
 from andromeda_nb.model import user_side
+from andromeda_nb.reference import reference_topk
 
 from .index import CpuTargetingIndex
 from .scoring_service import ScorerClient, fingerprint, user_side_bytes
@@ -72,15 +74,7 @@ class ReadWriteLock:
             self._cond.notify_all()
 
 
-def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (score descending, ties by ad id ascending) of candidates given in ad id order."""
-    n = len(ids)
-    if n > k:
-        kth = np.partition(scores, n - k)[n - k]  # the k-th largest score
-        keep = np.flatnonzero(scores >= kth)  # every tie at the boundary, still in id order
-        ids, scores = ids[keep], scores[keep]
-    order = np.argsort(-scores, kind="stable")[:k]  # stable: equal scores stay in id order
-    return ids[order], scores[order]
+top_k = reference_topk  # the k best, score descending, ties by ad id ascending: one rule for every path
 
 
 class IndexHostServer(RetrieveServer):

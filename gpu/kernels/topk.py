@@ -249,17 +249,11 @@ def threads() -> int:
 
 
 def topk_host(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top k of (ids, scores) by score descending, ties by id ascending (numpy)."""
-    ids = np.asarray(ids, np.int64)
-    scores = np.asarray(scores, np.float32)
-    n = len(ids)
-    if n > k:
-        part = np.argpartition(-scores, k - 1)[:k]
-        kth = scores[part].min()
-        keep = np.flatnonzero(scores >= kth)  # every tie of the k-th score, so ids can break it
-        ids, scores = ids[keep], scores[keep]
-    order = np.lexsort((ids, -scores.astype(np.float64)))[:k]
-    return ids[order], scores[order]
+    """Top k of (ids, scores as float32) by score descending, ties by id ascending: the rule of
+    `andromeda_nb.reference.reference_topk`, which it runs."""
+    from andromeda_nb.reference import reference_topk
+
+    return reference_topk(ids, np.asarray(scores, np.float32), k)
 
 
 __all__ = ["BEST", "FINAL_THREADS", "SEGMENT_LEN", "VERSIONS", "final_topk_v1", "n_segments", "segment_topk_v2", "scratch_size", "threads", "topk_host"]
