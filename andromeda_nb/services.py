@@ -9,8 +9,10 @@
 * `fingerprint` / `check_same_corpus`: a hash of the ad id in each row, so a started server (or
   another service) can be checked to hold the dataset's ads, row for row.
 * `relay_in_front`: a counting relay (`andromeda_nb.relay`) that forwards to a server, for real
-  bytes on the wire.
-* `RelayedTraffic`: `retrieve_traffic` and `traffic` for a retriever with `relays` and `retrieve`.
+  bytes on the wire; `stop_all` stops started processes, closes relays, removes a temporary directory.
+* `ServedRetriever`: the client half of a retriever answered by a server over Flight
+  (`cpu_baseline.remote.RemoteRetriever`, `gpu.colocated.ColocatedRetriever` when served): retrieve,
+  traffic per hop, updates, actions, release.
 """
 
 from __future__ import annotations
@@ -117,11 +119,33 @@ def relay_in_front(location: str):
     return Relay(host, int(port)).start()
 
 
-class RelayedTraffic:
-    """Traffic figures for a retriever whose `relays` ({hop: Relay}, in the order a request travels)
-    sit in front of its servers."""
+def stop_all(processes: Sequence[ServiceProcess] = (), relays: dict | None = None,
+             tmpdir: tempfile.TemporaryDirectory | None = None) -> None:
+    """Stop the processes (the last started first: a front server before the one it calls), close
+    the relays, remove the temporary directory."""
+    for proc in reversed(list(processes)):
+        proc.stop()
+    for relay in (relays or {}).values():
+        relay.close()
+    if tmpdir is not None:
+        tmpdir.cleanup()
 
+
+class ServedRetriever:
+    """The client half of a retriever whose answers come from a server's `["retrieve"]` exchange.
+    The class sets `location`, `client` (a `pyarrow.flight` client of it), `timeout_s`, `relays`
+    ({hop: Relay}, in the order a request travels), and `server_name` (for errors)."""
+
+    server_name = "the server"
+    location: str
+    client: object
+    timeout_s: float
     relays: dict
+
+    def retrieve(self, requests: Sequence, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        from .flight import retrieve_over_flight
+
+        return retrieve_over_flight(self.location, requests, k, timeout=self.timeout_s, client=self.client)
 
     def retrieve_traffic(self, requests: Sequence, k: int) -> tuple[list, list[dict]]:
         """Answers plus, per request, the bytes each relayed hop carried for it (one request per
@@ -141,6 +165,38 @@ class RelayedTraffic:
         """Bytes so far per hop (`andromeda_nb.relay.Traffic`)."""
         return {hop: relay.snapshot() for hop, relay in self.relays.items()}
 
+    def apply(self, update) -> None:
+        """Send one update; a rejection raises ValueError with the server's reason."""
+        from .testing import update_to_json
 
-__all__ = ["PROJECT_ROOT", "RelayedTraffic", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServiceProcess",
-           "check_same_corpus", "dataset_args", "fingerprint", "relay_in_front"]
+        ack = self.apply_lines([json.dumps(update_to_json(update))])
+        if ack["rejected"]:
+            raise ValueError(f"update rejected by {self.server_name}: {ack['rejected'][0]}")
+
+    def apply_lines(self, lines: Sequence[str]) -> dict:
+        """Send JSON Lines updates; returns the server's acknowledgement
+        `{"applied": n, "rejected": [{"line", "ad_id", "error"}, ...]}`."""
+        return self.action("update", "\n".join(lines))
+
+    def action(self, name: str, body: bytes | str = b"") -> dict:
+        from .flight import flight_action
+
+        return flight_action(self.location, name, body, timeout=self.timeout_s, client=self.client)
+
+    def close_client(self) -> None:
+        """Close the Flight client (a server already gone is no error)."""
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["PROJECT_ROOT", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess", "check_same_corpus",
+           "dataset_args", "fingerprint", "relay_in_front", "stop_all"]

@@ -24,7 +24,6 @@ serving.
 
 from __future__ import annotations
 
-import json
 import threading
 
 import numpy as np

@@ -11,25 +11,23 @@ the accepted ones to the scoring service: both hold the same live ads afterwards
 
 from __future__ import annotations
 
-import json
 import tempfile
-from typing import Sequence
 
-import numpy as np
 import pyarrow.flight as flight
 
-from andromeda_nb.flight import flight_action, location_of, retrieve_over_flight, wait_until_healthy
+from andromeda_nb.flight import location_of, wait_until_healthy
 from andromeda_nb.relay import Relay
-from andromeda_nb.services import (START_TIMEOUT_S, RelayedTraffic, ServiceProcess, check_same_corpus, dataset_args,
-                                   relay_in_front)
-from andromeda_nb.types import Request, Update
+from andromeda_nb.services import (START_TIMEOUT_S, ServedRetriever, ServiceProcess, check_same_corpus, dataset_args,
+                                   relay_in_front, stop_all)
 
 SERVE_MODULE = "cpu_baseline.serve"
 
 
-class RemoteRetriever(RelayedTraffic):
-    """interfaces.Retriever over the index host's `["retrieve"]` exchange (`retrieve_traffic` and
-    `traffic` from `andromeda_nb.services.RelayedTraffic`)."""
+class RemoteRetriever(ServedRetriever):
+    """interfaces.Retriever over the index host's `["retrieve"]` exchange (retrieve, traffic, updates
+    and actions: `andromeda_nb.services.ServedRetriever`)."""
+
+    server_name = "the index host"
 
     def __init__(self, location: str, *, processes=(), relays: dict[str, Relay] | None = None,
                  tmpdir: tempfile.TemporaryDirectory | None = None, timeout_s: float = 60.0):
@@ -83,54 +81,13 @@ class RemoteRetriever(RelayedTraffic):
             relays = {hop: relays[hop] for hop in hops if hop in relays}
             return cls(location, processes=processes, relays=relays, tmpdir=tmp)
         except BaseException:
-            for proc in reversed(processes):
-                proc.stop()
-            for relay in relays.values():
-                relay.close()
-            if tmp is not None:
-                tmp.cleanup()
+            stop_all(processes, relays, tmp)
             raise
 
-    # --- retrieval ---------------------------------------------------------------------------------
-    def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        return retrieve_over_flight(self.location, requests, k, timeout=self.timeout_s, client=self.client)
-
-    # --- updates -----------------------------------------------------------------------------------
-    def apply(self, update: Update) -> None:
-        from andromeda_nb.testing import update_to_json
-
-        ack = self.apply_lines([json.dumps(update_to_json(update))])
-        if ack["rejected"]:
-            raise ValueError(f"update rejected by the index host: {ack['rejected'][0]}")
-
-    def apply_lines(self, lines: Sequence[str]) -> dict:
-        """Send JSON Lines updates; returns the index host's acknowledgement
-        `{"applied": n, "rejected": [{"line", "ad_id", "error"}, ...]}`."""
-        return flight_action(self.location, "update", "\n".join(lines), timeout=self.timeout_s, client=self.client)
-
-    def action(self, name: str) -> dict:
-        return flight_action(self.location, name, timeout=self.timeout_s, client=self.client)
-
-    # --- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:
-            pass
-        for proc in reversed(self.processes):  # the index host first, then the scorer
-            proc.stop()
-        self.processes = []
-        for relay in self.relays.values():
-            relay.close()
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
-
-    def __enter__(self) -> "RemoteRetriever":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.close_client()
+        stop_all(self.processes, self.relays, self._tmpdir)  # the index host first, then the scorer
+        self.processes, self._tmpdir = [], None
 
 
 __all__ = ["RemoteRetriever", "ServiceProcess"]

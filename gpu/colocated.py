@@ -20,7 +20,6 @@ to the ads, and only the final candidates leave it.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Sequence
 
@@ -28,8 +27,8 @@ import numpy as np
 
 from andromeda_nb.model import quantize, user_side
 from andromeda_nb.scoring import fold_user_side
-from andromeda_nb.services import (RelayedTraffic, ServiceProcess, check_same_corpus, dataset_args, fingerprint,
-                                   relay_in_front)
+from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, dataset_args, fingerprint,
+                                   relay_in_front, stop_all)
 from andromeda_nb.types import Request, Retire, SetStatus, Update, Upsert
 
 from . import runtime
@@ -286,9 +285,11 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
 # --- the retriever --------------------------------------------------------------------------------------
 
 
-class ColocatedRetriever(RelayedTraffic):
-    """`interfaces.Retriever` for the co-located architecture (in process, or over Flight to a server;
-    `retrieve_traffic` and `traffic` from `andromeda_nb.services.RelayedTraffic`)."""
+class ColocatedRetriever(ServedRetriever):
+    """`interfaces.Retriever` for the co-located architecture: in process, or over Flight to a server
+    (retrieve, traffic, updates and actions: `andromeda_nb.services.ServedRetriever`)."""
+
+    server_name = "the co-located server"
 
     def __init__(self, engine: ColocatedEngine | None = None, *, location: str | None = None, process=None,
                  relays=None, tmpdir=None, timeout_s: float = 60.0):
@@ -336,61 +337,26 @@ class ColocatedRetriever(RelayedTraffic):
                 location = relays["client->server"].location
             return cls(location=location, process=proc, relays=relays, tmpdir=tmp)
         except BaseException:
-            if proc is not None:
-                proc.stop()
-            for relay in relays.values():
-                relay.close()
-            if tmp is not None:
-                tmp.cleanup()
+            stop_all([proc] if proc is not None else [], relays, tmp)
             raise
 
     def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         if self.engine is not None:
             return self.engine.retrieve(requests, k)
-        from andromeda_nb.flight import retrieve_over_flight
-
-        return retrieve_over_flight(self.location, requests, k, timeout=self.timeout_s, client=self.client)
+        return super().retrieve(requests, k)
 
     def apply(self, update: Update) -> None:
         if self.engine is not None:
             self.engine.apply(update)
             return
-        from andromeda_nb.testing import update_to_json
-
-        ack = self.apply_lines([json.dumps(update_to_json(update))])
-        if ack["rejected"]:
-            raise ValueError(f"update rejected by the co-located server: {ack['rejected'][0]}")
-
-    def apply_lines(self, lines: Sequence[str]) -> dict:
-        from andromeda_nb.flight import flight_action
-
-        return flight_action(self.location, "update", "\n".join(lines), timeout=self.timeout_s, client=self.client)
-
-    def action(self, name: str) -> dict:
-        from andromeda_nb.flight import flight_action
-
-        return flight_action(self.location, name, timeout=self.timeout_s, client=self.client)
+        super().apply(update)
 
     def close(self) -> None:
-        if self.client is not None:
-            try:
-                self.client.close()
-            except Exception:
-                pass
-        if self.process is not None:
-            self.process.stop()
-        for relay in self.relays.values():
-            relay.close()
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
+        self.close_client()
+        stop_all([self.process] if self.process is not None else [], self.relays, self._tmpdir)
+        self._tmpdir = None
         if self.engine is not None:
             self.engine.close()
-
-    def __enter__(self) -> "ColocatedRetriever":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 __all__ = ["ColocatedEngine", "ColocatedRetriever", "cpu_scores", "make_server"]

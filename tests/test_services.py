@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from andromeda_nb.services import RelayedTraffic, ServiceProcess, dataset_args, fingerprint
+from andromeda_nb.services import ServedRetriever, ServiceProcess, dataset_args, fingerprint, stop_all
 
 LOCATION = "grpc://127.0.0.1:45678"
 
@@ -77,8 +77,30 @@ def test_fingerprint_depends_on_ids_and_their_order():
 
 
 def test_traffic_needs_relays():
-    class NoRelays(RelayedTraffic):
+    class NoRelays(ServedRetriever):
         relays: dict = {}
 
     with pytest.raises(RuntimeError, match="traffic needs relays"):
         NoRelays().retrieve_traffic([], 1)
+
+
+def test_stop_all_stops_the_last_started_first_and_cleans_up(tmp_path):
+    events = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def stop(self):
+            events.append(("stop", self.name))
+
+        def close(self):
+            events.append(("close", self.name))
+
+    class Tmp:
+        def cleanup(self):
+            events.append(("cleanup", None))
+
+    stop_all([Stub("scorer"), Stub("index host")], {"hop": Stub("relay")}, Tmp())
+    assert events == [("stop", "index host"), ("stop", "scorer"), ("close", "relay"), ("cleanup", None)]
+    stop_all()  # nothing started: nothing to do
