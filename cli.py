@@ -383,8 +383,8 @@ def bench():
 
 
 def _service_dataset(data: str):
+    from andromeda_nb.services import load_dataset_for_service
     from andromeda_nb.store import StoreError
-    from cpu_baseline.serve import load_dataset_for_service
 
     try:
         return load_dataset_for_service(data)

@@ -2,10 +2,11 @@
 
 * `ServiceProcess`: one server started as `python -m MODULE ARGS...` (`cpu_baseline.serve`,
   `gpu.serve`) with the project on `PYTHONPATH`. A server announces itself with one JSON line on
-  stdout once it listens, `{"service": ..., "location": "grpc://HOST:PORT"}`, so a parent that asked
-  for port 0 learns the port. `stop()` sends SIGTERM, waits, then kills.
+  stdout once it listens (`announce`: `{"service": ..., "location": "grpc://HOST:PORT", ...}`), so a
+  parent that asked for port 0 learns the port. `stop()` sends SIGTERM, waits, then kills.
 * `dataset_args`: how a started server gets the corpus: the directory it was read from, or a pickle
-  of an in-memory dataset written to a temporary directory.
+  of an in-memory dataset written to a temporary directory; `load_dataset_for_service` is the
+  server's side of it.
 * `fingerprint` / `check_same_corpus`: a hash of the ad id in each row, so a started server (or
   another service) can be checked to hold the dataset's ads, row for row.
 * `relay_in_front`: a counting relay (`andromeda_nb.relay`) that forwards to a server, for real
@@ -33,8 +34,14 @@ from typing import Sequence
 import numpy as np
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_HOST = "127.0.0.1"  # servers listen on loopback unless told otherwise
 START_TIMEOUT_S = 120.0  # a cold start compiles the numba kernels once
 STOP_TIMEOUT_S = 10.0
+
+
+def announce(service: str, location: str, out=None, **extra) -> None:
+    """The line a server writes to stdout once it listens; `ServiceProcess` reads it."""
+    print(json.dumps({"service": service, "location": location, **extra}), file=out or sys.stdout, flush=True)
 
 
 class ServiceProcess:
@@ -93,6 +100,19 @@ def dataset_args(dataset, data_dir=None, *, prefix: str = "andromeda-"
     with open(path, "wb") as f:
         pickle.dump(dataset, f, protocol=pickle.HIGHEST_PROTOCOL)
     return ["--dataset-pickle", str(path)], tmp
+
+
+def load_dataset_for_service(data: str | None = None, dataset_pickle: str | None = None):
+    """A server's corpus: a `Dataset` from a corpus directory (`andromeda_nb.store`) or from the
+    pickle a parent wrote (`dataset_args`)."""
+    if dataset_pickle:
+        with open(dataset_pickle, "rb") as f:
+            return pickle.load(f)
+    if not data:
+        raise ValueError("give a corpus directory (--data DIR)")
+    from .store import load_dataset
+
+    return load_dataset(data)
 
 
 def fingerprint(ad_ids: np.ndarray) -> str:
@@ -198,5 +218,6 @@ class ServedRetriever:
         self.close()
 
 
-__all__ = ["PROJECT_ROOT", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess", "check_same_corpus",
-           "dataset_args", "fingerprint", "relay_in_front", "stop_all"]
+__all__ = ["DEFAULT_HOST", "PROJECT_ROOT", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess",
+           "announce", "check_same_corpus", "dataset_args", "fingerprint", "load_dataset_for_service", "relay_in_front",
+           "stop_all"]

@@ -9,33 +9,15 @@ stops it cleanly (running calls finish, then the process exits 0).
 from __future__ import annotations
 
 import argparse
-import json
-import pickle
 import sys
-import threading
-from pathlib import Path
 
 from andromeda_nb.flight import location_of, serve_until_stopped
-
-DEFAULT_HOST = "127.0.0.1"
-
-
-def load_dataset_for_service(data: str | None = None, dataset_pickle: str | None = None, updates: str | None = None):
-    """A `Dataset` from a corpus directory (`andromeda_nb.store`) or from a pickle a parent wrote."""
-    if dataset_pickle:
-        with open(dataset_pickle, "rb") as f:
-            return pickle.load(f)
-    if not data:
-        raise ValueError("give a corpus directory (--data DIR)")
-    from andromeda_nb.store import load_dataset
-
-    return load_dataset(data)
+from andromeda_nb.services import DEFAULT_HOST, announce, load_dataset_for_service
 
 
 def _announce(service: str, out=None):
     def on_ready(server):
-        line = json.dumps({"service": service, "location": f"grpc://{DEFAULT_HOST}:{server.port}"})
-        print(line, file=out or sys.stdout, flush=True)
+        announce(service, f"grpc://{DEFAULT_HOST}:{server.port}", out)
 
     return on_ready
 

@@ -9,10 +9,9 @@ cleanly (running calls finish, then the process exits 0).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-DEFAULT_HOST = "127.0.0.1"
+from andromeda_nb.services import DEFAULT_HOST, announce, load_dataset_for_service
 
 
 def run_colocated(dataset, *, host: str = DEFAULT_HOST, port: int = 0, device: str = "auto",
@@ -21,12 +20,10 @@ def run_colocated(dataset, *, host: str = DEFAULT_HOST, port: int = 0, device: s
 
     server = make_server(dataset, f"grpc://{host}:{port}", device=device, version=version)
 
-    def announce(srv):
-        line = json.dumps({"service": "colocated", "location": f"grpc://{host}:{srv.port}",
-                           "device": srv.engine.device})
-        print(line, file=out or sys.stdout, flush=True)
+    def on_listening(srv):
+        announce("colocated", f"grpc://{host}:{srv.port}", out, device=srv.engine.device)
 
-    server.serve_until_stopped(on_ready or announce)
+    server.serve_until_stopped(on_ready or on_listening)
 
 
 def main(argv=None) -> int:
@@ -41,8 +38,6 @@ def main(argv=None) -> int:
     from . import runtime
 
     runtime.select(args.device)  # before anything imports numba.cuda
-    from cpu_baseline.serve import load_dataset_for_service
-
     dataset = load_dataset_for_service(args.data, args.dataset_pickle)
     run_colocated(dataset, host=args.host, port=args.port, device=args.device, version=args.version)
     return 0

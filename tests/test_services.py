@@ -8,7 +8,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from andromeda_nb.services import ServedRetriever, ServiceProcess, dataset_args, fingerprint, stop_all
+from andromeda_nb.services import (ServedRetriever, ServiceProcess, dataset_args, fingerprint, load_dataset_for_service,
+                                   stop_all)
 
 LOCATION = "grpc://127.0.0.1:45678"
 
@@ -17,8 +18,9 @@ LOCATION = "grpc://127.0.0.1:45678"
 def modules(tmp_path, monkeypatch):
     """Small server stand-ins importable by `python -m` (on PYTHONPATH, after the project)."""
     (tmp_path / "svc_announces.py").write_text(textwrap.dedent(f"""
-        import json, time
-        print(json.dumps({{"service": "stand-in", "location": "{LOCATION}"}}), flush=True)
+        import time
+        from andromeda_nb.services import announce
+        announce("stand-in", "{LOCATION}", device="cpu")
         while True:
             time.sleep(1)
     """))
@@ -66,8 +68,11 @@ def test_dataset_args_directory_or_pickle(tmp_path):
         assert args[0] == "--dataset-pickle" and "andromeda-test-" in args[1]
         with open(args[1], "rb") as f:
             assert pickle.load(f) == {"any": "dataset"}
+        assert load_dataset_for_service(dataset_pickle=args[1]) == {"any": "dataset"}  # the server's side
     finally:
         tmp.cleanup()
+    with pytest.raises(ValueError, match="--data DIR"):
+        load_dataset_for_service()
 
 
 def test_fingerprint_depends_on_ids_and_their_order():
