@@ -20,7 +20,6 @@ formula compiled by numba).
 from __future__ import annotations
 
 import math
-import statistics
 import tempfile
 import time
 from typing import Callable
@@ -43,13 +42,11 @@ class DemoError(RuntimeError):
 
 
 def _median_seconds(fn, repeat: int = REPEAT) -> float:
+    """Wall-clock median of `repeat` calls after one untimed call."""
+    from cpu_baseline.bench import median_time
+
     fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_time(fn, repeat)
 
 
 # --- kernel measurements ----------------------------------------------------------------------------------

@@ -44,22 +44,14 @@ def _parallel_copy(src, dst):
         dst[lo:hi] = src[lo:hi]
 
 
-def _median_time(fn, repeat: int) -> float:
+def median_time(fn, repeat: int, *, clock=time.perf_counter) -> float:
+    """Median seconds of `repeat` calls of `fn` by `clock`: wall clock by default, or
+    `time.process_time`, the CPU time of this process (robust to other processes sharing the cores)."""
     times = []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
-def _median_cpu_time(fn, repeat: int) -> float:
-    """Median CPU time of this process (robust to other processes sharing the cores)."""
-    times = []
-    for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        times.append(time.process_time() - t)
+        times.append(clock() - t)
     return float(np.median(times))
 
 
@@ -67,9 +59,9 @@ def measure_copy_bandwidth(repeat: int = 5, nbytes: int = COPY_BYTES) -> dict:
     src = np.arange(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
     np.copyto(dst, src)
-    numpy_s = _median_time(lambda: np.copyto(dst, src), repeat)
+    numpy_s = median_time(lambda: np.copyto(dst, src), repeat)
     _parallel_copy(src, dst)
-    numba_s = _median_time(lambda: _parallel_copy(src, dst), repeat)
+    numba_s = median_time(lambda: _parallel_copy(src, dst), repeat)
     moved = 2 * src.nbytes
     out = {"bytes_per_copy": moved, "numpy_GBps": moved / numpy_s / 1e9, "parallel_GBps": moved / numba_s / 1e9}
     out["ceiling_GBps"] = max(out["numpy_GBps"], out["parallel_GBps"])
@@ -107,13 +99,13 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
             if err > SCORE_ATOL:
                 raise AssertionError(f"scorer v{version} {precision}: error {err} vs the reference")
             scorer.score(rows[: 1 << 14], tab)  # warm-up (compile / load from cache)
-            seconds = _median_time(lambda: scorer.score(rows, tab), repeat)
+            seconds = median_time(lambda: scorer.score(rows, tab), repeat)
             moved = n_rows * (scorer.bytes_per_row + 4 + 4)
             serial = SERIAL_OF.get(scorer.kernel, scorer.kernel)
             out = np.empty(n_rows, np.float32)
             serial(scorer._values, scorer._scale, scorer._formats, rows[:64], tab, model.E, model.top_k, out)  # warm-up
-            cpu_s = _median_cpu_time(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, tab,
-                                                    model.E, model.top_k, out), max(1, repeat // 2))
+            cpu_s = median_time(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, tab, model.E,
+                                               model.top_k, out), max(1, repeat // 2), clock=time.process_time)
             results.append({
                 "cpu_ns_per_ad_one_thread": cpu_s / n_rows * 1e9,
                 "precision": precision, "version": version, "shipped": version == SHIPPED_VERSION,
@@ -147,8 +139,8 @@ def bench_match(dataset, repeat: int, log) -> dict:
     build_s = time.perf_counter() - t
     requests = dataset.requests
     matched = index.match(requests)  # warm-up
-    seconds = _median_time(lambda: index.match(requests), repeat)
-    single = _median_time(lambda: [index.match([r]) for r in requests[:16]], max(1, repeat // 2)) / min(16, len(requests))
+    seconds = median_time(lambda: index.match(requests), repeat)
+    single = median_time(lambda: [index.match([r]) for r in requests[:16]], max(1, repeat // 2)) / min(16, len(requests))
     eligible = np.array([len(m) for m in matched], np.float64)
     pool = len(index)
     out = {
@@ -181,7 +173,7 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
         out["latency_ms"] = {"p50": float(np.percentile(lat, 50) * 1e3), "p99": float(np.percentile(lat, 99) * 1e3),
                              "mean": float(lat.mean() * 1e3)}
         out["sequential_requests_per_s"] = float(1.0 / lat.mean())
-        batched = _median_time(lambda: remote.retrieve(requests, k), repeat)
+        batched = median_time(lambda: remote.retrieve(requests, k), repeat)
         out["batched_requests_per_s"] = len(requests) / batched
         out["batched_pool_ads_per_s"] = len(requests) * len(dataset.embeddings) / batched
         out["index_host_stats"] = remote.action("stats")
