@@ -573,6 +573,7 @@ NO_SHRINK = settings(BASE, phases=(Phase.explicit, Phase.generate), report_multi
 
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")
 def test_wrong_index_is_caught_by_the_same_property():
+    """An index that leaves out one eligible ad fails the drawn property that the CPU index passes."""
     prop = index_property({"cpu index dropping one": lambda ads: DropsOneEligible(CpuTargetingIndex.build(ads))},
                           max_examples=30, max_ads=14, max_updates=24, max_requests=6, config=NO_SHRINK)
     with pytest.raises(AssertionError, match=r"cpu index dropping one vs oracle.*eligible ad\(s\) missing"):
