@@ -438,3 +438,12 @@ def test_files_with_only_the_required_fields_still_render(tmp_path, charts):
     assert "versions not recorded" in md
     if charts:
         assert {"roofline", "match", "pipeline", "traffic"} <= set(res.charts)
+
+
+def test_demo_json_is_reported_through_its_compare_part(tmp_path):
+    compare = {"bytes_per_request": {"remote": 9000.0, "colocated": 100.0}, "eligible_equal": True,
+               "topk_equal": True, "traffic_reduction": 90.0}
+    path = tmp_path / "demo.json"
+    path.write_text(json.dumps({"compare": compare, "kernels": {}, "budget": {}, "ads": 10}))
+    src = rp.load_source(path)
+    assert src.kind == "compare" and src.doc["traffic_reduction"] == 90.0
