@@ -135,16 +135,14 @@ EXAMPLE_REQUEST_BYTES = 2_000
 
 
 def _network_from_dataset(dataset, k: int) -> dict:
-    import json
-
     from cpu_baseline.index import CpuTargetingIndex
 
-    from .targeting import request_to_json
+    from .flight import request_text
 
     index = CpuTargetingIndex(dataset.compiled)  # the compiled form: no ad parsed
     sizes = [len(ids) for ids in index.match(dataset.requests)]
     index.close()
-    request_bytes = [len(json.dumps(request_to_json(r)).encode()) for r in dataset.requests]
+    request_bytes = [len(request_text(r).encode()) for r in dataset.requests]
     m = dataset.model
     per_request = [network_payload(b, n, k, m.D, m.E, m.F) for b, n in zip(request_bytes, sizes)]
     mean = {arch: {hop: {d: sum(p[arch][hop][d] for p in per_request) / len(per_request)

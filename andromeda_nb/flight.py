@@ -106,7 +106,9 @@ class ServiceStats:
 # --- request and answer batches -----------------------------------------------------------------------
 
 
-def _request_json(request) -> str:
+def request_text(request) -> str:
+    """The `request` column's text for a `Request`, a JSON-ready dict or a JSON string (kept as is):
+    compact JSON, signals as the shortest float32 text that reads back exactly."""
     if isinstance(request, str):
         return request
     if isinstance(request, Request):
@@ -131,7 +133,7 @@ def request_batch(requests: Sequence, k: int | Sequence[int]) -> pa.RecordBatch:
     return pa.record_batch(
         [
             pa.array([_request_id(r) for r in requests], pa.int64()),
-            pa.array([_request_json(r) for r in requests], pa.utf8()),
+            pa.array([request_text(r) for r in requests], pa.utf8()),
             pa.array(ks, pa.int32()),
         ],
         schema=REQUEST_SCHEMA,
@@ -447,6 +449,7 @@ __all__ = [
     "flight_action",
     "location_of",
     "request_batch",
+    "request_text",
     "retrieve_over_flight",
     "serve_until_stopped",
     "to_flight_error",

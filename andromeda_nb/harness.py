@@ -23,6 +23,7 @@ from .budget import network_payload
 from .compare import compare_eligible, compare_scores, compare_topk
 from .constants import DEFAULT_K
 from .dataset import Dataset
+from .flight import request_text
 from .updates import LiveAds, Rejection, apply_updates, read_updates
 
 Log = Callable[[str], None]
@@ -233,7 +234,6 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
             runs[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)))
             report[name] = check_answers(reference, runs[name].answers, k, name)
             report[name]["device"] = getattr(retriever, "device", "cpu")
-    mean_request = float(np.mean([len(e[0]) for e in reference]))
     report["eligible_equal"] = bool(eligibility["equal"])
     report["scores_equal"] = all(report[n]["scores"]["ok"] for n in runs)
     report["topk_equal"] = all(report[n]["topk"]["ok"] for n in runs)
@@ -243,8 +243,12 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in runs.items()}
     report["latency_ms"] = {n: m.latency_ms() for n, m in runs.items()}
     report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in runs.items()}
+    # the payload model of `andromeda budget` for the requests whose bytes were counted
+    counted = min(traffic_requests, len(reqs))
+    request_bytes = np.mean([len(request_text(r).encode()) for r in reqs[:counted]])
+    counted_eligible = np.mean([len(e[0]) for e in reference[:counted]])
     report["payload_estimate"] = network_payload(
-        request_bytes=0, n_eligible=int(round(mean_request)), k=k, dim=dataset.model.D,
+        request_bytes=int(round(request_bytes)), n_eligible=int(round(counted_eligible)), k=k, dim=dataset.model.D,
         experts=dataset.model.E, formats=dataset.model.F)
     return report
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from .constants import GATE_TIE_ATOL, MAX_K
 from .model import EmbeddingTable, ModelError, MoeModel, UserSide, quantize, two_tower_vector, user_side
+from .rows import RowMap, fit_rows
 from .types import Request, Retire, SetStatus, Update, Upsert
 
 BATCH_ROWS = 32768  # ads per vectorized pass: about 20 MB of float64 temporaries at D = 64
@@ -274,13 +275,7 @@ class ReferenceRetriever:
         self._values = table.values.copy()
         self._scale = table.scale.copy()
         self._formats = np.asarray(formats, np.int64).copy()
-        self._row_ad = ad_ids.copy()  # ad id per row, -1 when the row is free
-        self._n = len(ad_ids)
-        self._row_of = {int(a): i for i, a in enumerate(ad_ids.tolist())}
-        if len(self._row_of) != len(ad_ids):
-            raise ValueError("duplicate ad ids")
-        self._free: list[int] = []
-        self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+        self._rows = RowMap(ad_ids)  # raises on duplicate ids
 
     @classmethod
     def build(cls, dataset, *, matcher=None, scorer: str = "moe", **options) -> "ReferenceRetriever":
@@ -306,19 +301,6 @@ class ReferenceRetriever:
             raise ModelError(f"ad {ad.ad_id}: embedding: expected {self.model.D} values, got {emb.shape}")
         return emb
 
-    def _new_row(self) -> int:
-        if self._free:
-            return self._free.pop()
-        if self._n == len(self._values):
-            grow = max(16, len(self._values))
-            more = np.zeros((grow, self._values.shape[1]), self._values.dtype)
-            self._values = np.concatenate([self._values, more])
-            self._scale = np.concatenate([self._scale, np.ones(grow, np.float32)])
-            self._formats = np.concatenate([self._formats, np.zeros(grow, np.int64)])
-            self._row_ad = np.concatenate([self._row_ad, np.full(grow, -1, np.int64)])
-        self._n += 1
-        return self._n - 1
-
     def apply(self, update: Update) -> None:
         if isinstance(update, Upsert):
             ad = update.ad
@@ -326,21 +308,17 @@ class ReferenceRetriever:
                 raise ModelError(f"ad {ad.ad_id}: format {ad.format} is outside 0..{self.model.F - 1}")
             stored = quantize(self._embedding(ad)[None, :], self.precision)
             self.index.apply(update)
-            row = self._row_of.get(ad.ad_id)
-            if row is None:
-                row = self._new_row()
-                self._row_of[ad.ad_id] = row
-                self._row_ad[row] = ad.ad_id
-                self._lookup = None
+            row, _ = self._rows.assign(ad.ad_id)
+            n = self._rows.n_rows
+            self._values = fit_rows(self._values, n)
+            self._scale = fit_rows(self._scale, n, 1.0)
+            self._formats = fit_rows(self._formats, n)
             self._values[row] = stored.values[0]
             self._scale[row] = stored.scale[0]
             self._formats[row] = ad.format
         elif isinstance(update, Retire):
             self.index.apply(update)
-            row = self._row_of.pop(update.ad_id)
-            self._row_ad[row] = -1
-            self._free.append(row)
-            self._lookup = None
+            self._rows.release(update.ad_id)
         elif isinstance(update, SetStatus):
             self.index.apply(update)
         else:
@@ -349,22 +327,12 @@ class ReferenceRetriever:
     # --- answers -----------------------------------------------------------------------------------
     @property
     def table(self) -> EmbeddingTable:
-        return EmbeddingTable(self._values[: self._n], self._scale[: self._n], self.precision)
+        n = self._rows.n_rows
+        return EmbeddingTable(self._values[:n], self._scale[:n], self.precision)
 
     def rows_of(self, ad_ids) -> np.ndarray:
         """Table rows of live ad ids (int64); raises KeyError for an unknown id."""
-        if self._lookup is None:
-            live = np.flatnonzero(self._row_ad[: self._n] >= 0)
-            order = np.argsort(self._row_ad[live], kind="stable")
-            self._lookup = (self._row_ad[live][order], live[order])
-        keys, rows = self._lookup
-        ad_ids = np.asarray(ad_ids, np.int64)
-        pos = np.searchsorted(keys, ad_ids)
-        found = (pos < len(keys)) & (keys[np.minimum(pos, len(keys) - 1)] == ad_ids) if len(keys) else \
-            np.zeros(len(ad_ids), bool)
-        if not found.all():
-            raise KeyError(f"ad {int(ad_ids[~found][0])} is not live")
-        return rows[pos]
+        return self._rows.rows_of(ad_ids)
 
     def score_eligible(self, request: Request) -> tuple[np.ndarray, ScoreResult]:
         """(eligible ad ids ascending, their reference ScoreResult) for one request: what the
@@ -386,7 +354,7 @@ class ReferenceRetriever:
         return out
 
     def __len__(self) -> int:
-        return len(self._row_of)
+        return len(self._rows)
 
     def close(self) -> None:
         pass

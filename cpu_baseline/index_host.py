@@ -5,15 +5,14 @@ clients cannot tell the two apart except by speed. Per batch of client requests:
 
 1. match every request on the `CpuTargetingIndex` (a thread per core);
 2. compute each request's user side (U, Q, gamma, beta; `andromeda_nb.model.user_side`) and ship
-   it with the candidate rows to the scoring service in one `["score"]` exchange (one record batch
+   it with the candidate ad ids to the scoring service in one `["score"]` exchange (one record batch
    per request, lock-step), with a deadline of `scorer_timeout_s`;
 3. top-K of the returned float32 scores on the CPU (score descending, ties by ad id ascending;
    `andromeda_nb.reference.reference_topk`).
 
 Updates (`DoAction("update")`, JSON Lines of DESIGN section 6): the index host owns the stream. It
 parses it, checks each update against its live ids (rejections are reported with their line and
-change nothing), applies the accepted ones to its index, forwards them to the scoring service and
-records the scorer row of every upserted ad. Updates take the write side of a readers-writer lock,
+change nothing), applies the accepted ones to its index and forwards them to the scoring service. Updates take the write side of a readers-writer lock,
 retrievals the read side, so an update acknowledged before a request starts is visible to it and
 no request sees half an update.
 
@@ -88,10 +87,7 @@ class IndexHostServer(RetrieveServer):
         self.dim, self.formats = model.D, model.F
         self.index = CpuTargetingIndex.from_compiled(dataset.compiled, threads=threads)  # no ad parsed
         if dataset.requests:
-            self.index.match_slots(dataset.requests[:1])  # compile / load the match kernel now
-        # scorer row per index slot: at start both hold the corpus in file order
-        self.scorer_row = np.full(self.index.capacity, -1, np.int32)
-        self.scorer_row[: dataset.n_ads] = np.arange(dataset.n_ads, dtype=np.int32)
+            self.index.match(dataset.requests[:1])  # compile / load the match kernel now
         self.corpus_fingerprint = fingerprint(dataset.ad_ids)
         self.scorer = ScorerClient(scorer_location, timeout_s=scorer_timeout_s)
         self.scorer_location = scorer_location
@@ -116,13 +112,12 @@ class IndexHostServer(RetrieveServer):
     def retrieve(self, requests, ks):
         self._rw.acquire_read()
         try:
-            matched = self.index.match_slots(requests)
+            matched = self.index.match(requests)
             work, positions = [], []
-            for i, (request, (ids, slots)) in enumerate(zip(requests, matched)):
+            for i, (request, ids) in enumerate(zip(requests, matched)):
                 if len(ids):
                     side = user_side(self.model, request).float32()
-                    rows = self.scorer_row[slots]
-                    work.append((rows, user_side_bytes(side["U"], side["Q"], side["gamma"], side["beta"])))
+                    work.append((ids, user_side_bytes(side["U"], side["Q"], side["gamma"], side["beta"])))
                     positions.append(i)
             scores = self.scorer.score(work)
         finally:
@@ -130,7 +125,7 @@ class IndexHostServer(RetrieveServer):
         answers = [(np.empty(0, np.int64), np.empty(0, np.float32))] * len(requests)
         n_candidates = 0
         for i, s in zip(positions, scores):
-            ids = matched[i][0]
+            ids = matched[i]
             answers[i] = top_k(ids, s, ks[i])
             n_candidates += len(ids)
         with self._count_lock:
@@ -151,14 +146,7 @@ class IndexHostServer(RetrieveServer):
             rejections += not_live
             if accepted:  # forward the accepted lines as given (both services derive the same defaults)
                 body = "\n".join(lines[n - 1].strip() for n in accepted)
-                ack = self.scorer.action("update", body.encode())
-                if len(self.scorer_row) < self.index.capacity:
-                    grown = np.full(self.index.capacity, -1, np.int32)
-                    grown[: len(self.scorer_row)] = self.scorer_row
-                    self.scorer_row = grown
-                for ad_id, row in ack["rows"]:
-                    if ad_id in self.index:
-                        self.scorer_row[self.index.slot_of(ad_id)] = row
+                self.scorer.action("update", body.encode())
             self.stats.add(updates=len(accepted))
         finally:
             self._rw.release_write()

@@ -3,20 +3,22 @@
 Protocol (Arrow Flight; docs/PROTOCOL.md has the full text):
 
 * `DoExchange`, descriptor path `["score"]`. The caller (the index host) writes one record batch per
-  request: column `row` int32, the candidates as row numbers of this service's embedding table, with
-  the request's user side as the batch's `app_metadata`: float32 little-endian U (E, D), Q (E, D),
-  gamma (F, D), beta (F, D), concatenated (`user_side_bytes`). For every batch the service writes
-  one batch back: column `score` float32, one per candidate, same order.
-* `DoAction("health")`: sizes (rows, D, E, F, top_k, precision) and `fingerprint`, a hash of the
-  ad id held in each row at start, so an index host can check that both hold the same corpus.
+  request: column `ad_id` int64, the candidates, with the request's user side as the batch's
+  `app_metadata`: float32 little-endian U (E, D), Q (E, D), gamma (F, D), beta (F, D), concatenated
+  (`user_side_bytes`). For every batch the service writes one batch back: column `score` float32,
+  one per candidate, same order.
+* `DoAction("health")`: sizes (ads, rows, D, E, F, top_k, precision) and `fingerprint`, a hash of
+  the corpus's ad ids, so an index host can check that both hold the same corpus.
 * `DoAction("stats")`: requests, candidates, batches, bytes_in, bytes_out, errors, updates.
 * `DoAction("update")`: JSON Lines of DESIGN section 6, already checked against the live ids by the
   index host that owns the stream. Upserts store the ad's embedding (quantized to the table's
-  precision) and format, in the ad's row when it has one, else in a freed or new row; retires free
-  the row; status changes need nothing here. Answer: `{"applied": n, "rows": [[ad_id, row], ...]}`
-  with the final row of every ad upserted in the body.
+  precision) and format; retires forget the ad; status changes need nothing here. Answer:
+  `{"applied": n}`.
 
-Rows map to ad ids only here and in the index host; ids never travel on this hop.
+The candidates travel as ad ids, the keys both services share, and this service finds each one's
+row itself (`andromeda_nb.rows.RowMap`): how it lays out its table is its own business, as between
+any two services owned apart. That indirection, and the 8 bytes an id costs on the wire, is what
+the co-located design removes by keeping match and scoring in one slot layout.
 """
 
 from __future__ import annotations
@@ -31,17 +33,18 @@ import pyarrow.flight as flight
 
 from andromeda_nb.flight import InvalidInput, ServiceStats, to_flight_error
 from andromeda_nb.model import quantize
+from andromeda_nb.rows import RowMap
 from andromeda_nb.services import fingerprint
 
 from .scorer import CpuScorer
 
 SCORE_PATH = ("score",)
-CANDIDATE_SCHEMA = pa.schema([("row", pa.int32())])
+CANDIDATE_SCHEMA = pa.schema([("ad_id", pa.int64())])
 SCORE_SCHEMA = pa.schema([("score", pa.float32())])
 ACTIONS = {
     "health": "liveness, sizes and corpus fingerprint (JSON)",
     "stats": "counters: requests, candidates, batches, bytes_in, bytes_out, errors, updates (JSON)",
-    "update": "body: JSON Lines updates (checked by the index host); answer: rows of upserted ads",
+    "update": "body: JSON Lines updates (checked by the index host); answer: {\"applied\": n}",
 }
 
 
@@ -66,7 +69,7 @@ def split_user_side(buf: bytes, E: int, D: int, F: int):
 
 
 class ScoringServer(flight.FlightServerBase):
-    """Holds `CpuScorer` plus the row <-> ad id map; serves `["score"]` and the actions above."""
+    """Holds `CpuScorer` plus the ad id <-> row map; serves `["score"]` and the actions above."""
 
     name = "scorer"
 
@@ -77,10 +80,10 @@ class ScoringServer(flight.FlightServerBase):
         self.E, self.D, self.F = dataset.model.E, dataset.model.D, dataset.model.F
         self.scorer = CpuScorer.from_table(table, dataset.formats, dataset.model.top_k)
         self.scorer.warm_up(self.E, self.F)
-        self.row_ad = dataset.ad_ids.copy()  # ad id per row, -1 when free
-        self.row_of = {int(a): r for r, a in enumerate(self.row_ad.tolist())}
-        self.free: list[int] = []
-        self.fingerprint = fingerprint(self.row_ad)
+        self.rows = RowMap(dataset.ad_ids)
+        if len(self.rows):  # compile the lookup now, not in the first request (rows are int64, as warmed)
+            self.rows.rows_of(dataset.ad_ids[:1])
+        self.fingerprint = fingerprint(dataset.ad_ids)
         self.delay_s = delay_s  # test hook: a slow scorer
         self.stats = ServiceStats()
         self.candidates = 0
@@ -98,22 +101,26 @@ class ScoringServer(flight.FlightServerBase):
             for chunk in reader:
                 if chunk.data is None:
                     continue
-                if chunk.data.schema.names != ["row"]:
-                    raise InvalidInput(f"candidate batch must have the one column 'row' int32, got {chunk.data.schema}")
+                if chunk.data.schema != CANDIDATE_SCHEMA:
+                    raise InvalidInput(f"candidate batch must have the one column 'ad_id' int64, got {chunk.data.schema}")
                 if chunk.app_metadata is None:
                     raise InvalidInput("candidate batch carries no user side (app_metadata)")
                 U, Q, gamma, beta = split_user_side(chunk.app_metadata.to_pybytes(), self.E, self.D, self.F)
-                rows = chunk.data.column(0).to_numpy(zero_copy_only=False)
+                ad_ids = chunk.data.column(0).to_numpy(zero_copy_only=False)
                 if self.delay_s:
                     time.sleep(self.delay_s)
                 with self._lock:
+                    try:
+                        rows = self.rows.rows_of(ad_ids)
+                    except KeyError as exc:
+                        raise InvalidInput(f"candidate {exc.args[0]} here") from None
                     scores = self.scorer.score_user_side(rows, U, Q, gamma, beta)
                 out = pa.record_batch([pa.array(scores)], schema=SCORE_SCHEMA)
                 writer.write_batch(out)
                 self.stats.add(requests=1, batches=1, bytes_in=chunk.data.nbytes + chunk.app_metadata.size,
                                bytes_out=out.nbytes)
                 with self._lock:
-                    self.candidates += len(rows)
+                    self.candidates += len(ad_ids)
         except Exception as exc:
             self.stats.add(errors=1)
             if isinstance(exc, IndexError):
@@ -143,7 +150,7 @@ class ScoringServer(flight.FlightServerBase):
 
     def health(self) -> dict:
         with self._lock:
-            return {"status": "ok", "server": self.name, "rows": len(self.row_of), "capacity": self.scorer.rows,
+            return {"status": "ok", "server": self.name, "ads": len(self.rows), "rows": self.rows.n_rows,
                     "D": self.D, "E": self.E, "F": self.F, "top_k": self.scorer.top_k,
                     "precision": self.precision, "fingerprint": self.fingerprint}
 
@@ -154,34 +161,19 @@ class ScoringServer(flight.FlightServerBase):
         updates, malformed = read_updates(text.splitlines(), seed=self.seed, dim=self.D, formats=self.F)
         if malformed:
             raise InvalidInput(f"update line {malformed[0].line_no}: {malformed[0].reason}")
-        upserted: dict[int, int] = {}
         with self._lock:
             for _, update in updates:
                 if isinstance(update, Upsert):
-                    upserted[int(update.ad.ad_id)] = self._store(update.ad)
-                elif isinstance(update, Retire):
-                    row = self.row_of.pop(int(update.ad_id), None)
-                    if row is not None:
-                        self.row_ad[row] = -1
-                        self.free.append(row)
-                    upserted.pop(int(update.ad_id), None)
+                    self._store(update.ad)
+                elif isinstance(update, Retire) and update.ad_id in self.rows:
+                    self.rows.release(update.ad_id)
             self.stats.add(updates=len(updates))
-        return {"applied": len(updates), "rows": [[a, r] for a, r in upserted.items()]}
+        return {"applied": len(updates)}
 
-    def _store(self, ad) -> int:
-        ad_id = int(ad.ad_id)
-        row = self.row_of.get(ad_id)
-        if row is None:
-            row = self.free.pop() if self.free else self.scorer.rows
-            self.row_of[ad_id] = row
+    def _store(self, ad) -> None:
+        row, _ = self.rows.assign(ad.ad_id)
         stored = quantize(np.asarray(ad.embedding, np.float32).reshape(1, -1), self.precision)
         self.scorer.set_row(row, stored.values[0], float(stored.scale[0]), int(ad.format))
-        if row >= len(self.row_ad):
-            grown = np.full(max(row + 1, 2 * len(self.row_ad)), -1, np.int64)
-            grown[: len(self.row_ad)] = self.row_ad
-            self.row_ad = grown
-        self.row_ad[row] = ad_id
-        return row
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -216,7 +208,7 @@ class ScorerClient:
         return json.loads(results[0].body.to_pybytes())
 
     def score(self, work: list[tuple[np.ndarray, bytes]]) -> list[np.ndarray]:
-        """`work`: per request (candidate rows int32, user-side bytes); returns float32 scores each."""
+        """`work`: per request (candidate ad ids int64, user-side bytes); returns float32 scores each."""
         if not work:
             return []
         self.calls += 1
@@ -226,8 +218,8 @@ class ScorerClient:
                                                      options=flight.FlightCallOptions(timeout=self.timeout_s))
             with writer:
                 writer.begin(CANDIDATE_SCHEMA)
-                for rows, side in work:  # lock-step: one answer read per batch written (no flow-control stall)
-                    batch = pa.record_batch([pa.array(np.asarray(rows, np.int32))], schema=CANDIDATE_SCHEMA)
+                for ad_ids, side in work:  # lock-step: one answer read per batch written (no flow-control stall)
+                    batch = pa.record_batch([pa.array(np.asarray(ad_ids, np.int64))], schema=CANDIDATE_SCHEMA)
                     writer.write_with_metadata(batch, pa.py_buffer(side))
                     out.append(reader.read_chunk().data.column(0).to_numpy(zero_copy_only=False))
                 writer.done_writing()

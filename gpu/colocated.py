@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from andromeda_nb.model import quantize, user_side
+from andromeda_nb.rows import RowMap, fit_rows
 from andromeda_nb.scoring import fold_user_side
 from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, dataset_args, fingerprint,
                                    relay_in_front, stop_all)
@@ -104,10 +105,7 @@ class ColocatedEngine:
             self._values = values.astype(np.float32) if values.dtype == np.float16 else values.copy()
             self._scale = scale.copy()
             self._formats = dataset.formats.astype(np.int64)
-            self._row_ad = ids.copy()
-            self._row_of = {int(a): i for i, a in enumerate(ids.tolist())}
-            self._free: list[int] = []
-            self._lookup = None
+            self._rows = RowMap(ids)
         else:
             from .fused import FusedScorer
             from .index import GpuTargetingIndex
@@ -115,11 +113,10 @@ class ColocatedEngine:
             self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device)
             slots = self.index.slots
             S = slots.capacity
-            row_of = {int(a): i for i, a in enumerate(ids.tolist())}
             sv = np.zeros((S, self.D), values.dtype)
             ss = np.ones(S, np.float32)
             used = np.flatnonzero(slots.slot_ad_id >= 0)
-            rows = np.fromiter((row_of[int(a)] for a in slots.slot_ad_id[used]), np.int64, len(used))
+            rows = RowMap(ids).rows_of(slots.slot_ad_id[used])
             sv[used] = values[rows]
             ss[used] = scale[rows]
             self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,
@@ -155,14 +152,6 @@ class ColocatedEngine:
         elig = self.index.match_slots([encode_request(r) for r in requests])
         return self.scorer.topk(elig, tabs, k)
 
-    def _rows_of(self, ad_ids: np.ndarray) -> np.ndarray:
-        if self._lookup is None:
-            live = np.flatnonzero(self._row_ad >= 0)
-            order = np.argsort(self._row_ad[live], kind="stable")
-            self._lookup = (self._row_ad[live][order], live[order])
-        keys, rows = self._lookup
-        return rows[np.searchsorted(keys, ad_ids)]
-
     def _retrieve_cpu(self, requests, k):
         from .kernels.topk import topk_host
 
@@ -172,7 +161,7 @@ class ColocatedEngine:
                 out.append((np.empty(0, np.int64), np.empty(0, np.float32)))
                 continue
             tab = fold_user_side(user_side(self.model, request))
-            rows = self._rows_of(ids)
+            rows = self._rows.rows_of(ids)
             scores = cpu_scores(self._values, self._scale, rows, self._formats, tab, self.E, self.top_e)
             out.append(topk_host(ids, scores, k))
         return out
@@ -199,28 +188,16 @@ class ColocatedEngine:
 
     def _apply_cpu(self, update, values, scale) -> None:
         if isinstance(update, Upsert):
-            ad = update.ad
-            row = self._row_of.get(ad.ad_id)
-            if row is None:
-                if self._free:
-                    row = self._free.pop()
-                else:
-                    row = len(self._row_ad)
-                    self._values = np.concatenate([self._values, np.zeros((1, self.D), self._values.dtype)])
-                    self._scale = np.append(self._scale, np.float32(1.0))
-                    self._formats = np.append(self._formats, 0)
-                    self._row_ad = np.append(self._row_ad, -1)
-                self._row_of[ad.ad_id] = row
-                self._row_ad[row] = ad.ad_id
-                self._lookup = None
+            row, _ = self._rows.assign(update.ad.ad_id)
+            n = self._rows.n_rows
+            self._values = fit_rows(self._values, n)
+            self._scale = fit_rows(self._scale, n, 1.0)
+            self._formats = fit_rows(self._formats, n)
             self._values[row] = values
             self._scale[row] = scale
-            self._formats[row] = ad.format
+            self._formats[row] = update.ad.format
         elif isinstance(update, Retire):
-            row = self._row_of.pop(int(update.ad_id))
-            self._row_ad[row] = -1
-            self._free.append(row)
-            self._lookup = None
+            self._rows.release(update.ad_id)
 
     def describe(self) -> dict:
         out = {"device": self.device, "ads": len(self), "precision": self.precision, "D": self.D, "E": self.E,

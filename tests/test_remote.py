@@ -193,6 +193,36 @@ def test_health_and_stats(services):
     assert scorer_health["rows"] == len(dataset.ads) and scorer_health["precision"] == "int8"
 
 
+def test_scoring_service_takes_ad_ids_in_any_order(services):
+    """The candidate hop carries ad ids; the service finds the rows itself, through updates too."""
+    from andromeda_nb.compare import compare_scores
+    from andromeda_nb.model import user_side
+    from cpu_baseline.scoring_service import CANDIDATE_SCHEMA, ScorerClient, user_side_bytes
+
+    svc, dataset, rng = services
+    assert CANDIDATE_SCHEMA.names == ["ad_id"] and CANDIDATE_SCHEMA.field("ad_id").type == pa.int64()
+    reference = ReferenceRetriever.build(dataset)
+    client = ScorerClient(f"grpc://127.0.0.1:{svc.scorer.port}")
+    try:
+        for request in dataset.requests[:4]:
+            ids, result = reference.score_eligible(request)
+            side = user_side(dataset.model, request).float32()
+            side = user_side_bytes(side["U"], side["Q"], side["gamma"], side["beta"])
+            shuffled = rng.permutation(len(ids))
+            (got,) = client.score([(ids[shuffled], side)])
+            cmp = compare_scores(result.take(shuffled), got, ids=ids[shuffled])
+            assert cmp.ok, f"request {request.request_id}: {cmp.message}"
+        live = sorted(reference.index.ads)
+        gone, kept = live[0], live[1:4]
+        fl.flight_action(svc.location, "update", json.dumps({"op": "retire", "ad_id": gone}))
+        with pytest.raises(flight.FlightError, match=f"ad {gone} is not live"):
+            client.score([(np.array([kept[0], gone], np.int64), side)])
+        (got,) = client.score([(np.array(kept, np.int64), side)])  # the service keeps serving
+        assert got.shape == (3,) and np.isfinite(got).all()
+    finally:
+        client.close()
+
+
 def test_scorer_down_gives_a_clear_error_and_the_host_keeps_serving():
     dataset, _ = make_dataset(5)
     svc = Services(dataset, scorer_timeout_s=60.0)
