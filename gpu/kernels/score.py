@@ -78,7 +78,7 @@ QUAD_WORDS = 4
 HIST_BINS = 256
 HIST_COPIES = 8  # per-warp histograms (warp % HIST_COPIES), fewer atomic collisions
 STATE_WORDS = 8
-ST_EMIT_ALL, ST_PREFIX, ST_KREM, ST_TOTAL, ST_N_GREATER, ST_N_EQUAL = range(6)
+from ._bits import ST_EMIT_ALL, ST_KREM, ST_N_EQUAL, ST_N_GREATER, ST_PREFIX, ST_TOTAL  # noqa: E402
 BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 KINDS = ("moe", "dot")
 
@@ -158,25 +158,7 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
             part[tid] = s
         cuda.syncthreads()
         if tid == 0:
-            if rnd == 0:
-                total = uint32(0)
-                for g in range(16):
-                    total += part[g]
-                state[ST_TOTAL] = total
-                if total <= uint32(cap):
-                    state[ST_EMIT_ALL] = 1
-            if state[ST_EMIT_ALL] == 0:
-                cum = uint32(0)
-                g = 15
-                while g > 0 and cum + part[g] < krem:
-                    cum += part[g]
-                    g -= 1
-                d = g * 16 + 15
-                while d > g * 16 and cum + hist[d] < krem:
-                    cum += hist[d]
-                    d -= 1
-                state[ST_PREFIX] = prefix | (uint32(d) << shift)
-                state[ST_KREM] = krem - cum
+            _bits.radix_digit(hist, part, state, rnd, prefix, shift, krem, cap)
         cuda.syncthreads()
         if state[ST_EMIT_ALL] != 0:
             emit_all = True

@@ -41,6 +41,8 @@ from . import _bits
 cuda = runtime.cuda()
 from numba import int32, int64, uint32  # noqa: E402
 
+from ._bits import ST_EMIT_ALL, ST_KREM, ST_N_EQUAL, ST_N_GREATER, ST_PREFIX, ST_TOTAL  # noqa: E402
+
 FINAL_THREADS = 1024
 SIM_THREADS = 32
 HIST_BINS = 256
@@ -63,7 +65,7 @@ def _before(ka, ia, kb, ib):
 def _radix_kth(cand_key, r, cap, lo, hi, k, hist, part, state):
     """Block-wide 4-round radix select over the nonzero keys of flat candidates [lo, hi) of request r
     (flat index i -> cand_key[r, i // cap, i % cap]). Returns (kth key, how many keys equal to it
-    to take, emit_all): emit_all when there are at most k nonzero keys (state[3] holds their count)."""
+    to take, emit_all): emit_all when there are at most k nonzero keys (state[ST_TOTAL] holds their count)."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     prefix = uint32(0)
@@ -71,9 +73,9 @@ def _radix_kth(cand_key, r, cap, lo, hi, k, hist, part, state):
     krem = uint32(k)
     emit_all = False
     if tid == 0:
-        state[0] = 0
-        state[4] = 0
-        state[5] = 0
+        state[ST_EMIT_ALL] = 0
+        state[ST_N_GREATER] = 0
+        state[ST_N_EQUAL] = 0
     for rnd in range(4):
         shift = uint32(24 - 8 * rnd)
         for j in range(tid, HIST_BINS, nt):
@@ -92,32 +94,14 @@ def _radix_kth(cand_key, r, cap, lo, hi, k, hist, part, state):
             part[tid] = s
         cuda.syncthreads()
         if tid == 0:
-            if rnd == 0:
-                total = uint32(0)
-                for g in range(16):
-                    total += part[g]
-                state[3] = total
-                if total <= uint32(k):
-                    state[0] = 1
-            if state[0] == 0:
-                cum = uint32(0)
-                g = 15
-                while g > 0 and cum + part[g] < krem:
-                    cum += part[g]
-                    g -= 1
-                d = g * 16 + 15
-                while d > g * 16 and cum + hist[d] < krem:
-                    cum += hist[d]
-                    d -= 1
-                state[1] = prefix | (uint32(d) << shift)
-                state[2] = krem - cum
+            _bits.radix_digit(hist, part, state, rnd, prefix, shift, krem, k)
         cuda.syncthreads()
-        if state[0] != 0:
+        if state[ST_EMIT_ALL] != 0:
             emit_all = True
             break
-        prefix = state[1]
+        prefix = state[ST_PREFIX]
         mask = mask | (uint32(255) << shift)
-        krem = state[2]
+        krem = state[ST_KREM]
     return prefix, krem, emit_all
 
 
@@ -145,18 +129,18 @@ def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
         key = cand_key[r, b, j]
         if key != 0:
             if emit_all or key > kth:
-                p = cuda.atomic.add(state, 4, uint32(1))
+                p = cuda.atomic.add(state, ST_N_GREATER, uint32(1))
                 out_key[r, seg, p] = key
                 out_slot[r, seg, p] = cand_slot[r, b, j]
             elif key == kth:
-                p = cuda.atomic.add(state, 5, uint32(1))
+                p = cuda.atomic.add(state, ST_N_EQUAL, uint32(1))
                 if p < krem:
                     out_key[r, seg, n_greater + p] = key
                     out_slot[r, seg, n_greater + p] = cand_slot[r, b, j]
     cuda.syncthreads()
     count = k
     if emit_all:
-        count = int32(state[3])
+        count = int32(state[ST_TOTAL])
     for j in range(count + tid, k, nt):
         out_key[r, seg, j] = uint32(0)
         out_slot[r, seg, j] = -1
@@ -184,9 +168,9 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         if key != 0:
             pos = int64(-1)
             if emit_all or key > kth:
-                pos = int64(cuda.atomic.add(state, 4, uint32(1)))
+                pos = int64(cuda.atomic.add(state, ST_N_GREATER, uint32(1)))
             elif key == kth:
-                p = cuda.atomic.add(state, 5, uint32(1))
+                p = cuda.atomic.add(state, ST_N_EQUAL, uint32(1))
                 if p < room:
                     pos = int64(n_greater + p)
             if pos >= 0:
@@ -196,9 +180,9 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
                 sid[r, pos] = slot_ad_id[slot]
     cuda.syncthreads()
     if emit_all:
-        total = int64(state[3])
+        total = int64(state[ST_TOTAL])
     else:
-        eq = state[5]
+        eq = state[ST_N_EQUAL]
         if eq > room:
             eq = room
         total = int64(n_greater + eq)
