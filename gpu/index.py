@@ -192,8 +192,12 @@ class RequestBatch:
     host_bytes: int
 
     @classmethod
-    def build(cls, encoded: Sequence[EncodedRequest], vocab: Vocabulary, cuda, group: int) -> "RequestBatch":
-        """`group`: requests per group of the kernel (32 or 64), 0 for the per-request form of v1."""
+    def build(cls, encoded: Sequence[EncodedRequest], vocab: Vocabulary, cuda, group: int,
+              buffers: dict | None = None) -> "RequestBatch":
+        """`group`: requests per group of the kernel (32 or 64), 0 for the per-request form of v1.
+        `buffers`: device arrays kept from an earlier batch (name -> array), refilled in place when
+        shape and dtype fit and replaced otherwise, so a serving loop allocates and frees nothing per
+        request; the batch is then valid only until the next one built on the same buffers."""
         n = len(encoded)
         dense = [vocab.lookup(e.terms) for e in encoded]
         host: dict[str, np.ndarray] = {}
@@ -227,8 +231,34 @@ class RequestBatch:
             }
             if len(host["rterms"]) == 0:
                 host["rterms"] = np.zeros(1, np.uint32)
-        arrays = {k: cuda.to_device(np.ascontiguousarray(v)) for k, v in host.items()}
+        arrays = _upload_packed(host, cuda, buffers if buffers is not None else {})
         return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()))
+
+
+UPLOAD_ALIGN = 16  # bytes: every array of a packed upload starts at a multiple of this
+
+
+def _upload_packed(host: dict[str, np.ndarray], cuda, buffers: dict) -> dict:
+    """Copy the arrays `host` (name -> array) to the device in one transfer: they are packed into one
+    pinned staging buffer at 16-byte aligned offsets, copied with one host-to-device copy, and
+    returned as typed views of one device buffer. `buffers` keeps the staging and device buffers
+    ("host", "device") for the next call, which reuses them when they are large enough: a serving
+    loop then allocates nothing per request (allocations and frees synchronize the device)."""
+    layout, end = {}, 0
+    for name, value in host.items():
+        value = np.ascontiguousarray(value)
+        layout[name] = (end, value)
+        end += -(-value.nbytes // UPLOAD_ALIGN) * UPLOAD_ALIGN
+    size = max(end, UPLOAD_ALIGN)
+    if buffers.get("host") is None or buffers["host"].size < size:
+        buffers["host"] = cuda.pinned_array(size, np.uint8)
+        buffers["device"] = cuda.device_array(size, np.uint8)
+    staging, device = buffers["host"], buffers["device"]
+    for offset, value in layout.values():
+        staging[offset:offset + value.nbytes] = value.reshape(-1).view(np.uint8)
+    device[:size].copy_to_device(staging[:size])  # stream-ordered after any kernel still reading it
+    return {name: device[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
+            for name, (offset, value) in layout.items()}
 
 
 def _ftab_words() -> int:
@@ -289,6 +319,7 @@ class GpuTargetingIndex:
         self.version = version
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()
+        self._request_buffers: dict[int, dict] = {}  # group -> name -> device array (prepare reuse)
         self.updates_applied = 0
         self.compactions = 0
 
@@ -386,10 +417,15 @@ class GpuTargetingIndex:
         return (self.d_resid[:cap], self.d_ptr[:cap], self.d_prog, self.d_sched[:cap], self.d_circles)
 
     # --- matching ------------------------------------------------------------------------------------
-    def prepare(self, encoded: Sequence[EncodedRequest], version: int | None = None) -> RequestBatch:
-        """Upload a batch of encoded requests in the form kernel `version` reads."""
+    def prepare(self, encoded: Sequence[EncodedRequest], version: int | None = None, *,
+                reuse: bool = False) -> RequestBatch:
+        """Upload a batch of encoded requests in the form kernel `version` reads. With `reuse` the
+        upload goes into device buffers this index keeps from the last such call (no allocation), and
+        the batch is valid until the next `prepare(..., reuse=True)`."""
         version = self.version if version is None else version
-        return RequestBatch.build(list(encoded), self.vocab, self._cuda, self._k.GROUP_OF.get(version, 0))
+        group = self._k.GROUP_OF.get(version, 0)
+        buffers = self._request_buffers.setdefault(group, {}) if reuse else None
+        return RequestBatch.build(list(encoded), self.vocab, self._cuda, group, buffers)
 
     def new_output(self, n_requests: int):
         """A device array for match output: uint32[n_requests, capacity // 32]."""
@@ -400,13 +436,19 @@ class GpuTargetingIndex:
         version = self.version if version is None else version
         self._k.launch(version, self._index_arrays(), batch.arrays, out)
 
-    def match_slots(self, encoded: Sequence[EncodedRequest], version: int | None = None):
+    def match_slots(self, encoded: Sequence[EncodedRequest], version: int | None = None, *, out=None):
         """Eligibility of every slot for each request: a device array uint32[B, capacity // 32]
-        in the layout at the top of this module."""
+        in the layout at the top of this module; written into `out` when given (a device array of
+        that shape, e.g. kept by a serving loop), else into a new one. The request upload reuses the
+        index's device buffers (`prepare(..., reuse=True)`)."""
         encoded = list(encoded)
-        out = self.new_output(len(encoded))
-        if encoded:
-            self.run(self.prepare(encoded, version), out, version)
+        want = (len(encoded), self.capacity // 32)
+        if out is None:
+            out = self.new_output(len(encoded))
+        elif tuple(out.shape) != want or out.dtype != np.uint32:
+            raise ValueError(f"out: expected a uint32 device array of shape {want}, got {out.dtype} {tuple(out.shape)}")
+        if encoded and self.capacity:  # no slots (built from no ads): nothing to launch over
+            self.run(self.prepare(encoded, version, reuse=True), out, version)
         return out
 
     def slot_masks_to_ids(self, words: np.ndarray) -> list[np.ndarray]:

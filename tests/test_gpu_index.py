@@ -235,6 +235,28 @@ def test_slot_order_output_layout():
             assert bit == want, f"request {b} slot {s} ad {ad_id}"
 
 
+def test_reused_upload_buffers_and_output():
+    """A serving loop's calls: every match_slots call reuses the index's request buffers and one kept
+    output array, and each answer is still the oracle's; a batch prepared without reuse keeps its
+    own buffers; an output of the wrong shape is refused."""
+    rng = np.random.default_rng(41)
+    ads = random_ads(rng, 50, formats=2)
+    requests = random_requests(rng, 12)
+    index = GpuTargetingIndex.build(ads, version=_kernels().SIMULATOR_FALLBACK, chunk_slots=CHUNK)
+    oracle = OracleIndex.build(ads)
+    kept = index.prepare([encode_request(r) for r in requests[:3]])
+    out = index.new_output(3)
+    for lo in range(0, 12, 3):
+        part = requests[lo:lo + 3]
+        got = index.match_slots([encode_request(r) for r in part], out=out)
+        assert got is out
+        _assert_same(oracle.match(part), index.slot_masks_to_ids(got.copy_to_host()), f"seed=41 requests {lo}..")
+    index.run(kept, out)
+    _assert_same(oracle.match(requests[:3]), index.slot_masks_to_ids(out.copy_to_host()), "seed=41 kept batch")
+    with pytest.raises(ValueError, match=r"out: expected a uint32 device array of shape \(2, "):
+        index.match_slots([encode_request(r) for r in requests[:2]], out=out)
+
+
 def test_empty_index_and_no_requests():
     index = GpuTargetingIndex.build([], chunk_slots=CHUNK)
     assert len(index) == 0 and index.capacity == 0
