@@ -4,6 +4,7 @@ health and stats, rejects malformed requests clearly and keeps serving, and take
 serving. Servers bind 127.0.0.1 and are started and stopped here."""
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,8 @@ from andromeda_nb.targeting import request_to_json
 from andromeda_nb.testing import random_ads, random_requests, random_updates, update_to_json
 
 SEED = 0
+# the kernels' device: the CUDA simulator, or the real GPU when the suite runs with ANDROMEDA_TEST_GPU=1
+KERNEL_DEVICE = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
 
 
 def make_dataset(seed, n_ads=150, n_requests=4, precision="fp32", D=16, F=2):
@@ -50,17 +53,17 @@ def _updates(rng, reference, dataset, n):
     return out
 
 
-@pytest.mark.parametrize("device,precision", [("cpu", "int8"), ("cpu", "fp16"), ("sim", "int8")])
+@pytest.mark.parametrize("device,precision", [("cpu", "int8"), ("cpu", "fp16"), (KERNEL_DEVICE, "int8")])
 def test_colocated_equals_reference_through_updates(device, precision):
     from gpu.colocated import ColocatedRetriever
 
-    dataset, rng = make_dataset(31, precision=precision, n_requests=3 if device == "sim" else 8)
+    dataset, rng = make_dataset(31, precision=precision, n_requests=3 if device == KERNEL_DEVICE else 8)
     reference = ReferenceRetriever.build(dataset)
     retriever = ColocatedRetriever.build(dataset, device=device)
     try:
         assert retriever.device == device
         for step in range(2):
-            for k in ((7,) if device == "sim" else (1, 10, 200)):
+            for k in ((7,) if device == KERNEL_DEVICE else (1, 10, 200)):
                 answers = retriever.retrieve(dataset.requests, k)
                 assert_equal_reference(reference, dataset.requests, answers, k, f"{device} {precision} step {step}")
             assert sum(len(a[0]) for a in answers) > 0
