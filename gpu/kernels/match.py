@@ -16,9 +16,11 @@ Versions (`VERSIONS` below; `andromeda bench match` times every one, the index s
                   independent table loads before it tests for an early exit (v2 waited for each
                   load); shared-memory transpose of both 32-bit halves.
     v5 wide+shfl  v4 with the shuffle transpose (GPU only).
+    v6 v5, 64 regs the same code compiled with at most 64 registers per thread, for 4 blocks per SM
+                  instead of 3 (GPU only).
 Under the simulator the index runs `SIMULATOR_FALLBACK` (v4), which computes the same bits as v5.
 
-Kernels: `match_v1` .. `match_v5`, `compact_programs`, `scatter_slots`.
+Kernels: `match_v1` .. `match_v6`, `compact_programs`, `scatter_slots`.
 Launchers: `launch(version, index_arrays, request_arrays, out)`, `launch_compact(...)`,
 `launch_scatter(...)`.
 
@@ -539,11 +541,30 @@ def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
     sched[s, 1] = sched_v[i, 1]
 
 
-VERSIONS = {1: match_v1, 2: match_v2, 3: match_v3, 4: match_v4, 5: match_v5}
-GROUP_OF = {2: GROUP_REQUESTS, 3: GROUP_REQUESTS, 4: WIDE_GROUP, 5: WIDE_GROUP}  # batched versions
+def _register_capped(kernel, name: str, max_registers: int):
+    """`kernel`'s code compiled again as its own kernel `name`, with at most `max_registers` registers
+    per thread (ptxas spills the rest to local memory). Under the simulator, which has no registers,
+    it is `kernel` itself. The copy gets its own name so that numba's cache keeps the two apart."""
+    if runtime.simulator_enabled():
+        return kernel
+    import types
+
+    py = kernel.py_func
+    fn = types.FunctionType(py.__code__, py.__globals__, name, py.__defaults__, py.__closure__)
+    fn.__qualname__ = name
+    fn.__doc__ = py.__doc__
+    return cuda.jit(cache=True, max_registers=max_registers)(fn)
+
+
+# v6 = v5 held to 64 registers: 66 registers allowed 3 blocks of 256 threads per SM, 64 allow 4 (the
+# register file holds 65,536); the 8 bytes it spills sit on the custom-location path
+match_v6 = _register_capped(match_v5, "match_v6", 64)
+
+VERSIONS = {1: match_v1, 2: match_v2, 3: match_v3, 4: match_v4, 5: match_v5, 6: match_v6}
+GROUP_OF = {2: GROUP_REQUESTS, 3: GROUP_REQUESTS, 4: WIDE_GROUP, 5: WIDE_GROUP, 6: WIDE_GROUP}  # batched
 BATCHED = set(GROUP_OF)
-NEEDS_WARP_INTRINSICS = {3, 5}
-BEST = 5  # fastest measured (docs/GPU_INDEX.md); the index ships it
+NEEDS_WARP_INTRINSICS = {3, 5, 6}
+BEST = 6  # fastest measured (docs/GPU_INDEX.md); the index ships it
 SIMULATOR_FALLBACK = 4  # the same bits as BEST, without warp intrinsics
 
 
