@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .budget import network_payload
+from .budget import network_payload, payload_total
 from .compare import compare_eligible, compare_scores, compare_topk
 from .constants import DEFAULT_K
 from .dataset import Dataset
@@ -290,6 +290,11 @@ def format_report(report: dict) -> str:
     p = report["pool_ads_per_second"]
     lines.append(f"{'pool ads / second':<28}{p['remote']:>18,.3g}{p['colocated']:>18,.3g}")
     lines.append(f"traffic reduction (remote / co-located bytes on the wire): {report['traffic_reduction']:,.1f}x")
+    model = report.get("payload_estimate")
+    if model:
+        lines.append(f"payload model (andromeda budget, framing not counted): remote "
+                     f"{payload_total(model['remote']):,.0f} B, co-located {payload_total(model['colocated']):,.0f} B "
+                     f"per request")
     for name in ("remote", "colocated"):
         for what in ("scores", "topk"):
             for failure in report[name][what]["failures"]:
