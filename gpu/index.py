@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
+from numba import njit
 
 from andromeda_nb.compiled import (
     NULL_END,
@@ -36,7 +37,8 @@ from andromeda_nb.compiled import (
     compile_ads,
     encode_request,
 )
-from andromeda_nb.constants import ACTIVE, STATUS_CODE
+from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
+from andromeda_nb.geo import haversine_km
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
 
@@ -193,7 +195,7 @@ class RequestBatch:
 
     @classmethod
     def build(cls, encoded: Sequence[EncodedRequest], vocab: Vocabulary, cuda, group: int,
-              buffers: dict | None = None) -> "RequestBatch":
+              buffers: dict | None = None, extra: dict | None = None) -> "RequestBatch":
         """`group`: requests per group of the kernel (32 or 64), 0 for the per-request form of v1.
         `buffers`: device arrays kept from an earlier batch (name -> array), refilled in place when
         shape and dtype fit and replaced otherwise, so a serving loop allocates and frees nothing per
@@ -231,8 +233,44 @@ class RequestBatch:
             }
             if len(host["rterms"]) == 0:
                 host["rterms"] = np.zeros(1, np.uint32)
+        host.update(extra or {})
         arrays = _upload_packed(host, cuda, buffers if buffers is not None else {})
         return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()))
+
+
+_haversine_host = njit(cache=True)(haversine_km)
+
+
+def _unit_vectors(lat, lon) -> np.ndarray:
+    """float64 (N, 3) unit vectors of points given in degrees (NaN rows for NaN points)."""
+    p, l = np.radians(np.asarray(lat, np.float64)), np.radians(np.asarray(lon, np.float64))
+    return np.ascontiguousarray(np.stack([np.cos(p) * np.cos(l), np.cos(p) * np.sin(l), np.sin(p)], axis=1))
+
+
+@njit(cache=True)
+def _fill_circle_table(circles, order, sorted_lat, sorted_vec, band, chord2, lat, lon, vec, group, table):
+    """Set bit r % group of table[r // group, q] for every request r inside circle q. circles
+    float64[Q, 3] (lat, lon, radius km); order int64[Q] sorts them by latitude; sorted_lat,
+    sorted_vec (Q, 3) their latitudes and unit vectors in that order; lat, lon float64[R] and their
+    unit vectors vec (R, 3) (NaN: no location, inside no circle). The exact test is the oracle's."""
+    for r in range(lat.shape[0]):
+        la = lat[r]
+        lo = lon[r]
+        if la != la or lo != lo:
+            continue
+        g = r // group
+        bit = np.uint64(1) << np.uint64(r % group)
+        first = np.searchsorted(sorted_lat, la - band)
+        last = np.searchsorted(sorted_lat, la + band, side="right")
+        for i in range(first, last):
+            dx = vec[r, 0] - sorted_vec[i, 0]
+            dy = vec[r, 1] - sorted_vec[i, 1]
+            dz = vec[r, 2] - sorted_vec[i, 2]
+            if dx * dx + dy * dy + dz * dz > chord2:
+                continue
+            q = order[i]
+            if _haversine_host(la, lo, circles[q, 0], circles[q, 1]) <= circles[q, 2]:
+                table[g, q] |= bit
 
 
 UPLOAD_ALIGN = 16  # bytes: every array of a packed upload starts at a multiple of this
@@ -319,7 +357,7 @@ class GpuTargetingIndex:
         self.version = version
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()
-        self._request_buffers: dict[int, dict] = {}  # group -> name -> device array (prepare reuse)
+        self._request_buffers: dict[tuple, dict] = {}  # (group, circle table) -> buffers (prepare reuse)
         self.updates_applied = 0
         self.compactions = 0
 
@@ -381,7 +419,9 @@ class GpuTargetingIndex:
         self.d_prog = cuda.to_device(np.concatenate([prog, np.zeros(max(1, len(prog) // 8), np.uint32)]))
         self.circles_used = len(circles)
         room = np.zeros((max(1, len(circles) // 8 + 1), 3), np.float64)
-        self.d_circles = cuda.to_device(np.concatenate([np.asarray(circles, np.float64).reshape(-1, 3), room]))
+        self.circles_h = np.ascontiguousarray(np.asarray(circles, np.float64).reshape(-1, 3))
+        self._circle_lookup = None  # (order by latitude, sorted latitudes, band in degrees), made on demand
+        self.d_circles = cuda.to_device(np.concatenate([self.circles_h, room]))
 
     # --- sizes ---------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -423,9 +463,38 @@ class GpuTargetingIndex:
         upload goes into device buffers this index keeps from the last such call (no allocation), and
         the batch is valid until the next `prepare(..., reuse=True)`."""
         version = self.version if version is None else version
+        encoded = list(encoded)
         group = self._k.GROUP_OF.get(version, 0)
-        buffers = self._request_buffers.setdefault(group, {}) if reuse else None
-        return RequestBatch.build(list(encoded), self.vocab, self._cuda, group, buffers)
+        extra = {"ctab": self.circle_table(encoded, group)} if version in self._k.CIRCLE_TABLE else None
+        buffers = self._request_buffers.setdefault((group, extra is not None), {}) if reuse else None
+        return RequestBatch.build(encoded, self.vocab, self._cuda, group, buffers, extra)
+
+    def circle_table(self, encoded: Sequence[EncodedRequest], group: int) -> np.ndarray:
+        """uint64[G, max(1, Q)]: bit r of [g, q] = request group * g + r is inside custom location q
+        (every circle of the device table, live or not). Decided on the host with the float64
+        great-circle distance the oracle and the CPU index use, so kernels that read this table
+        need no trigonometry; only circles in a latitude band around each user are tested."""
+        if self._circle_lookup is None:
+            circles = self.circles_h
+            order = np.argsort(circles[:, 0], kind="stable").astype(np.int64)
+            max_angle = min(float(circles[:, 2].max()) / EARTH_RADIUS_KM, np.pi) if len(circles) else 0.0
+            # Two filters that can only let too much through, widened far past float64 rounding: the
+            # great-circle distance is at least the latitude difference along a meridian (the band),
+            # and a circle holds the user only if the chord between the unit vectors of user and centre
+            # is at most the chord of the largest radius. What passes both gets the exact distance.
+            band = np.degrees(max_angle) * (1.0 + 1e-6) + 1e-9
+            chord2 = (2.0 * np.sin(max_angle / 2.0)) ** 2 * (1.0 + 1e-6) + 1e-12
+            sorted_vec = _unit_vectors(circles[order, 0], circles[order, 1])
+            self._circle_lookup = (order, np.ascontiguousarray(circles[order, 0]), sorted_vec, band, chord2)
+        order, sorted_lat, sorted_vec, band, chord2 = self._circle_lookup
+        n = len(encoded)
+        table = np.zeros((max(1, -(-n // group)), max(1, len(self.circles_h))), np.uint64)
+        if n and len(self.circles_h):
+            lat = np.asarray([e.latitude for e in encoded], np.float64)
+            lon = np.asarray([e.longitude for e in encoded], np.float64)
+            _fill_circle_table(self.circles_h, order, sorted_lat, sorted_vec, band, chord2,
+                               lat, lon, _unit_vectors(lat, lon), group, table)
+        return table
 
     def new_output(self, n_requests: int):
         """A device array for match output: uint32[n_requests, capacity // 32]."""
@@ -575,6 +644,8 @@ class GpuTargetingIndex:
             end = self.circles_used + len(circles)
             self.d_circles = self._device_room(self.d_circles, end)
             self.d_circles[self.circles_used:end].copy_to_device(np.ascontiguousarray(circles))
+            self.circles_h = np.concatenate([self.circles_h, np.asarray(circles, np.float64)])
+            self._circle_lookup = None
             self.circles_used = end
         if changed:
             s = np.asarray(changed, np.int64)

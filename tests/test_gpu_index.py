@@ -121,10 +121,12 @@ def test_random_corpus_equals_oracle(seed):
         _assert_same(expected, index.match(requests), f"seed={seed} version={version} ads=60 requests=37")
 
 
-def test_update_stream_equals_oracle(monkeypatch):
+@pytest.mark.parametrize("version", [4, 7])
+def test_update_stream_equals_oracle(monkeypatch, version):
     """Creates, replacements (with and without a format change), status changes, retirements,
     re-creations and rejected updates; alternating single `apply` and batched `apply_many`; capacity
-    growth and program compaction both happen on the way."""
+    growth and program compaction both happen on the way. v7 also reads the custom locations that
+    updates add through the host's circle table."""
     import gpu.index as gi
 
     monkeypatch.setattr(gi, "COMPACT_MIN_WORDS", 40)
@@ -137,7 +139,7 @@ def test_update_stream_equals_oracle(monkeypatch):
     updates = random_updates(rng, ads, 120, invalid=0.1, formats=FORMATS)
     oracle = OracleIndex.build(ads)
     live = LiveAds(a.ad_id for a in ads)
-    index = GpuTargetingIndex.build(ads, version=_kernels().SIMULATOR_FALLBACK, chunk_slots=CHUNK)
+    index = GpuTargetingIndex.build(ads, version=version, chunk_slots=CHUNK)
     cap0, bytes0 = index.capacity, index.device_bytes()
     rejected = 0
     for step, start in enumerate(range(0, len(updates), 40)):
@@ -157,7 +159,8 @@ def test_update_stream_equals_oracle(monkeypatch):
         assert len(index) == len(oracle)
         ever = {a.ad_id for a in ads} | set(oracle.ads)  # live ids through growth and compaction
         assert all((i in index) == (i in oracle.ads) for i in ever), f"seed={seed} after update {start + len(part)}"
-        _assert_same(oracle.match(requests), index.match(requests), f"seed={seed} after update {start + len(part)}")
+        _assert_same(oracle.match(requests), index.match(requests),
+                     f"seed={seed} version={version} after update {start + len(part)}")
     assert rejected > 0
     assert index.compactions > 0
     assert index.capacity > cap0 and index.device_bytes() > bytes0
@@ -208,6 +211,37 @@ def test_boundaries_equal_oracle():
     for version in _sim_versions():
         index = GpuTargetingIndex.build(ads, version=version, chunk_slots=CHUNK)
         _assert_same(expected, index.match(requests), f"boundaries version={version}")
+
+
+def test_circle_table_equals_the_great_circle_distance():
+    """The host's circle table (v7, v8) against `haversine_km` for every (user, circle) pair: users
+    1 m inside and outside edges, at a centre, without a location, near a pole and across the date
+    line; 70 requests span two groups of 64."""
+    from andromeda_nb.geo import haversine_km
+
+    rng = np.random.default_rng(53)
+    ads = random_ads(rng, 80, formats=FORMATS)
+    index = GpuTargetingIndex.build(ads, version=7, chunk_slots=CHUNK)
+    circles = index.circles_h
+    assert len(circles) >= 5, "seed 53 draws custom locations"
+    km = 1.0 / 111.19492664455873
+    points = [(float("nan"), float("nan")), (89.99, 10.0), (0.5, 179.999), (0.5, -179.999)]
+    for lat, lon, rad in circles[:20]:
+        points += [(lat, lon), (lat + (rad - 0.001) * km, lon), (lat + (rad + 0.001) * km, lon)]
+    while len(points) < 70:
+        points.append((rng.uniform(-60, 60), rng.uniform(-180, 180)))
+    encoded = [dataclasses.replace(encode_request(random_requests(rng, 1)[0]), latitude=la, longitude=lo)
+               for la, lo in points[:70]]
+    table = index.circle_table(encoded, 64)
+    assert table.shape == (2, len(circles))
+    inside = 0
+    for r, e in enumerate(encoded):
+        for q, (lat, lon, rad) in enumerate(circles):
+            want = haversine_km(e.latitude, e.longitude, lat, lon) <= rad
+            got = bool((int(table[r // 64, q]) >> (r % 64)) & 1)
+            assert got == want, f"seed 53 request {r} at {points[r]} circle {q} {circles[q].tolist()}"
+            inside += want
+    assert inside >= 20  # the centres and the points just inside
 
 
 # --- slot layout (the scoring kernel's contract) ----------------------------------------------------

@@ -18,9 +18,14 @@ Versions (`VERSIONS` below; `andromeda bench match` times every one, the index s
     v5 wide+shfl  v4 with the shuffle transpose (GPU only).
     v6 v5, 64 regs the same code compiled with at most 64 registers per thread, for 4 blocks per SM
                   instead of 3 (GPU only).
+    v7 circle table  v4 with custom locations decided on the host: `ctab[g, q]` holds the requests of
+                  group g inside circle q (float64 great-circle distance, the oracle's function,
+                  tested only for circles in a latitude band around each user), OR-ed like terms, so
+                  the kernel has no float64 math and no trigonometry.
+    v8 table+shfl v7 with the shuffle transpose (GPU only).
 Under the simulator the index runs `SIMULATOR_FALLBACK` (v4), which computes the same bits as v5.
 
-Kernels: `match_v1` .. `match_v6`, `compact_programs`, `scatter_slots`.
+Kernels: `match_v1` .. `match_v8`, `compact_programs`, `scatter_slots`.
 Launchers: `launch(version, index_arrays, request_arrays, out)`, `launch_compact(...)`,
 `launch_scatter(...)`.
 
@@ -48,6 +53,8 @@ request r of the call is bit r % R of group r // R; masks are uint32 for R = 32,
                                  ftab[g, AMIN_OFF + a] = requests of the group with age >= a
     rtime      int64[G, R]       request times (unused lanes: 0)
     rpos       float64[G, R, 2]  user latitude, longitude (NaN: no known location)
+    ctab       uint64[G, Q']     v7, v8 instead of rpos and circles: bit b of ctab[g, q] = request R g + b
+                                 is inside custom location q (Q' = max(1, Q))
     nreq       int32[G]          requests in the group (1..R)
 Per-request inputs, v1:
     rscal      int64[B, 6]       age, gender, publisher, device, os, time
@@ -514,6 +521,139 @@ def match_v5(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nre
             out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
 
 
+# --- v7 / v8: custom locations decided on the host ------------------------------------------------------
+@cuda.jit(device=True, cache=True)
+def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
+    """`_eval_program_wide` with custom locations read from the circle table: ctab[g, q] holds the
+    requests of the group inside circle q (gpu.index.GpuTargetingIndex.circle_table), so a clause's
+    circles are OR-ed like its terms and the kernel does no trigonometry."""
+    n_clauses = int64(prog[p])
+    q = p + 1
+    for _c in range(n_clauses):
+        h = int64(prog[q])
+        q += 1
+        nt = h & TERM_COUNT_MASK
+        cs = int64(0)
+        nc = int64(0)
+        if h & CIRCLES_BIT:
+            cs = int64(prog[q])
+            nc = int64(prog[q + 1])
+            q += 2
+        sat = int64(0)
+        j = int64(0)
+        while j + TERM_UNROLL <= nt:
+            t0 = prog[q + j]
+            t1 = prog[q + j + 1]
+            t2 = prog[q + j + 2]
+            t3 = prog[q + j + 3]
+            sat |= int64(rtab[g, t0]) | int64(rtab[g, t1]) | int64(rtab[g, t2]) | int64(rtab[g, t3])
+            j += TERM_UNROLL
+            if (sat & alive) == alive:
+                break
+        if (sat & alive) != alive:
+            while j < nt:
+                sat |= int64(rtab[g, prog[q + j]])
+                j += 1
+        q += nt
+        k = int64(0)
+        while k < nc and (sat & alive) != alive:
+            sat |= int64(ctab[g, cs + k])
+            k += 1
+        if h & NEGATIVE_BIT:
+            alive &= ~sat
+        else:
+            alive &= sat
+        if alive == 0:
+            break
+    return alive
+
+
+@cuda.jit(device=True, cache=True)
+def _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, n):
+    """`_slot_mask_wide` over the circle table."""
+    w = int64(resid[slot])
+    if (w & ACTIVE_BIT) == 0:
+        return int64(0)
+    alive = int64(ft[GENDER_OFF + ((w >> GENDER_SHIFT) & 7)])
+    alive &= int64(ft[PUBLISHER_OFF + ((w >> PUBLISHER_SHIFT) & 15)])
+    alive &= int64(ft[DEVICE_OFF + ((w >> DEVICE_SHIFT) & 7)])
+    alive &= int64(ft[OS_OFF + ((w >> OS_SHIFT) & 63)])
+    alive &= int64(ft[AMIN_OFF + ((w >> AGE_MIN_SHIFT) & 127)])
+    alive &= int64(ft[AMAX_OFF + ((w >> AGE_MAX_SHIFT) & 127)])
+    if alive != 0 and (w & SCHEDULE_BIT) != 0:
+        start = sched[slot, 0]
+        end = sched[slot, 1]
+        m = int64(0)
+        for r in range(n):
+            t = tm[r]
+            if start <= t and t < end:
+                m |= int64(1) << r
+        alive &= m
+    if alive == 0:
+        return alive
+    return _eval_program_ctab(prog, prog_ptr[slot], alive, rtab, g, ctab)
+
+
+@cuda.jit(device=True, cache=True)
+def _load_group_ctab(ftab, rtime, g, ft, tm, tid):
+    i = tid
+    while i < FTAB_WORDS:
+        ft[i] = ftab[g, i]
+        i += cuda.blockDim.x
+    if tid < WIDE_GROUP:
+        tm[tid] = rtime[g, tid]
+    cuda.syncthreads()
+
+
+@cuda.jit(cache=True)
+def match_v7(resid, prog_ptr, prog, sched, ctab, rtab, ftab, rtime, nreq, out):
+    """v7: v4 with custom locations from the host's circle table (no float64 math on the device)."""
+    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    in_range = slot < resid.shape[0]
+    g = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    ft = cuda.shared.array(FTAB_WORDS, uint64)
+    tm = cuda.shared.array(WIDE_GROUP, int64)
+    tr = cuda.shared.array(THREADS_PER_BLOCK, uint32)
+    _load_group_ctab(ftab, rtime, g, ft, tm, tid)
+    n = nreq[g]
+    x = int64(0)
+    if in_range:
+        x = _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, n)
+    lo = _transpose_shared(x & FULL_MASK, tr, tid)
+    hi = _transpose_shared((x >> 32) & FULL_MASK, tr, tid)
+    lane = tid & 31
+    if in_range:
+        if lane < n:
+            out[g * WIDE_GROUP + lane, slot >> 5] = uint32(lo)
+        if lane + 32 < n:
+            out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
+
+
+@cuda.jit(cache=True)
+def match_v8(resid, prog_ptr, prog, sched, ctab, rtab, ftab, rtime, nreq, out):
+    """v8: v7 with the shuffle transpose (GPU only)."""
+    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    in_range = slot < resid.shape[0]
+    g = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    ft = cuda.shared.array(FTAB_WORDS, uint64)
+    tm = cuda.shared.array(WIDE_GROUP, int64)
+    _load_group_ctab(ftab, rtime, g, ft, tm, tid)
+    n = nreq[g]
+    x = int64(0)
+    if in_range:
+        x = _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, n)
+    lane = tid & 31
+    lo = _transpose_shuffle(x & FULL_MASK, lane)
+    hi = _transpose_shuffle((x >> 32) & FULL_MASK, lane)
+    if in_range:
+        if lane < n:
+            out[g * WIDE_GROUP + lane, slot >> 5] = uint32(lo)
+        if lane + 32 < n:
+            out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
+
+
 @cuda.jit(cache=True)
 def compact_programs(old_prog, old_ptr, lengths, new_ptr, new_prog):
     """Copy every slot's program to its new offset. old_ptr/new_ptr int64[capacity], lengths
@@ -560,10 +700,12 @@ def _register_capped(kernel, name: str, max_registers: int):
 # register file holds 65,536); the 8 bytes it spills sit on the custom-location path
 match_v6 = _register_capped(match_v5, "match_v6", 64)
 
-VERSIONS = {1: match_v1, 2: match_v2, 3: match_v3, 4: match_v4, 5: match_v5, 6: match_v6}
-GROUP_OF = {2: GROUP_REQUESTS, 3: GROUP_REQUESTS, 4: WIDE_GROUP, 5: WIDE_GROUP, 6: WIDE_GROUP}  # batched
+VERSIONS = {1: match_v1, 2: match_v2, 3: match_v3, 4: match_v4, 5: match_v5, 6: match_v6, 7: match_v7, 8: match_v8}
+GROUP_OF = {2: GROUP_REQUESTS, 3: GROUP_REQUESTS, 4: WIDE_GROUP, 5: WIDE_GROUP, 6: WIDE_GROUP, 7: WIDE_GROUP,
+            8: WIDE_GROUP}  # batched versions
 BATCHED = set(GROUP_OF)
-NEEDS_WARP_INTRINSICS = {3, 5, 6}
+CIRCLE_TABLE = {7, 8}  # read custom locations from the host's circle table (`ctab`), not `circles`
+NEEDS_WARP_INTRINSICS = {3, 5, 6, 8}
 BEST = 6  # fastest measured (docs/GPU_INDEX.md); the index ships it
 SIMULATOR_FALLBACK = 4  # the same bits as BEST, without warp intrinsics
 
@@ -577,7 +719,10 @@ def launch(version: int, ix, rq, out) -> None:
     if capacity == 0 or out.shape[0] == 0:
         return
     threads, blocks_x = block_shape(capacity)
-    if version in BATCHED:
+    if version in CIRCLE_TABLE:
+        grid = (blocks_x, rq["nreq"].shape[0])
+        kernel[grid, threads](*ix[:4], rq["ctab"], rq["rtab"], rq["ftab"], rq["rtime"], rq["nreq"], out)
+    elif version in BATCHED:
         grid = (blocks_x, rq["nreq"].shape[0])
         kernel[grid, threads](*ix, rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], out)
     else:
@@ -614,12 +759,15 @@ def kernel_signatures():
     batched = ix + (u32[:, ::1], u32[:, ::1], i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])
     wide = ix + (T.uint64[:, ::1], T.uint64[:, ::1], i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])
     naive = ix + (i64[:, ::1], f64[:, ::1], i64[::1], u32[::1], u32[:, ::1])
+    table = ix[:4] + (T.uint64[:, ::1], T.uint64[:, ::1], T.uint64[:, ::1], i64[:, ::1], i32[::1], u32[:, ::1])
     return [
         ("match_v1", match_v1.py_func, naive),
         ("match_v2", match_v2.py_func, batched),
         ("match_v3", match_v3.py_func, batched),
         ("match_v4", match_v4.py_func, wide),
         ("match_v5", match_v5.py_func, wide),
+        ("match_v7", match_v7.py_func, table),
+        ("match_v8", match_v8.py_func, table),
         ("compact_programs", compact_programs.py_func, (u32[::1], i64[::1], u32[::1], i64[::1], u32[::1])),
         ("scatter_slots", scatter_slots.py_func, (i64[::1], u32[::1], i64[::1], i64[:, ::1], u32[::1], i64[::1], i64[:, ::1])),
     ]
