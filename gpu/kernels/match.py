@@ -176,8 +176,9 @@ def _eval_program(prog, p, alive, rtab, g, circles, lat, lon):
 
 
 @cuda.jit(device=True, cache=True)
-def _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
-    """The group mask of requests for which `slot` is eligible."""
+def _residual_alive(slot, resid, sched, ft, tm, n):
+    """The requests of the group (mask) that pass `slot`'s residual rules: ACTIVE, gender, placements,
+    age limits (lookups in the group's tables `ft`) and the schedule (request times `tm`)."""
     w = int64(resid[slot])
     if (w & ACTIVE_BIT) == 0:
         return int64(0)
@@ -196,6 +197,15 @@ def _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat
             if start <= t and t < end:
                 m |= int64(1) << r
         alive &= m
+    if alive == 0:
+        return alive
+    return alive
+
+
+@cuda.jit(device=True, cache=True)
+def _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
+    """The group mask of requests for which `slot` is eligible."""
+    alive = _residual_alive(slot, resid, sched, ft, tm, n)
     if alive == 0:
         return alive
     return _eval_program(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
@@ -368,6 +378,28 @@ def _circle_mask_wide(circles, cs, nc, lat, lon, need):
 
 
 @cuda.jit(device=True, cache=True)
+def _clause_terms_wide(prog, q, nt, alive, rtab, g):
+    """The requests (64-bit mask) holding one of the clause's `nt` terms prog[q:q+nt], TERM_UNROLL
+    independent table loads per test of whether every request still `alive` is already satisfied."""
+    sat = int64(0)
+    j = int64(0)
+    while j + TERM_UNROLL <= nt:
+        t0 = prog[q + j]
+        t1 = prog[q + j + 1]
+        t2 = prog[q + j + 2]
+        t3 = prog[q + j + 3]
+        sat |= int64(rtab[g, t0]) | int64(rtab[g, t1]) | int64(rtab[g, t2]) | int64(rtab[g, t3])
+        j += TERM_UNROLL
+        if (sat & alive) == alive:
+            break
+    if (sat & alive) != alive:
+        while j < nt:
+            sat |= int64(rtab[g, prog[q + j]])
+            j += 1
+    return sat
+
+
+@cuda.jit(device=True, cache=True)
 def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
     """`_eval_program` with TERM_UNROLL independent loads per early-exit test."""
     n_clauses = int64(prog[p])
@@ -382,21 +414,7 @@ def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
             cs = int64(prog[q])
             nc = int64(prog[q + 1])
             q += 2
-        sat = int64(0)
-        j = int64(0)
-        while j + TERM_UNROLL <= nt:
-            t0 = prog[q + j]
-            t1 = prog[q + j + 1]
-            t2 = prog[q + j + 2]
-            t3 = prog[q + j + 3]
-            sat |= int64(rtab[g, t0]) | int64(rtab[g, t1]) | int64(rtab[g, t2]) | int64(rtab[g, t3])
-            j += TERM_UNROLL
-            if (sat & alive) == alive:
-                break
-        if (sat & alive) != alive:
-            while j < nt:
-                sat |= int64(rtab[g, prog[q + j]])
-                j += 1
+        sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
         q += nt
         need = alive & ~sat
         if need != 0 and nc > 0:
@@ -413,24 +431,7 @@ def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
 @cuda.jit(device=True, cache=True)
 def _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
     """The 64-bit group mask of requests for which `slot` is eligible."""
-    w = int64(resid[slot])
-    if (w & ACTIVE_BIT) == 0:
-        return int64(0)
-    alive = int64(ft[GENDER_OFF + ((w >> GENDER_SHIFT) & 7)])
-    alive &= int64(ft[PUBLISHER_OFF + ((w >> PUBLISHER_SHIFT) & 15)])
-    alive &= int64(ft[DEVICE_OFF + ((w >> DEVICE_SHIFT) & 7)])
-    alive &= int64(ft[OS_OFF + ((w >> OS_SHIFT) & 63)])
-    alive &= int64(ft[AMIN_OFF + ((w >> AGE_MIN_SHIFT) & 127)])
-    alive &= int64(ft[AMAX_OFF + ((w >> AGE_MAX_SHIFT) & 127)])
-    if alive != 0 and (w & SCHEDULE_BIT) != 0:
-        start = sched[slot, 0]
-        end = sched[slot, 1]
-        m = int64(0)
-        for r in range(n):
-            t = tm[r]
-            if start <= t and t < end:
-                m |= int64(1) << r
-        alive &= m
+    alive = _residual_alive(slot, resid, sched, ft, tm, n)
     if alive == 0:
         return alive
     return _eval_program_wide(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
@@ -539,21 +540,7 @@ def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
             cs = int64(prog[q])
             nc = int64(prog[q + 1])
             q += 2
-        sat = int64(0)
-        j = int64(0)
-        while j + TERM_UNROLL <= nt:
-            t0 = prog[q + j]
-            t1 = prog[q + j + 1]
-            t2 = prog[q + j + 2]
-            t3 = prog[q + j + 3]
-            sat |= int64(rtab[g, t0]) | int64(rtab[g, t1]) | int64(rtab[g, t2]) | int64(rtab[g, t3])
-            j += TERM_UNROLL
-            if (sat & alive) == alive:
-                break
-        if (sat & alive) != alive:
-            while j < nt:
-                sat |= int64(rtab[g, prog[q + j]])
-                j += 1
+        sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
         q += nt
         k = int64(0)
         while k < nc and (sat & alive) != alive:
@@ -571,24 +558,7 @@ def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
 @cuda.jit(device=True, cache=True)
 def _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, n):
     """`_slot_mask_wide` over the circle table."""
-    w = int64(resid[slot])
-    if (w & ACTIVE_BIT) == 0:
-        return int64(0)
-    alive = int64(ft[GENDER_OFF + ((w >> GENDER_SHIFT) & 7)])
-    alive &= int64(ft[PUBLISHER_OFF + ((w >> PUBLISHER_SHIFT) & 15)])
-    alive &= int64(ft[DEVICE_OFF + ((w >> DEVICE_SHIFT) & 7)])
-    alive &= int64(ft[OS_OFF + ((w >> OS_SHIFT) & 63)])
-    alive &= int64(ft[AMIN_OFF + ((w >> AGE_MIN_SHIFT) & 127)])
-    alive &= int64(ft[AMAX_OFF + ((w >> AGE_MAX_SHIFT) & 127)])
-    if alive != 0 and (w & SCHEDULE_BIT) != 0:
-        start = sched[slot, 0]
-        end = sched[slot, 1]
-        m = int64(0)
-        for r in range(n):
-            t = tm[r]
-            if start <= t and t < end:
-                m |= int64(1) << r
-        alive &= m
+    alive = _residual_alive(slot, resid, sched, ft, tm, n)
     if alive == 0:
         return alive
     return _eval_program_ctab(prog, prog_ptr[slot], alive, rtab, g, ctab)
