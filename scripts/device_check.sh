@@ -1,28 +1,50 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: the real-GPU tests, `compare` on a generated 1M-ad corpus (oracle, CPU
-# index, GPU index, both architectures end to end), the demo on the GPU, and the quality experiment's
-# kernel figures. Results go under $OUT (default: out/device). Run from the repository root:
-#   OUT=out/device bash scripts/device_check.sh
+# Check-and-measure runs on a GPU machine, in stages that each fit one call of a few minutes. Results
+# go under $OUT (default: out/device). Run from the repository root, e.g.:
+#   OUT=out/device bash scripts/device_check.sh tests match
+# Stages (in the order given; `all` runs every one):
+#   tests     the GPU index, co-located, top-K and scoring-kernel tests on the real device
+#   match     `bench match` of the shipped match kernel against the circle-table versions (10M, 100M)
+#   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size)
+#   compare   `compare` on a generated 1M-ad corpus (oracle, CPU index, GPU index, both architectures)
+#   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
 set -uo pipefail
 OUT=${OUT:-out/device}
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-A="python3 cli.py"
+A="python3 -W ignore cli.py"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests)
+[ "${stages[0]}" = all ] && stages=(tests match pipeline compare demo)
 {
-  nvidia-smi -L; python3 -c "import numpy, numba, numba_cuda, pyarrow; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'pyarrow', pyarrow.__version__)"
+  nvidia-smi -L; git log --oneline -1 2>/dev/null
+  python3 -c "import numpy, numba, numba_cuda, pyarrow; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'pyarrow', pyarrow.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-echo "== real-GPU tests"
-ANDROMEDA_TEST_GPU=1 timeout 120 python3 -m pytest -q -x -m gpu -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/gpu_tests.txt"
-echo "== generate 1M ads"
-t0=$(date +%s)
-timeout 150 $A generate --ads 1000000 --requests 32 --seed 1 --workers 8 --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
-echo "== compare on the 1M-ad corpus (GPU)"
-timeout ${COMPARE_TIMEOUT:-300} $A compare --data /tmp/c1m --device gpu --oracle-requests 4 --json --quiet \
-  > "$OUT/compare_1m_gpu.json" 2> "$OUT/compare_1m_gpu.err"; echo "compare rc=$? after $(( $(date +%s) - t0 )) s"
-tail -c 600 "$OUT/compare_1m_gpu.json"; tail -3 "$OUT/compare_1m_gpu.err"
-echo "== demo on the GPU"
-timeout ${DEMO_TIMEOUT:-200} $A demo --quiet > "$OUT/demo_gpu.txt" 2>&1; echo "demo rc=$?"
-tail -40 "$OUT/demo_gpu.txt"
-echo "== quality (small) with kernel figures"
-timeout 90 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
-python3 -c "import json,sys; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3
+for stage in "${stages[@]}"; do
+  t0=$(date +%s)
+  case "$stage" in
+    tests)
+      ANDROMEDA_TEST_GPU=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -W ignore \
+        tests/test_gpu_index.py tests/test_colocated.py tests/test_topk.py tests/test_score_kernels.py 2>&1 \
+        | tail -15 | tee "$OUT/gpu_tests.txt" ;;
+    match)
+      timeout ${MATCH_TIMEOUT:-400} $A bench match --pools 10000000,100000000 --versions ${MATCH_VERSIONS:-6,7,8} \
+        --batches 64,256 --no-updates --cpu-pool 0 --out "$OUT/bench_match.json" > "$OUT/bench_match.log" 2>&1
+      echo "match rc=$?"; grep -E "G pool ads/s|check passed|registers" "$OUT/bench_match.log" | cut -c1-200 ;;
+    pipeline)
+      timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline --out "$OUT/pipeline.json" > "$OUT/pipeline.log" 2>&1
+      echo "pipeline rc=$?"; tail -11 "$OUT/pipeline.log" ;;
+    compare)
+      timeout 150 $A generate --ads 1000000 --requests 32 --seed 1 --workers 14 --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
+      timeout ${COMPARE_TIMEOUT:-300} $A compare --data /tmp/c1m --device gpu --oracle-requests 4 --json --quiet \
+        > "$OUT/compare_1m_gpu.json" 2> "$OUT/compare_1m_gpu.err"; echo "compare rc=$?"
+      tail -c 600 "$OUT/compare_1m_gpu.json"; tail -3 "$OUT/compare_1m_gpu.err" ;;
+    demo)
+      timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
+      tail -c 400 "$OUT/demo_gpu.json"; echo
+      timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
+      python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, demo, all)"; exit 2 ;;
+  esac
+  echo "== $stage: $(( $(date +%s) - t0 )) s"
+done
