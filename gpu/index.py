@@ -291,12 +291,20 @@ def _upload_packed(host: dict[str, np.ndarray], cuda, buffers: dict) -> dict:
     if buffers.get("host") is None or buffers["host"].size < size:
         buffers["host"] = cuda.pinned_array(size, np.uint8)
         buffers["device"] = cuda.device_array(size, np.uint8)
+        buffers["views"] = None
     staging, device = buffers["host"], buffers["device"]
     for offset, value in layout.values():
         staging[offset:offset + value.nbytes] = value.reshape(-1).view(np.uint8)
-    device[:size].copy_to_device(staging[:size])  # stream-ordered after any kernel still reading it
-    return {name: device[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
-            for name, (offset, value) in layout.items()}
+    # typed views of the device buffer: the same for every batch of the same layout (a serving loop's
+    # batches mostly are), and made only when the layout changes
+    key = (size, tuple((name, offset, value.shape, value.dtype.str) for name, (offset, value) in layout.items()))
+    if buffers.get("views") is None or buffers["views"][0] != key:
+        views = {name: device[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
+                 for name, (offset, value) in layout.items()}
+        buffers["views"] = (key, device[:size], views)
+    _, used, views = buffers["views"]
+    used.copy_to_device(staging[:size])  # stream-ordered after any kernel still reading it
+    return dict(views)
 
 
 def _ftab_words() -> int:
