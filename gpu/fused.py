@@ -153,7 +153,13 @@ class FusedScorer:
         R = elig.shape[0]
         b = self._buffers(R, k)
         d_elig = elig if not isinstance(elig, np.ndarray) else cuda.to_device(np.ascontiguousarray(elig, np.uint32))
-        d_tabs = tabs if not isinstance(tabs, np.ndarray) else cuda.to_device(np.ascontiguousarray(tabs, np.float32))
+        d_tabs = tabs
+        if isinstance(tabs, np.ndarray):  # into a device buffer kept with the others: no allocation per call
+            tabs = np.ascontiguousarray(tabs, np.float32)
+            if b.get("tabs") is None or tuple(b["tabs"].shape) != tabs.shape:
+                b["tabs"] = cuda.device_array(tabs.shape, np.float32)
+            d_tabs = b["tabs"]
+            d_tabs.copy_to_device(tabs)  # stream-ordered after any kernel still reading it
         cap = score_kernels.cap_for(k)
         self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
                            b["cand_key"], b["cand_slot"], stream)
