@@ -439,13 +439,14 @@ class CpuScorer:
         kernel(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)
         return out
 
-    def warm_up(self, E: int, F: int, row_dtype=np.int64) -> None:
+    def warm_up(self, E: int, F: int) -> None:
         """Compile (or load from numba's cache) the kernels this scorer calls, serial and parallel,
-        for candidate rows of `row_dtype`, so the first real request does not pay for it."""
+        for int64 candidate rows (what `RowMap.rows_of` gives), so the first real request does not
+        pay for it."""
         if self.rows == 0:
             return
         tab = np.zeros((F, table_width(E, self.D)), np.float32)
-        rows = np.zeros(1, row_dtype)
+        rows = np.zeros(1, np.int64)
         out = np.empty(1, np.float32)
         for kernel in {self.kernel, SERIAL_OF.get(self.kernel, self.kernel)}:
             kernel(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)

@@ -121,7 +121,6 @@ class ColocatedEngine:
             ss[used] = scale[rows]
             self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,
                                       top_e=self.top_e, version=version)
-        self._elig = None  # eligibility words of the last device batch (reused when the shape fits)
         self.requests_served = 0
         self.ads_scored_bound = 0  # pool ads processed (requests x pool)
 
@@ -150,10 +149,7 @@ class ColocatedEngine:
         if self.index.capacity == 0:  # built from no ads, none created yet: nothing to launch over
             return [(np.empty(0, np.int64), np.empty(0, np.float32)) for _ in requests]
         tabs = self.tables(requests)
-        shape = (len(requests), self.index.capacity // 32)
-        if self._elig is None or tuple(self._elig.shape) != shape:  # kept between batches: no allocation
-            self._elig = self.index.new_output(len(requests))
-        elig = self.index.match_slots([encode_request(r) for r in requests], out=self._elig)
+        elig = self.index.match_slots([encode_request(r) for r in requests], out=self.index.kept_output(len(requests)))
         return self.scorer.topk(elig, tabs, k)
 
     def _retrieve_cpu(self, requests, k):

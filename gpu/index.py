@@ -365,7 +365,8 @@ class GpuTargetingIndex:
         self.version = version
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()
-        self._request_buffers: dict[tuple, dict] = {}  # (group, circle table) -> buffers (prepare reuse)
+        self._request_buffers: dict = {}  # staging, device buffer and views of prepare(..., reuse=True)
+        self._outputs: dict[int, object] = {}  # requests -> output array (kept_output)
         self.updates_applied = 0
         self.compactions = 0
 
@@ -474,8 +475,8 @@ class GpuTargetingIndex:
         encoded = list(encoded)
         group = self._k.GROUP_OF.get(version, 0)
         extra = {"ctab": self.circle_table(encoded, group)} if version in self._k.CIRCLE_TABLE else None
-        buffers = self._request_buffers.setdefault((group, extra is not None), {}) if reuse else None
-        return RequestBatch.build(encoded, self.vocab, self._cuda, group, buffers, extra)
+        return RequestBatch.build(encoded, self.vocab, self._cuda, group,
+                                  self._request_buffers if reuse else None, extra)
 
     def circle_table(self, encoded: Sequence[EncodedRequest], group: int) -> np.ndarray:
         """uint64[G, max(1, Q)]: bit r of [g, q] = request group * g + r is inside custom location q
@@ -508,6 +509,14 @@ class GpuTargetingIndex:
         """A device array for match output: uint32[n_requests, capacity // 32]."""
         return self._cuda.device_array((n_requests, self.capacity // 32), np.uint32)
 
+    def kept_output(self, n_requests: int):
+        """An output array for `n_requests` that the index keeps and hands out again (remade when the
+        capacity grows): for a serving loop, which uses up one answer before asking the next."""
+        out = self._outputs.get(n_requests)
+        if out is None or tuple(out.shape) != (n_requests, self.capacity // 32):
+            out = self._outputs[n_requests] = self.new_output(n_requests)
+        return out
+
     def run(self, batch: RequestBatch, out, version: int | None = None) -> None:
         """Launch the match kernel on a prepared batch (asynchronous, like any kernel launch)."""
         version = self.version if version is None else version
@@ -516,7 +525,7 @@ class GpuTargetingIndex:
     def match_slots(self, encoded: Sequence[EncodedRequest], version: int | None = None, *, out=None):
         """Eligibility of every slot for each request: a device array uint32[B, capacity // 32]
         in the layout at the top of this module; written into `out` when given (a device array of
-        that shape, e.g. kept by a serving loop), else into a new one. The request upload reuses the
+        that shape, e.g. `kept_output`), else into a new one. The request upload reuses the
         index's device buffers (`prepare(..., reuse=True)`)."""
         encoded = list(encoded)
         want = (len(encoded), self.capacity // 32)
