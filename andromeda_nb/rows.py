@@ -10,8 +10,9 @@ scoring service:
   at the end (`n_rows` grows: the caller grows its arrays to match);
 * `release(ad_id)` frees the row of a retired ad;
 * `rows_of(ad_ids)` turns a whole candidate list into rows at once. The lookup is a numba typed
-  dict walked in compiled code (about 2 ms for 50,000 ids in a map of a million on one core), so a
-  service that is sent ad ids pays for the indirection but not for a Python loop.
+  dict walked in compiled code, so a service that is sent ad ids pays for the indirection but not
+  for a Python loop: about 8 ms for 59,496 ids in a map of a million on the 2-core development
+  machine (`scripts/time_host_side.py`, docs/results/probes/host_side_cpu.json).
 """
 
 from __future__ import annotations
