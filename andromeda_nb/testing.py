@@ -314,6 +314,75 @@ def update_to_json(update: Update) -> dict:
     return {"op": "retire", "ad_id": int(update.ad_id)}
 
 
+# --- deep specs: many positive clauses, all satisfied or all but one ------------------------------------
+
+DEEP_AUDIENCE_BASE = 1 << 34  # custom audience ids of realistic size: 35 bits
+MAX_POSITIVE_CLAUSES = 28  # geo, locales, 25 flexible_spec objects, custom audiences
+
+
+def deep_spec_pair(rng: np.random.Generator, n_positive: int, *, ad_id: int, fail_id: int,
+                   formats: int = DEFAULT_F) -> tuple[dict, dict, dict]:
+    """(user object, ad line, twin ad line): the ad's targeting compiles to exactly `n_positive`
+    positive clauses (1..28; geo first, then locales, flexible_spec objects and custom audiences,
+    as `compiled.spec_clauses` orders them) and the user satisfies every one; the twin (id `fail_id`)
+    is the same ad with one clause, drawn at random, that the user does not satisfy. Ids are drawn
+    at random up to 2**40 (custom audiences around 2**35); the geo clause is a country, a region
+    or a custom location around the user."""
+    if not 1 <= n_positive <= MAX_POSITIVE_CLAUSES:
+        raise ValueError(f"n_positive must be 1..{MAX_POSITIVE_CLAUSES}, got {n_positive}")
+    extra = n_positive - 1  # clauses after geo (geo: always, so the spec is valid without audiences)
+    locales = extra > 25 or (extra > 0 and rng.random() < 0.5)
+    audiences = extra - locales > 25 or (extra - locales > 0 and rng.random() < 0.5)
+    n_flex = extra - locales - audiences
+    lat, lon = float(rng.uniform(-60, 60)), float(rng.uniform(-179, 179))
+    user: dict[str, Any] = {"age": int(rng.integers(18, 60)), "gender": int(rng.integers(0, 3)),
+                            "country": "US", "region": int(rng.integers(1, 1 << 40)),
+                            "city": 7, "latitude": lat, "longitude": lon,
+                            "locale": int(rng.integers(1, 1 << 40))}
+    geo_kind = int(rng.integers(3))
+    held_geo = [{"countries": ["US"]}, {"regions": [user["region"]]},
+                {"custom_locations": [{"latitude": lat, "longitude": lon, "radius": 10.0,
+                                       "distance_unit": "kilometer"}]}][geo_kind]
+    missed_geo = [{"countries": ["GB"]}, {"regions": [user["region"] + 1]},
+                  {"custom_locations": [{"latitude": -lat, "longitude": lon, "radius": 10.0,
+                                         "distance_unit": "kilometer"}]}][geo_kind]
+    clauses: list[tuple[str, Any, Any]] = [("geo_locations", held_geo, missed_geo)]
+    if locales:
+        clauses.append(("locales", [user["locale"], user["locale"] + 5], [user["locale"] + 1]))
+    flex_objects, missed_objects = [], []
+    for _ in range(n_flex):
+        key = FLEX_KEYS[int(rng.integers(len(FLEX_KEYS)))]
+        ident = int(rng.integers(1, 1 << 40))
+        user.setdefault(key, []).append(ident)
+        flex_objects.append({key: [ident]})
+        missed_objects.append({key: [ident ^ 1 if ident ^ 1 not in user[key] else ident + 2]})
+    audience = DEEP_AUDIENCE_BASE + int(rng.integers(1 << 34))
+    if audiences:
+        user["custom_audiences"] = [audience]
+    targeting: dict[str, Any] = {name: held for name, held, _ in clauses}
+    if n_flex:
+        targeting["flexible_spec"] = flex_objects
+    if audiences:
+        targeting["custom_audiences"] = [audience, audience + 3]
+    twin = {key: (list(v) if isinstance(v, list) else v) for key, v in targeting.items()}
+    failing = int(rng.integers(n_positive))
+    if failing == 0:
+        twin["geo_locations"] = missed_geo
+    elif locales and failing == 1:
+        twin["locales"] = clauses[1][2]
+    elif failing < 1 + locales + n_flex:
+        j = failing - 1 - locales
+        twin["flexible_spec"] = [missed_objects[j] if i == j else o for i, o in enumerate(flex_objects)]
+    else:
+        twin["custom_audiences"] = [audience + 1]
+    for key in FLEX_KEYS:  # one id per object, drawn from 2**40: a repeat is possible, harmless
+        if key in user:
+            user[key] = sorted(set(user[key]))
+    fmt = int(rng.integers(formats))
+    ad = {"ad_id": ad_id, "format": fmt, "targeting": targeting}
+    return user, ad, {"ad_id": fail_id, "format": fmt, "targeting": twin}
+
+
 # --- hypothesis strategies ----------------------------------------------------------------------------
 
 
@@ -409,5 +478,5 @@ def ads_and_updates(max_ads: int = 10, max_updates: int = 15, *, invalid: float 
 __all__ = [
     "random_ads", "random_requests", "random_updates", "random_ad_json", "random_request_json",
     "update_to_json", "targeting_jsons", "specs", "ads", "ad_lists", "requests", "request_lists",
-    "ads_and_updates", "T0", "DAY",
+    "ads_and_updates", "deep_spec_pair", "T0", "DAY",
 ]

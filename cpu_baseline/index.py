@@ -199,10 +199,15 @@ def _walk_circles(lat, lon, circles, c_slot, c_clause, seg_id, segment, word, to
 
 @numba.njit(cache=True, nogil=True)
 def _popcount32(x):
+    """Set bits of a uint32 word, by shifts and adds only: numba widens `uint32 * uint32` to 64
+    bits, so the usual `(x * 0x01010101) >> 24` byte sum does not wrap and counts wrongly from nine
+    set bits on."""
     x = x - ((x >> np.uint32(1)) & np.uint32(0x55555555))
     x = (x & np.uint32(0x33333333)) + ((x >> np.uint32(2)) & np.uint32(0x33333333))
     x = (x + (x >> np.uint32(4))) & np.uint32(0x0F0F0F0F)
-    return (x * np.uint32(0x01010101)) >> np.uint32(24)
+    x = x + (x >> np.uint32(8))
+    x = x + (x >> np.uint32(16))
+    return x & np.uint32(0x3F)
 
 
 @numba.njit(cache=True, nogil=True)
