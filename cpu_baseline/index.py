@@ -12,8 +12,8 @@ form both indexes share), it stores:
 
 Match (conjunction counting, after Whang et al., "Indexing Boolean Expressions", VLDB 2009, with
 each clause a disjunction): for every term the user holds, walk its postings and set the clause's
-bit in the slot's word (bit 31 for the negative clause). A slot is eligible when the popcount of
-its word equals its positive clause count (a negative hit makes it exceed it) and the residuals pass.
+bit in the slot's word (bit 31 for the negative clause). A slot is eligible when bit 31 is clear,
+the popcount of its word equals its positive clause count and the residuals pass.
 Only slots reached through a posting are examined, plus the (rare) ads with no positive clause.
 
 Updates (DESIGN section 6) never rebuild the index: a slot belongs to the *main* segment or the
@@ -211,6 +211,13 @@ def _popcount32(x):
 
 
 @numba.njit(cache=True, nogil=True)
+def _clauses_met(w, n_positive):
+    """Every positive clause hit and the negative one not: a hit on the negative clause must be
+    tested on its own, since with one positive clause missed the count of set bits is right again."""
+    return (w & NEGATED_BIT) == 0 and _popcount32(w) == n_positive
+
+
+@numba.njit(cache=True, nogil=True)
 def _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time, end_time, age_min, age_max,
                  gender_mask, publisher_mask, device_mask, os_mask):
     if status[s] != ACTIVE or not (start_time[s] <= now < end_time[s]):
@@ -249,7 +256,7 @@ def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
             w = word[s]
             if w != 0:
                 word[s] = 0
-                if (_popcount32(w) == n_positive[s]
+                if (_clauses_met(w, n_positive[s])
                         and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time,
                                          end_time, age_min, age_max, gender_mask, publisher_mask, device_mask,
                                          os_mask)):
@@ -259,7 +266,7 @@ def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
         for i in range(n):
             s = touched[i]
             w = word[s]
-            if (_popcount32(w) == n_positive[s]  # NEGATED_BIT set makes the count exceed n_positive
+            if (_clauses_met(w, n_positive[s])
                     and _residual_ok(s, age, gender, publisher, device, os_, now, status, start_time, end_time,
                                      age_min, age_max, gender_mask, publisher_mask, device_mask, os_mask)):
                 out[m] = s
