@@ -458,6 +458,10 @@ def get_kernel(version: int, kind: str, precision: str, dim: int, experts: int, 
         raise ValueError(f"unknown scoring kernel version {version}; versions: {sorted(VERSIONS)}")
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
+    if VERSIONS[version].tensor_cores:
+        from .score_mma import get_mma_kernel
+
+        return get_mma_kernel(precision, dim, experts, top_e)
     spec = KernelSpec(version, kind, precision, dim, experts, top_e)
     fn, nt = python_function(spec)
     return ScoreKernel(spec, cuda.jit(fn), nt, VERSIONS[version].layout)
@@ -469,6 +473,7 @@ class Version:
     layout: str  # "rows" | "tiles"
     ads_per_thread: int
     description: str
+    tensor_cores: bool = False
 
 
 VERSIONS = {
@@ -476,6 +481,8 @@ VERSIONS = {
     2: Version("v2 tiled", "tiles", 1, "16-byte loads of tiled words, shared d-major format table, streamed dots"),
     3: Version("v3 tiled x2", "tiles", 2, "v2 with two ads per thread"),
     4: Version("v4 tiled x4", "tiles", 4, "v2 with four ads per thread"),
+    5: Version("v5 tensor cores", "tiles", 16, "the 2E dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables "
+               "(score_mma.py; MoE only)", tensor_cores=True),
 }
 BEST = 4  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
 

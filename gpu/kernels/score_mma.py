@@ -1,0 +1,488 @@
+"""The fused gated-MoE scorer on tensor cores: eligibility, gather, the 2E per-ad dot products as
+`mma.sync` tiles, routing, softmax, score and per-block top-K, in one pass over the stored embeddings.
+
+Why: the per-ad work of the gated MoE is 2E dot products of length D (E gate logits, E expert
+scores), 768 multiply-adds per ad at E = 6, D = 64. On the CUDA cores that is instruction-bound
+(`score.py` v4 reaches about 40% of copy bandwidth). Seen as matrices it is one product per format
+chunk, [ads x D] by [D x 2E]: tensor-core work, which leaves the kernel bound by the bytes it must
+read, as the dot-product kernel is.
+
+A block covers ADS_PER_BLOCK = 2048 slots (8 format-uniform chunks of 256) with 8 warps; in each
+chunk a warp owns one 32-slot tile, two m16 tiles of 16 ads. Per m16 tile and k-step of 16
+dimensions it issues one m16n8k16 product per n-tile: NG = ceil(E / 8) tiles of gate columns and NG
+of expert columns (column n of tile i is expert 8 (i mod NG) + n; columns past E are zero).
+
+Operands:
+* A, the ads: the stored values in the 'tiles' layout of `score.py` (16-byte quads of 32 slots),
+  each lane loading whole quads of its two rows with 16-byte loads. Which quad word feeds which
+  k index is a fixed permutation of the D dimensions (`dim_map`): the dot product does not care
+  about the order as long as B uses the same one. fp16 words are fragments as they are; int8 words
+  become fp16 pairs exactly (`mma.i8x2_to_f16x2`); float32 values are split into fp16 hi + lo
+  (`mma.split_f16x2`) with a third product for lo x B.
+* B, the request's folded table of one format (`andromeda_nb.scoring.fold_tables`, float32), scaled
+  by a power of two so that its largest value lies in [1, 2), split into fp16 hi + lo, and laid out
+  in fragment order by `prep_tables` (one small launch per batch): each lane loads its B registers
+  with 16-byte loads when the chunk's format changes, and keeps them.
+* C accumulates in float32. Default mode 'exact': A hi x B hi + A hi x B lo (+ A lo x B hi for
+  float32 storage), within 1e-4 of the float64 reference like the CUDA-core kernels. Mode 'fast'
+  (opt-in, DESIGN section 4's reduced-precision rule): A hi x B hi only.
+
+Epilogue per ad, on the four lanes of a group that hold its row (each holds 2 gate and 2 expert
+columns per n-tile pair): unscale, add the biases; the E gate logits are gathered to the four lanes
+by index shuffles, every lane routes (top-k, ties to the lower expert, as `scoring.moe_score`), the
+routed expert values come by shuffles from their owners, then the softmax-weighted score. The
+group's first lane writes the orderable key to shared memory; `score.block_topk_emit` keeps the
+block's best `cap`. Nothing per ad reaches device memory.
+
+Kernel arguments (the CUDA-core kernels' plus the prepared table):
+
+    emb          uint32[S * D * bytes / 4]   stored embeddings, 'tiles' layout
+    scale        float32[S]                  int8 scale per slot (read only for int8)
+    chunk_format int32[S / 256]              format of every chunk
+    elig         uint32[R, S / 32]           eligibility bits (slot s: bit s % 32 of word s // 32)
+    tabs         float32[R, F, TW]           folded tables (biases are read from here)
+    frag         uint32[R * F * G * 128]     B fragments: [r, f, group j, lane, 4 words], G = T * 2NG
+                                             groups (k-step t, n-tile n: j = t * 2NG + n), the 4 words
+                                             hi b0, hi b1, lo b0, lo b1
+    fscale       float32[R, F]               the inverse of each table's power-of-two scale
+    cap, out_key, out_slot                   as `score.py`: the block's top `cap` keys and slots
+
+The simulator has no tensor cores or shuffles: `gpu.kernels.mma` emulates them there with shared
+memory and block barriers, so the same generated kernel (with its tile skip made block-uniform) runs
+under the simulator in the tests, on tiny pools.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from andromeda_nb.scoring import table_width
+from andromeda_nb.slots import CHUNK_SLOTS
+
+from .. import runtime
+from . import _bits, mma
+from .score import ADS_PER_BLOCK, BYTES, CHUNKS_PER_BLOCK, HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, \
+    block_topk_emit, words_per_ad
+
+cuda = runtime.cuda()
+from numba import float32, int32, uint32  # noqa: E402  (after the device choice)
+
+THREADS = 256  # 8 warps: one 32-slot tile of a chunk each
+WARPS = THREADS // 32
+K_STEP = 16  # dimensions per m16n8k16 product
+N_TILE = 8  # columns per n-tile
+MODES = ("exact", "fast")
+PREP_THREADS = 128
+TILE_WORDS = 128  # words per quad row of a 32-slot tile (32 slots x 4 words)
+
+
+# --- the k permutation: which stored dimension feeds which k index ------------------------------------
+
+
+def dim_map(precision: str, dim: int) -> np.ndarray:
+    """int32[T, 16] (T = D / 16 k-steps): the stored dimension that lane (g, q) feeds to k index
+    `k` of k-step t, for the A registers the kernel builds from its quads (lane q of a group loads
+    quads q, q + 4, q + 8, ... of its rows). k = 2q + h (low register) or 8 + 2q + h (high)."""
+    if not supports("moe", precision, dim, 1):
+        raise ValueError(f"the tensor-core scorer does not serve {precision} at D = {dim}")
+    steps = dim // K_STEP
+    out = np.empty((steps, K_STEP), np.int32)
+    for t in range(steps):
+        for k in range(K_STEP):
+            upper, q, h = k // 8, (k % 8) // 2, k % 2
+            if precision == "fp16":  # a word is two dims; k-step t uses list words 2t (low), 2t + 1 (high)
+                L = 2 * t + upper
+                word = QUAD_WORDS * (q + 4 * (L // QUAD_WORDS)) + L % QUAD_WORDS
+                out[t, k] = 2 * word + h
+            elif precision == "int8":  # a word is four dims: bytes 0, 1 low, bytes 2, 3 high
+                word = QUAD_WORDS * (q + 4 * (t // QUAD_WORDS)) + t % QUAD_WORDS
+                out[t, k] = 4 * word + 2 * upper + h
+            else:  # fp32: k-step t reads quad q + 4t whole: words 0, 1 low, 2, 3 high
+                out[t, k] = QUAD_WORDS * (q + 4 * t) + 2 * upper + h
+    return out
+
+
+def n_gate_tiles(experts: int) -> int:
+    return -(-experts // N_TILE)
+
+
+def groups(dim: int, experts: int) -> int:
+    """B fragment groups per (request, format): k-steps x n-tiles."""
+    return (dim // K_STEP) * 2 * n_gate_tiles(experts)
+
+
+# --- B fragments: the host reference and the device preparation ---------------------------------------
+
+
+def table_scale(tab_row: np.ndarray) -> tuple[float, float]:
+    """(scale, inverse): the power of two that brings the largest |value| into [1, 2) (1 for zeros)."""
+    mx = float(np.max(np.abs(tab_row))) if len(tab_row) else 0.0
+    if mx == 0.0 or not math.isfinite(mx):
+        return 1.0, 1.0
+    e = min(253, max(1, (int(np.float32(mx).view(np.uint32)) >> 23) & 0xFF))
+    return float(2.0 ** (127 - e)), float(2.0 ** (e - 127))
+
+
+def fragment_tables_host(tabs: np.ndarray, precision: str, dim: int, experts: int):
+    """numpy form of `prep_tables`: (frag uint32[R * F * G * 128], fscale float32[R, F])."""
+    tabs = np.asarray(tabs, np.float32)
+    R, F, _ = tabs.shape
+    E, D = experts, dim
+    dims = dim_map(precision, dim)
+    NG = n_gate_tiles(E)
+    NT = 2 * NG
+    T = D // K_STEP
+    frag = np.zeros((R, F, T * NT, 32, 4), np.uint32)
+    fscale = np.ones((R, F), np.float32)
+    lanes = np.arange(32)
+    g, q = lanes >> 2, lanes & 3
+    for r in range(R):
+        for f in range(F):
+            row = tabs[r, f]
+            s, inv = table_scale(row[: 2 * E * D])
+            fscale[r, f] = inv
+            for t in range(T):
+                for nt in range(NT):
+                    e = N_TILE * (nt % NG) + g
+                    off = (E * D if nt >= NG else 0) + e * D
+                    for upper in (0, 1):
+                        k0 = 8 * upper + 2 * q
+                        v0 = np.where(e < E, row[np.minimum(off + dims[t, k0], len(row) - 1)], 0) * np.float32(s)
+                        v1 = np.where(e < E, row[np.minimum(off + dims[t, k0 + 1], len(row) - 1)], 0) * np.float32(s)
+                        hi0, lo0 = mma.split_host(v0.astype(np.float32))
+                        hi1, lo1 = mma.split_host(v1.astype(np.float32))
+                        j = t * NT + nt
+                        frag[r, f, j, :, upper] = mma.f16_words(hi0, hi1)
+                        frag[r, f, j, :, 2 + upper] = mma.f16_words(lo0, lo1)
+    return frag.reshape(-1), fscale
+
+
+@cuda.jit
+def prep_tables(tabs, dims, experts, ng, frag, fscale):
+    """B fragments of every (format, request) table: grid (F, R), PREP_THREADS threads. tabs
+    float32[R, F, TW]; dims int32[T, 16] (`dim_map`); frag uint32[R * F * G * 128]; fscale float32[R, F]."""
+    f = cuda.blockIdx.x
+    r = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    nt_ = cuda.blockDim.x
+    n_f = tabs.shape[1]
+    D = dims.shape[0] * 16
+    red = cuda.shared.array(PREP_THREADS, float32)
+    m = float32(0.0)
+    for i in range(tid, 2 * experts * D, nt_):
+        m = max(m, abs(tabs[r, f, i]))
+    red[tid] = m
+    cuda.syncthreads()
+    step = PREP_THREADS // 2
+    while step > 0:
+        if tid < step:
+            red[tid] = max(red[tid], red[tid + step])
+        cuda.syncthreads()
+        step //= 2
+    mx = red[0]
+    s = float32(1.0)
+    inv = float32(1.0)
+    if mx > float32(0.0):
+        e = int32((_bits.f32_to_key(mx) & uint32(0x7FFFFFFF)) >> uint32(23))
+        e = min(253, max(1, e))
+        s = _bits.u32_as_f32(uint32(254 - e) << uint32(23))
+        inv = _bits.u32_as_f32(uint32(e) << uint32(23))
+    if tid == 0:
+        fscale[r, f] = inv
+    NT = 2 * ng
+    n_words = dims.shape[0] * NT * 128
+    base = (r * n_f + f) * n_words
+    for w in range(tid, n_words, nt_):
+        j = w >> 7
+        lane = (w >> 2) & 31
+        i = w & 3
+        t = j // NT
+        n = j - t * NT
+        k0 = 8 * (i & 1) + 2 * (lane & 3)
+        e = 8 * (n % ng) + (lane >> 2)
+        v0 = float32(0.0)
+        v1 = float32(0.0)
+        if e < experts:
+            off = e * D
+            if n >= ng:
+                off += experts * D
+            v0 = tabs[r, f, off + dims[t, k0]] * s
+            v1 = tabs[r, f, off + dims[t, k0 + 1]] * s
+        hi, lo = mma.split_f16x2(v0, v1)
+        if i < 2:
+            frag[base + w] = hi
+        else:
+            frag[base + w] = lo
+
+
+# --- the fused kernel: generated per (precision, D, E, top-k, mode) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class MmaSpec:
+    precision: str
+    dim: int
+    experts: int
+    top_e: int
+    mode: str = "exact"
+    kind: str = "moe"
+
+    @property
+    def table_width(self) -> int:
+        return table_width(self.experts, self.dim)
+
+
+_SKELETON = '''
+def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot):
+    keys = cuda.shared.array({keys_n}, uint32)
+    hist = cuda.shared.array({hist_n}, uint32)
+    part = cuda.shared.array(16, uint32)
+    state = cuda.shared.array({state_n}, uint32)
+    tid = cuda.threadIdx.x
+    warp = tid >> 5
+    lane = tid & 31
+    g = lane >> 2
+    q = lane & 3
+    quad0 = lane & 28
+    b = cuda.blockIdx.x
+    r = cuda.blockIdx.y
+    n_chunks = chunk_format.shape[0]
+    n_f = tabs.shape[1]
+    c0 = b * {cpb}
+    cur_f = -1
+{init}
+    for cl in range({cpb}):
+        c = c0 + cl
+{key_init}
+        if c < n_chunks:
+            f = chunk_format[c]
+            if f != cur_f:
+{load_b}
+                cur_f = f
+            tile = c * {warps} + warp
+            ew = elig[r, tile]
+            if {skip}:
+                tbase = tile * {tile_words}
+{body}
+        if q == 0:
+{key_store}
+    cuda.syncthreads()
+    block_topk_emit(keys, {keys_n}, cap, hist, part, state, out_key, out_slot, r, b, c0 * {chunk})
+'''
+
+
+def _indent(lines, n):
+    pad = " " * n
+    return "\n".join(pad + ln if ln else ln for ln in lines)
+
+
+def _a_registers(spec: MmaSpec, t: int, h: int) -> tuple[list[str], list[str], list[str] | None]:
+    """Lines building the A registers of k-step t for m-tile h: (lines, hi regs [a0..a3], lo regs)."""
+    p = spec.precision
+    A, B = f"ra{h}", f"rb{h}"  # loaded words of rows g and g + 8: {A}_{index}
+    if p == "fp16":
+        return [], [f"{A}_{2 * t}", f"{B}_{2 * t}", f"{A}_{2 * t + 1}", f"{B}_{2 * t + 1}"], None
+    if p == "int8":
+        lines = [f"xa = {A}_{t} ^ uint32({mma.I8_FLIP})", f"xb = {B}_{t} ^ uint32({mma.I8_FLIP})",
+                 f"i0 = i8x2_to_f16x2(xa, uint32({mma.I8_LO}))", f"i1 = i8x2_to_f16x2(xb, uint32({mma.I8_LO}))",
+                 f"i2 = i8x2_to_f16x2(xa, uint32({mma.I8_HI}))", f"i3 = i8x2_to_f16x2(xb, uint32({mma.I8_HI}))"]
+        return lines, ["i0", "i1", "i2", "i3"], None
+    w = [4 * t + i for i in range(4)]
+    lines = [
+        f"h0, l0 = split_f16x2(u32_as_f32({A}_{w[0]}), u32_as_f32({A}_{w[1]}))",
+        f"h1, l1 = split_f16x2(u32_as_f32({B}_{w[0]}), u32_as_f32({B}_{w[1]}))",
+        f"h2, l2 = split_f16x2(u32_as_f32({A}_{w[2]}), u32_as_f32({A}_{w[3]}))",
+        f"h3, l3 = split_f16x2(u32_as_f32({B}_{w[2]}), u32_as_f32({B}_{w[3]}))",
+    ]
+    return lines, ["h0", "h1", "h2", "h3"], ["l0", "l1", "l2", "l3"]
+
+
+def _mtile_lines(spec: MmaSpec, h: int) -> list[str]:
+    """One m16 tile (rows 16h + g and 16h + g + 8 of the warp's tile): loads, products, epilogue;
+    leaves the keys in kA{h}, kB{h}."""
+    D, E, K = spec.dim, spec.experts, spec.top_e
+    V = words_per_ad(spec.precision, D) // QUAD_WORDS
+    MQ = V // 4  # quads per row and lane
+    T = D // K_STEP
+    NG = n_gate_tiles(E)
+    NT = 2 * NG
+    lines = [f"row{h} = {16 * h} + g"]
+    for m in range(MQ):
+        for R, off in (("ra", 0), ("rb", 8)):
+            names = ", ".join(f"{R}{h}_{4 * m + i}" for i in range(4))
+            lines.append(f"{names} = load_u32x4(emb, tbase + (q + {4 * m}) * {TILE_WORDS} + (row{h} + {off}) * 4)")
+    for n in range(NT):
+        lines += [f"c{n}_{i} = float32(0.0)" for i in range(4)]
+    for t in range(T):
+        a_lines, hi, lo = _a_registers(spec, t, h)
+        lines += a_lines
+        for n in range(NT):
+            j = t * NT + n
+            acc = [f"c{n}_{i}" for i in range(4)]
+            acc_s = ", ".join(acc)
+            lines.append(f"{acc_s} = mma_f16({', '.join(hi)}, bf{j}_0, bf{j}_1, {acc_s})")
+            if spec.mode == "exact":
+                lines.append(f"{acc_s} = mma_f16({', '.join(hi)}, bf{j}_2, bf{j}_3, {acc_s})")
+                if lo is not None:
+                    lines.append(f"{acc_s} = mma_f16({', '.join(lo)}, bf{j}_0, bf{j}_1, {acc_s})")
+    for row, sub, key in ((f"row{h}", (0, 1), f"kA{h}"), (f"row{h} + 8", (2, 3), f"kB{h}")):
+        lines.append(f"slot = tile * 32 + {row}")
+        lines.append("sc = inv * scale[slot]" if spec.precision == "int8" else "sc = inv")
+        for gt in range(NG):
+            for jj in range(2):
+                lines.append(f"go{gt}_{jj} = c{gt}_{sub[jj]} * sc + qo{gt}_{jj}")
+                lines.append(f"xo{gt}_{jj} = c{NG + gt}_{sub[jj]} * sc + uo{gt}_{jj}")
+        for e in range(E):
+            lines.append(f"G{e} = shfl_idx_f32(go{e // 8}_{e % 2}, quad0 | {(e % 8) // 2})")
+        lines.append("m = 0")
+        for j in range(K):
+            lines += [f"b{j} = -1", f"gv{j} = float32(0.0)"]
+            for e in range(E):
+                lines.append(f"if (m >> {e}) & 1 == 0 and (b{j} < 0 or G{e} > gv{j}):")
+                lines.append(f"    b{j} = {e}")
+                lines.append(f"    gv{j} = G{e}")
+            lines.append(f"m |= 1 << b{j}")
+            lines.append(f"xv = xo0_0")
+            for gt in range(NG):
+                for jj in range(2):
+                    if gt or jj:
+                        lines.append(f"if (b{j} >> 3) == {gt} and (b{j} & 1) == {jj}:")
+                        lines.append(f"    xv = xo{gt}_{jj}")
+            lines.append(f"X{j} = shfl_idx_f32(xv, quad0 | ((b{j} & 7) >> 1))")
+            lines.append(f"w{j} = " + ("float32(1.0)" if j == 0 else f"float32(math.exp(gv{j} - gv0))"))
+        num = " + ".join(f"w{j} * X{j}" for j in range(K))
+        den = " + ".join(f"w{j}" for j in range(K))
+        lines.append(f"sv = ({num}) / ({den})")
+        lines.append(f"if (ew >> uint32({row})) & uint32(1):")
+        lines.append(f"    {key} = f32_to_key(sv)")
+    return lines
+
+
+def _source(spec: MmaSpec, name: str) -> str:
+    E, D = spec.experts, spec.dim
+    NG = n_gate_tiles(E)
+    NT = 2 * NG
+    G = groups(D, E)
+    V = words_per_ad(spec.precision, D) // QUAD_WORDS
+    init = [f"bf{j}_{i} = uint32(0)" for j in range(G) for i in range(4)]
+    init += ["inv = float32(1.0)"]
+    init += [f"{x}o{gt}_{jj} = float32(0.0)" for x in "qu" for gt in range(NG) for jj in range(2)]
+    load_b = [f"fb = ((r * n_f + f) * {G}) * 128 + lane * 4"]
+    load_b += [f"bf{j}_0, bf{j}_1, bf{j}_2, bf{j}_3 = load_u32x4(frag, fb + {j * 128})" for j in range(G)]
+    load_b.append("inv = fscale[r, f]")
+    qb0 = 2 * E * D
+    for gt in range(NG):
+        for jj in range(2):
+            load_b.append(f"e = {8 * gt + jj} + 2 * q")
+            load_b.append(f"qo{gt}_{jj} = tabs[r, f, {qb0} + e] if e < {E} else float32(0.0)")
+            load_b.append(f"uo{gt}_{jj} = tabs[r, f, {qb0 + E} + e] if e < {E} else float32(0.0)")
+    body = []
+    for h in range(2):
+        body += _mtile_lines(spec, h)
+    key_init = [f"k{x}{h} = uint32(0)" for h in range(2) for x in "AB"]
+    key_store = []
+    for h in range(2):
+        key_store.append(f"keys[cl * {CHUNK_SLOTS} + warp * 32 + {16 * h} + g] = kA{h}")
+        key_store.append(f"keys[cl * {CHUNK_SLOTS} + warp * 32 + {16 * h + 8} + g] = kB{h}")
+    skip = "True" if runtime.simulator_enabled() else "ew != uint32(0)"  # block-uniform under the simulator
+    return _SKELETON.format(
+        name=name, keys_n=ADS_PER_BLOCK, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK,
+        chunk=CHUNK_SLOTS, warps=WARPS, tile_words=V * TILE_WORDS, init=_indent(init, 4),
+        key_init=_indent(key_init, 8), load_b=_indent(load_b, 16), skip=skip, body=_indent(body, 16),
+        key_store=_indent(key_store, 12),
+    )
+
+
+def _name(spec: MmaSpec) -> str:
+    return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}"
+
+
+def kernel_source(spec: MmaSpec) -> str:
+    return _source(spec, _name(spec))
+
+
+def _namespace() -> dict:
+    return {
+        "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
+        "block_topk_emit": block_topk_emit, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
+        "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16, "split_f16x2": mma.split_f16x2,
+        "i8x2_to_f16x2": mma.i8x2_to_f16x2, "shfl_idx_f32": mma.shfl_idx_f32,
+    }
+
+
+def python_function(spec: MmaSpec):
+    """The generated kernel as a plain Python function (before `cuda.jit`)."""
+    name = _name(spec)
+    src = _source(spec, name)
+    filename = f"<andromeda generated {name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    ns = _namespace()
+    exec(compile(src, filename, "exec"), ns)
+    return ns[name]
+
+
+class MmaScoreKernel:
+    """`score.ScoreKernel`'s interface for the tensor-core kernel: `launch` prepares the B fragments
+    of the batch's tables (kept buffers, one small launch) and runs the fused kernel."""
+
+    layout = "tiles"
+    threads = THREADS
+
+    def __init__(self, spec: MmaSpec):
+        self.spec = spec
+        self.kernel = cuda.jit(python_function(spec))
+        self._dims = None
+        self._bufs: dict = {}
+
+    def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
+        return (-(-n_slots // ADS_PER_BLOCK), n_requests)
+
+    def prepare(self, tabs, stream=0):
+        """(frag, fscale) device arrays for `tabs` (float32 [R, F, TW], on the device)."""
+        R, F = tabs.shape[0], tabs.shape[1]
+        if self._dims is None:
+            self._dims = cuda.to_device(dim_map(self.spec.precision, self.spec.dim))
+        key = (R, F)
+        if key not in self._bufs:
+            n = R * F * groups(self.spec.dim, self.spec.experts) * 128
+            self._bufs = {key: (cuda.device_array(n, np.uint32), cuda.device_array((R, F), np.float32))}
+        frag, fscale = self._bufs[key]
+        prep_tables[(F, R), PREP_THREADS, stream](tabs, self._dims, np.int32(self.spec.experts),
+                                                  np.int32(n_gate_tiles(self.spec.experts)), frag, fscale)
+        return frag, fscale
+
+    def launch(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot, stream=0):
+        if isinstance(tabs, np.ndarray):
+            tabs = cuda.to_device(np.ascontiguousarray(tabs, np.float32))
+        frag, fscale = self.prepare(tabs, stream)
+        n_slots = chunk_format.shape[0] * CHUNK_SLOTS
+        grid = self.grid(n_slots, elig.shape[0])
+        self.kernel[grid, THREADS, stream](emb, scale, chunk_format, elig, tabs, frag, fscale, np.int32(cap),
+                                           out_key, out_slot)
+
+
+def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
+    """Whether the tensor-core kernel serves this shape (else the CUDA-core kernels do): the MoE, with
+    whole k-steps and at least four quads per ad, one for each lane of a group (D a multiple of 16
+    at fp32, 32 at fp16, 64 at int8)."""
+    if kind != "moe" or precision not in BYTES or experts < 1 or dim % K_STEP:
+        return False
+    return (dim * BYTES[precision]) % (4 * QUAD_WORDS * 4) == 0
+
+
+@lru_cache(maxsize=None)
+def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact") -> MmaScoreKernel:
+    if mode not in MODES:
+        raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
+    if not supports("moe", precision, dim, experts):
+        raise ValueError(f"the tensor-core scorer does not serve {precision} at D = {dim}, E = {experts}")
+    return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode))
+
+
+__all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",
+           "kernel_source", "prep_tables", "supports"]
