@@ -554,11 +554,13 @@ def _write_json(result, out, quiet):
 @click.option("--versions", default=None, help="Kernel versions, comma-separated (default: all).")
 @click.option("--k", default=100, show_default=True, help="Top-K of the full-size check and the timed runs.")
 @click.option("--unfused/--no-unfused", default=True, show_default=True, help="Also time the unfused CuPy pipeline.")
+@click.option("--peers/--no-peers", default=True, show_default=True,
+              help="Also time the PyTorch peers (dot, eager and compiled MoE) where PyTorch is importable.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the pool and the model.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
 @_QUIET_OPTION
-def bench_score(n_ads, dims, precisions, versions, k, unfused, seed, out, as_json, quiet):
+def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out, as_json, quiet):
     """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
     every version x {moe, dot} x precision x D, each checked against the float64 reference first;
     the unfused CuPy pipeline beside it. Needs a CUDA GPU and CuPy."""
@@ -569,7 +571,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, seed, out, as_jso
 
         result = bs.bench_score(n_ads=n_ads, dims=[int(d) for d in dims.split(",")], precisions=precisions,
                                 versions=[int(v) for v in versions.split(",")] if versions else None, k=k,
-                                seed=seed, unfused=unfused, progress=not quiet, out=out)
+                                seed=seed, unfused=unfused, peers=peers, progress=not quiet, out=out)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench score: {exc}") from None
     _stamp(result, "score")

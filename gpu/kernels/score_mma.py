@@ -347,7 +347,7 @@ def _mtile_lines(spec: MmaSpec, h: int) -> list[str]:
                 lines.append(f"    b{j} = {e}")
                 lines.append(f"    gv{j} = G{e}")
             lines.append(f"m |= 1 << b{j}")
-            lines.append(f"xv = xo0_0")
+            lines.append("xv = xo0_0")
             for gt in range(NG):
                 for jj in range(2):
                     if gt or jj:
@@ -366,7 +366,6 @@ def _mtile_lines(spec: MmaSpec, h: int) -> list[str]:
 def _source(spec: MmaSpec, name: str) -> str:
     E, D = spec.experts, spec.dim
     NG = n_gate_tiles(E)
-    NT = 2 * NG
     G = groups(D, E)
     V = words_per_ad(spec.precision, D) // QUAD_WORDS
     init = [f"bf{j}_{i} = uint32(0)" for j in range(G) for i in range(4)]

@@ -1,0 +1,54 @@
+"""Launch one fused scoring kernel on a generated pool, for Nsight Compute (`ncu`) to profile:
+
+    ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \
+        python3 scripts/probe_score_mma.py --version 5 --precision fp16 --dim 64
+
+Builds a pool of `--ads` slots on the device (as `andromeda bench score` does), every ad eligible,
+and launches the scoring kernel `--launches` times (the first compiles)."""
+
+import argparse
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--version", type=int, default=5)
+    ap.add_argument("--kind", default="moe", choices=("moe", "dot"))
+    ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "int8"))
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--ads", type=int, default=1 << 24)
+    ap.add_argument("--launches", type=int, default=4)
+    args = ap.parse_args()
+
+    from gpu import runtime
+
+    runtime.select("gpu")
+    cuda = runtime.cuda()
+    import cupy as xp
+
+    from andromeda_nb.model import MoeModel
+    from andromeda_nb.scoring import dot_table
+    from gpu.bench_score import _request_tables, make_pool
+    from gpu.fused import FusedScorer
+    from gpu.kernels import score as sk
+
+    model = MoeModel.init(0, D=args.dim)
+    us, tab = _request_tables(model, 0)
+    tabs = tab[None] if args.kind == "moe" else dot_table(us.U.mean(axis=0), model.E, model.F)[None]
+    pool = make_pool(xp, args.ads, args.dim, args.precision, model.F, 0, keep_rows=False)
+    fs = FusedScorer.on_device(cuda.as_cuda_array(pool.tiles), cuda.as_cuda_array(pool.scale), pool.chunk_format,
+                               np.arange(args.ads, dtype=np.int64), precision=args.precision, dim=args.dim,
+                               experts=model.E, top_e=model.top_k, version=args.version, kind=args.kind)
+    elig = cuda.to_device(np.full((1, args.ads // 32), 0xFFFFFFFF, np.uint32))
+    d_tabs = cuda.to_device(tabs.astype(np.float32))
+    b = fs._buffers(1, 100)
+    for _ in range(args.launches):
+        fs.kernel.launch(fs.d_emb, fs.d_scale, fs.d_chunk_format, elig, d_tabs, sk.cap_for(100), b["cand_key"],
+                         b["cand_slot"])
+    cuda.synchronize()
+    print("launched", args.launches, "times:", sk.VERSIONS[args.version].name, args.kind, args.precision, args.dim)
+
+
+if __name__ == "__main__":
+    main()
