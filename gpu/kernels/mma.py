@@ -15,6 +15,7 @@ On the GPU each is one or a few PTX instructions, emitted as inline assembly fro
                                subtract removes 1152
     shfl_idx_f32(x, lane)      the value `x` of another lane of the warp (`shfl.sync.idx`)
     shfl_xor_f32(x, mask)      the value of lane ^ mask (`shfl.sync.bfly`)
+    sync_warp()                a barrier for the lanes of the warp (`bar.warp.sync`)
 
 Fragment layout of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane >> 2 (the
 group) and q = lane & 3 (the thread in the group); each register holds two fp16 values, the lower
@@ -135,6 +136,10 @@ if runtime.simulator_enabled():
 
     def shfl_idx_f32(x, lane):
         return _shuffle(x, int(lane) % WARP)
+
+    @cuda.jit(device=True)
+    def sync_warp():
+        cuda.syncthreads()  # the simulator has no warp barrier: the block's (block-uniform callers)
 
     def shfl_xor_f32(x, mask):
         return _shuffle(x, (_tid() % WARP) ^ int(mask))
@@ -281,6 +286,10 @@ else:
     def shfl_xor_f32(x, mask):
         return _shfl_xor(types.float32(x), types.int32(mask))
 
+    @cuda.jit(device=True, inline=True)
+    def sync_warp():
+        cuda.syncwarp()
+
 
 __all__ = ["I8_FLIP", "I8_HI", "I8_LO", "f16_halves", "f16_words", "i8x2_to_f16x2", "mma_f16", "pack_f16x2",
-           "shfl_idx_f32", "shfl_xor_f32", "split_f16x2", "split_host"]
+           "shfl_idx_f32", "shfl_xor_f32", "split_f16x2", "split_host", "sync_warp"]

@@ -237,43 +237,49 @@ class MmaSpec:
         return table_width(self.experts, self.dim)
 
 
-_SKELETON = '''
+_SKELETON = """
 def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot):
     keys = cuda.shared.array({keys_n}, uint32)
     hist = cuda.shared.array({hist_n}, uint32)
     part = cuda.shared.array(16, uint32)
     state = cuda.shared.array({state_n}, uint32)
+    acc = cuda.shared.array(({warps}, 32, {acc_stride}), float32)
     tid = cuda.threadIdx.x
     warp = tid >> 5
     lane = tid & 31
     g = lane >> 2
     q = lane & 3
-    quad0 = lane & 28
     b = cuda.blockIdx.x
     r = cuda.blockIdx.y
     n_chunks = chunk_format.shape[0]
     n_f = tabs.shape[1]
     c0 = b * {cpb}
     cur_f = -1
+    f_next = 0
+    ew_next = uint32(0)
+    if c0 < n_chunks:
+        f_next = chunk_format[c0]
+        ew_next = elig[r, c0 * {warps} + warp]
 {init}
     for cl in range({cpb}):
         c = c0 + cl
-{key_init}
+        f = f_next
+        ew = ew_next
+        if cl + 1 < {cpb} and c + 1 < n_chunks:  # the next chunk's format and eligibility, early
+            f_next = chunk_format[c + 1]
+            ew_next = elig[r, (c + 1) * {warps} + warp]
+        key = uint32(0)
         if c < n_chunks:
-            f = chunk_format[c]
             if f != cur_f:
 {load_b}
                 cur_f = f
-            tile = c * {warps} + warp
-            ew = elig[r, tile]
             if {skip}:
-                tbase = tile * {tile_words}
+                tbase = (c * {warps} + warp) * {tile_words}
 {body}
-        if q == 0:
-{key_store}
+        keys[cl * {chunk} + warp * 32 + lane] = key
     cuda.syncthreads()
     block_topk_emit(keys, {keys_n}, cap, hist, part, state, out_key, out_slot, r, b, c0 * {chunk})
-'''
+"""
 
 
 def _indent(lines, n):
@@ -302,64 +308,62 @@ def _a_registers(spec: MmaSpec, t: int, h: int) -> tuple[list[str], list[str], l
     return lines, ["h0", "h1", "h2", "h3"], ["l0", "l1", "l2", "l3"]
 
 
-def _mtile_lines(spec: MmaSpec, h: int) -> list[str]:
-    """One m16 tile (rows 16h + g and 16h + g + 8 of the warp's tile): loads, products, epilogue;
-    leaves the keys in kA{h}, kB{h}."""
-    D, E, K = spec.dim, spec.experts, spec.top_e
+def _products(spec: MmaSpec) -> list[str]:
+    """Both m16 tiles of the warp's 32-slot tile: every load first, then the products, the
+    accumulators stored to the warp's rows of `acc` (row = slot in the tile, column = n-tile * 8 +
+    column in it)."""
+    D, E = spec.dim, spec.experts
     V = words_per_ad(spec.precision, D) // QUAD_WORDS
-    MQ = V // 4  # quads per row and lane
     T = D // K_STEP
-    NG = n_gate_tiles(E)
-    NT = 2 * NG
-    lines = [f"row{h} = {16 * h} + g"]
-    for m in range(MQ):
-        for R, off in (("ra", 0), ("rb", 8)):
-            names = ", ".join(f"{R}{h}_{4 * m + i}" for i in range(4))
-            lines.append(f"{names} = load_u32x4(emb, tbase + (q + {4 * m}) * {TILE_WORDS} + (row{h} + {off}) * 4)")
-    for n in range(NT):
-        lines += [f"c{n}_{i} = float32(0.0)" for i in range(4)]
-    for t in range(T):
-        a_lines, hi, lo = _a_registers(spec, t, h)
-        lines += a_lines
+    NT = 2 * n_gate_tiles(E)
+    lines = []
+    for h in range(2):
+        for m in range(V // 4):  # lane q of a group loads quads q, q + 4, ... of rows g and g + 8
+            for R, off in (("ra", 0), ("rb", 8)):
+                names = ", ".join(f"{R}{h}_{4 * m + i}" for i in range(4))
+                lines.append(f"{names} = load_u32x4(emb, tbase + (q + {4 * m}) * {TILE_WORDS} + ({16 * h + off} + g) * 4)")
+    for h in range(2):
         for n in range(NT):
-            j = t * NT + n
-            acc = [f"c{n}_{i}" for i in range(4)]
-            acc_s = ", ".join(acc)
-            lines.append(f"{acc_s} = mma_f16({', '.join(hi)}, bf{j}_0, bf{j}_1, {acc_s})")
-            if spec.mode == "exact":
-                lines.append(f"{acc_s} = mma_f16({', '.join(hi)}, bf{j}_2, bf{j}_3, {acc_s})")
-                if lo is not None:
-                    lines.append(f"{acc_s} = mma_f16({', '.join(lo)}, bf{j}_0, bf{j}_1, {acc_s})")
-    for row, sub, key in ((f"row{h}", (0, 1), f"kA{h}"), (f"row{h} + 8", (2, 3), f"kB{h}")):
-        lines.append(f"slot = tile * 32 + {row}")
-        lines.append("sc = inv * scale[slot]" if spec.precision == "int8" else "sc = inv")
-        for gt in range(NG):
-            for jj in range(2):
-                lines.append(f"go{gt}_{jj} = c{gt}_{sub[jj]} * sc + qo{gt}_{jj}")
-                lines.append(f"xo{gt}_{jj} = c{NG + gt}_{sub[jj]} * sc + uo{gt}_{jj}")
+            lines += [f"c{n}_{i} = float32(0.0)" for i in range(4)]
+        for t in range(T):
+            a_lines, hi, lo = _a_registers(spec, t, h)
+            lines += a_lines
+            for n in range(NT):
+                j = t * NT + n
+                acc = ", ".join(f"c{n}_{i}" for i in range(4))
+                lines.append(f"{acc} = mma_f16({', '.join(hi)}, bf{j}_0, bf{j}_1, {acc})")
+                if spec.mode == "exact":
+                    lines.append(f"{acc} = mma_f16({', '.join(hi)}, bf{j}_2, bf{j}_3, {acc})")
+                    if lo is not None:
+                        lines.append(f"{acc} = mma_f16({', '.join(lo)}, bf{j}_0, bf{j}_1, {acc})")
+        for n in range(NT):
+            for i in range(4):
+                row = f"{16 * h + 8 * (i // 2)} + g"
+                lines.append(f"acc[warp, {row}, {8 * n + i % 2} + 2 * q] = c{n}_{i}")
+    return lines
+
+
+def _epilogue(spec: MmaSpec) -> list[str]:
+    """One ad per lane (slot = tile * 32 + lane): its gate logits and expert values from `acc`,
+    routing (top-k, ties to the lower expert), softmax over the routed logits, the score, its key."""
+    E, K = spec.experts, spec.top_e
+    X0 = 8 * n_gate_tiles(E)  # first expert column
+    lines = ["sc = inv * scale[c * 256 + warp * 32 + lane]" if spec.precision == "int8" else "sc = inv"]
+    for e in range(E):
+        lines.append(f"g{e} = acc[warp, lane, {e}] * sc + qb{e}")
+        lines.append(f"x{e} = acc[warp, lane, {X0 + e}] * sc + ub{e}")
+    lines.append("m = 0")
+    for j in range(K):
+        lines += [f"b{j} = -1", f"gv{j} = float32(0.0)", f"xv{j} = float32(0.0)"]
         for e in range(E):
-            lines.append(f"G{e} = shfl_idx_f32(go{e // 8}_{e % 2}, quad0 | {(e % 8) // 2})")
-        lines.append("m = 0")
-        for j in range(K):
-            lines += [f"b{j} = -1", f"gv{j} = float32(0.0)"]
-            for e in range(E):
-                lines.append(f"if (m >> {e}) & 1 == 0 and (b{j} < 0 or G{e} > gv{j}):")
-                lines.append(f"    b{j} = {e}")
-                lines.append(f"    gv{j} = G{e}")
-            lines.append(f"m |= 1 << b{j}")
-            lines.append("xv = xo0_0")
-            for gt in range(NG):
-                for jj in range(2):
-                    if gt or jj:
-                        lines.append(f"if (b{j} >> 3) == {gt} and (b{j} & 1) == {jj}:")
-                        lines.append(f"    xv = xo{gt}_{jj}")
-            lines.append(f"X{j} = shfl_idx_f32(xv, quad0 | ((b{j} & 7) >> 1))")
-            lines.append(f"w{j} = " + ("float32(1.0)" if j == 0 else f"float32(math.exp(gv{j} - gv0))"))
-        num = " + ".join(f"w{j} * X{j}" for j in range(K))
-        den = " + ".join(f"w{j}" for j in range(K))
-        lines.append(f"sv = ({num}) / ({den})")
-        lines.append(f"if (ew >> uint32({row})) & uint32(1):")
-        lines.append(f"    {key} = f32_to_key(sv)")
+            lines.append(f"if (m >> {e}) & 1 == 0 and (b{j} < 0 or g{e} > gv{j}):")
+            lines += [f"    b{j} = {e}", f"    gv{j} = g{e}", f"    xv{j} = x{e}"]
+        lines.append(f"m |= 1 << b{j}")
+        lines.append(f"w{j} = " + ("float32(1.0)" if j == 0 else f"float32(math.exp(gv{j} - gv0))"))
+    num = " + ".join(f"w{j} * xv{j}" for j in range(K))
+    den = " + ".join(f"w{j}" for j in range(K))
+    lines.append("if (ew >> uint32(lane)) & uint32(1):")
+    lines.append(f"    key = f32_to_key(({num}) / ({den}))")
     return lines
 
 
@@ -370,30 +374,19 @@ def _source(spec: MmaSpec, name: str) -> str:
     V = words_per_ad(spec.precision, D) // QUAD_WORDS
     init = [f"bf{j}_{i} = uint32(0)" for j in range(G) for i in range(4)]
     init += ["inv = float32(1.0)"]
-    init += [f"{x}o{gt}_{jj} = float32(0.0)" for x in "qu" for gt in range(NG) for jj in range(2)]
+    init += [f"{x}b{e} = float32(0.0)" for x in "qu" for e in range(E)]
     load_b = [f"fb = ((r * n_f + f) * {G}) * 128 + lane * 4"]
     load_b += [f"bf{j}_0, bf{j}_1, bf{j}_2, bf{j}_3 = load_u32x4(frag, fb + {j * 128})" for j in range(G)]
     load_b.append("inv = fscale[r, f]")
     qb0 = 2 * E * D
-    for gt in range(NG):
-        for jj in range(2):
-            load_b.append(f"e = {8 * gt + jj} + 2 * q")
-            load_b.append(f"qo{gt}_{jj} = tabs[r, f, {qb0} + e] if e < {E} else float32(0.0)")
-            load_b.append(f"uo{gt}_{jj} = tabs[r, f, {qb0 + E} + e] if e < {E} else float32(0.0)")
-    body = []
-    for h in range(2):
-        body += _mtile_lines(spec, h)
-    key_init = [f"k{x}{h} = uint32(0)" for h in range(2) for x in "AB"]
-    key_store = []
-    for h in range(2):
-        key_store.append(f"keys[cl * {CHUNK_SLOTS} + warp * 32 + {16 * h} + g] = kA{h}")
-        key_store.append(f"keys[cl * {CHUNK_SLOTS} + warp * 32 + {16 * h + 8} + g] = kB{h}")
+    load_b += [f"qb{e} = tabs[r, f, {qb0 + e}]" for e in range(E)]
+    load_b += [f"ub{e} = tabs[r, f, {qb0 + E + e}]" for e in range(E)]
+    body = _products(spec) + ["sync_warp()"] + _epilogue(spec) + ["sync_warp()"]
     skip = "True" if runtime.simulator_enabled() else "ew != uint32(0)"  # block-uniform under the simulator
     return _SKELETON.format(
         name=name, keys_n=ADS_PER_BLOCK, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK,
-        chunk=CHUNK_SLOTS, warps=WARPS, tile_words=V * TILE_WORDS, init=_indent(init, 4),
-        key_init=_indent(key_init, 8), load_b=_indent(load_b, 16), skip=skip, body=_indent(body, 16),
-        key_store=_indent(key_store, 12),
+        chunk=CHUNK_SLOTS, warps=WARPS, acc_stride=8 * 2 * NG + 1, tile_words=V * TILE_WORDS, init=_indent(init, 4),
+        load_b=_indent(load_b, 16), skip=skip, body=_indent(body, 16),
     )
 
 
@@ -410,7 +403,7 @@ def _namespace() -> dict:
         "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
         "block_topk_emit": block_topk_emit, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
         "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16, "split_f16x2": mma.split_f16x2,
-        "i8x2_to_f16x2": mma.i8x2_to_f16x2, "shfl_idx_f32": mma.shfl_idx_f32,
+        "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": mma.sync_warp,
     }
 
 
