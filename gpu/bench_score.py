@@ -41,6 +41,7 @@ from andromeda_nb.slots import CHUNK_SLOTS
 from . import runtime
 
 SAMPLE_ADS = 2048
+MAX_ADS_PER_BLOCK = 4096  # pools are whole blocks of every kernel version
 CHECK_K = 100
 GEN_CHUNK = 1 << 22  # ads generated per step
 REF_CHUNK = 1 << 22  # ads per float64 reference step
@@ -239,7 +240,7 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
     from .kernels import score as sk
     from .kernels import topk as tk
 
-    n_ads = (n_ads // sk.ADS_PER_BLOCK) * sk.ADS_PER_BLOCK
+    n_ads = (n_ads // MAX_ADS_PER_BLOCK) * MAX_ADS_PER_BLOCK
     versions = list(versions or sk.VERSIONS)
     result = {"env": environment(cuda), "n_ads": n_ads, "k": k, "versions": {v: sk.VERSIONS[v].name for v in versions},
               "arithmetic": "float32 (default mode)", "runs": [], "unfused": [], "peers": [], "checks_ok": True}
@@ -296,11 +297,11 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                     result["checks_ok"] &= ok
                     d_tabs = cuda.to_device(tabs[kind].astype(np.float32))
                     b = fs._buffers(1, k)
-                    cap = sk.cap_for(k)
+                    cap = sk.cap_for(k, fs.kernel.ads_per_block)
                     t_score = time_kernel(cuda, lambda: fs.kernel.launch(fs.d_emb, fs.d_scale, fs.d_chunk_format, all_elig,
                                                                           d_tabs, cap, b["cand_key"], b["cand_slot"]))
                     t_topk = time_kernel(cuda, lambda: fs.final_topk(b, cap, k, 1), budget_s=0.3)
-                    moved = total(fused_stages(prec, D, k, sk.ADS_PER_BLOCK)) * n_ads
+                    moved = total(fused_stages(prec, D, k, fs.kernel.ads_per_block)) * n_ads
                     row = {"D": D, "precision": prec, "kind": kind, "version": v, "ok": ok,
                            "check_sample": c_sample, "check_full": c_full, "compile_s": round(compile_s, 2),
                            "score_ms": t_score["median_s"] * 1e3, "score_min_ms": t_score["min_s"] * 1e3,

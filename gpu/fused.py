@@ -118,8 +118,8 @@ class FusedScorer:
     def _buffers(self, R: int, k: int):
         key = (R, k, self.n_slots)
         if self._bufs_key != key:
-            nb = score_kernels.n_blocks(self.n_slots)
-            cap = score_kernels.cap_for(k)
+            nb = score_kernels.n_blocks(self.n_slots, self.kernel.ads_per_block)
+            cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
             P = topk_kernels.scratch_size(k)
             n_seg = topk_kernels.n_segments(nb * cap)
             self._bufs = dict(
@@ -160,7 +160,7 @@ class FusedScorer:
                 b["tabs"] = cuda.device_array(tabs.shape, np.float32)
             d_tabs = b["tabs"]
             d_tabs.copy_to_device(tabs)  # stream-ordered after any kernel still reading it
-        cap = score_kernels.cap_for(k)
+        cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
         self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
                            b["cand_key"], b["cand_slot"], stream)
         self.final_topk(b, cap, k, R, stream)

@@ -442,6 +442,7 @@ class ScoreKernel:
     kernel: object  # numba CUDA dispatcher
     threads: int
     layout: str
+    ads_per_block: int = ADS_PER_BLOCK
 
     def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
         return (-(-n_slots // ADS_PER_BLOCK), n_requests)
@@ -461,7 +462,7 @@ def get_kernel(version: int, kind: str, precision: str, dim: int, experts: int, 
     if VERSIONS[version].tensor_cores:
         from .score_mma import get_mma_kernel
 
-        return get_mma_kernel(precision, dim, experts, top_e)
+        return get_mma_kernel(precision, dim, experts, top_e, max_registers=VERSIONS[version].max_registers)
     spec = KernelSpec(version, kind, precision, dim, experts, top_e)
     fn, nt = python_function(spec)
     return ScoreKernel(spec, cuda.jit(fn), nt, VERSIONS[version].layout)
@@ -474,6 +475,7 @@ class Version:
     ads_per_thread: int
     description: str
     tensor_cores: bool = False
+    max_registers: int | None = None
 
 
 VERSIONS = {
@@ -483,16 +485,18 @@ VERSIONS = {
     4: Version("v4 tiled x4", "tiles", 4, "v2 with four ads per thread"),
     5: Version("v5 tensor cores", "tiles", 16, "the 2E dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables "
                "(score_mma.py; MoE only)", tensor_cores=True),
+    6: Version("v6 tensor cores, 80 regs", "tiles", 16, "v5 held to 80 registers per thread: 3 blocks per SM "
+               "instead of 2", tensor_cores=True, max_registers=80),
 }
 BEST = 4  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
 
 
-def cap_for(k: int) -> int:
-    return min(int(k), ADS_PER_BLOCK)
+def cap_for(k: int, ads_per_block: int = ADS_PER_BLOCK) -> int:
+    return min(int(k), ads_per_block)
 
 
-def n_blocks(n_slots: int) -> int:
-    return -(-n_slots // ADS_PER_BLOCK)
+def n_blocks(n_slots: int, ads_per_block: int = ADS_PER_BLOCK) -> int:
+    return -(-n_slots // ads_per_block)
 
 
 __all__ = [

@@ -7,7 +7,7 @@ scores), 768 multiply-adds per ad at E = 6, D = 64. On the CUDA cores that is in
 chunk, [ads x D] by [D x 2E]: tensor-core work, which leaves the kernel bound by the bytes it must
 read, as the dot-product kernel is.
 
-A block covers ADS_PER_BLOCK = 2048 slots (8 format-uniform chunks of 256) with 8 warps; in each
+A block covers ADS_PER_BLOCK = 4096 slots (16 format-uniform chunks of 256) with 8 warps; in each
 chunk a warp owns one 32-slot tile, two m16 tiles of 16 ads. Per m16 tile and k-step of 16
 dimensions it issues one m16n8k16 product per n-tile: NG = ceil(E / 8) tiles of gate columns and NG
 of expert columns (column n of tile i is expert 8 (i mod NG) + n; columns past E are zero).
@@ -66,14 +66,15 @@ from andromeda_nb.slots import CHUNK_SLOTS
 
 from .. import runtime
 from . import _bits, mma
-from .score import ADS_PER_BLOCK, BYTES, CHUNKS_PER_BLOCK, HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, \
-    block_topk_emit, words_per_ad
+from .score import BYTES, HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, block_topk_emit, words_per_ad
 
 cuda = runtime.cuda()
 from numba import float32, int32, uint32  # noqa: E402  (after the device choice)
 
 THREADS = 256  # 8 warps: one 32-slot tile of a chunk each
 WARPS = THREADS // 32
+CHUNKS_PER_BLOCK = 16  # 4096 ads per block top-K: twice the CUDA-core kernels' (the selection's barriers
+ADS_PER_BLOCK = CHUNKS_PER_BLOCK * CHUNK_SLOTS  # and serial steps cost as much as scoring 2048 ads)
 K_STEP = 16  # dimensions per m16n8k16 product
 N_TILE = 8  # columns per n-tile
 MODES = ("exact", "fast")
@@ -231,6 +232,7 @@ class MmaSpec:
     top_e: int
     mode: str = "exact"
     kind: str = "moe"
+    max_registers: int | None = None
 
     @property
     def table_width(self) -> int:
@@ -391,7 +393,8 @@ def _source(spec: MmaSpec, name: str) -> str:
 
 
 def _name(spec: MmaSpec) -> str:
-    return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}"
+    regs = f"_r{spec.max_registers}" if spec.max_registers else ""
+    return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}"
 
 
 def kernel_source(spec: MmaSpec) -> str:
@@ -424,10 +427,12 @@ class MmaScoreKernel:
 
     layout = "tiles"
     threads = THREADS
+    ads_per_block = ADS_PER_BLOCK
 
     def __init__(self, spec: MmaSpec):
         self.spec = spec
-        self.kernel = cuda.jit(python_function(spec))
+        options = {} if spec.max_registers is None or runtime.simulator_enabled() else {"max_registers": spec.max_registers}
+        self.kernel = cuda.jit(python_function(spec), **options)
         self._dims = None
         self._bufs: dict = {}
 
@@ -468,12 +473,13 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 
 
 @lru_cache(maxsize=None)
-def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact") -> MmaScoreKernel:
+def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
+                   max_registers: int | None = None) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
         raise ValueError(f"the tensor-core scorer does not serve {precision} at D = {dim}, E = {experts}")
-    return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode))
+    return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",
