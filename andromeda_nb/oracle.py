@@ -6,6 +6,12 @@ tested against `eligible`. It does not use `andromeda_nb.compiled`, so a bug the
 
 `OracleIndex` is the oracle as a `TargetingIndex` (`andromeda match --arch oracle`): it checks every
 live ad against every request.
+
+Custom locations are decided with the oracle's own great-circle distance (`great_circle_km`: the
+chord between the two points as unit vectors, turned into an arc), derived differently from the
+haversine form `andromeda_nb.geo.haversine_km` that every index shares: one wrong formula cannot
+make both agree. The two agree to about 1e-12 km at the radii that matter (tests/test_distances.py),
+far inside DESIGN section 2's 1e-6 km boundary allowance.
 """
 
 from __future__ import annotations
@@ -16,9 +22,22 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .constants import AGE_HIGHEST
-from .geo import haversine_km
+from .constants import AGE_HIGHEST, EARTH_RADIUS_KM
 from .types import Ad, GeoSpec, Request, Retire, SetStatus, TargetingSpec, Upsert, Update, User
+
+
+def _unit_vector(lat_deg: float, lon_deg: float) -> tuple[float, float, float]:
+    lat, lon = math.radians(lat_deg), math.radians(lon_deg)
+    return (math.cos(lat) * math.cos(lon), math.cos(lat) * math.sin(lon), math.sin(lat))
+
+
+def great_circle_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Distance in km on the sphere of DESIGN section 2, from the straight chord c between the points
+    as unit vectors: the arc is 2 asin(c / 2). Exact to rounding for the short arcs a radius can
+    cover (near antipodes the arcsine loses digits, where no radius reaches)."""
+    a, b = _unit_vector(lat1, lon1), _unit_vector(lat2, lon2)
+    chord = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    return 2.0 * EARTH_RADIUS_KM * math.asin(min(1.0, chord / 2.0))
 
 
 def in_custom_location(user: User, latitude: float, longitude: float, radius_km: float) -> bool:
@@ -26,7 +45,7 @@ def in_custom_location(user: User, latitude: float, longitude: float, radius_km:
     (NaN coordinates) lies in no circle."""
     if math.isnan(user.latitude) or math.isnan(user.longitude):
         return False
-    return haversine_km(user.latitude, user.longitude, latitude, longitude) <= radius_km
+    return great_circle_km(user.latitude, user.longitude, latitude, longitude) <= radius_km
 
 
 def matches_geo(geo: GeoSpec, user: User) -> bool:
