@@ -112,17 +112,13 @@ def eligible(ad: Ad, request: Request) -> bool:
             and spec_matches(ad.targeting, request))
 
 
-def match_stream(ad_chunks: Iterable[Sequence[Ad]], requests: Sequence[Request],
-                 updates: Iterable[Update] = ()) -> list[np.ndarray]:
-    """What `OracleIndex.build(ads)` answers after `updates` (already checked against the live
-    ids, applied in order), for ads that arrive in chunks: memory for one chunk of parsed ads, not
-    for the whole corpus. The stream is first reduced to its end state per id (the upserted ads as
-    they end up, the ids whose original ad is gone, the status set on an original ad), then every
-    original ad still live is checked with `eligible` as it streams by, and the upserted ads after.
-    Eligible ad ids per request: int64, ascending."""
-    upserted = OracleIndex()  # ads created or replaced by the stream, in their final state
-    replaced: set[int] = set()  # ids whose original ad was retired or replaced
-    status: dict[int, str] = {}  # status changes of original ads
+def _end_state(updates: Iterable[Update]) -> tuple["OracleIndex", set[int], dict[int, str]]:
+    """An update stream (checked, in order) reduced to its end state per id: (the ads it created or
+    replaced, in their final state; the ids whose original ad is gone; the status set on original
+    ads that remain)."""
+    upserted = OracleIndex()
+    replaced: set[int] = set()
+    status: dict[int, str] = {}
     for update in updates:
         ad_id = update.ad.ad_id if isinstance(update, Upsert) else update.ad_id
         if isinstance(update, Upsert) or isinstance(update, Retire):
@@ -132,18 +128,72 @@ def match_stream(ad_chunks: Iterable[Sequence[Ad]], requests: Sequence[Request],
             upserted.apply(update)
         elif isinstance(update, SetStatus):
             status[ad_id] = update.status
+    return upserted, replaced, status
+
+
+def _original_hits(ads: Iterable[Ad], requests: Sequence[Request], replaced: set[int],
+                   status: dict[int, str]) -> list[list[int]]:
+    """Per request, the ids of the original ads (not replaced, status as changed) that are eligible."""
     hits: list[list[int]] = [[] for _ in requests]
-    for chunk in ad_chunks:
-        for ad in chunk:
-            if ad.ad_id in replaced:
-                continue
-            if ad.ad_id in status:
-                ad = dataclasses.replace(ad, status=status[ad.ad_id])
-            for j, request in enumerate(requests):
-                if eligible(ad, request):
-                    hits[j].append(ad.ad_id)
-    extra = upserted.match(requests)
-    return [np.unique(np.concatenate([np.asarray(h, np.int64), e])) for h, e in zip(hits, extra)]
+    for ad in ads:
+        if ad.ad_id in replaced:
+            continue
+        if ad.ad_id in status:
+            ad = dataclasses.replace(ad, status=status[ad.ad_id])
+        for j, request in enumerate(requests):
+            if eligible(ad, request):
+                hits[j].append(ad.ad_id)
+    return hits
+
+
+def _merge(hit_lists: Iterable[list[list[int]]], upserted: "OracleIndex", requests) -> list[np.ndarray]:
+    parts: list[list[np.ndarray]] = [[e] for e in upserted.match(requests)]
+    for hits in hit_lists:
+        for j, h in enumerate(hits):
+            parts[j].append(np.asarray(h, np.int64))
+    return [np.unique(np.concatenate(p)) for p in parts]
+
+
+def match_stream(ad_chunks: Iterable[Sequence[Ad]], requests: Sequence[Request],
+                 updates: Iterable[Update] = ()) -> list[np.ndarray]:
+    """What `OracleIndex.build(ads)` answers after `updates` (already checked against the live
+    ids, applied in order), for ads that arrive in chunks: memory for one chunk of parsed ads, not
+    for the whole corpus. The stream is first reduced to its end state per id, then every original
+    ad still live is checked with `eligible` as it streams by, and the upserted ads after.
+    Eligible ad ids per request: int64, ascending."""
+    upserted, replaced, status = _end_state(updates)
+    hits = (_original_hits(chunk, requests, replaced, status) for chunk in ad_chunks)
+    return _merge(hits, upserted, requests)
+
+
+def _group_hits(loader, group: int, requests, replaced, status) -> list[list[int]]:
+    return _original_hits(loader.group(group), requests, replaced, status)
+
+
+def match_corpus(dataset, requests: Sequence[Request], updates: Iterable[Update] = (), *, workers: int = 1,
+                 progress=None) -> list[np.ndarray]:
+    """`match_stream` over a dataset's ads, in `workers` processes when the dataset was read from a
+    corpus directory (each process parses one Parquet row group at a time and checks it with
+    `eligible`: the oracle's work splits across cores, still plain Python). `progress(n)` is told
+    each finished row group (n = row groups done). Same answer as `match_stream`."""
+    updates = list(updates)
+    loader = getattr(dataset, "_ads_loader", None)
+    if workers <= 1 or dataset.ads_loaded or not hasattr(loader, "n_groups"):
+        return match_stream(dataset.ad_chunks(), requests, updates)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    upserted, replaced, status = _end_state(updates)
+    n = loader.n_groups()
+    # spawned, not forked: the caller may hold a CUDA context or threads
+    with ProcessPoolExecutor(min(workers, n), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_group_hits, loader, g, list(requests), replaced, status) for g in range(n)]
+        results = []
+        for done, future in enumerate(as_completed(futures), 1):
+            results.append(future.result())
+            if progress is not None:
+                progress(done)
+    return _merge(results, upserted, requests)
 
 
 class OracleIndex:

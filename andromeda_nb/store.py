@@ -126,6 +126,9 @@ def ads_record_batch(ad_ids, statuses: list[str], start_times: list, end_times: 
     )
 
 
+ROW_GROUP_ADS = 1 << 17  # ads per Parquet row group: the unit of parallel parsing (ParquetAds.group)
+
+
 class AdsWriter:
     """Streams batches of ads into DIR/ads.parquet (used by `generate` for large corpora)."""
 
@@ -137,7 +140,7 @@ class AdsWriter:
         self._writer = pq.ParquetWriter(self.path, ads_schema(precision, dim), compression="zstd")
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._writer.write_batch(batch, row_group_size=1 << 17)
+        self._writer.write_batch(batch, row_group_size=ROW_GROUP_ADS)
         self.rows += batch.num_rows
 
     def close(self) -> None:
@@ -362,6 +365,35 @@ class ParquetAds:
             seen.update(a.ad_id for a in chunk)
         if len(seen) != len(ads):
             raise StoreError(f"{self.root / ADS_FILE}: duplicate ad ids")
+        return ads
+
+    def n_groups(self) -> int:
+        """Row groups of ads.parquet: the units `group` parses, for work split across processes."""
+        return pq.ParquetFile(self.root / ADS_FILE).num_row_groups
+
+    def group(self, index: int) -> list[Ad]:
+        """The ads of row group `index`, parsed (ids checked against the loaded corpus)."""
+        from .targeting import parse_ad
+
+        path = self.root / ADS_FILE
+        if self.ads_sha256 is not None and file_sha256(path) != self.ads_sha256:
+            raise StoreError(f"{path}: has changed since the corpus was loaded; load it again")
+        pf = pq.ParquetFile(path)
+        lo = sum(pf.metadata.row_group(i).num_rows for i in range(index))
+        table = pf.read_row_group(index, columns=list(_AD_COLUMNS))
+        cols = {name: table.column(name).to_pylist() for name in _AD_COLUMNS}
+        ads: list[Ad] = []
+        with paused_gc():
+            for i in range(len(cols["ad_id"])):
+                obj = {name: cols[name][i] for name in _AD_COLUMNS[:5]}
+                try:
+                    obj["targeting"] = json.loads(cols["targeting"][i])
+                    ads.append(parse_ad(obj, seed=self.seed, dim=self.dim, formats=self.formats,
+                                        derive_embedding=False, copy_targeting=False))
+                except (ValueError, TargetingError) as exc:
+                    raise StoreError(f"{path}: row {lo + i}: {exc}") from None
+        if self.ad_ids is not None and not np.array_equal(self.ad_ids[lo : lo + len(ads)], [a.ad_id for a in ads]):
+            raise StoreError(f"{path}: its ads are not the ones loaded from it before")
         return ads
 
     def chunks(self, rows: int = 1 << 16) -> Iterator[list[Ad]]:

@@ -386,3 +386,32 @@ def test_excluding_the_included_geo_empties_the_geo_matches(t, reqs):
     t2 = copy.deepcopy(t)
     t2["excluded_geo_locations"] = copy.deepcopy(t["geo_locations"])
     assert _eligible_ids(t2, reqs) == set()
+
+
+def test_parallel_oracle_equals_the_streamed_one(tmp_path, monkeypatch):
+    """`match_corpus` in two processes, one Parquet row group per task, gives what `match_stream`
+    and `OracleIndex` give, with an update stream applied (creates, replacements, status changes,
+    retirements)."""
+    from andromeda_nb import store
+    from andromeda_nb.corpus import generate_corpus
+    from andromeda_nb.oracle import match_corpus, match_stream
+    from andromeda_nb.testing import random_updates
+    from andromeda_nb.updates import LiveAds, apply_updates
+
+    monkeypatch.setattr(store, "ROW_GROUP_ADS", 300)
+    generate_corpus(tmp_path / "c", n_ads=1500, n_requests=6, seed=3)
+    dataset = store.load_dataset(tmp_path / "c")
+    assert dataset._ads_loader.n_groups() == 5
+    rng = np.random.default_rng(3)
+    ads = list(dataset.ad_chunks())
+    flat = [a for chunk in ads for a in chunk]
+    updates = random_updates(rng, flat, 200, dim=dataset.model.D, formats=dataset.model.F)
+    oracle = OracleIndex.build(flat)
+    assert not apply_updates(updates, [oracle], LiveAds(a.ad_id for a in flat))
+    requests = dataset.requests
+    want = oracle.match(requests)
+    streamed = match_stream(dataset.ad_chunks(), requests, updates)
+    parallel = match_corpus(dataset, requests, updates, workers=2)
+    assert sum(len(w) for w in want) > 0
+    for w, s, p in zip(want, streamed, parallel):
+        assert w.tolist() == s.tolist() == p.tolist()
