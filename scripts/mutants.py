@@ -1,0 +1,208 @@
+"""The mutation runner: deliberate bugs, each planted in a fresh copy of the repository, and the tests
+that must catch it.
+
+    python scripts/mutants.py --list              one mutant a line: name, area, file
+    python scripts/mutants.py                     run every mutant, print a table (exit 1 if any survives)
+    python scripts/mutants.py --only NAME[,NAME]  run some
+    python scripts/mutants.py --jobs 2 --json     in parallel; JSON Lines instead of the table
+
+A mutant replaces one exact piece of source text (it must occur exactly once, so a mutant that no
+longer applies is reported as stale, not as caught) in a copy of the tracked files, then runs its
+tests there with a fresh numba cache directory, so compiled code from the unmutated tree cannot
+hide the change. A mutant is caught when the tests fail; it survives when they pass. docs/TESTING.md
+lists the mutants and what catches each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    area: str
+    path: str  # relative to the repository root
+    old: str  # exact source text, occurring once
+    new: str
+    tests: tuple[str, ...]  # pytest targets (files or node ids) that must fail
+    why: str  # the bug, in words
+
+
+M = Mutant
+MUTANTS: list[Mutant] = [
+    # --- targeting semantics: the oracle ------------------------------------------------------------
+    M("age-min-exclusive", "ages", "andromeda_nb/oracle.py", "if user.age < spec.age_min:",
+      "if user.age <= spec.age_min:", ("tests/test_oracle.py",), "a user exactly at age_min is refused"),
+    M("age-max-65-bounded", "ages", "andromeda_nb/oracle.py",
+      "if spec.age_max != AGE_HIGHEST and user.age > spec.age_max:", "if user.age > spec.age_max:",
+      ("tests/test_oracle.py",), "age_max 65 no longer means 65 and older"),
+    M("genders-ignored", "genders", "andromeda_nb/oracle.py",
+      "if spec.genders is not None and user.gender not in spec.genders:",
+      "if spec.genders is not None and user.gender not in spec.genders and False:",
+      ("tests/test_oracle.py",), "the gender list is not applied"),
+    M("flexible-any-object", "flexible_spec", "andromeda_nb/oracle.py",
+      "if not all(holds_any(user, obj) for obj in spec.flexible_spec):",
+      "if spec.flexible_spec and not any(holds_any(user, obj) for obj in spec.flexible_spec):",
+      ("tests/test_oracle.py",), "flexible_spec objects ORed instead of ANDed"),
+    M("exclusions-ignored", "exclusions", "andromeda_nb/oracle.py",
+      "if spec.exclusions is not None and holds_any(user, spec.exclusions):",
+      "if spec.exclusions is not None and holds_any(user, spec.exclusions) and False:",
+      ("tests/test_oracle.py",), "exclusions no longer exclude"),
+    M("schedule-end-inclusive", "schedules", "andromeda_nb/oracle.py",
+      "if ad.end_time is not None and time >= ad.end_time:", "if ad.end_time is not None and time > ad.end_time:",
+      ("tests/test_oracle.py",), "an ad is still shown at its end_time"),
+    M("paused-is-live", "status", "andromeda_nb/oracle.py", 'return (ad.status == "ACTIVE" and',
+      'return (ad.status in ("ACTIVE", "PAUSED") and', ("tests/test_oracle.py",), "PAUSED ads are eligible"),
+    # --- distances ------------------------------------------------------------------------------------
+    M("haversine-no-cos", "distances", "andromeda_nb/geo.py", "h = s * s + math.cos(p1) * math.cos(p2) * t * t",
+      "h = s * s + t * t", ("tests/test_distances.py",), "the cos(latitude) factors of the haversine dropped"),
+    M("haversine-cos-squared", "distances", "andromeda_nb/geo.py",
+      "h = s * s + math.cos(p1) * math.cos(p2) * t * t", "h = s * s + math.cos(p1) * math.cos(p1) * t * t",
+      ("tests/test_distances.py",), "cos(lat1) squared instead of cos(lat1) cos(lat2)"),
+    M("oracle-distance-chord", "distances", "andromeda_nb/oracle.py",
+      "return 2.0 * EARTH_RADIUS_KM * math.asin(min(1.0, chord / 2.0))", "return EARTH_RADIUS_KM * chord",
+      ("tests/test_distances.py",), "the oracle takes the chord for the arc"),
+    M("mile-factor", "radius", "andromeda_nb/constants.py", "KM_PER_MILE = 1.609344", "KM_PER_MILE = 1.6",
+      ("tests/test_oracle.py::test_miles_are_converted",), "miles converted with 1.6 km"),
+    # --- the CPU index --------------------------------------------------------------------------------
+    M("popcount-widened", "cpu index", "cpu_baseline/index.py",
+      "    x = x + (x >> np.uint32(8))\n    x = x + (x >> np.uint32(16))\n    return x & np.uint32(0x3F)",
+      "    return (x * np.uint32(0x01010101)) >> np.uint32(24)", ("tests/test_deep_specs.py",),
+      "the byte-sum popcount that numba does not wrap at 32 bits"),
+    M("negative-hit-by-count", "exclusions", "cpu_baseline/index.py",
+      "return (w & NEGATED_BIT) == 0 and _popcount32(w) == n_positive", "return _popcount32(w) == n_positive",
+      ("tests/test_deep_specs.py",), "a negative-clause hit with one positive clause missed looks eligible"),
+    M("cpu-status-ignored", "status", "cpu_baseline/index.py", "if status[s] != ACTIVE or not",
+      "if status[s] == 99 or not", ("tests/test_cpu_index.py",), "the CPU index ignores status"),
+    M("cpu-retire-not-dead", "updates", "cpu_baseline/index.py",
+      "        slot = self._slot_of.pop(ad_id)\n        if self._cols[\"segment\"][slot] == SEG_MAIN:\n            self._main_dead += 1",
+      "        slot = self._slot_of.pop(ad_id)\n        if self._cols[\"segment\"][slot] == -1:\n            self._main_dead += 1",
+      ("tests/test_cpu_index.py",), "a retired ad's main postings stay live while the segment test is skipped"),
+    M("cpu-merge-drops-delta", "updates", "cpu_baseline/index.py",
+      "m_cclause[keep_c])] + list(self._delta_entries.values())", "m_cclause[keep_c])]",
+      ("tests/test_cpu_index.py",), "a merge loses the delta's postings"),
+    M("cpu-circle-radius-miles", "radius", "cpu_baseline/index.py", "if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius:",
+      "if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius / 2:", ("tests/test_cpu_index.py", "tests/test_equivalence.py::test_cpu_index_equals_oracle_drawn"),
+      "the CPU index halves every radius"),
+    # --- scoring --------------------------------------------------------------------------------------
+    M("softmax-sign", "softmax", "andromeda_nb/scoring.py", "w = np.float32(math.exp(best_g - gmax))",
+      "w = np.float32(math.exp(gmax - best_g))", ("tests/test_score_kernels.py", "tests/test_cpu_scorer.py"),
+      "the routed weights inverted"),
+    M("gate-ties-upper", "softmax", "andromeda_nb/scoring.py", "if (chosen >> e) & 1 == 0 and (best < 0 or g[e] > best_g):",
+      "if (chosen >> e) & 1 == 0 and (best < 0 or g[e] >= best_g):", ("tests/test_score_kernels.py",),
+      "gate ties routed to the higher expert"),
+    M("film-no-sqrt", "FiLM", "andromeda_nb/scoring.py", "out[:, 2 * E * D : 2 * E * D + E] = (beta @ Q.T) * inv",
+      "out[:, 2 * E * D : 2 * E * D + E] = beta @ Q.T", ("tests/test_score_kernels.py", "tests/test_cpu_scorer.py"),
+      "the gate bias of the folded table loses its 1/sqrt(D)"),
+    M("film-gamma-dropped", "FiLM", "andromeda_nb/scoring.py",
+      "out[:, E * D : 2 * E * D] = (U[None, :, :] * gamma[:, None, :]).reshape(F, E * D)",
+      "out[:, E * D : 2 * E * D] = np.broadcast_to(U[None, :, :], (F, E, D)).reshape(F, E * D)",
+      ("tests/test_score_kernels.py", "tests/test_cpu_scorer.py"), "expert vectors not scaled by gamma"),
+    # --- answers --------------------------------------------------------------------------------------
+    M("topk-ties-descending", "top-K ties", "andromeda_nb/reference.py",
+      "order = np.lexsort((ids[cand], -scores[cand]))[:k]", "order = np.lexsort((-ids[cand], -scores[cand]))[:k]",
+      ("tests/test_reference.py", "tests/test_topk.py"), "equal scores ordered by ad id descending"),
+]
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    return [f for f in out.stdout.splitlines() if (ROOT / f).is_file()]
+
+
+def make_copy(dest: Path) -> None:
+    for rel in tracked_files():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    path = tree / mutant.path
+    text = path.read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise LookupError(f"stale: the text to mutate occurs {count} times in {mutant.path}")
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def run_one(mutant: Mutant, timeout_s: float) -> dict:
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        tree = Path(tmp) / "repo"
+        make_copy(tree)
+        try:
+            apply(mutant, tree)
+        except LookupError as exc:
+            return {"name": mutant.name, "area": mutant.area, "result": "stale", "detail": str(exc), "seconds": 0.0}
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(Path(tmp) / "numba-cache"), "PYTHONPATH": str(tree),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("ANDROMEDA_TEST_GPU", None)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutant.tests]
+        try:
+            proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"name": mutant.name, "area": mutant.area, "result": "timeout", "seconds": time.time() - t0}
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    if proc.returncode == 1:
+        result = "caught"
+    elif proc.returncode == 0:
+        result = "SURVIVED"
+    else:  # 2-5: interrupted, internal error, usage error, no tests collected
+        result = f"error (pytest rc {proc.returncode})"
+    return {"name": mutant.name, "area": mutant.area, "result": result, "detail": tail,
+            "seconds": round(time.time() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Plant deliberate bugs in copies of the tree and check the tests catch them.")
+    ap.add_argument("--list", action="store_true", help="print one mutant a line and exit")
+    ap.add_argument("--only", default="", help="comma-separated mutant names")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants run at once")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant")
+    ap.add_argument("--json", action="store_true", help="JSON Lines instead of the table")
+    args = ap.parse_args(argv)
+    names = {m.name for m in MUTANTS}
+    if len(names) != len(MUTANTS):
+        raise SystemExit("mutant names must be unique")
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:<26} {m.area:<14} {m.path:<32} {m.why}")
+        return 0
+    chosen = MUTANTS
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = sorted(set(wanted) - names)
+        if unknown:
+            raise SystemExit(f"unknown mutant(s): {', '.join(unknown)}; see --list")
+        chosen = [m for m in MUTANTS if m.name in wanted]
+    results = []
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for row in pool.map(lambda m: run_one(m, args.timeout), chosen):
+            results.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"{row['name']:<26} {row['area']:<14} {row['result']:<22} {row['seconds']:>7.1f} s", flush=True)
+    caught = sum(r["result"] == "caught" for r in results)
+    if not args.json:
+        print(f"{caught} of {len(results)} mutants caught")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
