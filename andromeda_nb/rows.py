@@ -21,6 +21,10 @@ import numpy as np
 from numba import njit, types
 from numba.typed import Dict
 
+from . import jitcache
+
+jitcache.install()  # cached code is recompiled when any project source changes
+
 FREE = -1  # ad id of a row that holds no ad
 
 

@@ -27,7 +27,10 @@ import time
 import numba
 import numpy as np
 
+from andromeda_nb import jitcache
 from andromeda_nb.constants import SCORE_ATOL
+
+jitcache.install()  # cached code is recompiled when any project source changes
 
 COPY_BYTES = 512 << 20  # per array of the bandwidth copy
 LLC_BYTES_FLOOR = 32 << 20  # tables are sized well above this (the L3 of common server parts)

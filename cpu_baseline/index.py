@@ -38,10 +38,13 @@ from typing import Sequence
 import numba
 import numpy as np
 
+from andromeda_nb import jitcache
 from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, compile_ads, encode_request
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
+
+jitcache.install()  # cached code is recompiled when any project source changes
 
 SEG_EMPTY, SEG_MAIN, SEG_DELTA = 0, 1, 2
 NEGATIVE_CLAUSE = -1

@@ -38,8 +38,11 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from andromeda_nb import jitcache
 from andromeda_nb.constants import DEFAULT_E
 from andromeda_nb.scoring import fold_tables, moe_score, table_experts, table_width
+
+jitcache.install()  # cached code is recompiled when any project source changes
 
 UNROLLED_E = DEFAULT_E  # version 4 is written out for this many experts (12 accumulators)
 ROUTE_BLOCK = 64  # version 5 routes this many ads together
