@@ -12,10 +12,18 @@ socket, not what the arrays would take.
     relay.close()
 
 Each connection is served by two threads (one per direction) doing blocking `recv` / `sendall`.
+
+A network worth the name (`Link`): with `latency_s` and/or `bandwidth_bps` the relay delays what it
+forwards as a real link would, per direction: a chunk that arrives at time t leaves the sender's
+side once the link has serialized everything before it (size x 8 / bandwidth each) and reaches the
+other side `latency_s` later. Chunks are pipelined, as on a wire: ten chunks cost one latency plus
+ten serialization times, not ten latencies. Loopback then shows what shipping candidate lists costs
+at production rates (for example 100 us and 25 Gb/s).
 """
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
 import time
@@ -49,11 +57,36 @@ class Traffic:
                 "connections": self.connections}
 
 
-class Relay:
-    """Forward 127.0.0.1:`port` to `target_host`:`target_port`, counting bytes each way."""
+@dataclass(frozen=True)
+class Link:
+    """One-way latency (seconds) and bandwidth (bits per second, None: unlimited) of a shaped link."""
 
-    def __init__(self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1", port: int = 0):
+    latency_s: float = 0.0
+    bandwidth_bps: float | None = None
+
+    def __post_init__(self):
+        if self.latency_s < 0 or (self.bandwidth_bps is not None and self.bandwidth_bps <= 0):
+            raise ValueError(f"a link needs latency >= 0 and bandwidth > 0, got {self}")
+
+    @property
+    def shaped(self) -> bool:
+        return self.latency_s > 0 or self.bandwidth_bps is not None
+
+    def describe(self) -> str:
+        if not self.shaped:
+            return "loopback"
+        bw = "unlimited" if self.bandwidth_bps is None else f"{self.bandwidth_bps / 1e9:g} Gb/s"
+        return f"{self.latency_s * 1e6:g} us, {bw}"
+
+
+class Relay:
+    """Forward 127.0.0.1:`port` to `target_host`:`target_port`, counting bytes each way; with a
+    shaped `link`, delaying them as that link would."""
+
+    def __init__(self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1", port: int = 0,
+                 link: Link = Link()):
         self.target = (target_host, int(target_port))
+        self.link = link
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((listen_host, port))
@@ -125,6 +158,13 @@ class Relay:
                                  name=f"relay-{self.port}-{number}-{direction}", daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, direction: int, number: int) -> None:
+        shaped = self.link.shaped
+        out: queue.Queue | None = None
+        if shaped:  # a second thread delivers each chunk at its time, so chunks pipeline
+            out = queue.Queue()
+            threading.Thread(target=self._deliver, args=(out, dst), name=f"relay-{self.port}-{number}-{direction}-tx",
+                             daemon=True).start()
+        free_at = 0.0  # when the link has serialized everything received so far
         try:
             while True:
                 data = src.recv(CHUNK_BYTES)
@@ -137,15 +177,46 @@ class Relay:
                         self._down += len(data)
                     self._per_connection[number][direction] += len(data)
                     self._last_activity = time.monotonic()
-                dst.sendall(data)
+                if out is None:
+                    dst.sendall(data)
+                    continue
+                now = time.monotonic()
+                bw = self.link.bandwidth_bps
+                free_at = max(now, free_at) + (len(data) * 8 / bw if bw else 0.0)
+                out.put((free_at + self.link.latency_s, data))
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            if out is not None:
+                out.put(None)  # the deliverer shuts the sockets down once everything queued is sent
+            else:
+                self._shutdown(src, dst)
+
+    def _deliver(self, out: "queue.Queue", dst: socket.socket) -> None:
+        try:
+            while True:
+                item = out.get()
+                if item is None:
+                    break
+                due, data = item
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                dst.sendall(data)
+                with self._lock:
+                    self._last_activity = time.monotonic()
+        except OSError:
+            pass
+        finally:
+            self._shutdown(dst)
+
+    @staticmethod
+    def _shutdown(*sockets: socket.socket) -> None:
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self._closed.set()
@@ -184,4 +255,4 @@ def traffic_summary(per_request: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Relay", "Traffic", "traffic_summary"]
+__all__ = ["Link", "Relay", "Traffic", "traffic_summary"]
