@@ -74,7 +74,8 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
     from andromeda_nb.scoring import fold_user_side
     from andromeda_nb.testing import random_requests
 
-    from .scorer import SERIAL_OF, SHIPPED_VERSION, VERSIONS, CpuScorer
+    from .lab.scorer import VERSIONS
+    from .scorer import SHIPPED, CpuScorer
 
     rng = np.random.default_rng(seed)
     model = MoeModel.init(seed)
@@ -93,7 +94,7 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
         ref = reference_scores(model, us, table, sample, formats[sample])
         lo_b, hi_b = ref.bounds()
         for version in VERSIONS:
-            scorer = CpuScorer.from_table(table, formats, model.top_k, version=version)
+            scorer = CpuScorer.from_table(table, formats, model.top_k, version=VERSIONS[version])
             got = scorer.score(sample, tab)
             err = float(np.max(np.maximum(lo_b - got, got - hi_b).clip(0)))
             if err > SCORE_ATOL:
@@ -101,14 +102,14 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
             scorer.score(rows[: 1 << 14], tab)  # warm-up (compile / load from cache)
             seconds = median_time(lambda: scorer.score(rows, tab), repeat)
             moved = n_rows * (scorer.bytes_per_row + 4 + 4)
-            serial = SERIAL_OF.get(scorer.kernel, scorer.kernel)
+            serial = scorer.drivers.serial
             out = np.empty(n_rows, np.float32)
             serial(scorer._values, scorer._scale, scorer._formats, rows[:64], tab, model.E, model.top_k, out)  # warm-up
             cpu_s = median_time(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, tab, model.E,
                                                model.top_k, out), max(1, repeat // 2), clock=time.process_time)
             results.append({
                 "cpu_ns_per_ad_one_thread": cpu_s / n_rows * 1e9,
-                "precision": precision, "version": version, "shipped": version == SHIPPED_VERSION,
+                "precision": precision, "version": version, "shipped": version == SHIPPED,
                 "ads": n_rows, "table_bytes": n_rows * scorer.bytes_per_row, "seconds": seconds,
                 "ads_per_s": n_rows / seconds, "GBps": moved / seconds / 1e9, "max_error": err,
             })

@@ -33,6 +33,7 @@ from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, compile_ads
 from andromeda_nb.oracle import eligible
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
+from andromeda_nb.versions import Version
 
 from .index import GpuTargetingIndex, clause_programs, resid_words
 
@@ -310,11 +311,11 @@ def _requests_cycle(requests: Sequence[Request], n: int) -> list[EncodedRequest]
     return [encode_request(requests[i % len(requests)]) for i in range(n)]
 
 
-def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: Sequence[int], cuda,
+def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[Version], batches: Sequence[int], cuda,
                rng: np.random.Generator, progress: bool, updates: tuple[int, int] | None,
                chunk_slots: int = CHUNK_SLOTS) -> dict:
-    from .kernels import match as K
-
+    """Every version of `versions` (match `Version`s of the kernel lab) on a pool of `copies` copies of
+    the base corpus: checked at full size first, then timed per batch size."""
     t0 = time.perf_counter()
     index = build_tiled_index(base.compiled, copies, chunk_slots=chunk_slots)
     cuda.synchronize()
@@ -328,8 +329,8 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: 
     check = check_full_size(index, base, copies, shipped, check_reqs, rng)
     for v in versions:
         other = index.match_slots(enc, version=v).copy_to_host()
-        assert np.array_equal(other, shipped), f"version {v} differs from version {index.version} at full size"
-    check["versions_equal"] = list(versions)
+        assert np.array_equal(other, shipped), f"version {v.number} differs from version {index.version} at full size"
+    check["versions_equal"] = [v.number for v in versions]
     check["seconds"] = round(time.perf_counter() - t0, 2)
     log(progress, f"  full-size check passed: {check}")
     eligible_share = float(_bits(shipped).sum()) / (len(check_reqs) * n_ads)
@@ -343,26 +344,27 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: 
     slot_bytes = 4 + 8  # resid + prog_ptr: read once per slot and group
     prog_bytes = live["programs"] / n_ads
     for v in versions:
+        group = v.recipe.group  # requests per group; 0: one thread per (slot, request)
         for b in batches:
-            if v not in K.BATCHED and b != min(batches):
+            if not group and b != min(batches):
                 continue  # the naive kernel costs one thread per (slot, request): the smallest batch says enough
             batch = index.prepare(_requests_cycle(base.requests, b), version=v)
             out = index.new_output(b)
             t0 = time.perf_counter()
             index.prepare(_requests_cycle(base.requests, b), version=v)
             prep_s = time.perf_counter() - t0
-            budget = REP_BUDGET_S if v in K.BATCHED else REP_BUDGET_S / 3
+            budget = REP_BUDGET_S if group else REP_BUDGET_S / 3
             t = time_kernel(cuda, lambda: index.run(batch, out, version=v), budget)
             ads_per_s = b * n_ads / t["median_s"]
-            groups = -(-b // K.GROUP_OF[v]) if v in K.BATCHED else b
+            groups = -(-b // group) if group else b
             # napkin math: per-slot columns and programs read once per group, output written once
             min_bytes = groups * index.capacity * slot_bytes + groups * live["programs"] + b * index.capacity / 8
-            row = {"version": v, "batch": b, **{k: t[k] for k in ("median_s", "min_s", "reps")},
+            row = {"version": v.number, "batch": b, **{k: t[k] for k in ("median_s", "min_s", "reps")},
                    "pool_ads_per_s": ads_per_s, "ms_per_request": 1e3 * t["median_s"] / b,
                    "host_prepare_s": prep_s, "scan_bytes_upper": min_bytes,
                    "scan_bandwidth_upper": min_bytes / t["median_s"], "prog_bytes_per_ad": prog_bytes}
             result["timings"].append(row)
-            log(progress, f"  v{v} batch {b:4d}: {t['median_s'] * 1e3:9.3f} ms  {ads_per_s / 1e9:8.1f} G pool ads/s"
+            log(progress, f"  v{v.number} batch {b:4d}: {t['median_s'] * 1e3:9.3f} ms  {ads_per_s / 1e9:8.1f} G pool ads/s"
                           f"  ({t['reps']} reps; host prepare {prep_s * 1e3:.1f} ms)")
             del batch, out
     if updates:
@@ -480,18 +482,18 @@ def bench_cpu(base: BaseCorpus, pool: int, progress: bool) -> dict | None:
     return res
 
 
-def kernel_resources(K, versions) -> dict:
+def kernel_resources(versions: Sequence[Version]) -> dict:
     """Registers and local memory per thread of each compiled match kernel (after the first run)."""
     out = {}
     for v in versions:
-        kernel = K.VERSIONS[v]
+        kernel = v.recipe.kernel
         try:
             regs = kernel.get_regs_per_thread()
             local = kernel.get_local_mem_per_thread()
-            out[v] = {"regs": list(regs.values()) if isinstance(regs, dict) else regs,
-                      "local_bytes": list(local.values()) if isinstance(local, dict) else local}
+            out[v.number] = {"regs": list(regs.values()) if isinstance(regs, dict) else regs,
+                             "local_bytes": list(local.values()) if isinstance(local, dict) else local}
         except Exception as exc:  # not compiled yet, or an older numba-cuda
-            out[v] = {"error": str(exc)}
+            out[v.number] = {"error": str(exc)}
     return out
 
 
@@ -525,10 +527,12 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
 
     where = resolve_device(device)
     cuda = runtime.cuda()
-    from .kernels import match as K
+    from .kernels import match as shipped
+    from .lab import match as lab
 
     if versions is None:
-        versions = sorted(v for v in K.VERSIONS if where == "gpu" or v not in K.NEEDS_WARP_INTRINSICS)
+        versions = [v for v in lab.VERSIONS if where == "gpu" or not lab.VERSIONS[v].gpu_only]
+    chosen = [lab.VERSIONS[v] for v in versions]
     if base_path:
         try:
             base = BaseCorpus.load(base_path)
@@ -540,19 +544,20 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
         base = generate_base(base_ads, requests, seed, progress)
     rng = np.random.default_rng(seed)
     result = {"benchmark": "match", "environment": environment(cuda), "device_kind": where,
-              "versions": list(versions), "shipped_version": K.BEST if where == "gpu" else K.SIMULATOR_FALLBACK,
+              "versions": list(versions),
+              "shipped_version": shipped.SHIPPED if where == "gpu" else shipped.SIMULATOR_FALLBACK,
               "base_ads": len(base.ads), "seed": base.seed, "batches": list(batches), "pools": []}
     if where == "gpu":
         result["copy_bandwidth_Bps"] = copy_bandwidth(cuda)
         log(progress, f"device-to-device copy: {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write)")
     for i, pool in enumerate(pools):
         copies = max(1, pool // len(base.ads))
-        result["pools"].append(bench_pool(base, copies, versions, batches, cuda, rng, progress,
+        result["pools"].append(bench_pool(base, copies, chosen, batches, cuda, rng, progress,
                                           updates if i == 0 else None, chunk_slots))
         if out:  # what is measured so far survives an interrupted run
             dump(result, out)
     if where == "gpu":
-        result["kernel_resources"] = kernel_resources(K, versions)
+        result["kernel_resources"] = kernel_resources(chosen)
         log(progress, f"registers / local bytes per thread: {result['kernel_resources']}")
     if cpu_pool:
         result["cpu_index"] = bench_cpu(base, cpu_pool, progress)

@@ -237,11 +237,11 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
     from .bench_match import copy_bandwidth, environment, time_kernel
     from .fused import FusedScorer
     from .kernels import score as sk
-    from .kernels import topk as tk
+    from .lab import score as lab
 
     n_ads = (n_ads // sk.ADS_PER_BLOCK) * sk.ADS_PER_BLOCK
-    versions = list(versions or sk.VERSIONS)
-    result = {"env": environment(cuda), "n_ads": n_ads, "k": k, "versions": {v: sk.VERSIONS[v].name for v in versions},
+    versions = list(versions or lab.VERSIONS)
+    result = {"env": environment(cuda), "n_ads": n_ads, "k": k, "versions": {v: lab.VERSIONS[v].name for v in versions},
               "arithmetic": "float32 (default mode)", "runs": [], "unfused": [], "checks_ok": True}
     bw = copy_bandwidth(cuda)
     result["copy_bandwidth_Bps"] = bw
@@ -269,11 +269,11 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                 for v in versions:
                     if v == 1 and pool.rows is None:
                         continue
-                    emb = pool.rows if sk.VERSIONS[v].layout == "rows" else pool.tiles
+                    emb = pool.rows if lab.VERSIONS[v].recipe.layout == "rows" else pool.tiles
                     t0 = time.time()
                     fs = FusedScorer.on_device(cuda.as_cuda_array(emb), cuda.as_cuda_array(pool.scale), pool.chunk_format,
                                                slot_ids, precision=prec, dim=D, experts=model.E, top_e=model.top_k,
-                                               version=v, kind=kind)
+                                               version=lab.VERSIONS[v], kind=kind)
                     ids_s, sc_s = fs.topk(sample_elig, tabs[kind], SAMPLE_ADS)[0]
                     compile_s = time.time() - t0
                     c_sample = check_answer(xp, ids_s, sc_s, ref, ties, SAMPLE_ADS)

@@ -41,13 +41,16 @@ def measure(pool: int, base_ads: int, batches: list[int], variant: str) -> dict:
     runtime.select("gpu")
     cuda = runtime.cuda()
     from andromeda_nb.compiled import encode_request
+    from andromeda_nb.versions import Version
     from gpu.bench_match import build_tiled_index, generate_base, time_kernel
     from gpu.kernels import match as K
 
-    if variant == "maxreg64":
-        K.VERSIONS[K.BEST] = cuda.jit(max_registers=64)(K.VERSIONS[K.BEST].py_func)
+    version = None  # the shipped kernel
+    if variant == "maxreg64":  # the shipped kernel's recipe, compiled again with the register cap
+        version = Version(K.SHIPPED, "maxreg64", "the shipped kernel with at most 64 registers",
+                          K.batched_kernel("match_probe_maxreg64", K.WIDE, "shuffle", max_registers=64), gpu_only=True)
     base = generate_base(base_ads, 256, 7)
-    index = build_tiled_index(base.compiled, max(1, pool // len(base.ads)))
+    index = build_tiled_index(base.compiled, max(1, pool // len(base.ads)), version=version)
     out = {"variant": variant, "ads": len(index), "version": index.version, "timings": []}
     for b in batches:
         enc = [encode_request(base.requests[i % len(base.requests)]) for i in range(b)]
@@ -59,7 +62,7 @@ def measure(pool: int, base_ads: int, batches: list[int], variant: str) -> dict:
                                "pool_ads_per_s": b * len(index) / t["median_s"],
                                "eligible_bits": int(np.unpackbits(host.view(np.uint8)).sum()),
                                "answer_sha256": hashlib.sha256(host.tobytes()).hexdigest()[:16]})
-    kernel = K.VERSIONS[index.version]
+    kernel = index.kernel_version.recipe.kernel
     out["regs"] = kernel.get_regs_per_thread()
     out["local_bytes"] = kernel.get_local_mem_per_thread()
     out["regs"] = list(out["regs"].values()) if isinstance(out["regs"], dict) else out["regs"]
