@@ -77,9 +77,13 @@ def match_all(index, requests: Sequence[Request], progress: Callable[[int], None
     return out
 
 
-def check_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
-        raise ValueError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
+def check_k(k) -> int:
+    """K of a top-K request: an int in 1..MAX_K (DESIGN section 4). A ValueError names k and the
+    limit; callers with an error type of their own convert it (`andromeda_nb.flight.check_k`)."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"k: expected an integer, got {k!r}")
+    if not 1 <= int(k) <= MAX_K:
+        raise ValueError(f"k: must be between 1 and {MAX_K}, got {k}")
     return int(k)
 
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .constants import DEFAULT_D, DEFAULT_E, DEFAULT_F, DEFAULT_TOP_EXPERTS
+from .constants import DEFAULT_D, DEFAULT_E, DEFAULT_F, DEFAULT_TOP_EXPERTS, INT8_SCALE_BYTES, PRECISION_BYTES
 
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 F32, I64 = 4, 8
 ANSWER_ROW_BYTES = I64 + F32 + I64  # request_id, score, ad_id per returned row
 
@@ -41,7 +40,7 @@ class Stage:
 
 def stored_ad_bytes(precision: str, dim: int = DEFAULT_D) -> int:
     """Bytes of one stored ad embedding (int8 carries a float32 scale)."""
-    return dim * ELEMENT_BYTES[precision] + (F32 if precision == "int8" else 0)
+    return dim * PRECISION_BYTES[precision] + (INT8_SCALE_BYTES if precision == "int8" else 0)
 
 
 def fused_stages(precision: str, dim: int = DEFAULT_D, k: int = 100, block_ads: int = 256) -> list[Stage]:

@@ -23,6 +23,7 @@ from .budget import network_payload, payload_total
 from .compare import compare_eligible, compare_scores, compare_topk
 from .constants import DEFAULT_K
 from .dataset import Dataset
+from .devices import resolve
 from .flight import request_text
 from .updates import LiveAds, Rejection, apply_updates, read_updates
 
@@ -87,14 +88,14 @@ def apply_stream(updates, targets: Sequence, dataset: Dataset) -> list[Rejection
 def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int,
                         log: Log = _quiet) -> tuple[dict, list[np.ndarray]]:
     from cpu_baseline.index import CpuTargetingIndex
-    from gpu.index import GpuTargetingIndex, resolve_device
+    from gpu.index import GpuTargetingIndex
 
     from .oracle import match_stream
 
     n_oracle = min(oracle_requests, len(requests))
     gpu_skipped = None
     try:
-        gpu_where = resolve_device("sim" if device == "sim" else "auto")
+        gpu_where = resolve("sim" if device == "sim" else "auto", kernels=True)
     except RuntimeError as exc:  # no GPU, and numba.cuda was loaded before the simulator could be chosen
         gpu_where, gpu_skipped = "none", f"no usable GPU ({exc})"
     if gpu_where == "sim" and dataset.n_ads > SIMULATOR_MAX_ADS:

@@ -48,6 +48,7 @@ from .types import Context, Request
 MODEL_ARRAYS = ("W", "b", "K", "A", "B")  # required in model.npz
 TWO_TOWER_ARRAYS = ("T", "t")  # optional in model.npz, both or neither
 STORED_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
+PRECISION_OF_DTYPE = {np.dtype(dtype): name for name, dtype in STORED_DTYPES.items()}
 INT8_LEVELS = 127  # int8 values lie in [-127, 127]
 
 # Scales of the seeded weights (MoeModel.init), chosen for signals ~ N(0, 1) and ad embeddings with

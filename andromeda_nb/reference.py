@@ -26,21 +26,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .constants import GATE_TIE_ATOL, MAX_K
+from .answers import check_k
+from .constants import GATE_TIE_ATOL
 from .model import EmbeddingTable, ModelError, MoeModel, UserSide, quantize, two_tower_vector, user_side
 from .rows import RowMap, fit_rows
 from .types import Request, Retire, SetStatus, Update, Upsert
 
 BATCH_ROWS = 32768  # ads per vectorized pass: about 20 MB of float64 temporaries at D = 64
-
-
-def check_k(k) -> int:
-    """K of a top-K request: an int in 1..MAX_K (DESIGN section 4)."""
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
-        raise ValueError(f"k: expected an integer, got {k!r}")
-    if not 1 <= int(k) <= MAX_K:
-        raise ValueError(f"k: must be between 1 and {MAX_K}, got {k}")
-    return int(k)
 
 
 # --- scores ------------------------------------------------------------------------------------------

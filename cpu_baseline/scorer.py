@@ -38,7 +38,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from andromeda_nb.budget import stored_ad_bytes
 from andromeda_nb.constants import DEFAULT_E
+from andromeda_nb.model import PRECISION_OF_DTYPE
 from andromeda_nb.scoring import fold_tables, table_experts, table_width
 from andromeda_nb.templates import specialize
 from andromeda_nb.versions import Version, pick, version_table
@@ -367,7 +369,7 @@ class CpuScorer:
 
     @property
     def bytes_per_row(self) -> int:
-        return self._values.shape[1] * self._values.itemsize + (4 if self.dtype == np.int8 else 0)
+        return stored_ad_bytes(PRECISION_OF_DTYPE[self.dtype], self.D)
 
     def driver(self, n_candidates: int):
         """The driver that scores `n_candidates` candidates: serial below PARALLEL_MIN_CANDIDATES."""

@@ -17,25 +17,21 @@ preparation on the host (term lookup, group tables, upload) is timed separately 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
-import pickle
-import platform
-import statistics
-import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, compile_ads, encode_request
+from andromeda_nb.bench import copy_bandwidth as copy_rate
+from andromeda_nb.bench import log, package_version, repeat_timed, software, write_json
+from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, encode_request
 from andromeda_nb.oracle import eligible
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
+from andromeda_nb.tiling import BaseCorpus, load_or_generate_base, stride_of, tile_compiled
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
 from andromeda_nb.versions import Version
 
-from .index import GpuTargetingIndex, clause_programs, resid_words
+from .index import GpuTargetingIndex, Vocabulary, clause_programs, resid_words
 
 BASE_ADS = 32_768
 CHECK_REQUESTS = 64  # the batch checked at full size (one wide group)
@@ -49,75 +45,7 @@ UPDATE_ROUNDS, UPDATES_PER_ROUND = 20, 1000
 UPDATE_CHECK_ADS = 2000  # touched ads checked against the oracle after the update rounds
 
 
-def log(progress: bool, *parts) -> None:
-    if progress:
-        print(*parts, file=sys.stderr, flush=True)
-
-
-# --- base corpus -------------------------------------------------------------------------------------
-
-
-@dataclass
-class BaseCorpus:
-    ads: list[Ad]
-    requests: list[Request]
-    seed: int
-
-    @property
-    def compiled(self) -> CompiledTargeting:
-        if not hasattr(self, "_ct"):
-            self._ct = compile_ads(self.ads)
-        return self._ct
-
-    def save(self, path: str) -> None:
-        ads = [dataclasses.replace(a, embedding=None) for a in self.ads]  # targeting only
-        with gzip.open(path, "wb", compresslevel=3) as f:
-            pickle.dump({"ads": ads, "requests": self.requests, "seed": self.seed}, f, protocol=5)
-
-    @classmethod
-    def load(cls, path: str) -> "BaseCorpus":
-        with gzip.open(path, "rb") as f:
-            d = pickle.load(f)
-        return cls(ads=d["ads"], requests=d["requests"], seed=d["seed"])
-
-
-def generate_base(n_ads: int, n_requests: int, seed: int, progress: bool = False) -> BaseCorpus:
-    """A base corpus from the project's generator (andromeda_nb.corpus), parsed like any import."""
-    from andromeda_nb.corpus import iter_ads, make_requests
-    from andromeda_nb.targeting import parse_ad, parse_request
-
-    log(progress, f"generating {n_ads} base ads and {n_requests} requests (seed {seed})")
-    ads = [parse_ad(c.ad_object(i, with_embedding=False), seed=seed, dim=4)
-           for c in iter_ads(n_ads, seed, dim=4) for i in range(len(c))]
-    ads = [dataclasses.replace(a, embedding=None) for a in ads]
-    requests = [parse_request(o, seed=seed, experts=1, width=1) for o in make_requests(n_requests, seed, experts=1, width=1)]
-    return BaseCorpus(ads=ads, requests=requests, seed=seed)
-
-
-# --- tiling ------------------------------------------------------------------------------------------
-
-
-def stride_of(ct: CompiledTargeting) -> int:
-    return int(ct.ad_id.max()) + 1 if len(ct) else 1
-
-
-def tile_compiled(ct: CompiledTargeting, copies: int) -> CompiledTargeting:
-    """The compiled form of `copies` copies of ct's ads (copy k: ids + k * stride)."""
-    m, t, q = len(ct.clause_negative), len(ct.terms), len(ct.circles)
-    k = np.arange(copies, dtype=np.int64)
-
-    def ptr(p, step):
-        return np.concatenate([(p[:-1][None, :] + (k * step)[:, None]).ravel(), [p[-1] + (copies - 1) * step]])
-
-    def rep(a):
-        return np.tile(a, (copies,) + (1,) * (a.ndim - 1))
-
-    cols = {f.name: rep(getattr(ct, f.name)) for f in dataclasses.fields(ct)}
-    cols["ad_id"] = (ct.ad_id[None, :] + (k * stride_of(ct))[:, None]).ravel()
-    cols["clause_ptr"] = ptr(ct.clause_ptr, m)
-    cols["term_ptr"] = ptr(ct.term_ptr, t)
-    cols["circle_ptr"] = ptr(ct.circle_ptr, q)
-    return CompiledTargeting(**cols)
+# --- tiled pools on the device -------------------------------------------------------------------------
 
 
 class TiledSlotMap:
@@ -180,8 +108,6 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
     `GpuTargetingIndex.from_compiled(tile_compiled(base_ct, copies))` would lay it out (slots grouped
     by format, copies in order inside a format), built from the base's programs by repetition."""
     index = GpuTargetingIndex(device=device, version=version)
-    from .index import Vocabulary
-
     index.vocab = Vocabulary(base_ct.terms)
     dense = index.vocab.dense_bulk(base_ct.terms)
     stride = stride_of(base_ct)
@@ -284,17 +210,16 @@ def time_kernel(cuda, launch: Callable[[], None], budget_s: float = REP_BUDGET_S
     for _ in range(WARMUP):
         launch()
     cuda.synchronize()
-    times = []
     start, stop = cuda.event(), cuda.event()
-    while len(times) < MAX_REPS and (len(times) < MIN_REPS or sum(times) < budget_s):
+
+    def timed_once() -> float:
         start.record()
         launch()
         stop.record()
         stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-        if times[-1] <= 0:  # the CUDA simulator has no clock: one repetition says all it can
-            break
-    return {"median_s": statistics.median(times), "min_s": min(times), "reps": len(times)}
+        return start.elapsed_time(stop) / 1e3
+
+    return repeat_timed(timed_once, min_reps=MIN_REPS, max_reps=MAX_REPS, budget_s=budget_s)
 
 
 def copy_bandwidth(cuda, nbytes: int = 1 << 31) -> float:
@@ -304,7 +229,7 @@ def copy_bandwidth(cuda, nbytes: int = 1 << 31) -> float:
     b = cuda.device_array(n, np.uint32)
     t = time_kernel(cuda, lambda: b.copy_to_device(a), budget_s=0.5)
     del a, b
-    return 2 * nbytes / t["median_s"]
+    return copy_rate(nbytes, t["median_s"])
 
 
 def _requests_cycle(requests: Sequence[Request], n: int) -> list[EncodedRequest]:
@@ -403,7 +328,7 @@ def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda,
             ad_id = int(rng.integers(copies)) * stride + int(base_ads[rng.integers(len(base_ads))].ad_id)
             if ad_id in retired:
                 continue
-            old = current.get(ad_id) or base_ads_by_id(base)[ad_id % stride]
+            old = current.get(ad_id) or base.by_id[ad_id % stride]
             if op < 0.55:  # replace targeting (and sometimes format)
                 src = base_ads[rng.integers(len(base_ads))]
                 ad = dataclasses.replace(src, ad_id=ad_id, format=old.format if rng.random() < 0.8 else int(rng.integers(8)))
@@ -447,16 +372,6 @@ def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda,
     return res
 
 
-_BASE_BY_ID: dict = {}
-
-
-def base_ads_by_id(base: BaseCorpus) -> dict:
-    key = id(base)
-    if key not in _BASE_BY_ID:
-        _BASE_BY_ID[key] = {a.ad_id: a for a in base.ads}
-    return _BASE_BY_ID[key]
-
-
 def bench_cpu(base: BaseCorpus, pool: int, progress: bool) -> dict | None:
     """The CPU inverted index (cpu_baseline.index) on a tiled pool of `pool` ads, same requests."""
     try:
@@ -498,15 +413,10 @@ def kernel_resources(versions: Sequence[Version]) -> dict:
 
 
 def environment(cuda) -> dict:
-    import numba
-
-    env = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}
-    try:
-        import importlib.metadata as md
-
-        env["numba_cuda"] = md.version("numba-cuda")
-    except Exception:
-        pass
+    """The environment stamp of a GPU result: software versions and the device."""
+    env = software()
+    if package_version("numba-cuda"):
+        env["numba_cuda"] = package_version("numba-cuda")
     try:
         dev = cuda.get_current_device()
         env["device"] = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
@@ -519,13 +429,17 @@ def environment(cuda) -> dict:
 
 def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches: Sequence[int] = BATCHES,
         base_ads: int = BASE_ADS, requests: int = 256, seed: int = 7, base_path: str | None = None,
-        updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND), cpu_pool: int = 1_000_000,
-        device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS, out: str | None = None) -> dict:
-    """The whole benchmark; returns the JSON-ready result."""
-    from . import runtime
-    from .index import resolve_device
+        base: BaseCorpus | None = None, updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND),
+        cpu_pool: int = 1_000_000, device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS,
+        out: str | None = None) -> dict:
+    """The whole GPU benchmark (version numbers of the kernel lab, default: every one that runs here);
+    returns the JSON-ready result. `base`: a base corpus already made (else loaded from `base_path`
+    or generated); with `cpu_pool`, the CPU index on a pool of that many ads beside it."""
+    from andromeda_nb.devices import resolve
 
-    where = resolve_device(device)
+    from . import runtime
+
+    where = resolve(device, kernels=True)
     cuda = runtime.cuda()
     from .kernels import match as shipped
     from .lab import match as lab
@@ -533,15 +447,8 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
     if versions is None:
         versions = [v for v in lab.VERSIONS if where == "gpu" or not lab.VERSIONS[v].gpu_only]
     chosen = [lab.VERSIONS[v] for v in versions]
-    if base_path:
-        try:
-            base = BaseCorpus.load(base_path)
-            log(progress, f"base corpus from {base_path}: {len(base.ads)} ads, {len(base.requests)} requests")
-        except FileNotFoundError:
-            base = generate_base(base_ads, requests, seed, progress)
-            base.save(base_path)
-    else:
-        base = generate_base(base_ads, requests, seed, progress)
+    if base is None:
+        base = load_or_generate_base(base_path, base_ads, requests, seed, progress)
     rng = np.random.default_rng(seed)
     result = {"benchmark": "match", "environment": environment(cuda), "device_kind": where,
               "versions": list(versions),
@@ -555,14 +462,14 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
         result["pools"].append(bench_pool(base, copies, chosen, batches, cuda, rng, progress,
                                           updates if i == 0 else None, chunk_slots))
         if out:  # what is measured so far survives an interrupted run
-            dump(result, out)
+            write_json(result, out)
     if where == "gpu":
         result["kernel_resources"] = kernel_resources(chosen)
         log(progress, f"registers / local bytes per thread: {result['kernel_resources']}")
     if cpu_pool:
         result["cpu_index"] = bench_cpu(base, cpu_pool, progress)
     if out:
-        dump(result, out)
+        write_json(result, out)
     return result
 
 
@@ -573,9 +480,3 @@ def table(result: dict) -> str:
             lines.append(f"{p['ads']:>12,} {t['version']:>7} {t['batch']:>5} {t['median_s'] * 1e3:>10.3f} "
                          f"{t['pool_ads_per_s'] / 1e9:>13.1f} {t['ms_per_request']:>10.4f}")
     return "\n".join(lines)
-
-
-def dump(result: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2, default=float)
-        f.write("\n")

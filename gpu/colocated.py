@@ -25,14 +25,13 @@ from typing import Sequence
 
 import numpy as np
 
+from andromeda_nb.devices import resolve
 from andromeda_nb.model import quantize, user_side
 from andromeda_nb.rows import RowMap, fit_rows
 from andromeda_nb.scoring import fold_user_side
 from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, dataset_args, fingerprint,
                                    relay_in_front, stop_all)
 from andromeda_nb.types import Request, Retire, SetStatus, Update, Upsert
-
-from . import runtime
 
 MAX_BATCH = 64  # requests per device launch
 START_TIMEOUT_S = 180.0
@@ -90,7 +89,7 @@ def cpu_scores(values, scale, rows, formats, tab, experts: int, top_e: int) -> n
 
 class ColocatedEngine:
     def __init__(self, dataset, device: str = "auto", *, version: int | None = None):
-        self.device = runtime.select(device)
+        self.device = resolve(device)
         self.model = dataset.model
         self.seed = dataset.seed
         self.precision = dataset.precision

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from andromeda_nb.model import PRECISION_OF_DTYPE
 from andromeda_nb.slots import CHUNK_SLOTS
 
 from . import runtime
@@ -24,16 +25,14 @@ from .kernels import topk as topk_kernels
 
 cuda = runtime.cuda()
 
-PRECISION_OF = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", np.dtype(np.int8): "int8"}
-
 
 class FusedScorer:
     def __init__(self, values: np.ndarray, scale: np.ndarray, chunk_format: np.ndarray, slot_ad_id: np.ndarray,
                  *, experts: int, top_e: int, version=None, kind: str = "moe"):
         values = np.ascontiguousarray(values)
-        if values.dtype not in PRECISION_OF:
+        if values.dtype not in PRECISION_OF_DTYPE:
             raise ValueError(f"stored embeddings must be float32, float16 or int8, got {values.dtype}")
-        self.precision = PRECISION_OF[values.dtype]
+        self.precision = PRECISION_OF_DTYPE[values.dtype]
         self.dim = values.shape[1]
         self.experts, self.top_e, self.kind = experts, top_e, kind
         self.kernel_version = score_kernels.version(version)
@@ -186,4 +185,4 @@ class FusedScorer:
                                                     stream)
 
 
-__all__ = ["FusedScorer", "PRECISION_OF"]
+__all__ = ["FusedScorer"]

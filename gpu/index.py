@@ -38,6 +38,7 @@ from andromeda_nb.compiled import (
     encode_request,
 )
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
+from andromeda_nb.devices import resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
@@ -313,33 +314,6 @@ def _ftab_words() -> int:
     return K.FTAB_WORDS
 
 
-def _driver_present() -> bool:
-    """A CUDA driver library or device node exists (checked without importing numba.cuda)."""
-    import ctypes.util
-    import os
-
-    return bool(ctypes.util.find_library("cuda")) or os.path.exists("/dev/nvidiactl")
-
-
-def resolve_device(device: str) -> str:
-    """'gpu' or 'sim' for `device` ('auto', 'gpu', 'sim'; 'cpu' means the simulator here, the CPU
-    running the kernels). 'auto' takes the GPU when one is usable and the simulator otherwise; the
-    simulator must be chosen before numba.cuda is imported, so with no driver at all it is chosen
-    without probing."""
-    import sys
-
-    if device in ("auto", "cpu") and not runtime.simulator_enabled() and "numba.cuda" not in sys.modules:
-        if device == "cpu" or not _driver_present():
-            return runtime.select("sim")
-    where = runtime.select(device)
-    if where == "cpu":
-        try:
-            where = runtime.select("sim")
-        except RuntimeError as exc:
-            raise RuntimeError(f"no usable CUDA GPU, and the simulator cannot start now: {exc}") from None
-    return where
-
-
 class GpuTargetingIndex:
     """`interfaces.TargetingIndex` on the device, plus the slot-order API of the co-located path.
 
@@ -352,7 +326,7 @@ class GpuTargetingIndex:
     """
 
     def __init__(self, *, device: str = "auto", version=None):
-        where = resolve_device(device)
+        where = resolve(device, kernels=True)
         self.device = where
         self._cuda = runtime.cuda()
         from .kernels import match as kernels

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from andromeda_nb.devices import DEVICES, resolve
 from andromeda_nb.services import DEFAULT_HOST, announce, load_dataset_for_service
 
 
@@ -32,12 +33,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dataset-pickle", help="a pickled Dataset (written by ColocatedRetriever)")
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu", "sim"))
+    parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--version", type=int, default=None, help="scoring kernel version")
     args = parser.parse_args(argv)
-    from . import runtime
-
-    runtime.select(args.device)  # before anything imports numba.cuda
+    resolve(args.device)  # before anything imports numba.cuda
     dataset = load_dataset_for_service(args.data, args.dataset_pickle)
     run_colocated(dataset, host=args.host, port=args.port, device=args.device, version=args.version)
     return 0

@@ -36,15 +36,17 @@ def measure(pool: int, base_ads: int, batches: list[int], variant: str) -> dict:
         geo.haversine_km = _stand_in_km  # before gpu.kernels.match builds its device function
     import numpy as np
 
-    from gpu import runtime
+    from andromeda_nb.devices import resolve
 
-    runtime.select("gpu")
-    cuda = runtime.cuda()
+    resolve("gpu")
     from andromeda_nb.compiled import encode_request
+    from andromeda_nb.tiling import generate_base
     from andromeda_nb.versions import Version
-    from gpu.bench_match import build_tiled_index, generate_base, time_kernel
+    from gpu import runtime
+    from gpu.bench_match import build_tiled_index, time_kernel
     from gpu.kernels import match as K
 
+    cuda = runtime.cuda()
     version = None  # the shipped kernel
     if variant == "maxreg64":  # the shipped kernel's recipe, compiled again with the register cap
         version = Version(K.SHIPPED, "maxreg64", "the shipped kernel with at most 64 registers",

@@ -22,7 +22,7 @@ from andromeda_nb.oracle import OracleIndex, eligible
 from andromeda_nb.targeting import parse_ad, parse_request
 from andromeda_nb.testing import random_ads, random_requests, random_updates
 from andromeda_nb.updates import LiveAds, apply_updates
-from gpu import runtime
+from andromeda_nb import devices
 from gpu.index import GpuTargetingIndex, Vocabulary, clause_programs, residual_tables, resid_words
 
 CHUNK = 32  # slots per format chunk in these tests (production: CHUNK_SLOTS = 256)
@@ -49,7 +49,7 @@ def _layout():
 
 def _sim_versions():
     K = _kernels()
-    return [v for v in sorted(K.VERSIONS) if runtime.gpu_usable() or not K.VERSIONS[v].gpu_only]
+    return [v for v in sorted(K.VERSIONS) if devices.gpu_usable() or not K.VERSIONS[v].gpu_only]
 
 
 def _assert_same(expected, got, config: str):
@@ -358,7 +358,7 @@ def test_every_kernel_compiles_for_sm90():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not runtime.gpu_usable(), reason="needs a real CUDA GPU (run with ANDROMEDA_TEST_GPU=1)")
+@pytest.mark.skipif(not devices.gpu_usable(), reason="needs a real CUDA GPU (run with ANDROMEDA_TEST_GPU=1)")
 def test_every_version_equals_oracle_on_gpu():
     rng = np.random.default_rng(51)
     ads = random_ads(rng, 3000, formats=8)
@@ -373,7 +373,8 @@ def test_every_version_equals_oracle_on_gpu():
 
 
 def test_tiled_index_equals_index_of_tiled_corpus():
-    from gpu.bench_match import build_tiled_index, tile_compiled
+    from andromeda_nb.tiling import tile_compiled
+    from gpu.bench_match import build_tiled_index
 
     rng = np.random.default_rng(61)
     ads = random_ads(rng, 25, formats=2)

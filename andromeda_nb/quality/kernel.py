@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from ..compare import compare_topk
+from ..devices import resolve
 from ..model import MoeModel, quantize, two_tower_vector, user_side
 from ..reference import reference_scores, two_tower_scores
 from ..scoring import dot_table, fold_user_side
@@ -71,16 +72,15 @@ def kernel_throughput(models: dict[str, MoeModel], embedding: np.ndarray, format
     """Ads per second of the fused kernel per model (name -> MoeModel; "two_tower" runs the dot
     kernel). Returns {"skipped": reason} when no CUDA GPU is usable (device "auto" or "gpu") or
     device is "cpu"; "sim" runs the path under the simulator (slots and repeats should be tiny)."""
-    from gpu import runtime
-
     try:
-        where = runtime.select(device)
+        where = resolve(device)
     except RuntimeError as exc:
         return {"skipped": str(exc)}
     if where == "cpu":
         return {"skipped": "no usable CUDA GPU"}
     if where == "sim" and device == "auto":
         return {"skipped": "the CUDA simulator is on (a check of the path, not a speed)"}
+    from gpu import runtime
     from gpu.fused import FusedScorer  # imports numba.cuda: only after the device choice
 
     cuda = runtime.cuda()

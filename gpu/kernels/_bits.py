@@ -15,7 +15,7 @@ On the GPU they are numba intrinsics or libdevice calls that compile to one or t
                            marks "no candidate".
 
 The simulator runs kernels as Python, where these are plain numpy functions with the same results.
-`gpu.runtime.select` must have chosen the device before this module is imported.
+`andromeda_nb.devices.resolve` must have chosen the device before this module is imported.
 """
 
 from __future__ import annotations
