@@ -1,5 +1,7 @@
 """`andromeda`: the command line of andromeda-nb. It parses options and prints; the work is in the
-library (`andromeda_nb`, `cpu_baseline`, `gpu`). Data goes to stdout, progress and logs to stderr."""
+library: the migration layer (`migration`) where both architectures meet, the architectures themselves
+(`cpu_baseline`, `gpu`) and the shared core (`andromeda_nb`). Data goes to stdout, progress and logs to
+stderr."""
 
 from __future__ import annotations
 
@@ -300,8 +302,8 @@ def match(data, arch, device, updates, as_json, quiet):
 
     With --json, one line per request: {"request_id": .., "eligible": [ad ids ascending]}.
     """
-    from andromeda_nb.answers import (
-        DEVICE_MATCHERS, ArchitectureUnavailable, build_matcher, match_all, match_json_lines, match_table)
+    from andromeda_nb.answers import match_all, match_json_lines, match_table
+    from migration.architectures import DEVICE_MATCHERS, ArchitectureUnavailable, build_matcher
 
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_MATCHERS:
@@ -339,8 +341,8 @@ def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
 
     With --json, one line per request: {"request_id": .., "ads": [..], "scores": [..]} in rank order.
     """
-    from andromeda_nb.answers import (
-        DEVICE_ARCHS, ArchitectureUnavailable, build_retriever, retrieve_all, retrieve_json_lines, retrieve_table)
+    from andromeda_nb.answers import retrieve_all, retrieve_json_lines, retrieve_table
+    from migration.architectures import DEVICE_ARCHS, ArchitectureUnavailable, build_retriever
 
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_ARCHS:
@@ -348,12 +350,7 @@ def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
     if traffic and arch == "reference":
         raise click.ClickException("--traffic needs --arch remote or colocated (the reference runs in this process)")
     try:
-        if traffic:
-            from andromeda_nb.interfaces import RETRIEVERS, load_class
-
-            retriever = load_class(RETRIEVERS, arch).build(dataset, device=device, traffic=True)
-        else:
-            retriever = build_retriever(dataset, arch, device)
+        retriever = build_retriever(dataset, arch, device, **({"traffic": True} if traffic else {}))
     except ArchitectureUnavailable as exc:
         raise click.ClickException(str(exc)) from None
     except (RuntimeError, ValueError) as exc:
@@ -400,7 +397,7 @@ def demo(n_ads, n_requests, seed, k, device, as_json, quiet):
     architectures side by side. With --json the last line is one object with every figure."""
     import json as _json
 
-    from andromeda_nb.demo import DemoError, run_demo
+    from migration.demo import DemoError, run_demo
 
     try:
         figures = run_demo(n_ads=n_ads, n_requests=n_requests, seed=seed, k=k, device=device,
@@ -486,7 +483,7 @@ def serve_colocated(data, device, host, port, version):
 
     try:
         resolve(device)
-        from gpu.serve import run_colocated
+        from migration.serve import run_colocated
 
         run_colocated(_service_dataset(data), host=host, port=port, device=device, version=version)
     except (RuntimeError, ValueError) as exc:
@@ -545,13 +542,15 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     checked against the oracle before anything is timed."""
     import json
 
+    from migration.benches import bench_match as run_bench
+
     try:
         from gpu import bench_match as bm
 
-        result = bm.run(pools=pools, versions=versions, batches=batches, base_ads=base_ads, requests=n_requests,
-                        seed=seed, base_path=base_path,
-                        updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
-                        cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
+        result = run_bench(pools=pools, versions=versions, batches=batches, base_ads=base_ads, requests=n_requests,
+                           seed=seed, base_path=base_path,
+                           updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
+                           cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise click.ClickException(f"bench match: {exc}") from None
     _stamp(result, "match")
@@ -639,7 +638,7 @@ def bench_report(files, out, charts, commands, as_json, quiet):
     its content. Only the generated part of BENCHMARKS.md (between its markers) is rewritten."""
     import json
 
-    from andromeda_nb.report import ReportError, build_report, format_summary, parse_commands
+    from migration.report import ReportError, build_report, format_summary, parse_commands
 
     try:
         result = build_report(files, out, charts=charts, commands=parse_commands(commands))
@@ -683,7 +682,7 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
         raise click.ClickException(str(exc)) from None
     result = run_quality(config, progress=None if quiet else (lambda m: click.echo(m, err=True)))
     if kernel:
-        from andromeda_nb.quality.kernel import measure_result
+        from migration.quality_kernel import measure_result
 
         result.kernel = measure_result(result)
         _info(f"kernel: {result.kernel.get('skipped') or result.kernel.get('device')}", quiet)
@@ -722,7 +721,7 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     traffic_reduction, ...). Exits non-zero when the architectures disagree."""
     import json as _json
 
-    from andromeda_nb.harness import format_report, run_comparison
+    from migration.harness import format_report, run_comparison
 
     dataset = _load_dataset(data, quiet)
     try:
@@ -752,7 +751,7 @@ def budget(data, k, dim, measured, as_json, quiet):
     architecture, counted from the data layout and printed beside measured values."""
     import json as _json
 
-    from andromeda_nb.budget import build_budget, format_budget
+    from migration.budget import build_budget, format_budget
 
     dataset = _load_dataset(data, quiet) if data else None
     try:

@@ -401,11 +401,26 @@ def quantize(emb_f32, precision: str) -> EmbeddingTable:
     return EmbeddingTable(q, scale, precision)
 
 
+def ad_embedding_of(ad, seed: int, dim: int) -> np.ndarray:
+    """float32 (dim,): an ad's own embedding, or the one derived from its id and the corpus seed when it
+    carries none (DESIGN section 2). ModelError when it has the wrong length."""
+    emb = ad.embedding
+    if emb is None:
+        from .derive import ad_embedding
+
+        emb = ad_embedding(ad.ad_id, seed, dim)
+    emb = np.asarray(emb, np.float32)
+    if emb.shape != (dim,):
+        raise ModelError(f"ad {ad.ad_id}: embedding: expected {dim} values, got {emb.shape}")
+    return emb
+
+
 __all__ = [
     "EmbeddingTable",
     "ModelError",
     "MoeModel",
     "UserSide",
+    "ad_embedding_of",
     "context_vector",
     "hour_bucket",
     "quantize",

@@ -26,7 +26,7 @@ import time
 import numba
 import numpy as np
 
-from andromeda_nb.bench import copy_bandwidth, median_seconds, package_version, software
+from andromeda_nb.bench import copy_bandwidth, log as progress_log, median_seconds, package_version, software
 from andromeda_nb.constants import SCORE_ATOL
 from andromeda_nb.provenance import cpu_model
 
@@ -183,6 +183,34 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
     return out
 
 
+def bench_tiled_match(base, pool: int, progress: bool = False) -> dict:
+    """The CPU inverted index on a pool of `pool` ads tiled from a benchmark base corpus
+    (`andromeda_nb.tiling`), the requests of the base: what `andromeda bench match` prints beside the
+    GPU index."""
+    from andromeda_nb.tiling import tile_compiled
+
+    from .index import CpuTargetingIndex
+
+    copies = max(1, pool // len(base.ads))
+    ct = tile_compiled(base.compiled, copies)
+    t0 = time.perf_counter()
+    cpu = CpuTargetingIndex(ct)
+    build_s = time.perf_counter() - t0
+    reqs = list(base.requests[:64])
+    cpu.match(reqs[:4])  # compile / warm
+    t0 = time.perf_counter()
+    cpu.match(reqs)
+    dt = time.perf_counter() - t0
+    threads = getattr(cpu, "threads", None)
+    res = {"ads": len(ct), "requests": len(reqs), "seconds": dt, "pool_ads_per_s": len(reqs) * len(ct) / dt,
+           "build_s": build_s, "bytes_per_ad": cpu.nbytes / len(ct) if hasattr(cpu, "nbytes") else None,
+           "threads": threads}
+    progress_log(progress, f"CPU index, {len(ct):,} ads: {res['pool_ads_per_s'] / 1e9:.2f} G pool ads/s "
+                           f"({threads} threads)")
+    cpu.close()
+    return res
+
+
 def machine_info() -> dict:
     """The environment stamp of a CPU result: the processor, threads and software versions."""
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(), **software(),
@@ -242,4 +270,4 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_table", "machine_info", "measure_copy_bandwidth", "run_cpu_bench"]
+__all__ = ["bench_tiled_match", "format_table", "machine_info", "measure_copy_bandwidth", "run_cpu_bench"]

@@ -27,7 +27,7 @@ from andromeda_nb.bench import log, package_version, repeat_timed, software, wri
 from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, encode_request
 from andromeda_nb.oracle import eligible
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
-from andromeda_nb.tiling import BaseCorpus, load_or_generate_base, stride_of, tile_compiled
+from andromeda_nb.tiling import BaseCorpus, load_or_generate_base, stride_of
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
 from andromeda_nb.versions import Version
 
@@ -372,31 +372,6 @@ def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda,
     return res
 
 
-def bench_cpu(base: BaseCorpus, pool: int, progress: bool) -> dict | None:
-    """The CPU inverted index (cpu_baseline.index) on a tiled pool of `pool` ads, same requests."""
-    try:
-        from cpu_baseline.index import CpuTargetingIndex
-    except ImportError:
-        return None
-    copies = max(1, pool // len(base.ads))
-    ct = tile_compiled(base.compiled, copies)
-    t0 = time.perf_counter()
-    cpu = CpuTargetingIndex(ct)
-    build_s = time.perf_counter() - t0
-    reqs = list(base.requests[:64])
-    cpu.match(reqs[:4])  # compile / warm
-    t0 = time.perf_counter()
-    cpu.match(reqs)
-    dt = time.perf_counter() - t0
-    threads = getattr(cpu, "threads", None)
-    res = {"ads": len(ct), "requests": len(reqs), "seconds": dt, "pool_ads_per_s": len(reqs) * len(ct) / dt,
-           "build_s": build_s, "bytes_per_ad": cpu.nbytes / len(ct) if hasattr(cpu, "nbytes") else None,
-           "threads": threads}
-    log(progress, f"CPU index, {len(ct):,} ads: {res['pool_ads_per_s'] / 1e9:.2f} G pool ads/s ({threads} threads)")
-    cpu.close()
-    return res
-
-
 def kernel_resources(versions: Sequence[Version]) -> dict:
     """Registers and local memory per thread of each compiled match kernel (after the first run)."""
     out = {}
@@ -430,11 +405,11 @@ def environment(cuda) -> dict:
 def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches: Sequence[int] = BATCHES,
         base_ads: int = BASE_ADS, requests: int = 256, seed: int = 7, base_path: str | None = None,
         base: BaseCorpus | None = None, updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND),
-        cpu_pool: int = 1_000_000, device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS,
-        out: str | None = None) -> dict:
+        device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS, out: str | None = None) -> dict:
     """The whole GPU benchmark (version numbers of the kernel lab, default: every one that runs here);
     returns the JSON-ready result. `base`: a base corpus already made (else loaded from `base_path`
-    or generated); with `cpu_pool`, the CPU index on a pool of that many ads beside it."""
+    or generated). `andromeda bench match` runs it through `migration.benches.bench_match`, which
+    adds the CPU index beside it."""
     from andromeda_nb.devices import resolve
 
     from . import runtime
@@ -466,8 +441,6 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
     if where == "gpu":
         result["kernel_resources"] = kernel_resources(chosen)
         log(progress, f"registers / local bytes per thread: {result['kernel_resources']}")
-    if cpu_pool:
-        result["cpu_index"] = bench_cpu(base, cpu_pool, progress)
     if out:
         write_json(result, out)
     return result

@@ -399,10 +399,11 @@ def test_bench_match_runs_and_checks(tmp_path, monkeypatch):
     import json
 
     from gpu import bench_match as bm
+    from migration.benches import bench_match
 
     monkeypatch.setattr(bm, "WARMUP", 0)
     out = tmp_path / "match.json"
-    result = bm.run(pools=[240], versions=[_kernels().SIMULATOR_FALLBACK], batches=[32], base_ads=80, requests=40,
+    result = bench_match(pools=[240], versions=[_kernels().SIMULATOR_FALLBACK], batches=[32], base_ads=80, requests=40,
                     updates=(2, 15), cpu_pool=160, chunk_slots=CHUNK, progress=False, out=str(out))
     pool = json.loads(out.read_text())["pools"][0]
     assert pool["ads"] == 240 and pool["copies"] == 3

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bench import median_seconds
+from andromeda_nb.bench import median_seconds
 
 DEFAULT_ADS = 50_000
 DEFAULT_REQUESTS = 12
@@ -53,14 +53,13 @@ def _median_seconds(fn, repeat: int = REPEAT) -> float:
 
 def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lambda m: None) -> dict:
     """Fused (numba, per-ad formula) vs unfused (numpy array ops) vs two-tower dot, on the CPU."""
+    from andromeda_nb.budget import stored_ad_bytes
+    from andromeda_nb.model import quantize, two_tower_vector, user_side
+    from andromeda_nb.reference import reference_scores, two_tower_scores
     from andromeda_nb.scoring import fold_user_side
+    from andromeda_nb.unfused import unfused_scores
     from cpu_baseline.bench import measure_copy_bandwidth
     from cpu_baseline.scorer import CpuScorer
-
-    from .budget import stored_ad_bytes
-    from .model import quantize, two_tower_vector, user_side
-    from .reference import reference_scores, two_tower_scores
-    from .unfused import unfused_scores
 
     model = dataset.model
     rng = np.random.default_rng(seed)
@@ -141,12 +140,14 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
              device: str = "auto", echo: Echo = print, log: Echo = lambda m: None,
              kernel_rows: int = CPU_KERNEL_ROWS) -> dict:
     """Run the five steps; `echo` gets the report, `log` progress. Returns every figure (JSON-ready)."""
-    from . import corpus
-    from .budget import build_budget, stored_ad_bytes
-    from .devices import resolve
+    from andromeda_nb import corpus
+    from andromeda_nb.budget import stored_ad_bytes
+    from andromeda_nb.devices import resolve
+    from andromeda_nb.quality import QualityConfig, run_quality
+    from andromeda_nb.store import load_dataset
+
+    from .budget import build_budget
     from .harness import run_comparison
-    from .quality import QualityConfig, run_quality
-    from .store import load_dataset
 
     # 'gpu' when one is usable; otherwise the CUDA simulator is chosen before numba.cuda loads (the GPU
     # index is then checked under it on small pools) and the co-located path runs on the CPU

@@ -1,4 +1,5 @@
-"""Kernel ads per second of the trained models, where a CUDA GPU is usable: the fused scoring kernel of
+"""`andromeda quality`'s kernel step: kernel ads per second of the quality experiment's trained models
+(`andromeda_nb.quality`), where a CUDA GPU is usable: the fused scoring kernel of
 `gpu.fused.FusedScorer` (scoring and per-block top-K, then the final top-K) run with each model's
 folded user-side tables, on the quality corpus laid out in slot order (format-uniform chunks) and
 replicated until the table is far larger than the GPU's L2 cache (DESIGN section 7).
@@ -16,13 +17,13 @@ import time
 
 import numpy as np
 
-from ..compare import compare_topk
-from ..devices import resolve
-from ..model import MoeModel, quantize, two_tower_vector, user_side
-from ..reference import reference_scores, two_tower_scores
-from ..scoring import dot_table, fold_user_side
-from ..slots import CHUNK_SLOTS, EMPTY
-from ..types import Request
+from andromeda_nb.compare import compare_topk
+from andromeda_nb.devices import resolve
+from andromeda_nb.model import MoeModel, quantize, two_tower_vector, user_side
+from andromeda_nb.reference import reference_scores, two_tower_scores
+from andromeda_nb.scoring import dot_table, fold_user_side
+from andromeda_nb.slots import CHUNK_SLOTS, EMPTY
+from andromeda_nb.types import Request
 
 DEFAULT_SLOTS = 1 << 24  # about 16.8 M slots: 1.1 GB at int8, 4.3 GB at fp32, far beyond L2
 
@@ -147,7 +148,7 @@ def _device_name(cuda, where: str) -> str:
 def measure_result(result, *, device: str = "auto", slots: int = DEFAULT_SLOTS, requests: int = 8,
                    repeats: int = 20) -> dict:
     """`kernel_throughput` of a finished quality run's models on its corpus and first test requests."""
-    from .truth import World
+    from andromeda_nb.quality.truth import World
 
     cfg = result.config
     world = World(cfg.truth, cfg.seed)
