@@ -257,7 +257,6 @@ def _transpose_shuffle(x, tid):
     return _transpose_stage_shuffle(x, lane, 1, 0x55555555)
 
 
-
 TRANSPOSES = {"shared": _transpose_shared, "shuffle": _transpose_shuffle}
 
 
