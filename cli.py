@@ -1,9 +1,16 @@
 """`andromeda`: the command line of andromeda-nb. It parses options and prints; the work is in the
-library (`andromeda_nb`, `cpu_baseline`, `gpu`). Data goes to stdout, progress and logs to stderr."""
+library: the migration layer (`migration`) where both architectures meet, the architectures themselves
+(`cpu_baseline`, `gpu`) and the shared core (`andromeda_nb`). Data goes to stdout, progress and logs to
+stderr."""
 
 from __future__ import annotations
 
 import click
+
+from andromeda_nb.constants import MAX_K, PRECISIONS
+from andromeda_nb.devices import DEVICES
+
+_PRECISION = click.Choice(list(PRECISIONS))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,14 +81,55 @@ def _apply_updates(path, targets, dataset, quiet: bool) -> None:
         click.echo(f"  rejected update {r}", err=True)
 
 
-def _prepare_device(device: str) -> None:
-    """--device sim must be chosen before anything imports numba.cuda (gpu/runtime.py)."""
-    if device == "sim":
-        import os
-        import sys
+def _write_json(result: dict, out, quiet: bool) -> None:
+    if out:
+        from andromeda_nb.bench import write_json
 
-        if "numba.cuda" not in sys.modules:
-            os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        write_json(result, out)
+        _info(f"wrote {out}", quiet)
+
+
+# --- options several commands share ----------------------------------------------------------------
+
+
+def _prepare_simulator(ctx, param, device: str) -> str:
+    """--device sim must be chosen before anything imports numba.cuda (`andromeda_nb.devices`)."""
+    from andromeda_nb.devices import prepare
+
+    prepare(device)
+    return device
+
+
+def device_option(help: str, choices=DEVICES):
+    """--device: where the work runs (`andromeda_nb.devices`); the simulator is chosen while parsing."""
+    return click.option("--device", type=click.Choice(list(choices)), default="auto", show_default=True, help=help,
+                        callback=_prepare_simulator)
+
+
+class IntList(click.ParamType):
+    """Comma-separated positive integers, e.g. "64,128" -> [64, 128]."""
+
+    name = "integers"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            values = [int(x) for x in str(value).split(",") if x.strip()]
+        except ValueError:
+            self.fail(f"expected comma-separated integers, got {value!r}", param, ctx)
+        if not values or min(values) <= 0:
+            self.fail(f"expected positive integers, got {value!r}", param, ctx)
+        return values
+
+
+def int_list_option(*names, default=None, help: str):
+    """An option holding comma-separated positive integers (validated the same way everywhere)."""
+    return click.option(*names, type=IntList(), default=default, show_default=default is not None, help=help)
+
+
+def k_option(help: str = f"Answers per request (1..{MAX_K}).", default: int = 100):
+    return click.option("--k", "k", type=click.IntRange(1, MAX_K), default=default, show_default=True, help=help)
 
 
 _DATA_OPTION = click.option("--data", "data", required=True, type=click.Path(exists=True, file_okay=False),
@@ -90,6 +138,9 @@ _UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_oka
                                help="JSON Lines update stream (DESIGN section 6) applied before answering.")
 _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
 _QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
+_BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+_OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None,
+                                help="Write the results as JSON here.")
 
 
 # --- corpus commands -------------------------------------------------------------------------------
@@ -101,7 +152,7 @@ _QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or
               help="Number of requests.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Corpus seed (same seed, same files).")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+@click.option("--precision", type=_PRECISION, default="fp32", show_default=True,
               help="How embeddings are stored.")
 @click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dimension D.")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
@@ -152,7 +203,7 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, qui
               help="model.npz with the weights (default: seeded weights from --seed).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for missing embeddings, signals and default weights.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+@click.option("--precision", type=_PRECISION, default="fp32", show_default=True,
               help="How embeddings are stored.")
 @click.option("--dim", type=click.IntRange(1, 4096), default=None,
               help="Embedding dimension D when no --model is given (default 64).")
@@ -242,8 +293,7 @@ def reindex(data, as_json, quiet):
 @_DATA_OPTION
 @click.option("--arch", type=click.Choice(["oracle", "cpu", "gpu"]), default="oracle", show_default=True,
               help="Targeting index: the plain oracle, the CPU inverted index, or the GPU index.")
-@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
-              help="Where --arch gpu runs (sim: the CUDA simulator).")
+@device_option("Where --arch gpu runs (sim: the CUDA simulator).")
 @_UPDATES_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
@@ -252,10 +302,9 @@ def match(data, arch, device, updates, as_json, quiet):
 
     With --json, one line per request: {"request_id": .., "eligible": [ad ids ascending]}.
     """
-    from andromeda_nb.answers import (
-        DEVICE_MATCHERS, ArchitectureUnavailable, build_matcher, match_all, match_json_lines, match_table)
+    from andromeda_nb.answers import match_all, match_json_lines, match_table
+    from migration.architectures import DEVICE_MATCHERS, ArchitectureUnavailable, build_matcher
 
-    _prepare_device(device)
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_MATCHERS:
         _info(f"--device {device} applies to --arch {'/'.join(DEVICE_MATCHERS)} only; ignored for {arch}", quiet)
@@ -279,10 +328,8 @@ def match(data, arch, device, updates, as_json, quiet):
 @_DATA_OPTION
 @click.option("--arch", type=click.Choice(["reference", "remote", "colocated"]), default="reference",
               show_default=True, help="The float64 reference, the remote-scoring CPU design, or the co-located one.")
-@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
-              help="Where the co-located path runs (auto: the GPU if usable, else the CPU).")
-@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True,
-              help="Answers per request (1..4096).")
+@device_option("Where the co-located path runs (auto: the GPU if usable, else the CPU).")
+@k_option()
 @click.option("--traffic", is_flag=True,
               help="Count real bytes on the wire per request and hop through counting relays "
                    "(--arch remote or colocated); shown after the table, and per line with --json.")
@@ -294,22 +341,16 @@ def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
 
     With --json, one line per request: {"request_id": .., "ads": [..], "scores": [..]} in rank order.
     """
-    from andromeda_nb.answers import (
-        DEVICE_ARCHS, ArchitectureUnavailable, build_retriever, retrieve_all, retrieve_json_lines, retrieve_table)
+    from andromeda_nb.answers import retrieve_all, retrieve_json_lines, retrieve_table
+    from migration.architectures import DEVICE_ARCHS, ArchitectureUnavailable, build_retriever
 
-    _prepare_device(device)
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_ARCHS:
         _info(f"--device {device} applies to --arch {'/'.join(DEVICE_ARCHS)} only; ignored for {arch}", quiet)
     if traffic and arch == "reference":
         raise click.ClickException("--traffic needs --arch remote or colocated (the reference runs in this process)")
     try:
-        if traffic:
-            from andromeda_nb.interfaces import RETRIEVERS, load_class
-
-            retriever = load_class(RETRIEVERS, arch).build(dataset, device=device, traffic=True)
-        else:
-            retriever = build_retriever(dataset, arch, device)
+        retriever = build_retriever(dataset, arch, device, **({"traffic": True} if traffic else {}))
     except ArchitectureUnavailable as exc:
         raise click.ClickException(str(exc)) from None
     except (RuntimeError, ValueError) as exc:
@@ -346,9 +387,8 @@ def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=12, show_default=True,
               help="Requests in the demo corpus.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Corpus seed.")
-@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True, help="Answers per request.")
-@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
-              help="Where the co-located path runs (auto: the GPU if usable, else the CPU).")
+@k_option()
+@device_option("Where the co-located path runs (auto: the GPU if usable, else the CPU).")
 @_JSON_OPTION
 @_QUIET_OPTION
 def demo(n_ads, n_requests, seed, k, device, as_json, quiet):
@@ -357,9 +397,8 @@ def demo(n_ads, n_requests, seed, k, device, as_json, quiet):
     architectures side by side. With --json the last line is one object with every figure."""
     import json as _json
 
-    from andromeda_nb.demo import DemoError, run_demo
+    from migration.demo import DemoError, run_demo
 
-    _prepare_device(device)
     try:
         figures = run_demo(n_ads=n_ads, n_requests=n_requests, seed=seed, k=k, device=device,
                            echo=(lambda m: None) if as_json else click.echo,
@@ -431,8 +470,7 @@ def serve_remote(data, scorer_address, host, port, threads, scorer_timeout):
 
 @serve.command("colocated")
 @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
-@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
-              help="Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
+@device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
 @click.option("--version", "version", type=int, default=None, help="Scoring kernel version (default: the best).")
@@ -441,12 +479,11 @@ def serve_colocated(data, device, host, port, version):
     the ads; health, stats and update actions.
 
     Prints {"service": "colocated", "location": ...} on stdout once listening; SIGTERM stops it."""
-    _prepare_device(device)
-    from gpu import runtime
+    from andromeda_nb.devices import resolve
 
     try:
-        runtime.select(device)
-        from gpu.serve import run_colocated
+        resolve(device)
+        from migration.serve import run_colocated
 
         run_colocated(_service_dataset(data), host=host, port=port, device=device, version=version)
     except (RuntimeError, ValueError) as exc:
@@ -456,40 +493,35 @@ def serve_colocated(data, device, host, port, version):
 @bench.command("cpu")
 @click.option("--ads", "n_ads", default=200_000, show_default=True, help="Pool size (ads).")
 @click.option("--requests", "n_requests", default=64, show_default=True, help="Requests for match and end-to-end.")
-@click.option("--k", default=100, show_default=True, help="Top-K of the end-to-end runs.")
+@k_option("Top-K of the end-to-end runs.")
 @click.option("--seed", default=1, show_default=True, help="Corpus seed.")
-@click.option("--precision", "precisions", multiple=True, default=("fp32", "fp16", "int8"), show_default=True,
-              type=click.Choice(["fp32", "fp16", "int8"]), help="Storage precisions to score.")
-@click.option("--e2e-precision", default="int8", show_default=True, type=click.Choice(["fp32", "fp16", "int8"]),
+@click.option("--precision", "precisions", multiple=True, default=PRECISIONS, show_default=True,
+              type=_PRECISION, help="Storage precisions to score.")
+@click.option("--e2e-precision", default="int8", show_default=True, type=_PRECISION,
               help="Storage precision of the end-to-end run.")
 @click.option("--score-rows", default=2_000_000, show_default=True,
               help="Rows of the scorer's table (sized well past the last-level cache).")
 @click.option("--repeat", default=5, show_default=True, help="Repetitions per timing (median reported).")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
-@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@_OUT_JSON_OPTION
+@_QUIET_OPTION
 def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows, repeat, out, quiet):
     """Remote-scoring baseline: CPU match (pool ads/s), CPU scorer (ads/s, GB/s against this machine's
     measured copy bandwidth) and end-to-end requests/s with p50/p99 latency over Flight."""
-    import json
-
     from cpu_baseline.bench import format_table, run_cpu_bench
 
-    log = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
     result = run_cpu_bench(n_ads=n_ads, n_requests=n_requests, k=k, seed=seed, precisions=precisions,
-                           e2e_precision=e2e_precision, repeat=repeat, score_rows=score_rows, log=log)
+                           e2e_precision=e2e_precision, repeat=repeat, score_rows=score_rows,
+                           log=lambda message: _info(message, quiet))
     _stamp(result, "cpu")
     click.echo(format_table(result))
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=2)
-        log(f"wrote {out}")
+    _write_json(result, out, quiet)
 
 
 @bench.command("match")
-@click.option("--pools", default="10000000,100000000", show_default=True,
-              help="Pool sizes (ads), comma-separated; each pool tiles the generated base corpus.")
-@click.option("--versions", default=None, help="Kernel versions to time, comma-separated (default: all that run here).")
-@click.option("--batches", default="64,256", show_default=True, help="Requests per launch, comma-separated.")
+@int_list_option("--pools", default="10000000,100000000",
+                 help="Pool sizes (ads), comma-separated; each pool tiles the generated base corpus.")
+@int_list_option("--versions", help="Kernel versions to time, comma-separated (default: all that run here).")
+@int_list_option("--batches", default="64,256", help="Requests per launch, comma-separated.")
 @click.option("--base-ads", default=32_768, show_default=True, help="Ads of the generated base corpus.")
 @click.option("--requests", "n_requests", default=256, show_default=True, help="Requests generated.")
 @click.option("--seed", default=7, show_default=True, help="Corpus seed.")
@@ -499,11 +531,10 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
               help="Measure updates per second applied while serving (on the first pool).")
 @click.option("--cpu-pool", default=1_000_000, show_default=True,
               help="Pool size for the CPU inverted index beside the GPU figures (0: skip).")
-@click.option("--device", type=click.Choice(["auto", "gpu", "sim"]), default="auto", show_default=True,
-              help="Where the kernels run (sim: the CUDA simulator; tiny pools only).")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@device_option("Where the kernels run (sim: the CUDA simulator; tiny pools only).", choices=("auto", "gpu", "sim"))
+@_OUT_JSON_OPTION
+@_BENCH_JSON_OPTION
+@_QUIET_OPTION
 def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path, updates, cpu_pool, device, out,
                 as_json, quiet):
     """GPU targeting index: pool ads/s of every match kernel version for each pool size, device bytes
@@ -511,54 +542,36 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     checked against the oracle before anything is timed."""
     import json
 
-    def ints(text, name):
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise click.ClickException(f"--{name}: expected comma-separated integers, got {text!r}") from None
-        if not values or min(values) <= 0:
-            raise click.ClickException(f"--{name}: expected positive integers, got {text!r}")
-        return values
-
-    _prepare_device(device)
-    from gpu import bench_match as bm
+    from migration.benches import bench_match as run_bench
 
     try:
-        result = bm.run(pools=ints(pools, "pools"), versions=ints(versions, "versions") if versions else None,
-                        batches=ints(batches, "batches"), base_ads=base_ads, requests=n_requests, seed=seed,
-                        base_path=base_path, updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
-                        cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
+        from gpu import bench_match as bm
+
+        result = run_bench(pools=pools, versions=versions, batches=batches, base_ads=base_ads, requests=n_requests,
+                           seed=seed, base_path=base_path,
+                           updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
+                           cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise click.ClickException(f"bench match: {exc}") from None
     _stamp(result, "match")
     click.echo(json.dumps(result, indent=2, default=float) if as_json else bm.table(result))
-    if out:  # rewritten with the command and environment (the partial files written during the run lack them)
-        bm.dump(result, out)
-        _info(f"wrote {out}", quiet)
-
-
-def _write_json(result, out, quiet):
-    import json
-
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=2, default=float)
-        _info(f"wrote {out}", quiet)
+    # rewritten with the command and environment (the partial files written during the run lack them)
+    _write_json(result, out, quiet)
 
 
 @bench.command("score")
 @click.option("--ads", "n_ads", default=1 << 26, show_default=True, help="Pool size (ads), generated on the GPU.")
-@click.option("--dims", default="64,128", show_default=True, help="Embedding dims, comma-separated.")
-@click.option("--precision", "precisions", multiple=True, default=("fp32", "fp16", "int8"), show_default=True,
-              type=click.Choice(["fp32", "fp16", "int8"]), help="Storage precisions.")
-@click.option("--versions", default=None, help="Kernel versions, comma-separated (default: all).")
-@click.option("--k", default=100, show_default=True, help="Top-K of the full-size check and the timed runs.")
+@int_list_option("--dims", default="64,128", help="Embedding dims, comma-separated.")
+@click.option("--precision", "precisions", multiple=True, default=PRECISIONS, show_default=True,
+              type=_PRECISION, help="Storage precisions.")
+@int_list_option("--versions", help="Kernel versions, comma-separated (default: all).")
+@k_option("Top-K of the full-size check and the timed runs.")
 @click.option("--unfused/--no-unfused", default=True, show_default=True, help="Also time the unfused CuPy pipeline.")
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Also time the PyTorch peers (dot, eager and compiled MoE) where PyTorch is importable.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the pool and the model.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+@_OUT_JSON_OPTION
+@_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out, as_json, quiet):
     """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
@@ -569,9 +582,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
     try:
         from gpu import bench_score as bs
 
-        result = bs.bench_score(n_ads=n_ads, dims=[int(d) for d in dims.split(",")], precisions=precisions,
-                                versions=[int(v) for v in versions.split(",")] if versions else None, k=k,
-                                seed=seed, unfused=unfused, peers=peers, progress=not quiet, out=out)
+        result = bs.bench_score(n_ads=n_ads, dims=dims, precisions=precisions, versions=versions, k=k, seed=seed,
+                                unfused=unfused, peers=peers, progress=not quiet, out=out)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench score: {exc}") from None
     _stamp(result, "score")
@@ -582,14 +594,14 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
 @bench.command("pipeline")
 @click.option("--pool", default=10_000_000, show_default=True, help="Pool size (ads): a generated base corpus, tiled.")
 @click.option("--base-ads", default=8192, show_default=True, help="Ads of the generated base corpus.")
-@click.option("--precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "int8"]),
+@click.option("--precision", default="fp16", show_default=True, type=_PRECISION,
               help="Stored embedding precision of the pool.")
 @click.option("--dim", default=64, show_default=True, help="Embedding dim.")
-@click.option("--k", default=100, show_default=True, help="Top-K per request.")
-@click.option("--batches", default="1,16,64", show_default=True, help="Requests per batch for throughput.")
+@k_option("Top-K per request.")
+@int_list_option("--batches", default="1,16,64", help="Requests per batch for throughput.")
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+@_OUT_JSON_OPTION
+@_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
@@ -599,8 +611,8 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_jso
     try:
         from gpu import bench_score as bs
 
-        result = bs.bench_pipeline(pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
-                                   batches=[int(b) for b in batches.split(",")], seed=seed, progress=not quiet)
+        result = bs.bench_pipeline(pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k, batches=batches,
+                                   seed=seed, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")
@@ -628,7 +640,7 @@ def bench_report(files, out, charts, commands, as_json, quiet):
     its content. Only the generated part of BENCHMARKS.md (between its markers) is rewritten."""
     import json
 
-    from andromeda_nb.report import ReportError, build_report, format_summary, parse_commands
+    from migration.report import ReportError, build_report, format_summary, parse_commands
 
     try:
         result = build_report(files, out, charts=charts, commands=parse_commands(commands))
@@ -649,7 +661,7 @@ def bench_report(files, out, charts, commands, as_json, quiet):
               help="Write model.npz (MoE k=2 with the two-tower weights), model_k1/_k4/_dense.npz, "
                    "quality.json and quality.png (with the `plots` extra) into this directory.")
 @click.option("--small", is_flag=True, help="A small world and short training: seconds, for a first look.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+@click.option("--precision", type=_PRECISION, default="fp32", show_default=True,
               help="Stored embedding precision the trained models are evaluated on.")
 @click.option("--kernel/--no-kernel", default=True, show_default=True,
               help="Measure the fused kernel's ads/s for each model when a CUDA GPU is usable.")
@@ -672,7 +684,7 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
         raise click.ClickException(str(exc)) from None
     result = run_quality(config, progress=None if quiet else (lambda m: click.echo(m, err=True)))
     if kernel:
-        from andromeda_nb.quality.kernel import measure_result
+        from migration.quality_kernel import measure_result
 
         result.kernel = measure_result(result)
         _info(f"kernel: {result.kernel.get('skipped') or result.kernel.get('device')}", quiet)
@@ -692,10 +704,9 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
 
 @main.command()
 @_DATA_OPTION
-@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True, help="Answers per request.")
-@click.option("--device", type=click.Choice(["auto", "gpu", "cpu", "sim"]), default="auto", show_default=True,
-              help="Where the co-located path and the GPU index run (auto: the GPU if usable, else the simulator "
-                   "for the index and the CPU for scoring).")
+@k_option()
+@device_option("Where the co-located path and the GPU index run (auto: the GPU if usable, else the simulator "
+               "for the index and the CPU for scoring).")
 @_UPDATES_OPTION
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
               help="Use only the first N requests of the corpus.")
@@ -712,9 +723,8 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     traffic_reduction, ...). Exits non-zero when the architectures disagree."""
     import json as _json
 
-    from andromeda_nb.harness import format_report, run_comparison
+    from migration.harness import format_report, run_comparison
 
-    _prepare_device(device)
     dataset = _load_dataset(data, quiet)
     try:
         report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
@@ -731,7 +741,7 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
 @main.command()
 @click.option("--data", "data", default=None, type=click.Path(exists=True, file_okay=False),
               help="Corpus directory: network bytes from its real requests and eligible-set sizes.")
-@click.option("--k", "k", type=click.IntRange(1, 4096), default=100, show_default=True, help="Answers per request.")
+@k_option()
 @click.option("--dim", type=click.IntRange(1, 4096), default=None, help="Embedding dimension (default: the corpus's, or 64).")
 @click.option("--measured", "measured", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Benchmark or compare JSON whose measured figures are printed beside the budget (repeatable).")
@@ -743,7 +753,7 @@ def budget(data, k, dim, measured, as_json, quiet):
     architecture, counted from the data layout and printed beside measured values."""
     import json as _json
 
-    from andromeda_nb.budget import build_budget, format_budget
+    from migration.budget import build_budget, format_budget
 
     dataset = _load_dataset(data, quiet) if data else None
     try:

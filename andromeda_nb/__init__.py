@@ -1,3 +1,4 @@
-"""andromeda-nb shared core: targeting semantics and oracle, corpus, model and reference, harness."""
+"""andromeda-nb's shared contract (docs/DESIGN.md): targeting semantics and oracle, corpus, model and reference,
+comparison rules, protocol; it imports neither architecture."""
 
 __version__ = "0.1.0"

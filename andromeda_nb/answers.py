@@ -1,9 +1,10 @@
-"""Answering a corpus's requests with any architecture: build the matcher or retriever that an
-`--arch` names (`interfaces.MATCHERS` / `RETRIEVERS`), apply an update stream to it, run it in
-batches, and render the answers as DESIGN section 8's JSON lines or as a readable table.
+"""Answers of any architecture, in the forms DESIGN section 8 fixes: K checked against its limits
+(`check_k`, the one check every caller uses), a corpus's requests run through a matcher or retriever
+in batches (with an update stream applied first), and the answers rendered as JSON lines or as a
+readable table.
 
-`andromeda match` and `andromeda retrieve` are thin wrappers over these functions, so every
-architecture plugs into the same commands and the tests call the same code.
+`andromeda match` and `andromeda retrieve` are thin wrappers over these functions and over
+`migration.architectures`, which builds the matcher or retriever an `--arch` names.
 """
 
 from __future__ import annotations
@@ -14,42 +15,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .constants import MAX_K
-from .interfaces import MATCHERS, RETRIEVERS, load_class
 from .types import Request
 
 MATCH_BATCH = 16  # requests per call, so long runs can report progress
 RETRIEVE_BATCH = 16
-DEVICE_ARCHS = ("colocated",)  # the retrievers that take --device
-DEVICE_MATCHERS = ("gpu",)  # the matchers that take --device
-
-
-class ArchitectureUnavailable(RuntimeError):
-    """An --arch whose module is not part of this installation (or cannot be imported here)."""
-
-
-def _load(table: dict[str, str], arch: str, kind: str):
-    if arch not in table:
-        raise ArchitectureUnavailable(f"unknown {kind} architecture {arch!r}; choose from {', '.join(table)}")
-    try:
-        return load_class(table, arch)
-    except (ImportError, AttributeError) as exc:
-        raise ArchitectureUnavailable(
-            f"{kind} architecture {arch!r} ({table[arch]}) is not available here: {exc}") from None
-
-
-def build_matcher(dataset, arch: str, device: str = "auto"):
-    """The `interfaces.TargetingIndex` that `--arch` names, built over the dataset's ads (from their
-    compiled targeting where the index takes it: no ad parsed); `device` goes to the ones that take it."""
-    from .reference import build_index
-
-    cls = _load(MATCHERS, arch, "match")
-    return build_index(cls, dataset, device=device) if arch in DEVICE_MATCHERS else build_index(cls, dataset)
-
-
-def build_retriever(dataset, arch: str, device: str = "auto"):
-    """The `interfaces.Retriever` that `--arch` names; `device` goes to the ones that take it."""
-    cls = _load(RETRIEVERS, arch, "retrieve")
-    return cls.build(dataset, device=device) if arch in DEVICE_ARCHS else cls.build(dataset)
 
 
 def apply_updates_file(path, targets: Sequence, dataset):
@@ -77,9 +46,13 @@ def match_all(index, requests: Sequence[Request], progress: Callable[[int], None
     return out
 
 
-def check_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
-        raise ValueError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
+def check_k(k) -> int:
+    """K of a top-K request: an int in 1..MAX_K (DESIGN section 4). A ValueError names k and the
+    limit; callers with an error type of their own convert it (`andromeda_nb.flight.check_k`)."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"k: expected an integer, got {k!r}")
+    if not 1 <= int(k) <= MAX_K:
+        raise ValueError(f"k: must be between 1 and {MAX_K}, got {k}")
     return int(k)
 
 

@@ -14,16 +14,16 @@ Network, per request:
   user-side tables), scorer -> index host (a float32 per candidate), index host -> client (top-K).
 * co-located: client -> server (the request), server -> client (top-K).
 These are payload bytes; the harness measures real bytes on the wire (framing included) with a
-counting relay and prints both.
+counting relay and prints both (`migration.budget` holds the `andromeda budget` report, which counts
+a corpus's eligible sets for it).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .constants import DEFAULT_D, DEFAULT_E, DEFAULT_F, DEFAULT_TOP_EXPERTS
+from .constants import DEFAULT_D, DEFAULT_E, DEFAULT_F, DEFAULT_TOP_EXPERTS, INT8_SCALE_BYTES, PRECISION_BYTES
 
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 F32, I64 = 4, 8
 ANSWER_ROW_BYTES = I64 + F32 + I64  # request_id, score, ad_id per returned row
 
@@ -41,7 +41,7 @@ class Stage:
 
 def stored_ad_bytes(precision: str, dim: int = DEFAULT_D) -> int:
     """Bytes of one stored ad embedding (int8 carries a float32 scale)."""
-    return dim * ELEMENT_BYTES[precision] + (F32 if precision == "int8" else 0)
+    return dim * PRECISION_BYTES[precision] + (INT8_SCALE_BYTES if precision == "int8" else 0)
 
 
 def fused_stages(precision: str, dim: int = DEFAULT_D, k: int = 100, block_ads: int = 256) -> list[Stage]:
@@ -126,90 +126,3 @@ __all__ = [
     "unfused_stages",
     "user_side_bytes",
 ]
-
-
-# --- the `andromeda budget` report ---------------------------------------------------------------------
-
-EXAMPLE_ELIGIBLE = 500_000  # the illustrative pool of the published write-up: 500,000 ads pass targeting
-EXAMPLE_REQUEST_BYTES = 2_000
-
-
-def _network_from_dataset(dataset, k: int) -> dict:
-    from cpu_baseline.index import CpuTargetingIndex
-
-    from .flight import request_text
-
-    index = CpuTargetingIndex(dataset.compiled)  # the compiled form: no ad parsed
-    sizes = [len(ids) for ids in index.match(dataset.requests)]
-    index.close()
-    request_bytes = [len(request_text(r).encode()) for r in dataset.requests]
-    m = dataset.model
-    per_request = [network_payload(b, n, k, m.D, m.E, m.F) for b, n in zip(request_bytes, sizes)]
-    mean = {arch: {hop: {d: sum(p[arch][hop][d] for p in per_request) / len(per_request)
-                         for d in ("upstream", "downstream")} for hop in per_request[0][arch]}
-            for arch in per_request[0]}
-    return {"source": "corpus", "requests": len(sizes), "eligible_mean": float(sum(sizes) / len(sizes)),
-            "request_bytes_mean": float(sum(request_bytes) / len(request_bytes)), "payload": mean}
-
-
-def _measured(paths) -> dict:
-    """Measured figures from compare JSON (bytes on the wire) and benchmark JSON (kernel rows)."""
-    import json
-
-    out: dict = {}
-    for path in paths:
-        with open(path) as f:
-            lines = [line for line in f.read().splitlines() if line.strip()]
-        try:
-            doc = json.loads(lines[-1]) if lines else {}
-        except ValueError as exc:
-            raise ValueError(f"{path}: the last line is not JSON ({exc})") from None
-        if "bytes_per_request" in doc:
-            out["wire_bytes_per_request"] = doc["bytes_per_request"]
-            out["wire_bytes_per_hop"] = doc.get("bytes_per_hop", {})
-            out["traffic_reduction"] = doc.get("traffic_reduction")
-        for row in doc.get("kernels", []) if isinstance(doc, dict) else []:
-            out.setdefault("kernels", []).append(row)
-    return out
-
-
-def build_budget(dataset=None, *, k: int = 100, dim: int | None = None, measured=()) -> dict:
-    dim = dim or (dataset.model.D if dataset is not None else DEFAULT_D)
-    if dataset is not None and len(dataset.requests):
-        network = _network_from_dataset(dataset, k)
-    else:
-        network = {"source": "example", "requests": 0, "eligible_mean": float(EXAMPLE_ELIGIBLE),
-                   "request_bytes_mean": float(EXAMPLE_REQUEST_BYTES),
-                   "payload": network_payload(EXAMPLE_REQUEST_BYTES, EXAMPLE_ELIGIBLE, k, dim)}
-    payload = network["payload"]
-    remote, colocated = payload_total(payload["remote"]), payload_total(payload["colocated"])
-    return {"dim": dim, "k": k, "device": budget_table(dim=dim, k=k), "network": network,
-            "network_reduction": remote / max(1.0, colocated), "measured": _measured(measured)}
-
-
-def format_budget(report: dict) -> str:
-    lines = [f"Device memory per candidate scored (D = {report['dim']}, K = {report['k']}):",
-             f"  {'precision':<10}{'fused B/ad':>12}{'unfused B/ad':>15}{'unfused/fused':>15}"]
-    for row in report["device"]:
-        lines.append(f"  {row['precision']:<10}{row['fused_bytes_per_ad']:>12.1f}{row['unfused_bytes_per_ad']:>15.1f}"
-                     f"{row['unfused_over_fused']:>14.1f}x")
-    lines.append("  unfused stages (fp16), bytes read + written per candidate:")
-    for st in report["device"][1]["unfused_stages"]:
-        lines.append(f"    {st['name']:<34}{st['read']:>9.1f} + {st['write']:>7.1f}")
-    net = report["network"]
-    src = (f"{net['requests']} requests of the corpus" if net["source"] == "corpus"
-           else "the write-up's illustration")
-    lines.append(f"Network payload per request ({src}; {net['eligible_mean']:,.0f} eligible ads, "
-                 f"{net['request_bytes_mean']:,.0f}-byte request):")
-    measured = report["measured"].get("wire_bytes_per_hop", {})
-    for arch, hops in net["payload"].items():
-        for hop, d in hops.items():
-            wire = measured.get(arch, {}).get(hop)
-            extra = f"   measured on the wire: {wire:,.0f}" if wire is not None else ""
-            lines.append(f"  {arch:<10}{hop:<22}{d['upstream']:>14,.0f} up {d['downstream']:>12,.0f} down{extra}")
-    lines.append(f"  remote / co-located payload: {report['network_reduction']:,.0f}x")
-    if "traffic_reduction" in report["measured"]:
-        lines.append(f"  remote / co-located measured on the wire: {report['measured']['traffic_reduction']:,.1f}x")
-    for row in report["measured"].get("kernels", []):
-        lines.append(f"  measured kernel: {row}")
-    return "\n".join(lines)

@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from . import answers
 from .constants import MAX_K
 from .types import Request, TargetingError
 
@@ -141,9 +142,11 @@ def request_batch(requests: Sequence, k: int | Sequence[int]) -> pa.RecordBatch:
 
 
 def check_k(k: int, request_id=None) -> int:
-    if not 1 <= int(k) <= MAX_K:
-        raise InvalidInput(f"request {request_id}: k = {k} is outside 1..{MAX_K}")
-    return int(k)
+    """`andromeda_nb.answers.check_k` as an `InvalidInput` that names the request."""
+    try:
+        return answers.check_k(int(k))
+    except ValueError:
+        raise InvalidInput(f"request {request_id}: k = {k} is outside 1..{MAX_K}") from None
 
 
 def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, width: int

@@ -1,12 +1,11 @@
 """The interfaces both architectures implement, so the CLI and the harness treat them alike.
 
-Which class serves which `--arch` is listed in `MATCHERS` and `RETRIEVERS`; they are imported
-lazily, so the CPU-only parts never import numba-cuda and a missing GPU costs nothing.
+Which class serves which `--arch` and device is listed a layer up, in `migration.architectures`
+(the contract names no implementation of either architecture).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
@@ -39,7 +38,7 @@ class TargetingIndex(Protocol):
 
 class Retriever(Protocol):
     """Top-K retrieval: `andromeda_nb.reference.ReferenceRetriever`,
-    `cpu_baseline.remote.RemoteRetriever`, `gpu.colocated.ColocatedRetriever`."""
+    `cpu_baseline.remote.RemoteRetriever`, `migration.colocated.ColocatedRetriever`."""
 
     @classmethod
     def build(cls, dataset: "Dataset", **options) -> "Retriever": ...
@@ -53,20 +52,28 @@ class Retriever(Protocol):
     def close(self) -> None: ...
 
 
-MATCHERS = {
-    "oracle": "andromeda_nb.oracle:OracleIndex",
-    "cpu": "cpu_baseline.index:CpuTargetingIndex",
-    "gpu": "gpu.index:GpuTargetingIndex",
-}
-RETRIEVERS = {
-    "reference": "andromeda_nb.reference:ReferenceRetriever",
-    "remote": "cpu_baseline.remote:RemoteRetriever",
-    "colocated": "gpu.colocated:ColocatedRetriever",
-}
+class Engine(Protocol):
+    """A co-located engine: one corpus matched, scored and cut to top-K next to the ads, on one
+    device. `cpu_baseline.engine.CpuEngine` (the CPU index and the CPU scorer) and
+    `gpu.engine.GpuEngine` (the GPU index and the fused scoring kernel); a co-located server
+    (`andromeda_nb.engine_server`) serves either."""
 
+    device: str  # where it runs: 'cpu', 'gpu' or 'sim'
 
-def load_class(table: dict[str, str], name: str):
-    if name not in table:
-        raise KeyError(f"unknown architecture {name!r}; choose from {', '.join(table)}")
-    module, _, attr = table[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per request (ad ids int64, scores float32) in rank order (DESIGN section 4), at most k rows."""
+
+    def apply(self, update: Update) -> None:
+        """Apply one update of DESIGN section 6, already checked against the live ad set."""
+
+    def describe(self) -> dict:
+        """What it holds and where it runs, for a server's `health` action."""
+
+    def close(self) -> None: ...
+
+    def __len__(self) -> int:
+        """Number of live ads."""
+
+    def __contains__(self, ad_id) -> bool:
+        """Whether `ad_id` is live."""
+

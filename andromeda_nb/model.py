@@ -48,6 +48,7 @@ from .types import Context, Request
 MODEL_ARRAYS = ("W", "b", "K", "A", "B")  # required in model.npz
 TWO_TOWER_ARRAYS = ("T", "t")  # optional in model.npz, both or neither
 STORED_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
+PRECISION_OF_DTYPE = {np.dtype(dtype): name for name, dtype in STORED_DTYPES.items()}
 INT8_LEVELS = 127  # int8 values lie in [-127, 127]
 
 # Scales of the seeded weights (MoeModel.init), chosen for signals ~ N(0, 1) and ad embeddings with
@@ -400,11 +401,26 @@ def quantize(emb_f32, precision: str) -> EmbeddingTable:
     return EmbeddingTable(q, scale, precision)
 
 
+def ad_embedding_of(ad, seed: int, dim: int) -> np.ndarray:
+    """float32 (dim,): an ad's own embedding, or the one derived from its id and the corpus seed when it
+    carries none (DESIGN section 2). ModelError when it has the wrong length."""
+    emb = ad.embedding
+    if emb is None:
+        from .derive import ad_embedding
+
+        emb = ad_embedding(ad.ad_id, seed, dim)
+    emb = np.asarray(emb, np.float32)
+    if emb.shape != (dim,):
+        raise ModelError(f"ad {ad.ad_id}: embedding: expected {dim} values, got {emb.shape}")
+    return emb
+
+
 __all__ = [
     "EmbeddingTable",
     "ModelError",
     "MoeModel",
     "UserSide",
+    "ad_embedding_of",
     "context_vector",
     "hour_bucket",
     "quantize",

@@ -18,8 +18,9 @@ import platform
 import shlex
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
+
+from .bench import package_version
 
 KINDS = ("match", "score", "pipeline", "cpu", "compare", "quality")
 PACKAGES = ("numpy", "numba", "numba-cuda", "pyarrow", "cupy-cuda12x", "cupy-cuda13x", "click")
@@ -27,7 +28,8 @@ CLI_NAMES = ("andromeda", "cli.py")
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's model name (from /proc/cpuinfo where there is one)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -53,13 +55,12 @@ def _git_commit() -> dict:
 
 def host_info() -> dict:
     """Python, platform, CPU, core count, the versions of the packages that matter, the git revision."""
-    info = {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu_model(),
+    info = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_model(),
             "cores": os.cpu_count()}
     for name in PACKAGES:
-        try:
-            info[name.replace("-", "_")] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
+        version = package_version(name)
+        if version is not None:
+            info[name.replace("-", "_")] = version
     info.update(_git_commit())
     return info
 
@@ -120,4 +121,4 @@ def stamp_from_click(result: dict, kind: str) -> dict:
     return stamp(result, kind, command_path=ctx.command_path, params=dict(ctx.params))
 
 
-__all__ = ["KINDS", "command_line", "host_info", "stamp", "stamp_from_click"]
+__all__ = ["KINDS", "command_line", "cpu_model", "host_info", "stamp", "stamp_from_click"]

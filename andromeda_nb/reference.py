@@ -26,21 +26,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .constants import GATE_TIE_ATOL, MAX_K
-from .model import EmbeddingTable, ModelError, MoeModel, UserSide, quantize, two_tower_vector, user_side
+from .answers import check_k
+from .constants import GATE_TIE_ATOL
+from .model import (EmbeddingTable, ModelError, MoeModel, UserSide, ad_embedding_of, quantize, two_tower_vector,
+                    user_side)
 from .rows import RowMap, fit_rows
 from .types import Request, Retire, SetStatus, Update, Upsert
 
 BATCH_ROWS = 32768  # ads per vectorized pass: about 20 MB of float64 temporaries at D = 64
-
-
-def check_k(k) -> int:
-    """K of a top-K request: an int in 1..MAX_K (DESIGN section 4)."""
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
-        raise ValueError(f"k: expected an integer, got {k!r}")
-    if not 1 <= int(k) <= MAX_K:
-        raise ValueError(f"k: must be between 1 and {MAX_K}, got {k}")
-    return int(k)
 
 
 # --- scores ------------------------------------------------------------------------------------------
@@ -290,23 +283,12 @@ class ReferenceRetriever:
                    seed=dataset.seed, scorer=scorer)
 
     # --- updates -----------------------------------------------------------------------------------
-    def _embedding(self, ad) -> np.ndarray:
-        emb = ad.embedding
-        if emb is None:
-            from .derive import ad_embedding
-
-            emb = ad_embedding(ad.ad_id, self.seed, self.model.D)
-        emb = np.asarray(emb, np.float32)
-        if emb.shape != (self.model.D,):
-            raise ModelError(f"ad {ad.ad_id}: embedding: expected {self.model.D} values, got {emb.shape}")
-        return emb
-
     def apply(self, update: Update) -> None:
         if isinstance(update, Upsert):
             ad = update.ad
             if not 0 <= ad.format < self.model.F:
                 raise ModelError(f"ad {ad.ad_id}: format {ad.format} is outside 0..{self.model.F - 1}")
-            stored = quantize(self._embedding(ad)[None, :], self.precision)
+            stored = quantize(ad_embedding_of(ad, self.seed, self.model.D)[None, :], self.precision)
             self.index.apply(update)
             row, _ = self._rows.assign(ad.ad_id)
             n = self._rows.n_rows

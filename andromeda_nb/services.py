@@ -1,7 +1,7 @@
 """Server processes and the client plumbing both architectures' retrievers share.
 
 * `ServiceProcess`: one server started as `python -m MODULE ARGS...` (`cpu_baseline.serve`,
-  `gpu.serve`) with the project on `PYTHONPATH`. A server announces itself with one JSON line on
+  `migration.serve`) with the project on `PYTHONPATH`. A server announces itself with one JSON line on
   stdout once it listens (`announce`: `{"service": ..., "location": "grpc://HOST:PORT", ...}`), so a
   parent that asked for port 0 learns the port. `stop()` sends SIGTERM, waits, then kills.
 * `dataset_args`: how a started server gets the corpus: the directory it was read from, or a pickle
@@ -12,7 +12,7 @@
 * `relay_in_front`: a counting relay (`andromeda_nb.relay`) that forwards to a server, for real
   bytes on the wire; `stop_all` stops started processes, closes relays, removes a temporary directory.
 * `ServedRetriever`: the client half of a retriever answered by a server over Flight
-  (`cpu_baseline.remote.RemoteRetriever`, `gpu.colocated.ColocatedRetriever` when served): retrieve,
+  (`cpu_baseline.remote.RemoteRetriever`, `migration.colocated.ColocatedRetriever` when served): retrieve,
   traffic per hop, updates, actions, release.
 """
 

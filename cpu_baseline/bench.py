@@ -20,7 +20,6 @@ scorer against the float64 reference on a sample ("scores match the reference") 
 from __future__ import annotations
 
 import os
-import platform
 import tempfile
 import time
 
@@ -28,7 +27,9 @@ import numba
 import numpy as np
 
 from andromeda_nb import jitcache
+from andromeda_nb.bench import copy_bandwidth, log as progress_log, median_seconds, package_version, software
 from andromeda_nb.constants import SCORE_ATOL
+from andromeda_nb.provenance import cpu_model
 
 jitcache.install()  # cached code is recompiled when any project source changes
 
@@ -47,26 +48,13 @@ def _parallel_copy(src, dst):
         dst[lo:hi] = src[lo:hi]
 
 
-def median_time(fn, repeat: int, *, clock=time.perf_counter) -> float:
-    """Median seconds of `repeat` calls of `fn` by `clock`: wall clock by default, or
-    `time.process_time`, the CPU time of this process (robust to other processes sharing the cores)."""
-    times = []
-    for _ in range(repeat):
-        t = clock()
-        fn()
-        times.append(clock() - t)
-    return float(np.median(times))
-
-
 def measure_copy_bandwidth(repeat: int = 5, nbytes: int = COPY_BYTES) -> dict:
     src = np.arange(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
-    np.copyto(dst, src)
-    numpy_s = median_time(lambda: np.copyto(dst, src), repeat)
-    _parallel_copy(src, dst)
-    numba_s = median_time(lambda: _parallel_copy(src, dst), repeat)
-    moved = 2 * src.nbytes
-    out = {"bytes_per_copy": moved, "numpy_GBps": moved / numpy_s / 1e9, "parallel_GBps": moved / numba_s / 1e9}
+    numpy_s = median_seconds(lambda: np.copyto(dst, src), repeat, warmup=1)
+    numba_s = median_seconds(lambda: _parallel_copy(src, dst), repeat, warmup=1)
+    out = {"bytes_per_copy": 2 * src.nbytes, "numpy_GBps": copy_bandwidth(src.nbytes, numpy_s) / 1e9,
+           "parallel_GBps": copy_bandwidth(src.nbytes, numba_s) / 1e9}
     out["ceiling_GBps"] = max(out["numpy_GBps"], out["parallel_GBps"])
     return out
 
@@ -77,7 +65,8 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
     from andromeda_nb.scoring import fold_user_side
     from andromeda_nb.testing import random_requests
 
-    from .scorer import SERIAL_OF, SHIPPED_VERSION, VERSIONS, CpuScorer
+    from .lab.scorer import VERSIONS
+    from .scorer import SHIPPED, CpuScorer
 
     rng = np.random.default_rng(seed)
     model = MoeModel.init(seed)
@@ -96,22 +85,22 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
         ref = reference_scores(model, us, table, sample, formats[sample])
         lo_b, hi_b = ref.bounds()
         for version in VERSIONS:
-            scorer = CpuScorer.from_table(table, formats, model.top_k, version=version)
+            scorer = CpuScorer.from_table(table, formats, model.top_k, version=VERSIONS[version])
             got = scorer.score(sample, tab)
             err = float(np.max(np.maximum(lo_b - got, got - hi_b).clip(0)))
             if err > SCORE_ATOL:
                 raise AssertionError(f"scorer v{version} {precision}: error {err} vs the reference")
             scorer.score(rows[: 1 << 14], tab)  # warm-up (compile / load from cache)
-            seconds = median_time(lambda: scorer.score(rows, tab), repeat)
+            seconds = median_seconds(lambda: scorer.score(rows, tab), repeat)
             moved = n_rows * (scorer.bytes_per_row + 4 + 4)
-            serial = SERIAL_OF.get(scorer.kernel, scorer.kernel)
+            serial = scorer.drivers.serial
             out = np.empty(n_rows, np.float32)
             serial(scorer._values, scorer._scale, scorer._formats, rows[:64], tab, model.E, model.top_k, out)  # warm-up
-            cpu_s = median_time(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, tab, model.E,
-                                               model.top_k, out), max(1, repeat // 2), clock=time.process_time)
+            cpu_s = median_seconds(lambda: serial(scorer._values, scorer._scale, scorer._formats, rows, tab, model.E,
+                                                  model.top_k, out), max(1, repeat // 2), clock=time.process_time)
             results.append({
                 "cpu_ns_per_ad_one_thread": cpu_s / n_rows * 1e9,
-                "precision": precision, "version": version, "shipped": version == SHIPPED_VERSION,
+                "precision": precision, "version": version, "shipped": version == SHIPPED,
                 "ads": n_rows, "table_bytes": n_rows * scorer.bytes_per_row, "seconds": seconds,
                 "ads_per_s": n_rows / seconds, "GBps": moved / seconds / 1e9, "max_error": err,
             })
@@ -142,8 +131,8 @@ def bench_match(dataset, repeat: int, log) -> dict:
     build_s = time.perf_counter() - t
     requests = dataset.requests
     matched = index.match(requests)  # warm-up
-    seconds = median_time(lambda: index.match(requests), repeat)
-    single = median_time(lambda: [index.match([r]) for r in requests[:16]], max(1, repeat // 2)) / min(16, len(requests))
+    seconds = median_seconds(lambda: index.match(requests), repeat)
+    single = median_seconds(lambda: [index.match([r]) for r in requests[:16]], max(1, repeat // 2)) / min(16, len(requests))
     eligible = np.array([len(m) for m in matched], np.float64)
     pool = len(index)
     out = {
@@ -176,7 +165,7 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
         out["latency_ms"] = {"p50": float(np.percentile(lat, 50) * 1e3), "p99": float(np.percentile(lat, 99) * 1e3),
                              "mean": float(lat.mean() * 1e3)}
         out["sequential_requests_per_s"] = float(1.0 / lat.mean())
-        batched = median_time(lambda: remote.retrieve(requests, k), repeat)
+        batched = median_seconds(lambda: remote.retrieve(requests, k), repeat)
         out["batched_requests_per_s"] = len(requests) / batched
         out["batched_pool_ads_per_s"] = len(requests) * len(dataset.embeddings) / batched
         out["index_host_stats"] = remote.action("stats")
@@ -197,21 +186,38 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
     return out
 
 
-def machine_info() -> dict:
-    import pyarrow
+def bench_tiled_match(base, pool: int, progress: bool = False) -> dict:
+    """The CPU inverted index on a pool of `pool` ads tiled from a benchmark base corpus
+    (`andromeda_nb.tiling`), the requests of the base: what `andromeda bench match` prints beside the
+    GPU index."""
+    from andromeda_nb.tiling import tile_compiled
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
-            "python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-            "pyarrow": pyarrow.__version__, "load_average": os.getloadavg()}
+    from .index import CpuTargetingIndex
+
+    copies = max(1, pool // len(base.ads))
+    ct = tile_compiled(base.compiled, copies)
+    t0 = time.perf_counter()
+    cpu = CpuTargetingIndex(ct)
+    build_s = time.perf_counter() - t0
+    reqs = list(base.requests[:64])
+    cpu.match(reqs[:4])  # compile / warm
+    t0 = time.perf_counter()
+    cpu.match(reqs)
+    dt = time.perf_counter() - t0
+    threads = getattr(cpu, "threads", None)
+    res = {"ads": len(ct), "requests": len(reqs), "seconds": dt, "pool_ads_per_s": len(reqs) * len(ct) / dt,
+           "build_s": build_s, "bytes_per_ad": cpu.nbytes / len(ct) if hasattr(cpu, "nbytes") else None,
+           "threads": threads}
+    progress_log(progress, f"CPU index, {len(ct):,} ads: {res['pool_ads_per_s'] / 1e9:.2f} G pool ads/s "
+                           f"({threads} threads)")
+    cpu.close()
+    return res
+
+
+def machine_info() -> dict:
+    """The environment stamp of a CPU result: the processor, threads and software versions."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(), **software(),
+            "pyarrow": package_version("pyarrow"), "load_average": os.getloadavg()}
 
 
 def run_cpu_bench(*, n_ads: int = 200_000, n_requests: int = 64, k: int = 100, seed: int = 1,
@@ -267,4 +273,4 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_table", "measure_copy_bandwidth", "run_cpu_bench"]
+__all__ = ["bench_tiled_match", "format_table", "machine_info", "measure_copy_bandwidth", "run_cpu_bench"]

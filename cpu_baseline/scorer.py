@@ -6,31 +6,31 @@ the E gate rows, the E expert rows, then the E + E constant terms; that module's
 layout). Per candidate the kernel converts the stored row to float32 once (int8: sign-extend; fp16:
 the F16C conversion through a small LLVM intrinsic, since numba has no float16 type on the CPU) and
 runs the per-ad formula on it: E gate dot products, top-k routing, k expert dot products,
-softmax-weighted sum. Versions 1 and 2 run the shared per-ad function `andromeda_nb.scoring.
-moe_score` itself. Arithmetic is float32 (DESIGN section 4's default mode).
+softmax-weighted sum. Arithmetic is float32 (DESIGN section 4's default mode).
 
 Storage arrays: `values` (N, D) float32 | uint16 (fp16 bits) | int8, `scale` float32 (N,), `formats`
 int16 (N,). Candidates are row numbers (int32 or int64) into them.
 
-Versions (all checked against `andromeda_nb.reference` in tests/test_cpu_scorer.py, all timed by
-`andromeda bench cpu`):
+The scorer ships `SHIPPED`, version 5: numba `prange` over blocks of candidates; per block, for E = 6
+the 12 dot products as 12 accumulators of one vectorized loop over the row, and the top-2 routing
+for 64 ads at once as branch-free selections vectorized over the ads. Other E or top_k fall back to
+the per-ad loops of versions 4 (the 12 accumulators, top-2 with one exp) and 3 (all 2E dot products,
+then routing), which are kept here for that. Single-core CPU time per ad on the development machine
+(AMD EPYC, AVX2), int8: v3 ~115 ns, v4 ~80 ns, v5 ~53 ns; the dot products alone take ~40 ns of it
+(compute-bound: 768 FMAs per ad). Versions 1 to 4 as versions of their own (serial, and `prange`
+drivers of each per-ad loop) are in the lab, `cpu_baseline/lab/scorer.py`; every version is checked
+against `andromeda_nb.reference` in tests/test_cpu_scorer.py and timed by `andromeda bench cpu`.
 
-    1  serial loop over candidates, the shared per-ad function (gate first, routed experts only)
-    2  numba `prange` over blocks of candidates, the shared per-ad function
-    3  `prange` blocks; per ad all 2E dot products, one loop each, then routing (a fixed loop
-       shape instead of the data-dependent expert choice of 1 and 2)
-    4  `prange` blocks; for E = 6 the 12 dot products as 12 accumulators of one vectorized loop
-       over the row, top-2 routing with one exp (other E fall back to 3)
-    5  as 4, but the top-2 routing runs for blocks of 64 ads at once as branch-free selections
-       vectorized over the ads (shipped; other E or top_k fall back to 4). Single-core CPU time
-       per ad on the development machine (AMD EPYC, AVX2), int8: v3 ~115 ns, v4 ~80 ns, v5
-       ~53 ns; the dot products alone take ~40 ns of it (compute-bound: 768 FMAs per ad)
+A version runs one per-ad loop `score_range(values, scale, formats, rows, tab, E, top_k, out, lo, hi)`
+through two drivers made from one template (`candidate_drivers`): a `prange` over blocks of
+BLOCK_CANDIDATES candidates, and a serial one for short lists.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -39,8 +39,12 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from andromeda_nb import jitcache
+from andromeda_nb.budget import stored_ad_bytes
 from andromeda_nb.constants import DEFAULT_E
-from andromeda_nb.scoring import fold_tables, moe_score, table_experts, table_width
+from andromeda_nb.model import PRECISION_OF_DTYPE
+from andromeda_nb.scoring import fold_tables, table_experts, table_width
+from andromeda_nb.templates import specialize
+from andromeda_nb.versions import Version, pick, version_table
 
 jitcache.install()  # cached code is recompiled when any project source changes
 
@@ -72,48 +76,6 @@ def _to_float32_overload(x):
     if x == types.uint16:  # fp16 storage, as its bits
         return lambda x: _half_bits_to_float(x)
     return lambda x: np.float32(x)
-
-
-# inlined into the cached callers below (compiled with their flags); no cache of its own, so it never
-# shares numba's cache entries with other compilations of `moe_score` (gpu/colocated.py)
-_score_row = numba.njit(inline="always")(moe_score)
-
-
-@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _load_row(values, row, scale, buf):
-    """buf[:] = stored row as float32; returns the row's dequantization scale."""
-    for d in range(values.shape[1]):
-        buf[d] = _to_float32(values[row, d])
-    return scale[row]
-
-
-@numba.njit(cache=True, nogil=True, fastmath=True)
-def _score_range(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
-    D = values.shape[1]
-    buf = np.empty(D, np.float32)
-    emb = buf.reshape((1, D))  # the converted row as the one-row table `moe_score` reads
-    g = np.empty(E, np.float32)
-    for i in range(lo, hi):
-        row = rows[i]
-        sc = _load_row(values, row, scale, buf)
-        out[i] = _score_row(emb, 0, sc, tab, formats[row], E, D, top_k, g)
-
-
-@numba.njit(cache=True, nogil=True)
-def score_serial(values, scale, formats, rows, tab, E, top_k, out):
-    """Version 1: out[i] = score of stored row rows[i] (float32 out (C,))."""
-    _score_range(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
-
-
-@numba.njit(cache=True, parallel=True)
-def score_parallel(values, scale, formats, rows, tab, E, top_k, out):
-    """Version 2: blocks of BLOCK_CANDIDATES candidates spread over numba's threads."""
-    n = rows.shape[0]
-    blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
-    for b in numba.prange(blocks):
-        lo = b * BLOCK_CANDIDATES
-        hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
@@ -157,21 +119,6 @@ def _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, 
             num += w * acc[E + sel[j]]
         out[i] = num / den
 
-
-@numba.njit(cache=True, parallel=True)
-def score_parallel_all_dots(values, scale, formats, rows, tab, E, top_k, out):
-    """Version 3: version 2's blocks with the all-dots-then-route per-ad loop."""
-    n = rows.shape[0]
-    blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
-    for b in numba.prange(blocks):
-        lo = b * BLOCK_CANDIDATES
-        hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
-
-
-@numba.njit(cache=True, nogil=True)
-def score_serial_all_dots(values, scale, formats, rows, tab, E, top_k, out):
-    _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
@@ -251,21 +198,6 @@ def _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, 
         out[i] = num / den
 
 
-@numba.njit(cache=True, parallel=True)
-def score_parallel_unrolled(values, scale, formats, rows, tab, E, top_k, out):
-    """Version 4: version 2's blocks with the unrolled E == 6 per-ad loop."""
-    n = rows.shape[0]
-    blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
-    for b in numba.prange(blocks):
-        lo = b * BLOCK_CANDIDATES
-        hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
-
-
-@numba.njit(cache=True, nogil=True)
-def score_serial_unrolled(values, scale, formats, rows, tab, E, top_k, out):
-    _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
-
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
 def _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
@@ -343,27 +275,56 @@ def _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, lo, h
             out[start + t] = (s0[t] + w * s1[t]) / (1.0 + w)
 
 
-@numba.njit(cache=True, parallel=True)
-def score_parallel_blocked(values, scale, formats, rows, tab, E, top_k, out):
-    """Version 5: version 2's blocks with the block-routed E == 6, top-2 per-ad loop."""
+
+
+# --- the drivers: one template, two forms per per-ad loop -----------------------------------------------
+score_range = None  # bound per version by `candidate_drivers`: the per-ad loop over rows[lo:hi]
+
+
+def _parallel_template(values, scale, formats, rows, tab, E, top_k, out):
+    """Blocks of BLOCK_CANDIDATES candidates spread over numba's threads; out[i] = score of stored row
+    rows[i] (float32 out (C,))."""
     n = rows.shape[0]
     blocks = (n + BLOCK_CANDIDATES - 1) // BLOCK_CANDIDATES
     for b in numba.prange(blocks):
         lo = b * BLOCK_CANDIDATES
         hi = min(n, lo + BLOCK_CANDIDATES)
-        _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
+        score_range(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
 
 
-@numba.njit(cache=True, nogil=True)
-def score_serial_blocked(values, scale, formats, rows, tab, E, top_k, out):
-    _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
+def _serial_template(values, scale, formats, rows, tab, E, top_k, out):
+    """Every candidate on the calling thread; out[i] = score of stored row rows[i]."""
+    score_range(values, scale, formats, rows, tab, E, top_k, out, 0, rows.shape[0])
 
 
-VERSIONS = {1: score_serial, 2: score_parallel, 3: score_parallel_all_dots, 4: score_parallel_unrolled,
-            5: score_parallel_blocked}
-SERIAL_OF = {score_parallel: score_serial, score_parallel_all_dots: score_serial_all_dots,
-             score_parallel_unrolled: score_serial_unrolled, score_parallel_blocked: score_serial_blocked}
-SHIPPED_VERSION = 5
+@dataclass(frozen=True)
+class CandidateDrivers:
+    """How a version scores a candidate list: `parallel` for long lists, `serial` below
+    PARALLEL_MIN_CANDIDATES (one thread is faster than waking the pool). Both take (values, scale,
+    formats, rows, tab, E, top_k, out)."""
+
+    parallel: object
+    serial: object
+
+
+def candidate_drivers(per_ad_loop, suffix: str) -> CandidateDrivers:
+    """The drivers `score_parallel{suffix}` and `score_serial{suffix}` of a per-ad loop."""
+    parallel = specialize(_parallel_template, f"score_parallel{suffix}", score_range=per_ad_loop)
+    serial = specialize(_serial_template, f"score_serial{suffix}", score_range=per_ad_loop)
+    return CandidateDrivers(numba.njit(cache=True, parallel=True)(parallel), numba.njit(cache=True, nogil=True)(serial))
+
+
+VERSIONS = version_table(
+    Version(5, "v5 blocked routing", "prange blocks; E = 6: 12 accumulators, top-2 routing of 64 ads at once as "
+            "branch-free selections (other E or top_k: v4's, then v3's per-ad loop)",
+            candidate_drivers(_score_range_blocked, "_blocked")),
+)
+SHIPPED = 5
+
+
+def version(v=None) -> Version:
+    """The Version `v` names (a number of `VERSIONS`, a Version from the lab, None: SHIPPED)."""
+    return pick(VERSIONS, v, SHIPPED, "CPU scorer")
 
 
 def storage_view(values: np.ndarray) -> np.ndarray:
@@ -380,7 +341,7 @@ class CpuScorer:
     """
 
     def __init__(self, values: np.ndarray, scale: np.ndarray, formats: np.ndarray, top_k: int,
-                 *, version: int = SHIPPED_VERSION):
+                 *, version=None):
         self.dtype = np.dtype(values.dtype)
         # own, writable copies: updates write rows (tables loaded from Arrow or a pickle are read-only)
         self._values = storage_view(np.array(values, copy=True))
@@ -388,7 +349,8 @@ class CpuScorer:
         self._formats = np.array(formats, np.int16, copy=True)
         self.rows = len(self._values)
         self.top_k = int(top_k)
-        self.kernel = VERSIONS[version]
+        self.kernel_version = pick(VERSIONS, version, SHIPPED, "CPU scorer")
+        self.drivers: CandidateDrivers = self.kernel_version.recipe
 
     @classmethod
     def from_table(cls, table, formats, top_k: int, **options) -> "CpuScorer":
@@ -404,8 +366,17 @@ class CpuScorer:
         return len(self._values)
 
     @property
+    def version(self) -> int:
+        """The number of the scorer version this scorer runs."""
+        return self.kernel_version.number
+
+    @property
     def bytes_per_row(self) -> int:
-        return self._values.shape[1] * self._values.itemsize + (4 if self.dtype == np.int8 else 0)
+        return stored_ad_bytes(PRECISION_OF_DTYPE[self.dtype], self.D)
+
+    def driver(self, n_candidates: int):
+        """The driver that scores `n_candidates` candidates: serial below PARALLEL_MIN_CANDIDATES."""
+        return self.drivers.serial if n_candidates < PARALLEL_MIN_CANDIDATES else self.drivers.parallel
 
     def set_row(self, row: int, values: np.ndarray, scale: float, fmt: int) -> None:
         """Store one row (grows the arrays when `row` is past the end)."""
@@ -436,10 +407,7 @@ class CpuScorer:
         if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= self.rows):
             raise IndexError(f"candidate rows must lie in 0..{self.rows - 1}")
         out = np.empty(len(rows), np.float32)
-        kernel = self.kernel
-        if len(rows) < PARALLEL_MIN_CANDIDATES:
-            kernel = SERIAL_OF.get(kernel, kernel)
-        kernel(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)
+        self.driver(len(rows))(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)
         return out
 
     def warm_up(self, E: int, F: int) -> None:
@@ -451,8 +419,8 @@ class CpuScorer:
         tab = np.zeros((F, table_width(E, self.D)), np.float32)
         rows = np.zeros(1, np.int64)
         out = np.empty(1, np.float32)
-        for kernel in {self.kernel, SERIAL_OF.get(self.kernel, self.kernel)}:
-            kernel(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)
+        for driver in {self.drivers.parallel, self.drivers.serial}:
+            driver(self._values, self._scale, self._formats, rows, tab, E, self.top_k, out)
 
     def score_user_side(self, rows: np.ndarray, U, Q, gamma, beta) -> np.ndarray:
         """Scores from the unfolded user-side tables U, Q (E, D), gamma, beta (F, D)."""
@@ -468,4 +436,4 @@ def set_threads(n: int | None) -> None:
         numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS, os.cpu_count() or 1)))
 
 
-__all__ = ["CpuScorer", "SHIPPED_VERSION", "VERSIONS", "score_parallel", "score_serial", "storage_view"]
+__all__ = ["CandidateDrivers", "CpuScorer", "SHIPPED", "VERSIONS", "candidate_drivers", "storage_view", "version"]

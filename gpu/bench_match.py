@@ -17,24 +17,21 @@ preparation on the host (term lookup, group tables, upload) is timed separately 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
-import pickle
-import platform
-import statistics
-import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, compile_ads, encode_request
+from andromeda_nb.bench import copy_bandwidth as copy_rate
+from andromeda_nb.bench import log, package_version, repeat_timed, software, write_json
+from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, encode_request
 from andromeda_nb.oracle import eligible
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
+from andromeda_nb.tiling import BaseCorpus, load_or_generate_base, stride_of
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
+from andromeda_nb.versions import Version
 
-from .index import GpuTargetingIndex, clause_programs, resid_words
+from .index import GpuTargetingIndex, Vocabulary, clause_programs, resid_words
 
 BASE_ADS = 32_768
 CHECK_REQUESTS = 64  # the batch checked at full size (one wide group)
@@ -48,75 +45,7 @@ UPDATE_ROUNDS, UPDATES_PER_ROUND = 20, 1000
 UPDATE_CHECK_ADS = 2000  # touched ads checked against the oracle after the update rounds
 
 
-def log(progress: bool, *parts) -> None:
-    if progress:
-        print(*parts, file=sys.stderr, flush=True)
-
-
-# --- base corpus -------------------------------------------------------------------------------------
-
-
-@dataclass
-class BaseCorpus:
-    ads: list[Ad]
-    requests: list[Request]
-    seed: int
-
-    @property
-    def compiled(self) -> CompiledTargeting:
-        if not hasattr(self, "_ct"):
-            self._ct = compile_ads(self.ads)
-        return self._ct
-
-    def save(self, path: str) -> None:
-        ads = [dataclasses.replace(a, embedding=None) for a in self.ads]  # targeting only
-        with gzip.open(path, "wb", compresslevel=3) as f:
-            pickle.dump({"ads": ads, "requests": self.requests, "seed": self.seed}, f, protocol=5)
-
-    @classmethod
-    def load(cls, path: str) -> "BaseCorpus":
-        with gzip.open(path, "rb") as f:
-            d = pickle.load(f)
-        return cls(ads=d["ads"], requests=d["requests"], seed=d["seed"])
-
-
-def generate_base(n_ads: int, n_requests: int, seed: int, progress: bool = False) -> BaseCorpus:
-    """A base corpus from the project's generator (andromeda_nb.corpus), parsed like any import."""
-    from andromeda_nb.corpus import iter_ads, make_requests
-    from andromeda_nb.targeting import parse_ad, parse_request
-
-    log(progress, f"generating {n_ads} base ads and {n_requests} requests (seed {seed})")
-    ads = [parse_ad(c.ad_object(i, with_embedding=False), seed=seed, dim=4)
-           for c in iter_ads(n_ads, seed, dim=4) for i in range(len(c))]
-    ads = [dataclasses.replace(a, embedding=None) for a in ads]
-    requests = [parse_request(o, seed=seed, experts=1, width=1) for o in make_requests(n_requests, seed, experts=1, width=1)]
-    return BaseCorpus(ads=ads, requests=requests, seed=seed)
-
-
-# --- tiling ------------------------------------------------------------------------------------------
-
-
-def stride_of(ct: CompiledTargeting) -> int:
-    return int(ct.ad_id.max()) + 1 if len(ct) else 1
-
-
-def tile_compiled(ct: CompiledTargeting, copies: int) -> CompiledTargeting:
-    """The compiled form of `copies` copies of ct's ads (copy k: ids + k * stride)."""
-    m, t, q = len(ct.clause_negative), len(ct.terms), len(ct.circles)
-    k = np.arange(copies, dtype=np.int64)
-
-    def ptr(p, step):
-        return np.concatenate([(p[:-1][None, :] + (k * step)[:, None]).ravel(), [p[-1] + (copies - 1) * step]])
-
-    def rep(a):
-        return np.tile(a, (copies,) + (1,) * (a.ndim - 1))
-
-    cols = {f.name: rep(getattr(ct, f.name)) for f in dataclasses.fields(ct)}
-    cols["ad_id"] = (ct.ad_id[None, :] + (k * stride_of(ct))[:, None]).ravel()
-    cols["clause_ptr"] = ptr(ct.clause_ptr, m)
-    cols["term_ptr"] = ptr(ct.term_ptr, t)
-    cols["circle_ptr"] = ptr(ct.circle_ptr, q)
-    return CompiledTargeting(**cols)
+# --- tiled pools on the device -------------------------------------------------------------------------
 
 
 class TiledSlotMap:
@@ -179,8 +108,6 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
     `GpuTargetingIndex.from_compiled(tile_compiled(base_ct, copies))` would lay it out (slots grouped
     by format, copies in order inside a format), built from the base's programs by repetition."""
     index = GpuTargetingIndex(device=device, version=version)
-    from .index import Vocabulary
-
     index.vocab = Vocabulary(base_ct.terms)
     dense = index.vocab.dense_bulk(base_ct.terms)
     stride = stride_of(base_ct)
@@ -283,17 +210,16 @@ def time_kernel(cuda, launch: Callable[[], None], budget_s: float = REP_BUDGET_S
     for _ in range(WARMUP):
         launch()
     cuda.synchronize()
-    times = []
     start, stop = cuda.event(), cuda.event()
-    while len(times) < MAX_REPS and (len(times) < MIN_REPS or sum(times) < budget_s):
+
+    def timed_once() -> float:
         start.record()
         launch()
         stop.record()
         stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-        if times[-1] <= 0:  # the CUDA simulator has no clock: one repetition says all it can
-            break
-    return {"median_s": statistics.median(times), "min_s": min(times), "reps": len(times)}
+        return start.elapsed_time(stop) / 1e3
+
+    return repeat_timed(timed_once, min_reps=MIN_REPS, max_reps=MAX_REPS, budget_s=budget_s)
 
 
 def copy_bandwidth(cuda, nbytes: int = 1 << 31) -> float:
@@ -303,18 +229,18 @@ def copy_bandwidth(cuda, nbytes: int = 1 << 31) -> float:
     b = cuda.device_array(n, np.uint32)
     t = time_kernel(cuda, lambda: b.copy_to_device(a), budget_s=0.5)
     del a, b
-    return 2 * nbytes / t["median_s"]
+    return copy_rate(nbytes, t["median_s"])
 
 
 def _requests_cycle(requests: Sequence[Request], n: int) -> list[EncodedRequest]:
     return [encode_request(requests[i % len(requests)]) for i in range(n)]
 
 
-def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: Sequence[int], cuda,
+def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[Version], batches: Sequence[int], cuda,
                rng: np.random.Generator, progress: bool, updates: tuple[int, int] | None,
                chunk_slots: int = CHUNK_SLOTS) -> dict:
-    from .kernels import match as K
-
+    """Every version of `versions` (match `Version`s of the kernel lab) on a pool of `copies` copies of
+    the base corpus: checked at full size first, then timed per batch size."""
     t0 = time.perf_counter()
     index = build_tiled_index(base.compiled, copies, chunk_slots=chunk_slots)
     cuda.synchronize()
@@ -328,8 +254,8 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: 
     check = check_full_size(index, base, copies, shipped, check_reqs, rng)
     for v in versions:
         other = index.match_slots(enc, version=v).copy_to_host()
-        assert np.array_equal(other, shipped), f"version {v} differs from version {index.version} at full size"
-    check["versions_equal"] = list(versions)
+        assert np.array_equal(other, shipped), f"version {v.number} differs from version {index.version} at full size"
+    check["versions_equal"] = [v.number for v in versions]
     check["seconds"] = round(time.perf_counter() - t0, 2)
     log(progress, f"  full-size check passed: {check}")
     eligible_share = float(_bits(shipped).sum()) / (len(check_reqs) * n_ads)
@@ -343,26 +269,27 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[int], batches: 
     slot_bytes = 4 + 8  # resid + prog_ptr: read once per slot and group
     prog_bytes = live["programs"] / n_ads
     for v in versions:
+        group = v.recipe.group  # requests per group; 0: one thread per (slot, request)
         for b in batches:
-            if v not in K.BATCHED and b != min(batches):
+            if not group and b != min(batches):
                 continue  # the naive kernel costs one thread per (slot, request): the smallest batch says enough
             batch = index.prepare(_requests_cycle(base.requests, b), version=v)
             out = index.new_output(b)
             t0 = time.perf_counter()
             index.prepare(_requests_cycle(base.requests, b), version=v)
             prep_s = time.perf_counter() - t0
-            budget = REP_BUDGET_S if v in K.BATCHED else REP_BUDGET_S / 3
+            budget = REP_BUDGET_S if group else REP_BUDGET_S / 3
             t = time_kernel(cuda, lambda: index.run(batch, out, version=v), budget)
             ads_per_s = b * n_ads / t["median_s"]
-            groups = -(-b // K.GROUP_OF[v]) if v in K.BATCHED else b
+            groups = -(-b // group) if group else b
             # napkin math: per-slot columns and programs read once per group, output written once
             min_bytes = groups * index.capacity * slot_bytes + groups * live["programs"] + b * index.capacity / 8
-            row = {"version": v, "batch": b, **{k: t[k] for k in ("median_s", "min_s", "reps")},
+            row = {"version": v.number, "batch": b, **{k: t[k] for k in ("median_s", "min_s", "reps")},
                    "pool_ads_per_s": ads_per_s, "ms_per_request": 1e3 * t["median_s"] / b,
                    "host_prepare_s": prep_s, "scan_bytes_upper": min_bytes,
                    "scan_bandwidth_upper": min_bytes / t["median_s"], "prog_bytes_per_ad": prog_bytes}
             result["timings"].append(row)
-            log(progress, f"  v{v} batch {b:4d}: {t['median_s'] * 1e3:9.3f} ms  {ads_per_s / 1e9:8.1f} G pool ads/s"
+            log(progress, f"  v{v.number} batch {b:4d}: {t['median_s'] * 1e3:9.3f} ms  {ads_per_s / 1e9:8.1f} G pool ads/s"
                           f"  ({t['reps']} reps; host prepare {prep_s * 1e3:.1f} ms)")
             del batch, out
     if updates:
@@ -401,7 +328,7 @@ def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda,
             ad_id = int(rng.integers(copies)) * stride + int(base_ads[rng.integers(len(base_ads))].ad_id)
             if ad_id in retired:
                 continue
-            old = current.get(ad_id) or base_ads_by_id(base)[ad_id % stride]
+            old = current.get(ad_id) or base.by_id[ad_id % stride]
             if op < 0.55:  # replace targeting (and sometimes format)
                 src = base_ads[rng.integers(len(base_ads))]
                 ad = dataclasses.replace(src, ad_id=ad_id, format=old.format if rng.random() < 0.8 else int(rng.integers(8)))
@@ -445,66 +372,26 @@ def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda,
     return res
 
 
-_BASE_BY_ID: dict = {}
-
-
-def base_ads_by_id(base: BaseCorpus) -> dict:
-    key = id(base)
-    if key not in _BASE_BY_ID:
-        _BASE_BY_ID[key] = {a.ad_id: a for a in base.ads}
-    return _BASE_BY_ID[key]
-
-
-def bench_cpu(base: BaseCorpus, pool: int, progress: bool) -> dict | None:
-    """The CPU inverted index (cpu_baseline.index) on a tiled pool of `pool` ads, same requests."""
-    try:
-        from cpu_baseline.index import CpuTargetingIndex
-    except ImportError:
-        return None
-    copies = max(1, pool // len(base.ads))
-    ct = tile_compiled(base.compiled, copies)
-    t0 = time.perf_counter()
-    cpu = CpuTargetingIndex(ct)
-    build_s = time.perf_counter() - t0
-    reqs = list(base.requests[:64])
-    cpu.match(reqs[:4])  # compile / warm
-    t0 = time.perf_counter()
-    cpu.match(reqs)
-    dt = time.perf_counter() - t0
-    threads = getattr(cpu, "threads", None)
-    res = {"ads": len(ct), "requests": len(reqs), "seconds": dt, "pool_ads_per_s": len(reqs) * len(ct) / dt,
-           "build_s": build_s, "bytes_per_ad": cpu.nbytes / len(ct) if hasattr(cpu, "nbytes") else None,
-           "threads": threads}
-    log(progress, f"CPU index, {len(ct):,} ads: {res['pool_ads_per_s'] / 1e9:.2f} G pool ads/s ({threads} threads)")
-    cpu.close()
-    return res
-
-
-def kernel_resources(K, versions) -> dict:
+def kernel_resources(versions: Sequence[Version]) -> dict:
     """Registers and local memory per thread of each compiled match kernel (after the first run)."""
     out = {}
     for v in versions:
-        kernel = K.VERSIONS[v]
+        kernel = v.recipe.kernel
         try:
             regs = kernel.get_regs_per_thread()
             local = kernel.get_local_mem_per_thread()
-            out[v] = {"regs": list(regs.values()) if isinstance(regs, dict) else regs,
-                      "local_bytes": list(local.values()) if isinstance(local, dict) else local}
+            out[v.number] = {"regs": list(regs.values()) if isinstance(regs, dict) else regs,
+                             "local_bytes": list(local.values()) if isinstance(local, dict) else local}
         except Exception as exc:  # not compiled yet, or an older numba-cuda
-            out[v] = {"error": str(exc)}
+            out[v.number] = {"error": str(exc)}
     return out
 
 
 def environment(cuda) -> dict:
-    import numba
-
-    env = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}
-    try:
-        import importlib.metadata as md
-
-        env["numba_cuda"] = md.version("numba-cuda")
-    except Exception:
-        pass
+    """The environment stamp of a GPU result: software versions and the device."""
+    env = software()
+    if package_version("numba-cuda"):
+        env["numba_cuda"] = package_version("numba-cuda")
     try:
         dev = cuda.get_current_device()
         env["device"] = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
@@ -517,47 +404,45 @@ def environment(cuda) -> dict:
 
 def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches: Sequence[int] = BATCHES,
         base_ads: int = BASE_ADS, requests: int = 256, seed: int = 7, base_path: str | None = None,
-        updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND), cpu_pool: int = 1_000_000,
+        base: BaseCorpus | None = None, updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND),
         device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS, out: str | None = None) -> dict:
-    """The whole benchmark; returns the JSON-ready result."""
-    from . import runtime
-    from .index import resolve_device
+    """The whole GPU benchmark (version numbers of the kernel lab, default: every one that runs here);
+    returns the JSON-ready result. `base`: a base corpus already made (else loaded from `base_path`
+    or generated). `andromeda bench match` runs it through `migration.benches.bench_match`, which
+    adds the CPU index beside it."""
+    from andromeda_nb.devices import resolve
 
-    where = resolve_device(device)
+    from . import runtime
+
+    where = resolve(device, kernels=True)
     cuda = runtime.cuda()
-    from .kernels import match as K
+    from .kernels import match as shipped
+    from .lab import match as lab
 
     if versions is None:
-        versions = sorted(v for v in K.VERSIONS if where == "gpu" or v not in K.NEEDS_WARP_INTRINSICS)
-    if base_path:
-        try:
-            base = BaseCorpus.load(base_path)
-            log(progress, f"base corpus from {base_path}: {len(base.ads)} ads, {len(base.requests)} requests")
-        except FileNotFoundError:
-            base = generate_base(base_ads, requests, seed, progress)
-            base.save(base_path)
-    else:
-        base = generate_base(base_ads, requests, seed, progress)
+        versions = [v for v in lab.VERSIONS if where == "gpu" or not lab.VERSIONS[v].gpu_only]
+    chosen = [lab.VERSIONS[v] for v in versions]
+    if base is None:
+        base = load_or_generate_base(base_path, base_ads, requests, seed, progress)
     rng = np.random.default_rng(seed)
     result = {"benchmark": "match", "environment": environment(cuda), "device_kind": where,
-              "versions": list(versions), "shipped_version": K.BEST if where == "gpu" else K.SIMULATOR_FALLBACK,
+              "versions": list(versions),
+              "shipped_version": shipped.SHIPPED if where == "gpu" else shipped.SIMULATOR_FALLBACK,
               "base_ads": len(base.ads), "seed": base.seed, "batches": list(batches), "pools": []}
     if where == "gpu":
         result["copy_bandwidth_Bps"] = copy_bandwidth(cuda)
         log(progress, f"device-to-device copy: {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write)")
     for i, pool in enumerate(pools):
         copies = max(1, pool // len(base.ads))
-        result["pools"].append(bench_pool(base, copies, versions, batches, cuda, rng, progress,
+        result["pools"].append(bench_pool(base, copies, chosen, batches, cuda, rng, progress,
                                           updates if i == 0 else None, chunk_slots))
         if out:  # what is measured so far survives an interrupted run
-            dump(result, out)
+            write_json(result, out)
     if where == "gpu":
-        result["kernel_resources"] = kernel_resources(K, versions)
+        result["kernel_resources"] = kernel_resources(chosen)
         log(progress, f"registers / local bytes per thread: {result['kernel_resources']}")
-    if cpu_pool:
-        result["cpu_index"] = bench_cpu(base, cpu_pool, progress)
     if out:
-        dump(result, out)
+        write_json(result, out)
     return result
 
 
@@ -568,9 +453,3 @@ def table(result: dict) -> str:
             lines.append(f"{p['ads']:>12,} {t['version']:>7} {t['batch']:>5} {t['median_s'] * 1e3:>10.3f} "
                          f"{t['pool_ads_per_s'] / 1e9:>13.1f} {t['ms_per_request']:>10.4f}")
     return "\n".join(lines)
-
-
-def dump(result: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2, default=float)
-        f.write("\n")

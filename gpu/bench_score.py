@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import sys
 import time
 from typing import Sequence
 
 import numpy as np
 
+from andromeda_nb.bench import log, repeat_timed, write_json
 from andromeda_nb.budget import fused_stages, total
-from andromeda_nb.constants import GATE_TIE_ATOL, SCORE_ATOL, TOPK_TIE_ATOL
-from andromeda_nb.model import MoeModel, user_side
+from andromeda_nb.constants import SCORE_ATOL, TOPK_TIE_ATOL
+from andromeda_nb.devices import resolve
+from andromeda_nb.model import STORED_DTYPES, MoeModel, user_side
 from andromeda_nb.scoring import dot_table, fold_user_side
 from andromeda_nb.slots import CHUNK_SLOTS
+from andromeda_nb.unfused import unfused_scores
 
 from . import runtime
 
@@ -45,7 +46,6 @@ MAX_ADS_PER_BLOCK = 4096  # pools are whole blocks of every kernel version
 CHECK_K = 100
 GEN_CHUNK = 1 << 22  # ads generated per step
 REF_CHUNK = 1 << 22  # ads per float64 reference step
-BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 TARGETS = {
     "moe_fp16_d64_copy_fraction": 0.85,
     "moe_over_dot_time": 1.10,
@@ -54,11 +54,6 @@ TARGETS = {
     "pipeline_pool_ads_per_s": 5e9,
     "pipeline_p99_ms": 5.0,
 }
-
-
-def log(progress: bool, *parts) -> None:
-    if progress:
-        print(*parts, file=sys.stderr, flush=True)
 
 
 # --- pools on the device ----------------------------------------------------------------------------
@@ -83,7 +78,7 @@ def make_pool(xp, n: int, dim: int, precision: str, formats: int, seed: int, kee
     rs = xp.random.RandomState(seed)
     tiles = xp.empty(n * W, xp.uint32)
     scale = xp.ones(n, xp.float32)
-    rows = xp.empty((n, dim), {"fp32": xp.float32, "fp16": xp.float16, "int8": xp.int8}[precision]) if keep_rows else None
+    rows = xp.empty((n, dim), STORED_DTYPES[precision]) if keep_rows else None
     for lo in range(0, n, GEN_CHUNK):
         hi = min(n, lo + GEN_CHUNK)
         a = rs.standard_normal((hi - lo, dim)).astype(xp.float32) / np.float32(math.sqrt(dim))
@@ -114,39 +109,10 @@ def pool_values(xp, pool: Pool, slots):
     s = xp.asarray(slots, xp.int64)[:, None]
     j = xp.arange(W, dtype=xp.int64)[None, :]
     idx = ((s // 32) * V + j // 4) * 128 + (s % 32) * 4 + j % 4
-    dtype = {"fp32": xp.float32, "fp16": xp.float16, "int8": xp.int8}[pool.precision]
-    return xp.ascontiguousarray(pool.tiles[idx]).view(dtype).reshape(-1, pool.dim)
+    return xp.ascontiguousarray(pool.tiles[idx]).view(STORED_DTYPES[pool.precision]).reshape(-1, pool.dim)
 
 
-# --- reference and unfused pipeline in CuPy ------------------------------------------------------------
-
-
-def scores_xp(xp, values, scale, fmt, us, top_e: int, kind: str, u=None, dtype=None):
-    """Scores of ads with stored `values` (N, D), `scale` (N,), formats `fmt` (N,) as separate array
-    operations in `dtype` (float64: the reference; float32: the unfused pipeline). Returns
-    (scores, gate-tie mask)."""
-    dtype = dtype or xp.float64
-    a = values.astype(dtype) * scale.astype(dtype)[:, None]  # gather + dequantize
-    if kind == "dot":
-        return a @ xp.asarray(u, dtype), None
-    D = a.shape[1]
-    gamma, beta = xp.asarray(us.gamma, dtype), xp.asarray(us.beta, dtype)
-    r = gamma[fmt] * a + beta[fmt]  # FiLM
-    g = (r @ xp.asarray(us.Q, dtype).T) / dtype(math.sqrt(D))  # gate logits
-    x = r @ xp.asarray(us.U, dtype).T  # expert products (all E; the routed ones are taken below)
-    E = g.shape[1]
-    # routing: the top_e largest logits, ties to the lower expert: sort by (-g, e)
-    order = xp.argsort(-g, axis=1, kind="stable") if xp.__name__ == "numpy" else xp.argsort(-g, axis=1)  # stable
-    top = order[:, :top_e]
-    gt = xp.take_along_axis(g, top, axis=1)
-    w = xp.exp(gt - gt[:, :1])
-    w = w / w.sum(axis=1, keepdims=True)
-    s = (w * xp.take_along_axis(x, top, axis=1)).sum(axis=1)
-    tie = None
-    if top_e < E:
-        nxt = xp.take_along_axis(g, order[:, top_e : top_e + 1], axis=1)[:, 0]
-        tie = (gt[:, -1] - nxt) <= GATE_TIE_ATOL
-    return s, tie
+# --- reference and unfused pipeline in CuPy (andromeda_nb.unfused) ----------------------------------------
 
 
 def reference_all(xp, pool: Pool, us, top_e: int, kind: str, u=None):
@@ -156,7 +122,7 @@ def reference_all(xp, pool: Pool, us, top_e: int, kind: str, u=None):
     for lo in range(0, pool.n, REF_CHUNK):
         hi = min(pool.n, lo + REF_CHUNK)
         vals = pool.rows[lo:hi] if pool.rows is not None else pool_values(xp, pool, xp.arange(lo, hi))
-        s, t = scores_xp(xp, vals, pool.scale[lo:hi], pool.fmt_slot[lo:hi], us, top_e, kind, u)
+        s, t = unfused_scores(xp, vals, pool.scale[lo:hi], pool.fmt_slot[lo:hi], us, top_e, kind, u)
         out[lo:hi] = s
         if t is not None:
             ties[lo:hi] = t
@@ -170,7 +136,7 @@ def unfused_topk(xp, pool: Pool, elig_mask, us, top_e: int, k: int):
         hi = min(pool.n, lo + REF_CHUNK)
         ids = xp.flatnonzero(elig_mask[lo:hi]) + lo
         vals = pool.rows[ids] if pool.rows is not None else pool_values(xp, pool, ids)
-        s, _ = scores_xp(xp, vals, pool.scale[ids], pool.fmt_slot[ids], us, top_e, "moe", dtype=xp.float32)
+        s, _ = unfused_scores(xp, vals, pool.scale[ids], pool.fmt_slot[ids], us, top_e, "moe", dtype=xp.float32)
         if len(s) > k:
             part = xp.argpartition(-s, k - 1)[:k]
             s, ids = s[part], ids[part]
@@ -231,18 +197,18 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                 unfused: bool = True, peers: bool = True, progress: bool = True, out: str | None = None) -> dict:
     """Run the score benchmark; with `out`, the JSON so far is rewritten after every measurement (a run
     cut short keeps what it measured)."""
-    runtime.select("gpu")
+    resolve("gpu")
     cuda = runtime.cuda()
     import cupy as xp
 
     from .bench_match import copy_bandwidth, environment, time_kernel
     from .fused import FusedScorer
     from .kernels import score as sk
-    from .kernels import topk as tk
+    from .lab import score as lab
 
     n_ads = (n_ads // MAX_ADS_PER_BLOCK) * MAX_ADS_PER_BLOCK
-    versions = list(versions or sk.VERSIONS)
-    result = {"env": environment(cuda), "n_ads": n_ads, "k": k, "versions": {v: sk.VERSIONS[v].name for v in versions},
+    versions = list(versions or lab.VERSIONS)
+    result = {"env": environment(cuda), "n_ads": n_ads, "k": k, "versions": {v: lab.VERSIONS[v].name for v in versions},
               "arithmetic": "float32 (default mode)", "runs": [], "unfused": [], "peers": [], "checks_ok": True}
     if peers:
         from .bench_peers import torch_reason
@@ -280,13 +246,13 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                 if with_peers:
                     refs[kind] = ref
                 for v in versions:
-                    if (v == 1 and pool.rows is None) or (sk.VERSIONS[v].tensor_cores and kind != "moe"):
+                    if (v == 1 and pool.rows is None) or (isinstance(lab.VERSIONS[v].recipe, sk.TensorCoreRecipe) and kind != "moe"):
                         continue
-                    emb = pool.rows if sk.VERSIONS[v].layout == "rows" else pool.tiles
+                    emb = pool.rows if lab.VERSIONS[v].recipe.layout == "rows" else pool.tiles
                     t0 = time.time()
                     fs = FusedScorer.on_device(cuda.as_cuda_array(emb), cuda.as_cuda_array(pool.scale), pool.chunk_format,
                                                slot_ids, precision=prec, dim=D, experts=model.E, top_e=model.top_k,
-                                               version=v, kind=kind)
+                                               version=lab.VERSIONS[v], kind=kind)
                     ids_s, sc_s = fs.topk(sample_elig, tabs[kind], SAMPLE_ADS)[0]
                     compile_s = time.time() - t0
                     c_sample = check_answer(xp, ids_s, sc_s, ref, ties, SAMPLE_ADS)
@@ -310,7 +276,7 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                            "GBps": moved / t_score["median_s"] / 1e9,
                            "copy_fraction": moved / t_score["median_s"] / bw}
                     result["runs"].append(row)
-                    _dump(result, out)
+                    _write_partial(result, out)
                     log(progress, f"  v{v} {kind:3s} {prec} D={D}: {'ok' if ok else 'CHECK FAILED'} "
                         f"{row['score_ms']:.3f} ms  {row['ads_per_s'] / 1e9:.2f} G ads/s  "
                         f"{row['copy_fraction'] * 100:.0f}% of copy  (top-K {row['topk_ms']:.3f} ms, compile {compile_s:.0f} s)")
@@ -320,17 +286,18 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                     uf_ids, uf_s = unfused_topk(xp, pool, mask, us, model.top_k, k)
                     c_uf = check_answer(xp, _host(uf_ids), _host(uf_s), ref, ties, k)
                     start, stop = xp.cuda.Event(), xp.cuda.Event()
-                    times = []
-                    for _ in range(3):
+
+                    def timed_once() -> float:
                         start.record()
                         unfused_topk(xp, pool, mask, us, model.top_k, k)
                         stop.record()
                         stop.synchronize()
-                        times.append(xp.cuda.get_elapsed_time(start, stop) / 1e3)
-                    t = statistics.median(times)
+                        return xp.cuda.get_elapsed_time(start, stop) / 1e3
+
+                    t = repeat_timed(timed_once, min_reps=3, max_reps=3, budget_s=0.0)["median_s"]
                     row = {"D": D, "precision": prec, "time_ms": t * 1e3, "ads_per_s": n_ads / t, "check": c_uf}
                     result["unfused"].append(row)
-                    _dump(result, out)
+                    _write_partial(result, out)
                     log(progress, f"  unfused CuPy {prec} D={D}: {t * 1e3:.1f} ms  {n_ads / t / 1e9:.3f} G ads/s "
                         f"(check {'ok' if c_uf['ok'] else 'FAILED'})")
                 del ref, ties
@@ -341,7 +308,7 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                                               refs["dot"], progress=lambda m: log(progress, m))
                 for row in result["peers"]:
                     row.update(D=D, precision=prec)
-                _dump(result, out)
+                _write_partial(result, out)
             refs.clear()
             del pool
             xp.get_default_memory_pool().free_all_blocks()
@@ -349,12 +316,10 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
     return result
 
 
-def _dump(result, out) -> None:
+def _write_partial(result, out) -> None:
+    """The JSON so far, rewritten after every measurement (a run cut short keeps what it measured)."""
     if out:
-        import json
-
-        with open(out, "w") as f:
-            json.dump(result, f, indent=2, default=float)
+        write_json(result, out)
 
 
 def _best(result, **where):
@@ -420,14 +385,15 @@ def score_table(result) -> str:
 def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
                    seed: int = 0, progress: bool = True) -> dict:
-    runtime.select("gpu")
+    resolve("gpu")
     cuda = runtime.cuda()
     import cupy as xp
 
     from andromeda_nb.compiled import encode_request
     from andromeda_nb.derive import request_signals
+    from andromeda_nb.tiling import generate_base
 
-    from .bench_match import build_tiled_index, environment, generate_base
+    from .bench_match import build_tiled_index, environment
     from .fused import FusedScorer
 
     t0 = time.time()
@@ -461,7 +427,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         el = np.flatnonzero(bits[r])
         us = user_side(model, requests[r])
         vals = pool_values(xp, dpool, el)
-        ref, ties = scores_xp(xp, vals, dpool.scale[el], dpool.fmt_slot[el], us, model.top_k, "moe")
+        ref, ties = unfused_scores(xp, vals, dpool.scale[el], dpool.fmt_slot[el], us, model.top_k, "moe")
         full_ref = xp.full(S, -xp.inf)
         full_ties = xp.zeros(S, bool)
         full_ref[xp.asarray(el)] = ref

@@ -5,7 +5,9 @@ the fused scoring kernel and the final top-K, bound once and reused for every re
     answers = scorer.topk(elig, tabs, k)      # elig uint32 (R, S/32) device or host; tabs (R, F, TW)
 
 `values` are row-major stored embeddings in slot order (S, D) (float32, float16 or int8); the table is
-converted once to the chosen kernel version's layout (`gpu.kernels.score`). Scratch and output buffers
+converted once to the chosen kernel version's layout (`gpu.kernels.score`). `version` is a number of
+the shipped table (`gpu.kernels.score.VERSIONS`) or a `Version` of the kernel lab (`gpu/lab/score.py`);
+default: the shipped one. Scratch and output buffers
 are allocated for the largest batch and k seen and reused. Updates write single slots
 (`set_slot`) or grow the table by whole chunks (`grow`).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from andromeda_nb.model import PRECISION_OF_DTYPE
 from andromeda_nb.slots import CHUNK_SLOTS
 
 from . import runtime
@@ -22,20 +25,18 @@ from .kernels import topk as topk_kernels
 
 cuda = runtime.cuda()
 
-PRECISION_OF = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", np.dtype(np.int8): "int8"}
-
 
 class FusedScorer:
     def __init__(self, values: np.ndarray, scale: np.ndarray, chunk_format: np.ndarray, slot_ad_id: np.ndarray,
-                 *, experts: int, top_e: int, version: int | None = None, kind: str = "moe"):
+                 *, experts: int, top_e: int, version=None, kind: str = "moe"):
         values = np.ascontiguousarray(values)
-        if values.dtype not in PRECISION_OF:
+        if values.dtype not in PRECISION_OF_DTYPE:
             raise ValueError(f"stored embeddings must be float32, float16 or int8, got {values.dtype}")
-        self.precision = PRECISION_OF[values.dtype]
+        self.precision = PRECISION_OF_DTYPE[values.dtype]
         self.dim = values.shape[1]
         self.experts, self.top_e, self.kind = experts, top_e, kind
-        self.version = score_kernels.BEST if version is None else version
-        self.kernel = score_kernels.get_kernel(self.version, kind, self.precision, self.dim, experts, top_e)
+        self.kernel_version = score_kernels.version(version, kind, self.precision, self.dim)
+        self.kernel = score_kernels.get_kernel(self.kernel_version, kind, self.precision, self.dim, experts, top_e)
         self._values = values  # host copy in slot order: updates patch it and the device table
         self._scale = np.ascontiguousarray(scale, np.float32)
         self._chunk_format = np.ascontiguousarray(chunk_format, np.int32)
@@ -46,13 +47,13 @@ class FusedScorer:
 
     @classmethod
     def on_device(cls, d_emb, d_scale, chunk_format: np.ndarray, slot_ad_id: np.ndarray, *, precision: str,
-                  dim: int, experts: int, top_e: int, version: int | None = None, kind: str = "moe") -> "FusedScorer":
+                  dim: int, experts: int, top_e: int, version=None, kind: str = "moe") -> "FusedScorer":
         """A scorer over a table already on the device in the version's layout (benchmarks: pools
         generated on the GPU). Such a scorer takes no updates."""
         self = cls.__new__(cls)
         self.precision, self.dim, self.experts, self.top_e, self.kind = precision, dim, experts, top_e, kind
-        self.version = score_kernels.BEST if version is None else version
-        self.kernel = score_kernels.get_kernel(self.version, kind, precision, dim, experts, top_e)
+        self.kernel_version = score_kernels.version(version, kind, precision, dim)
+        self.kernel = score_kernels.get_kernel(self.kernel_version, kind, precision, dim, experts, top_e)
         self._values = None
         self._chunk_format = np.ascontiguousarray(chunk_format, np.int32)
         self._slot_ad_id = np.ascontiguousarray(slot_ad_id, np.int64)
@@ -61,6 +62,11 @@ class FusedScorer:
         self.d_slot_ad_id = cuda.to_device(self._slot_ad_id)
         self._bufs_key = None
         return self
+
+    @property
+    def version(self) -> int:
+        """The number of the scoring kernel this scorer runs."""
+        return self.kernel_version.number
 
     # --- device state -------------------------------------------------------------------------------
     def _check_shapes(self):
@@ -172,17 +178,11 @@ class FusedScorer:
         scores = b["out_score"].copy_to_host()
         return [(ids[r, : counts[r]].copy(), scores[r, : counts[r]].copy()) for r in range(R)]
 
-    def final_topk(self, b, cap: int, k: int, R: int, stream=0, version: int | None = None) -> None:
-        version = topk_kernels.BEST if version is None else version
-        keys, slots, width = b["cand_key"], b["cand_slot"], cap
-        n_seg = b["seg_key"].shape[1]
-        if version == 2 and n_seg > 1:
-            topk_kernels.segment_topk_v2[(n_seg, R), topk_kernels.threads(), stream](
-                keys, slots, np.int32(cap), np.int32(topk_kernels.SEGMENT_LEN), np.int32(k), b["seg_key"], b["seg_slot"])
-            keys, slots, width = b["seg_key"], b["seg_slot"], k
-        topk_kernels.final_topk_v1[(R,), topk_kernels.threads(), stream](
-            keys, slots, np.int32(width), self.d_slot_ad_id, np.int32(k),
-            b["sk"], b["ss"], b["sid"], b["out_id"], b["out_score"], b["out_count"])
+    def final_topk(self, b, cap: int, k: int, R: int, stream=0, version=None) -> None:
+        """The final top-K of the per-block candidates in `b` (gpu.kernels.topk; default: its shipped
+        version)."""
+        topk_kernels.version(version).recipe.launch(b["cand_key"], b["cand_slot"], cap, self.d_slot_ad_id, k, b, R,
+                                                    stream)
 
 
-__all__ = ["FusedScorer", "PRECISION_OF"]
+__all__ = ["FusedScorer"]

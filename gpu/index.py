@@ -38,11 +38,15 @@ from andromeda_nb.compiled import (
     encode_request,
 )
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
+from andromeda_nb.devices import resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
+from andromeda_nb import jitcache
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
 
 from . import runtime
+
+jitcache.install()  # cached host code is recompiled when any project source changes
 
 COMPACT_MIN_WORDS = 1 << 20  # garbage program words tolerated before compaction (and ...)
 COMPACT_RATIO = 1.0  # ... as a fraction of the live words
@@ -313,56 +317,28 @@ def _ftab_words() -> int:
     return K.FTAB_WORDS
 
 
-def _driver_present() -> bool:
-    """A CUDA driver library or device node exists (checked without importing numba.cuda)."""
-    import ctypes.util
-    import os
-
-    return bool(ctypes.util.find_library("cuda")) or os.path.exists("/dev/nvidiactl")
-
-
-def resolve_device(device: str) -> str:
-    """'gpu' or 'sim' for `device` ('auto', 'gpu', 'sim'; 'cpu' means the simulator here, the CPU
-    running the kernels). 'auto' takes the GPU when one is usable and the simulator otherwise; the
-    simulator must be chosen before numba.cuda is imported, so with no driver at all it is chosen
-    without probing."""
-    import sys
-
-    if device in ("auto", "cpu") and not runtime.simulator_enabled() and "numba.cuda" not in sys.modules:
-        if device == "cpu" or not _driver_present():
-            return runtime.select("sim")
-    where = runtime.select(device)
-    if where == "cpu":
-        try:
-            where = runtime.select("sim")
-        except RuntimeError as exc:
-            raise RuntimeError(f"no usable CUDA GPU, and the simulator cannot start now: {exc}") from None
-    return where
-
-
 class GpuTargetingIndex:
     """`interfaces.TargetingIndex` on the device, plus the slot-order API of the co-located path.
 
     Device memory: per slot `resid` (uint32), `prog_ptr` (int64), `sched` (int64 x 2); the clause
     programs (uint32 words) and custom locations (float64 x 3), each with spare room for updates.
     `device` is 'auto' (the GPU when usable, else the CUDA simulator), 'gpu' or 'sim'; `version`
-    picks a kernel of gpu/kernels/match.py (default: the best measured one).
+    picks the match kernel: a number of gpu/kernels/match.py's table or a `Version` of the kernel lab
+    (gpu/lab/match.py); default: the shipped one. Under the simulator a GPU-only version gives way
+    to the simulator fallback, which computes the same bits.
     """
 
-    def __init__(self, *, device: str = "auto", version: int | None = None):
-        where = resolve_device(device)
+    def __init__(self, *, device: str = "auto", version=None):
+        where = resolve(device, kernels=True)
         self.device = where
         self._cuda = runtime.cuda()
         from .kernels import match as kernels
 
         self._k = kernels
-        if version is None:
-            version = kernels.BEST
-        if version not in kernels.VERSIONS:
-            raise ValueError(f"unknown match kernel version {version}; choose from {sorted(kernels.VERSIONS)}")
-        if where == "sim" and version in kernels.NEEDS_WARP_INTRINSICS:
-            version = kernels.SIMULATOR_FALLBACK
-        self.version = version
+        chosen = kernels.version(version)
+        if where == "sim" and chosen.gpu_only:
+            chosen = kernels.VERSIONS[kernels.SIMULATOR_FALLBACK]
+        self.kernel_version = chosen
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()
         self._request_buffers: dict = {}  # staging, device buffer and views of prepare(..., reuse=True)
@@ -371,8 +347,16 @@ class GpuTargetingIndex:
         self.compactions = 0
 
     # --- construction --------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The number of the match kernel this index runs."""
+        return self.kernel_version.number
+
+    def _kernel(self, version=None):
+        return self.kernel_version if version is None else self._k.version(version)
+
     @classmethod
-    def build(cls, ads: Sequence[Ad], *, device: str = "auto", version: int | None = None,
+    def build(cls, ads: Sequence[Ad], *, device: str = "auto", version=None,
               spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS) -> "GpuTargetingIndex":
         ads = list(ads)
         ids = [a.ad_id for a in ads]
@@ -382,7 +366,7 @@ class GpuTargetingIndex:
                                  chunk_slots=chunk_slots)
 
     @classmethod
-    def from_compiled(cls, ct: CompiledTargeting, *, device: str = "auto", version: int | None = None,
+    def from_compiled(cls, ct: CompiledTargeting, *, device: str = "auto", version=None,
                       spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS) -> "GpuTargetingIndex":
         """Build from compiled targeting (row i = one ad); slot order groups the ads by format.
         `spare`: fraction of free slots kept per format for inserts; `chunk_slots` (a multiple of
@@ -466,15 +450,14 @@ class GpuTargetingIndex:
         return (self.d_resid[:cap], self.d_ptr[:cap], self.d_prog, self.d_sched[:cap], self.d_circles)
 
     # --- matching ------------------------------------------------------------------------------------
-    def prepare(self, encoded: Sequence[EncodedRequest], version: int | None = None, *,
-                reuse: bool = False) -> RequestBatch:
+    def prepare(self, encoded: Sequence[EncodedRequest], version=None, *, reuse: bool = False) -> RequestBatch:
         """Upload a batch of encoded requests in the form kernel `version` reads. With `reuse` the
         upload goes into device buffers this index keeps from the last such call (no allocation), and
         the batch is valid until the next `prepare(..., reuse=True)`."""
-        version = self.version if version is None else version
+        recipe = self._kernel(version).recipe
         encoded = list(encoded)
-        group = self._k.GROUP_OF.get(version, 0)
-        extra = {"ctab": self.circle_table(encoded, group)} if version in self._k.CIRCLE_TABLE else None
+        group = recipe.group
+        extra = {"ctab": self.circle_table(encoded, group)} if recipe.circle_table else None
         return RequestBatch.build(encoded, self.vocab, self._cuda, group,
                                   self._request_buffers if reuse else None, extra)
 
@@ -517,12 +500,11 @@ class GpuTargetingIndex:
             out = self._outputs[n_requests] = self.new_output(n_requests)
         return out
 
-    def run(self, batch: RequestBatch, out, version: int | None = None) -> None:
+    def run(self, batch: RequestBatch, out, version=None) -> None:
         """Launch the match kernel on a prepared batch (asynchronous, like any kernel launch)."""
-        version = self.version if version is None else version
-        self._k.launch(version, self._index_arrays(), batch.arrays, out)
+        self._k.launch(self._kernel(version), self._index_arrays(), batch.arrays, out)
 
-    def match_slots(self, encoded: Sequence[EncodedRequest], version: int | None = None, *, out=None):
+    def match_slots(self, encoded: Sequence[EncodedRequest], version=None, *, out=None):
         """Eligibility of every slot for each request: a device array uint32[B, capacity // 32]
         in the layout at the top of this module; written into `out` when given (a device array of
         that shape, e.g. `kept_output`), else into a new one. The request upload reuses the

@@ -36,18 +36,23 @@ def measure(pool: int, base_ads: int, batches: list[int], variant: str) -> dict:
         geo.haversine_km = _stand_in_km  # before gpu.kernels.match builds its device function
     import numpy as np
 
-    from gpu import runtime
+    from andromeda_nb.devices import resolve
 
-    runtime.select("gpu")
-    cuda = runtime.cuda()
+    resolve("gpu")
     from andromeda_nb.compiled import encode_request
-    from gpu.bench_match import build_tiled_index, generate_base, time_kernel
+    from andromeda_nb.tiling import generate_base
+    from andromeda_nb.versions import Version
+    from gpu import runtime
+    from gpu.bench_match import build_tiled_index, time_kernel
     from gpu.kernels import match as K
 
-    if variant == "maxreg64":
-        K.VERSIONS[K.BEST] = cuda.jit(max_registers=64)(K.VERSIONS[K.BEST].py_func)
+    cuda = runtime.cuda()
+    version = None  # the shipped kernel
+    if variant == "maxreg64":  # the shipped kernel's recipe, compiled again with the register cap
+        version = Version(K.SHIPPED, "maxreg64", "the shipped kernel with at most 64 registers",
+                          K.batched_kernel("match_probe_maxreg64", K.WIDE, "shuffle", max_registers=64), gpu_only=True)
     base = generate_base(base_ads, 256, 7)
-    index = build_tiled_index(base.compiled, max(1, pool // len(base.ads)))
+    index = build_tiled_index(base.compiled, max(1, pool // len(base.ads)), version=version)
     out = {"variant": variant, "ads": len(index), "version": index.version, "timings": []}
     for b in batches:
         enc = [encode_request(base.requests[i % len(base.requests)]) for i in range(b)]
@@ -59,7 +64,7 @@ def measure(pool: int, base_ads: int, batches: list[int], variant: str) -> dict:
                                "pool_ads_per_s": b * len(index) / t["median_s"],
                                "eligible_bits": int(np.unpackbits(host.view(np.uint8)).sum()),
                                "answer_sha256": hashlib.sha256(host.tobytes()).hexdigest()[:16]})
-    kernel = K.VERSIONS[index.version]
+    kernel = index.kernel_version.recipe.kernel
     out["regs"] = kernel.get_regs_per_thread()
     out["local_bytes"] = kernel.get_local_mem_per_thread()
     out["regs"] = list(out["regs"].values()) if isinstance(out["regs"], dict) else out["regs"]

@@ -21,9 +21,10 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=4)
     args = ap.parse_args()
 
+    from andromeda_nb.devices import resolve
     from gpu import runtime
 
-    runtime.select("gpu")
+    resolve("gpu", kernels=True)
     cuda = runtime.cuda()
     import cupy as xp
 
@@ -32,6 +33,7 @@ def main() -> None:
     from gpu.bench_score import _request_tables, make_pool
     from gpu.fused import FusedScorer
     from gpu.kernels import score as sk
+    from gpu.lab import score as lab
 
     model = MoeModel.init(0, D=args.dim)
     us, tab = _request_tables(model, 0)
@@ -39,15 +41,15 @@ def main() -> None:
     pool = make_pool(xp, args.ads, args.dim, args.precision, model.F, 0, keep_rows=False)
     fs = FusedScorer.on_device(cuda.as_cuda_array(pool.tiles), cuda.as_cuda_array(pool.scale), pool.chunk_format,
                                np.arange(args.ads, dtype=np.int64), precision=args.precision, dim=args.dim,
-                               experts=model.E, top_e=model.top_k, version=args.version, kind=args.kind)
+                               experts=model.E, top_e=model.top_k, version=lab.VERSIONS[args.version], kind=args.kind)
     elig = cuda.to_device(np.full((1, args.ads // 32), 0xFFFFFFFF, np.uint32))
     d_tabs = cuda.to_device(tabs.astype(np.float32))
     b = fs._buffers(1, 100)
     for _ in range(args.launches):
-        fs.kernel.launch(fs.d_emb, fs.d_scale, fs.d_chunk_format, elig, d_tabs, sk.cap_for(100), b["cand_key"],
+        fs.kernel.launch(fs.d_emb, fs.d_scale, fs.d_chunk_format, elig, d_tabs, sk.cap_for(100, fs.kernel.ads_per_block), b["cand_key"],
                          b["cand_slot"])
     cuda.synchronize()
-    print("launched", args.launches, "times:", sk.VERSIONS[args.version].name, args.kind, args.precision, args.dim)
+    print("launched", args.launches, "times:", lab.VERSIONS[args.version].name, args.kind, args.precision, args.dim)
 
 
 if __name__ == "__main__":

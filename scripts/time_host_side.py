@@ -43,13 +43,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from andromeda_nb.compiled import encode_request
+    from andromeda_nb.devices import resolve
     from andromeda_nb.provenance import host_info
     from andromeda_nb.rows import RowMap
     from andromeda_nb.store import load_dataset
     from cpu_baseline.index import CpuTargetingIndex
-    from gpu import runtime
 
-    runtime.select("sim")
+    resolve("sim")
     from gpu.index import GpuTargetingIndex
 
     ds = load_dataset(args.data)

@@ -19,6 +19,7 @@ class _Hopper:  # device functions ask the current device for its compute capabi
 dispatcher.get_current_device = lambda: _Hopper()
 
 from gpu.kernels import score, topk  # noqa: E402
+from gpu.lab import score as score_lab  # noqa: E402
 
 DT = {"fp32": types.float32, "fp16": types.float16, "int8": types.int8}
 
@@ -42,9 +43,10 @@ def main(argv):
     for v in versions:
         for kind in score.KINDS:
             for prec in ("fp32", "fp16", "int8"):
-                spec = score.KernelSpec(v, kind, prec, dim, experts, top_e)
+                version = score_lab.VERSIONS[v]
+                spec = score.KernelSpec(version, kind, prec, dim, experts, top_e)
                 fn, _ = score.python_function(spec)
-                report(f"score_v{v}_{kind}_{prec}_d{dim}", fn, score_signature(score.VERSIONS[v].layout, prec))
+                report(f"score_v{v}_{kind}_{prec}_d{dim}", fn, score_signature(version.recipe.layout, prec))
     if len(argv) > 5 and argv[5] == "no-topk":
         return
     cand = (types.uint32[:, :, ::1], types.int32[:, :, ::1], types.int32)

@@ -2,8 +2,9 @@
 
 import pytest
 
-from andromeda_nb.budget import (budget_table, build_budget, format_budget, fused_stages, network_payload, payload_total,
-                                 stored_ad_bytes, total, unfused_stages)
+from andromeda_nb.budget import (budget_table, fused_stages, network_payload, payload_total, stored_ad_bytes, total,
+                                 unfused_stages)
+from migration.budget import build_budget, format_budget
 
 
 @pytest.mark.parametrize("precision,expected", [("fp32", 256), ("fp16", 128), ("int8", 68)])

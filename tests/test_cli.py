@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from andromeda_nb import interfaces, store
+from andromeda_nb import store
 from andromeda_nb.oracle import OracleIndex
 from andromeda_nb.reference import ReferenceRetriever
 from andromeda_nb.updates import apply_update_file
 from cli import main
+from migration import architectures
 
 SEED = 3
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -148,10 +149,10 @@ def test_user_errors_are_clean(tmp_path, corpus_dir, monkeypatch):
     (tmp_path / "empty").mkdir()
     result = _runner().invoke(main, ["match", "--data", str(tmp_path / "empty")])
     assert result.exit_code == 1 and "meta.json" in result.stderr and "Traceback" not in result.stderr
-    monkeypatch.setitem(interfaces.MATCHERS, "gpu", "no_such_module.index:Index")
+    monkeypatch.setitem(architectures.MATCHERS, "gpu", "no_such_module.index:Index")
     result = _runner().invoke(main, ["match", "--data", str(corpus_dir), "--arch", "gpu", "--quiet"])
     assert result.exit_code == 1 and "not available" in result.stderr and "Traceback" not in result.stderr
-    monkeypatch.setitem(interfaces.RETRIEVERS, "colocated", "no_such_module.colocated:Retriever")
+    monkeypatch.setitem(architectures.RETRIEVERS, "colocated", "no_such_module.colocated:Retriever")
     result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
     assert result.exit_code == 1 and "not available" in result.stderr
 

@@ -55,7 +55,7 @@ def _updates(rng, reference, dataset, n):
 
 @pytest.mark.parametrize("device,precision", [("cpu", "int8"), ("cpu", "fp16"), (KERNEL_DEVICE, "int8")])
 def test_colocated_equals_reference_through_updates(device, precision):
-    from gpu.colocated import ColocatedRetriever
+    from migration.colocated import ColocatedRetriever
 
     dataset, rng = make_dataset(31, precision=precision, n_requests=3 if device == KERNEL_DEVICE else 8)
     reference = ReferenceRetriever.build(dataset)
@@ -76,7 +76,7 @@ def test_colocated_equals_reference_through_updates(device, precision):
 
 @pytest.fixture(scope="module")
 def server():
-    from gpu.colocated import make_server
+    from migration.colocated import make_server
 
     dataset, rng = make_dataset(41, precision="int8", n_requests=6)
     srv = make_server(dataset, "grpc://127.0.0.1:0", device="cpu")

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 
 import cpu_baseline.index as cpu_index
 from andromeda_nb import testing
-from andromeda_nb.interfaces import MATCHERS, load_class
+from migration.architectures import MATCHERS, load_class
 from andromeda_nb.oracle import OracleIndex
 from andromeda_nb.types import Retire, SetStatus, Upsert
 from cpu_baseline.index import CpuTargetingIndex

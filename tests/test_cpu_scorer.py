@@ -10,7 +10,8 @@ from andromeda_nb.model import MoeModel, quantize, user_side
 from andromeda_nb.reference import reference_scores
 from andromeda_nb.scoring import fold_user_side, moe_score, table_experts, table_width
 from andromeda_nb.testing import random_requests
-from cpu_baseline.scorer import SHIPPED_VERSION, VERSIONS, CpuScorer, _score_row, storage_view
+from cpu_baseline.lab.scorer import VERSIONS, _score_row
+from cpu_baseline.scorer import SHIPPED, CpuScorer, storage_view
 
 
 def _max_error(got, result):
@@ -35,9 +36,9 @@ def test_versions_match_reference(precision, E, top_k):
         assert np.std(ref.scores) > 0.05  # scores spread: the comparison can fail
         tab = fold_user_side(us)
         # every version on fp32; the shipped one on every precision (bench cpu checks the rest)
-        versions = VERSIONS if precision == "fp32" else [SHIPPED_VERSION]
+        versions = VERSIONS if precision == "fp32" else [SHIPPED]
         for version in versions:
-            scorer = CpuScorer.from_table(table, formats, model.top_k, version=version)
+            scorer = CpuScorer.from_table(table, formats, model.top_k, version=VERSIONS[version])
             got = scorer.score(rows.astype(np.int32), tab)
             assert got.dtype == np.float32
             err = _max_error(got, ref)
@@ -79,7 +80,8 @@ def test_per_ad_formula_by_hand():
     scorer = CpuScorer(np.array([[1.0, 1.0], [1.0, 1.5]], np.float32), np.ones(2, np.float32),
                        np.zeros(2, np.int16), 1)
     both, second = np.array([0, 1], np.int32), np.array([1], np.int32)
-    for version, kernel in VERSIONS.items():
+    for version, entry in VERSIONS.items():
+        kernel = entry.recipe.parallel
         out = np.empty(2, np.float32)
         kernel(scorer._values, scorer._scale, scorer._formats, both, tab, 2, 1, out)  # 3.2; expert 1: 4.5 + 0.2
         assert out == pytest.approx([3.2, 4.7], abs=1e-6), f"v{version}"

@@ -181,7 +181,7 @@ def test_gpu_index_sim_finds_every_depth_through_updates():
 
 def test_colocated_cpu_path_finds_every_depth_through_updates():
     """The co-located engine on the CPU: with k above the pool size its answer is the eligible set."""
-    from gpu.colocated import ColocatedEngine
+    from cpu_baseline.engine import CpuEngine
 
     deep, twins, fillers, requests = deep_world(4)
     fillers = fillers[:50]
@@ -189,7 +189,7 @@ def test_colocated_cpu_path_finds_every_depth_through_updates():
     table = quantize(np.stack([a.embedding for a in ads]), "fp32")
     dataset = Dataset(ads=ads, embeddings=table, requests=requests, model=MoeModel.init(4, D=DIM, F=FORMATS),
                       seed=0, precision="fp32")
-    engine = ColocatedEngine(dataset, "cpu")
+    engine = CpuEngine(dataset)
     oracle = OracleIndex.build(ads)
     k = 4096
 

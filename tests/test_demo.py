@@ -2,7 +2,7 @@
 
 import pytest
 
-from andromeda_nb.demo import run_demo
+from migration.demo import run_demo
 
 
 @pytest.fixture(scope="module")

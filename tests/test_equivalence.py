@@ -450,7 +450,7 @@ def served_world(tmp_path_factory):
     targeting.npz, nothing parsed). The reference is built from the ads in memory."""
     from andromeda_nb.store import load_dataset, save_dataset
     from cpu_baseline.remote import RemoteRetriever
-    from gpu.colocated import ColocatedRetriever
+    from migration.colocated import ColocatedRetriever
 
     dataset = make_dataset(2026, 2000, D=16, F=4, precision="int8", big_ids=True)
     stored = load_dataset(save_dataset(dataset, tmp_path_factory.mktemp("corpus")))
@@ -481,7 +481,7 @@ def sim_world():
     """A small pool in two formats (two 256-slot chunks: the simulator's cost is per slot) for the
     co-located path on device "sim", with float16 embeddings and ids above 2**62; replacements may
     move an ad to the other format's chunk."""
-    from gpu.colocated import ColocatedRetriever
+    from migration.colocated import ColocatedRetriever
 
     dataset = make_dataset(7, SIM_POOL, D=16, F=2, precision="fp16", big_ids=True)
     retriever = ColocatedRetriever.build(dataset, device="sim")
@@ -503,7 +503,7 @@ def test_colocated_sim_equals_reference_through_updates(sim_world, seed):
 def test_colocated_sim_built_empty_takes_upserts():
     """Regression: the co-located engine on the GPU path could not be built from a corpus with no
     ads (the tiled embedding table of zero slots), nor answer before its first create."""
-    from gpu.colocated import ColocatedRetriever
+    from migration.colocated import ColocatedRetriever
 
     dataset = make_dataset(8, 0, D=16, F=1, precision="int8")
     retriever = ColocatedRetriever.build(dataset, device="sim")
@@ -593,7 +593,7 @@ def test_schedule_off_by_one_is_caught_at_the_edges():
 def test_wrong_retriever_is_caught_by_the_same_property():
     """A retriever that misses status updates fails the step property within a few steps, while the
     same engine receiving every update passes them."""
-    from gpu.colocated import ColocatedRetriever
+    from migration.colocated import ColocatedRetriever
 
     dataset = make_dataset(99, 400, D=16, F=4, precision="fp32")
     engines = [ColocatedRetriever.build(dataset, device="cpu") for _ in range(2)]

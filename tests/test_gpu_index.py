@@ -22,7 +22,7 @@ from andromeda_nb.oracle import OracleIndex, eligible
 from andromeda_nb.targeting import parse_ad, parse_request
 from andromeda_nb.testing import random_ads, random_requests, random_updates
 from andromeda_nb.updates import LiveAds, apply_updates
-from gpu import runtime
+from andromeda_nb import devices
 from gpu.index import GpuTargetingIndex, Vocabulary, clause_programs, residual_tables, resid_words
 
 CHUNK = 32  # slots per format chunk in these tests (production: CHUNK_SLOTS = 256)
@@ -30,6 +30,18 @@ FORMATS = 3
 
 
 def _kernels():
+    """Every match kernel version: the kernel lab's table (the shipped ones included)."""
+    from gpu.lab import match as K
+
+    return K
+
+
+def _version(number: int):
+    return _kernels().VERSIONS[number]
+
+
+def _layout():
+    """The kernels' data layout (residual words, clause programs, group tables): the shipped file's."""
     from gpu.kernels import match as K
 
     return K
@@ -37,7 +49,7 @@ def _kernels():
 
 def _sim_versions():
     K = _kernels()
-    return [v for v in sorted(K.VERSIONS) if runtime.gpu_usable() or v not in K.NEEDS_WARP_INTRINSICS]
+    return [v for v in sorted(K.VERSIONS) if devices.gpu_usable() or not K.VERSIONS[v].gpu_only]
 
 
 def _assert_same(expected, got, config: str):
@@ -53,7 +65,7 @@ def _assert_same(expected, got, config: str):
 
 
 def test_residual_tables_hand_computed():
-    K = _kernels()
+    K = _layout()
     reqs = [
         parse_request({"request_id": 1, "user": {"age": 30, "gender": 2},
                        "context": {"publisher_platform": "instagram", "device_platform": "desktop",
@@ -79,7 +91,7 @@ def test_residual_tables_hand_computed():
 
 
 def test_clause_program_and_residual_word_hand_computed():
-    K = _kernels()
+    K = _layout()
     ad = parse_ad({"ad_id": 9, "status": "ACTIVE", "start_time": 100, "format": 1, "targeting": {
         "age_min": 21, "genders": [2], "publisher_platforms": ["messenger"],
         "geo_locations": {"countries": ["US"], "custom_locations": [
@@ -117,7 +129,7 @@ def test_random_corpus_equals_oracle(seed):
     expected = OracleIndex.build(ads).match(requests)
     assert sum(map(len, expected)) > 0
     for version in _sim_versions():
-        index = GpuTargetingIndex.build(ads, version=version, chunk_slots=CHUNK)
+        index = GpuTargetingIndex.build(ads, version=_version(version), chunk_slots=CHUNK)
         _assert_same(expected, index.match(requests), f"seed={seed} version={version} ads=60 requests=37")
 
 
@@ -139,7 +151,7 @@ def test_update_stream_equals_oracle(monkeypatch, version):
     updates = random_updates(rng, ads, 120, invalid=0.1, formats=FORMATS)
     oracle = OracleIndex.build(ads)
     live = LiveAds(a.ad_id for a in ads)
-    index = GpuTargetingIndex.build(ads, version=version, chunk_slots=CHUNK)
+    index = GpuTargetingIndex.build(ads, version=_version(version), chunk_slots=CHUNK)
     cap0, bytes0 = index.capacity, index.device_bytes()
     rejected = 0
     for step, start in enumerate(range(0, len(updates), 40)):
@@ -209,7 +221,7 @@ def test_boundaries_equal_oracle():
     assert [e.tolist() for e in expected] == [[4], [1, 2, 5], [1, 2, 4], [4, 5], [1, 5], [1, 3, 4, 5], [1, 3, 4],
                                               [1, 3, 4, 5]]
     for version in _sim_versions():
-        index = GpuTargetingIndex.build(ads, version=version, chunk_slots=CHUNK)
+        index = GpuTargetingIndex.build(ads, version=_version(version), chunk_slots=CHUNK)
         _assert_same(expected, index.match(requests), f"boundaries version={version}")
 
 
@@ -221,7 +233,7 @@ def test_circle_table_equals_the_great_circle_distance():
 
     rng = np.random.default_rng(53)
     ads = random_ads(rng, 80, formats=FORMATS)
-    index = GpuTargetingIndex.build(ads, version=7, chunk_slots=CHUNK)
+    index = GpuTargetingIndex.build(ads, version=_version(7), chunk_slots=CHUNK)
     circles = index.circles_h
     assert len(circles) >= 5, "seed 53 draws custom locations"
     km = 1.0 / 111.19492664455873
@@ -319,7 +331,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     # there is no device here, so name the one compile_ptx targets
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
     from numba import cuda
-    from gpu.kernels import match as K
+    from gpu.lab import match as K
     for name, fn, sig in K.kernel_signatures():
         ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
         assert ".target sm_90" in ptx, name
@@ -346,14 +358,14 @@ def test_every_kernel_compiles_for_sm90():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not runtime.gpu_usable(), reason="needs a real CUDA GPU (run with ANDROMEDA_TEST_GPU=1)")
+@pytest.mark.skipif(not devices.gpu_usable(), reason="needs a real CUDA GPU (run with ANDROMEDA_TEST_GPU=1)")
 def test_every_version_equals_oracle_on_gpu():
     rng = np.random.default_rng(51)
     ads = random_ads(rng, 3000, formats=8)
     requests = random_requests(rng, 100)
     expected = OracleIndex.build(ads).match(requests)
     for version in sorted(_kernels().VERSIONS):
-        index = GpuTargetingIndex.build(ads, device="gpu", version=version)
+        index = GpuTargetingIndex.build(ads, device="gpu", version=_version(version))
         _assert_same(expected, index.match(requests), f"seed=51 version={version} ads=3000 requests=100")
 
 
@@ -361,7 +373,8 @@ def test_every_version_equals_oracle_on_gpu():
 
 
 def test_tiled_index_equals_index_of_tiled_corpus():
-    from gpu.bench_match import build_tiled_index, tile_compiled
+    from andromeda_nb.tiling import tile_compiled
+    from gpu.bench_match import build_tiled_index
 
     rng = np.random.default_rng(61)
     ads = random_ads(rng, 25, formats=2)
@@ -369,7 +382,7 @@ def test_tiled_index_equals_index_of_tiled_corpus():
     ct = compile_ads(ads)
     version = _kernels().SIMULATOR_FALLBACK
     tiled = build_tiled_index(ct, 3, version=version, chunk_slots=CHUNK, spare=0.0)
-    direct = GpuTargetingIndex.from_compiled(tile_compiled(ct, 3), version=version, chunk_slots=CHUNK)
+    direct = GpuTargetingIndex.from_compiled(tile_compiled(ct, 3), version=_version(version), chunk_slots=CHUNK)
     assert np.array_equal(tiled.slots.slot_ad_id, direct.slots.slot_ad_id)
     assert len(tiled) == len(direct) == 75
     a = tiled.match_slots(requests).copy_to_host()
@@ -386,10 +399,11 @@ def test_bench_match_runs_and_checks(tmp_path, monkeypatch):
     import json
 
     from gpu import bench_match as bm
+    from migration.benches import bench_match
 
     monkeypatch.setattr(bm, "WARMUP", 0)
     out = tmp_path / "match.json"
-    result = bm.run(pools=[240], versions=[_kernels().SIMULATOR_FALLBACK], batches=[32], base_ads=80, requests=40,
+    result = bench_match(pools=[240], versions=[_kernels().SIMULATOR_FALLBACK], batches=[32], base_ads=80, requests=40,
                     updates=(2, 15), cpu_pool=160, chunk_slots=CHUNK, progress=False, out=str(out))
     pool = json.loads(out.read_text())["pools"][0]
     assert pool["ads"] == 240 and pool["copies"] == 3

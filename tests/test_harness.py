@@ -9,7 +9,7 @@ import pytest
 
 from andromeda_nb.corpus import generate_corpus
 from andromeda_nb.budget import payload_total
-from andromeda_nb.harness import check_answers, format_report, reference_answers, run_comparison
+from migration.harness import check_answers, format_report, reference_answers, run_comparison
 from andromeda_nb.store import load_dataset
 from andromeda_nb.testing import random_updates, update_to_json
 

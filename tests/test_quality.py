@@ -281,7 +281,7 @@ def test_blas_threads_restores_the_count():
 
 
 def test_kernel_throughput_skips_without_a_gpu(tiny_run):
-    from andromeda_nb.quality.kernel import kernel_throughput
+    from migration.quality_kernel import kernel_throughput
 
     out = kernel_throughput(tiny_run.models, np.zeros((4, 64), np.float32), np.zeros(4, np.int64), [],
                             device="cpu")
@@ -292,7 +292,7 @@ def test_kernel_path_under_the_simulator_matches_the_reference(tiny_run):
     """The fused kernel on the trained models, checked against the reference before timing (tiny)."""
     from gpu import runtime
 
-    from andromeda_nb.quality.kernel import kernel_throughput
+    from migration.quality_kernel import kernel_throughput
 
     if not runtime.simulator_enabled():
         pytest.skip("needs the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set by conftest)")

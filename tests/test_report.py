@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from andromeda_nb import provenance
-from andromeda_nb import report as rp
+from migration import report as rp
 
 SEED = 20260101
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None

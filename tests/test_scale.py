@@ -261,7 +261,7 @@ def test_parse_ad_copies_the_targeting_object_unless_told_not_to():
 
 def test_services_started_from_a_directory_answer_like_the_reference(corpus_dir, tmp_path):
     from cpu_baseline.remote import RemoteRetriever
-    from gpu.colocated import ColocatedRetriever
+    from migration.colocated import ColocatedRetriever
 
     ds = store.load_dataset(corpus_dir)
     k = 300  # about every eligible ad of this pool: the upserted one must show up
@@ -286,7 +286,7 @@ def test_services_started_from_a_directory_answer_like_the_reference(corpus_dir,
 
 
 def test_a_directory_that_no_longer_holds_the_dataset_is_refused(corpus_dir, tmp_path):
-    from gpu.colocated import ColocatedRetriever
+    from migration.colocated import ColocatedRetriever
 
     moved = _copy(corpus_dir, tmp_path / "moved")
     ds = store.load_dataset(moved)

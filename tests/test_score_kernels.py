@@ -120,10 +120,12 @@ def _check(answers, sides, table, fmt_slot, ids, elig, k, kind, u=None, context=
                                                (3, "fp32"), (3, "fp16"), (3, "int8"), (4, "fp16"), (4, "int8")])
 def test_moe_kernels_equal_the_reference(precision, version):
     from gpu.fused import FusedScorer
+    from gpu.lab import score as score_lab
 
     seed = 100 + version * 10 + ["fp32", "fp16", "int8"].index(precision)
     rng, chunk_format, table, ids, sides, elig = _case(seed, precision)
-    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=TOP, version=version)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=TOP,
+                     version=score_lab.VERSIONS[version])
     tabs = np.stack([fold_tables(s.U, s.Q, s.gamma, s.beta) for s in sides])
     k = int(rng.choice([3, 40, 600]))  # selection inside blocks, and every eligible ad kept
     fmt_slot = np.repeat(chunk_format, CHUNK_SLOTS)
@@ -134,12 +136,14 @@ def test_moe_kernels_equal_the_reference(precision, version):
 @pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_dot_kernels_equal_the_reference(version):
     from gpu.fused import FusedScorer
+    from gpu.lab import score as score_lab
 
     precision = ["int8", "fp16", "fp32", "int8"][version - 1]
     seed = 200 + version
     rng, chunk_format, table, ids, sides, elig = _case(seed, precision, R=1)
     u = rng.standard_normal(D)
-    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=TOP, version=version, kind="dot")
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=TOP,
+                     version=score_lab.VERSIONS[version], kind="dot")
     k = 25
     _check(fs.topk(elig, dot_table(u, E, F)[None], k), sides, table, None, ids, elig, k, "dot", u=u,
            context=f"seed {seed} v{version} dot {precision}")

@@ -186,13 +186,14 @@ def test_tensor_core_kernel_equals_the_reference(precision, D, E, top):
     """The fused kernel, exact mode, against the float64 reference (scores within SCORE_ATOL, gate
     ties excused; top-K order); E = 9 takes two n-tiles of gates and of experts."""
     from gpu.fused import FusedScorer
-    from gpu.kernels import score as sk
+    from gpu.kernels.score import TensorCoreRecipe
+    from gpu.lab import score as lab
 
     seed = 300 + D + E
     n_chunks, R = (64, 3) if ON_GPU else (1, 1)
     rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(seed, precision, D, E, top, n_chunks, R)
-    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=top, version=5)
-    assert sk.VERSIONS[fs.version].tensor_cores
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=top, version=lab.VERSIONS[5])
+    assert isinstance(fs.kernel_version.recipe, TensorCoreRecipe)
     k = 40 if not ON_GPU else int(rng.choice([5, 100, 3000]))
     fmt_slot = np.repeat(chunk_format, CHUNK_SLOTS)
     _check(fs.topk(elig, tabs, k), sides, table, fmt_slot, ids, elig, k, "moe",

@@ -63,6 +63,7 @@ def test_block_selection_keeps_exactly_the_block_best():
     """Scores with many exact ties through the fused kernel's per-block radix select: every block keeps
     its top `cap` (ties at the cut-off resolved by arrival), so the final top-k is tie-correct."""
     from gpu.fused import FusedScorer
+    from gpu.lab import score as score_lab
     from andromeda_nb.scoring import dot_table
 
     rng = np.random.default_rng(11)
@@ -71,7 +72,7 @@ def test_block_selection_keeps_exactly_the_block_best():
     values[:, 0] = rng.integers(-20, 20, S) / 8.0  # dot with u = e0: 40 distinct values
     ids = rng.permutation(5000)[:S].astype(np.int64)
     fs = FusedScorer(values, np.ones(S, np.float32), np.zeros(2, np.int16), ids, experts=1, top_e=1,
-                     version=2, kind="dot")
+                     version=score_lab.VERSIONS[2], kind="dot")
     elig = np.full((1, S // 32), 0xFFFFFFFF, np.uint32)
     u = np.zeros(Dm)
     u[0] = 1.0
@@ -89,6 +90,7 @@ def test_segmented_final_topk_equals_single_block(monkeypatch):
     """Top-K v2 (segments first) on candidates spread over several segments gives v1's answer."""
     from gpu.fused import FusedScorer
     from gpu.kernels import topk
+    from gpu.lab import score as score_lab
     from andromeda_nb.scoring import dot_table
 
     monkeypatch.setattr(topk, "SEGMENT_LEN", 12)  # 2 blocks x 10 candidates: segments of 12 and 8
@@ -97,7 +99,7 @@ def test_segmented_final_topk_equals_single_block(monkeypatch):
     values = (rng.standard_normal((S, Dm)) / 4).astype(np.float32)
     ids = rng.permutation(5000)[:S].astype(np.int64)
     fs = FusedScorer(values, np.ones(S, np.float32), np.zeros(S // 256, np.int16), ids, experts=1, top_e=1,
-                     version=2, kind="dot")
+                     version=score_lab.VERSIONS[2], kind="dot")
     elig = rng.integers(0, 2**32, (1, S // 32), dtype=np.uint64).astype(np.uint32)
     u = rng.standard_normal(Dm)
     got = fs.topk(elig, dot_table(u, 1, 1)[None], 10)

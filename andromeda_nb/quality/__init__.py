@@ -8,7 +8,8 @@
 * `experiment`: the whole run: train two_tower, moe_k1, moe_k2, moe_k4 and dense, measure recall@K
   through the serving reference, FLOPs and bytes per ad.
 * `report`: the table, the JSON summary, the model files and the plot.
-* `kernel`: fused-kernel ads per second of the trained models where a CUDA GPU is usable.
+The fused kernel's ads per second on the trained models (where a CUDA GPU is usable) is measured a
+layer up, by `migration.quality_kernel`.
 """
 
 from .experiment import MODEL_NAMES, QualityConfig, QualityResult, run_quality

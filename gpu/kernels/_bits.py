@@ -14,12 +14,8 @@ On the GPU they are numba intrinsics or libdevice calls that compile to one or t
                            values); key_to_f32 inverts it. Key 0 never comes from a finite float and
                            marks "no candidate".
 
-And one step of the block-wide radix select that both top-K stages run (`radix_digit`, with the
-shared `state` words ST_*), written once for the block top-K of the scoring kernels and the
-second-stage top-K of `topk.py`.
-
 The simulator runs kernels as Python, where these are plain numpy functions with the same results.
-`gpu.runtime.select` must have chosen the device before this module is imported.
+`andromeda_nb.devices.resolve` must have chosen the device before this module is imported.
 """
 
 from __future__ import annotations
@@ -29,8 +25,6 @@ import numpy as np
 from .. import runtime
 
 I8_BIAS = np.float32(8388736.0)  # 2^23 + 128
-# shared `state` words of the radix select (uint32 each)
-ST_EMIT_ALL, ST_PREFIX, ST_KREM, ST_TOTAL, ST_N_GREATER, ST_N_EQUAL = range(6)
 I8_FLIP = 0x80808080
 NO_KEY = 0
 
@@ -183,39 +177,6 @@ else:
         if k & types.uint32(0x80000000):
             return _bits_f32(k & types.uint32(0x7FFFFFFF))
         return _bits_f32(k ^ types.uint32(0xFFFFFFFF))
-
-
-cuda = runtime.cuda()
-from numba import uint32  # noqa: E402  (after the device choice)
-
-
-@cuda.jit(device=True)
-def radix_digit(hist, part, state, rnd, prefix, shift, krem, k):
-    """One thread's step of round `rnd` of a block-wide 4-round radix select for the `k` largest
-    keys, after the block has counted the round's 8-bit digits (at bit `shift`, among keys that
-    match `prefix` on the higher digits) into hist[0:256] and the sums of each 16 bins into
-    part[0:16]. `krem` keys are still wanted. Writes state: in round 0 ST_TOTAL (keys counted) and
-    ST_EMIT_ALL = 1 when there are at most k of them; otherwise ST_PREFIX (prefix with this round's
-    digit of the k-th key) and ST_KREM (keys still wanted that carry that digit)."""
-    if rnd == 0:
-        total = uint32(0)
-        for g in range(16):
-            total += part[g]
-        state[ST_TOTAL] = total
-        if total <= uint32(k):
-            state[ST_EMIT_ALL] = 1
-    if state[ST_EMIT_ALL] == 0:
-        cum = uint32(0)
-        g = 15
-        while g > 0 and cum + part[g] < krem:
-            cum += part[g]
-            g -= 1
-        d = g * 16 + 15
-        while d > g * 16 and cum + hist[d] < krem:
-            cum += hist[d]
-            d -= 1
-        state[ST_PREFIX] = prefix | (uint32(d) << shift)
-        state[ST_KREM] = krem - cum
 
 
 def keys_to_f32_host(keys: np.ndarray) -> np.ndarray:

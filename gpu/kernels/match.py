@@ -1,31 +1,28 @@
-"""Targeting match kernels: DESIGN section 2 evaluated for every ad slot of the pool, on the device.
+"""Targeting match kernel, as shipped: DESIGN section 2 evaluated for every ad slot of the pool, on the device.
 
-Versions (`VERSIONS` below; `andromeda bench match` times every one, the index ships `BEST`):
-    v1 naive      one thread per (slot, request); the user's terms are found by binary search in the
-                  request's sorted term list; each eligible bit is set with an atomic OR.
-    v2 batched    one thread per slot serves a group of up to 32 requests in one pass over the per-ad
-                  columns: bit r of a 32-bit mask is request r of the group. Residual rules (age,
-                  gender, placements) are six lookups in per-group tables held in shared memory; a
-                  clause is the OR of per-term request masks (`rtab`), and the clause loops stop as soon
-                  as the answer is known. The 32x32 bit matrix (slots x requests) of a warp is
-                  transposed in shared memory, so each output word is written once, with no atomics.
-    v3 shuffled   v2 with the transpose done by warp shuffles (`shfl_xor_sync`) instead of shared
-                  memory and barriers. GPU only: the CUDA simulator has no warp intrinsics.
-    v4 wide       groups of 64 requests (the masks were 64-bit integers already, so a pass serves
-                  twice the requests for the same instructions), and the term loop issues four
-                  independent table loads before it tests for an early exit (v2 waited for each
-                  load); shared-memory transpose of both 32-bit halves.
-    v5 wide+shfl  v4 with the shuffle transpose (GPU only).
-    v6 v5, 64 regs the same code compiled with at most 64 registers per thread, for 4 blocks per SM
-                  instead of 3 (GPU only).
-    v7 circle table  v4 with custom locations decided on the host: `ctab[g, q]` holds the requests of
-                  group g inside circle q (float64 great-circle distance, the oracle's function,
-                  tested only for circles in a latitude band around each user), OR-ed like terms, so
-                  the kernel has no float64 math and no trigonometry.
-    v8 table+shfl v7 with the shuffle transpose (GPU only).
-Under the simulator the index runs `SIMULATOR_FALLBACK` (v4), which computes the same bits as v5.
+The index (`gpu.index.GpuTargetingIndex`) runs `SHIPPED` (v6) on a GPU and `SIMULATOR_FALLBACK`
+(v4), which computes the same bits without warp intrinsics, under the CUDA simulator:
 
-Kernels: `match_v1` .. `match_v8`, `compact_programs`, `scatter_slots`.
+    v4 wide       one thread per slot serves a group of up to 64 requests in one pass over the
+                  per-ad columns: bit r of a 64-bit mask is request r of the group. Residual rules
+                  (age, gender, placements) are six lookups in per-group tables held in shared memory;
+                  a clause is the OR of per-term request masks (`rtab`), its term loop issues four
+                  independent table loads before it tests whether the answer is known; custom
+                  locations by the float64 great-circle distance. The 32x32 bit matrices (slots x
+                  requests) of a warp are transposed in shared memory, so each output word is written
+                  once, with no atomics.
+    v6 wide+shfl, 64 regs   v4 with the transpose done by warp shuffles (`shfl_xor_sync`) instead of
+                  shared memory and barriers, compiled with at most 64 registers per thread (4 blocks
+                  per SM instead of 3). GPU only: the simulator has no warp intrinsics or registers.
+
+Both come from `batched_kernel`, the one generator of the batched kernels, parameterised by the request
+group (its width, how it reaches shared memory, how a slot is evaluated and where custom locations
+come from), the transpose and a register cap. The versions before and beside them (v1 naive, v2/v3
+with 32-request groups, v5 = v6 uncapped, v7/v8 with custom locations decided on the host) are in
+the kernel lab, `gpu/lab/match.py`, which builds them from the same generator; `andromeda bench
+match` times every one and the tests check every one.
+
+Kernels: `match_v4`, `match_v6`, `compact_programs`, `scatter_slots`.
 Launchers: `launch(version, index_arrays, request_arrays, out)`, `launch_compact(...)`,
 `launch_scatter(...)`.
 
@@ -46,29 +43,34 @@ words `circle_start, n_circles` when CIRCLES_BIT is set, then `n_terms` dense te
 into the index's term vocabulary; user terms outside the vocabulary can match no ad and are dropped).
 Positive clauses come first (geo, locales, flexible_spec objects, custom audiences; compiled order).
 
-Per-request inputs, batched kernels (G groups of up to R = GROUP_OF[version] requests, 32 or 64;
+Per-request inputs, batched kernels (G groups of up to R = the version's group requests, 32 or 64;
 request r of the call is bit r % R of group r // R; masks are uint32 for R = 32, uint64 for 64):
     rtab       uint[G, V]        bit b of rtab[g, t] = request R g + b holds dense term t
     ftab       uint[G, FTAB_WORDS] request masks per residual value (offsets *_OFF below): e.g.
                                  ftab[g, AMIN_OFF + a] = requests of the group with age >= a
     rtime      int64[G, R]       request times (unused lanes: 0)
     rpos       float64[G, R, 2]  user latitude, longitude (NaN: no known location)
-    ctab       uint64[G, Q']     v7, v8 instead of rpos and circles: bit b of ctab[g, q] = request R g + b
-                                 is inside custom location q (Q' = max(1, Q))
+    ctab       uint64[G, Q']     versions reading the host's circle table (the lab's v7, v8) take it in
+                                 place of `circles`: bit b of ctab[g, q] = request R g + b is inside
+                                 custom location q (Q' = max(1, Q)); they leave rpos unread
     nreq       int32[G]          requests in the group (1..R)
-Per-request inputs, v1:
+Per-request inputs, the lab's v1:
     rscal      int64[B, 6]       age, gender, publisher, device, os, time
     rpos1      float64[B, 2]     latitude, longitude
     rterm_ptr  int64[B + 1]      request b holds dense terms rterms[rterm_ptr[b]:rterm_ptr[b+1]], sorted
     rterms     uint32[T]
 Output: out uint32[B, capacity // 32], bit s % 32 of out[b, s // 32] = slot s eligible for request b
-(the layout documented in gpu/index.py). v1 ORs into it (the launcher zeroes it first); v2 and v3
-write every word of the rows they serve.
+(the layout documented in gpu/index.py). The batched kernels write every word of the rows they serve
+(v1 ORs into it; its launcher zeroes it first).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from andromeda_nb.geo import haversine_km
+from andromeda_nb.templates import specialize
+from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
 
@@ -77,9 +79,8 @@ from numba import float64, int32, int64, uint32, uint64  # noqa: E402  (after th
 
 # --- launch configuration ----------------------------------------------------------------------------
 THREADS_PER_BLOCK = 256  # = slots.CHUNK_SLOTS: one block covers one chunk, so one format
-GROUP_REQUESTS = 32  # requests per group in v2, v3 (bits of a mask word)
-WIDE_GROUP = 64  # requests per group in v4, v5
-TERM_UNROLL = 4  # independent table loads per step of the v4/v5 term loop
+WIDE_GROUP = 64  # requests per group of the shipped kernels (bits of a 64-bit mask)
+TERM_UNROLL = 4  # independent table loads per step of the wide term loop
 
 # --- residual word layout ----------------------------------------------------------------------------
 AGE_MIN_SHIFT, AGE_MAX_SHIFT = 0, 7
@@ -107,74 +108,8 @@ FULL_MASK = 0xFFFFFFFF
 haversine_dev = cuda.jit(device=True)(haversine_km)
 
 
-# --- shared device functions -------------------------------------------------------------------------
-@cuda.jit(device=True, cache=True)
-def _has_term(rterms, lo, hi, t):
-    """Binary search for dense term t in the sorted rterms[lo:hi]."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        v = int64(rterms[mid])
-        if v == t:
-            return True
-        if v < t:
-            lo = mid + 1
-        else:
-            hi = mid
-    return False
 
-
-@cuda.jit(device=True, cache=True)
-def _circle_mask(circles, cs, nc, lat, lon, need):
-    """Requests of `need` (a group mask) whose user lies in one of circles[cs:cs+nc]."""
-    hit = int64(0)
-    for k in range(nc):
-        clat = circles[cs + k, 0]
-        clon = circles[cs + k, 1]
-        rad = circles[cs + k, 2]
-        rest = need & ~hit
-        r = 0
-        while rest != 0:
-            if rest & 1:
-                if haversine_dev(lat[r], lon[r], clat, clon) <= rad:
-                    hit |= int64(1) << r
-            rest >>= 1
-            r += 1
-    return hit
-
-
-@cuda.jit(device=True, cache=True)
-def _eval_program(prog, p, alive, rtab, g, circles, lat, lon):
-    """Run one slot's clause program for a group: `alive` in, surviving requests out."""
-    n_clauses = int64(prog[p])
-    q = p + 1
-    for _c in range(n_clauses):
-        h = int64(prog[q])
-        q += 1
-        nt = h & TERM_COUNT_MASK
-        cs = int64(0)
-        nc = int64(0)
-        if h & CIRCLES_BIT:
-            cs = int64(prog[q])
-            nc = int64(prog[q + 1])
-            q += 2
-        sat = int64(0)
-        for j in range(nt):
-            sat |= int64(rtab[g, prog[q + j]])
-            if (sat & alive) == alive:
-                break
-        q += nt
-        need = alive & ~sat
-        if need != 0 and nc > 0:
-            sat |= _circle_mask(circles, cs, nc, lat, lon, need)
-        if h & NEGATIVE_BIT:
-            alive &= ~sat
-        else:
-            alive &= sat
-        if alive == 0:
-            break
-    return alive & FULL_MASK
-
-
+# --- device functions of the shipped kernels ---------------------------------------------------------
 @cuda.jit(device=True, cache=True)
 def _residual_alive(slot, resid, sched, ft, tm, n):
     """The requests of the group (mask) that pass `slot`'s residual rules: ACTIVE, gender, placements,
@@ -203,15 +138,6 @@ def _residual_alive(slot, resid, sched, ft, tm, n):
 
 
 @cuda.jit(device=True, cache=True)
-def _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
-    """The group mask of requests for which `slot` is eligible."""
-    alive = _residual_alive(slot, resid, sched, ft, tm, n)
-    if alive == 0:
-        return alive
-    return _eval_program(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
-
-
-@cuda.jit(device=True, cache=True)
 def _transpose_stage_shared(x, tr, tid, s, m):
     """One butterfly stage of the 32x32 bit transpose through shared memory: lane l swaps the
     off-diagonal s x s blocks with lane l ^ s (m = the columns j with j & s == 0)."""
@@ -233,135 +159,6 @@ def _transpose_stage_shuffle(x, lane, s, m):
     return (x & ~m & FULL_MASK) | ((y >> s) & m)
 
 
-@cuda.jit(device=True, cache=True)
-def _load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
-    i = tid
-    while i < FTAB_WORDS:
-        ft[i] = ftab[g, i]
-        i += cuda.blockDim.x
-    if tid < GROUP_REQUESTS:
-        tm[tid] = rtime[g, tid]
-        lat[tid] = rpos[g, tid, 0]
-        lon[tid] = rpos[g, tid, 1]
-    cuda.syncthreads()
-
-
-# --- kernels -----------------------------------------------------------------------------------------
-@cuda.jit(cache=True)
-def match_v1(resid, prog_ptr, prog, sched, circles, rscal, rpos1, rterm_ptr, rterms, out):
-    """v1: one thread per (slot, request); grid x over slots, y over requests."""
-    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    b = cuda.blockIdx.y
-    if slot >= resid.shape[0] or b >= out.shape[0]:
-        return
-    w = int64(resid[slot])
-    if (w & ACTIVE_BIT) == 0:
-        return
-    age = rscal[b, 0]
-    amin = (w >> AGE_MIN_SHIFT) & 127
-    amax = (w >> AGE_MAX_SHIFT) & 127
-    if age < amin or (amax != AGE_UNBOUNDED and age > amax):
-        return
-    if ((w >> (GENDER_SHIFT + rscal[b, 1])) & 1) == 0 and ((w >> GENDER_SHIFT) & 7) != 7:
-        return
-    if ((w >> (PUBLISHER_SHIFT + rscal[b, 2])) & 1) == 0:
-        return
-    if ((w >> (DEVICE_SHIFT + rscal[b, 3])) & 1) == 0:
-        return
-    if ((w >> (OS_SHIFT + rscal[b, 4])) & 1) == 0:
-        return
-    t = rscal[b, 5]
-    if (w & SCHEDULE_BIT) != 0 and (t < sched[slot, 0] or t >= sched[slot, 1]):
-        return
-    lo = rterm_ptr[b]
-    hi = rterm_ptr[b + 1]
-    lat = rpos1[b, 0]
-    lon = rpos1[b, 1]
-    p = prog_ptr[slot]
-    n_clauses = int64(prog[p])
-    q = p + 1
-    for _c in range(n_clauses):
-        h = int64(prog[q])
-        q += 1
-        nt = h & TERM_COUNT_MASK
-        cs = int64(0)
-        nc = int64(0)
-        if h & CIRCLES_BIT:
-            cs = int64(prog[q])
-            nc = int64(prog[q + 1])
-            q += 2
-        found = False
-        for j in range(nt):
-            if _has_term(rterms, lo, hi, int64(prog[q + j])):
-                found = True
-                break
-        q += nt
-        if not found:
-            for k in range(nc):
-                if haversine_dev(lat, lon, circles[cs + k, 0], circles[cs + k, 1]) <= circles[cs + k, 2]:
-                    found = True
-                    break
-        if found == ((h & NEGATIVE_BIT) != 0):
-            return
-    cuda.atomic.or_(out, (b, slot >> 5), uint32(1 << (slot & 31)))
-
-
-@cuda.jit(cache=True)
-def match_v2(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
-    """v2: one thread per slot, one group of <= 32 requests per grid row (blockIdx.y); shared-memory
-    transpose. Block size: a multiple of 32, at most THREADS_PER_BLOCK. The bounds guard masks
-    instead of returning, because every thread of the block must reach the barriers."""
-    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    in_range = slot < resid.shape[0]
-    g = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    ft = cuda.shared.array(FTAB_WORDS, uint32)
-    tm = cuda.shared.array(GROUP_REQUESTS, int64)
-    lat = cuda.shared.array(GROUP_REQUESTS, float64)
-    lon = cuda.shared.array(GROUP_REQUESTS, float64)
-    tr = cuda.shared.array(THREADS_PER_BLOCK, uint32)
-    _load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
-    n = nreq[g]
-    x = int64(0)
-    if in_range:
-        x = _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n)
-    x = _transpose_stage_shared(x, tr, tid, 16, 0x0000FFFF)
-    x = _transpose_stage_shared(x, tr, tid, 8, 0x00FF00FF)
-    x = _transpose_stage_shared(x, tr, tid, 4, 0x0F0F0F0F)
-    x = _transpose_stage_shared(x, tr, tid, 2, 0x33333333)
-    x = _transpose_stage_shared(x, tr, tid, 1, 0x55555555)
-    lane = tid & 31
-    if in_range and lane < n:
-        out[g * GROUP_REQUESTS + lane, slot >> 5] = uint32(x)
-
-
-@cuda.jit(cache=True)
-def match_v3(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
-    """v3: v2 with the transpose by warp shuffles (GPU only)."""
-    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    in_range = slot < resid.shape[0]
-    g = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    ft = cuda.shared.array(FTAB_WORDS, uint32)
-    tm = cuda.shared.array(GROUP_REQUESTS, int64)
-    lat = cuda.shared.array(GROUP_REQUESTS, float64)
-    lon = cuda.shared.array(GROUP_REQUESTS, float64)
-    _load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
-    n = nreq[g]
-    x = int64(0)
-    if in_range:
-        x = _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n)
-    lane = tid & 31
-    x = _transpose_stage_shuffle(x, lane, 16, 0x0000FFFF)
-    x = _transpose_stage_shuffle(x, lane, 8, 0x00FF00FF)
-    x = _transpose_stage_shuffle(x, lane, 4, 0x0F0F0F0F)
-    x = _transpose_stage_shuffle(x, lane, 2, 0x33333333)
-    x = _transpose_stage_shuffle(x, lane, 1, 0x55555555)
-    if in_range and lane < n:
-        out[g * GROUP_REQUESTS + lane, slot >> 5] = uint32(x)
-
-
-# --- v4 / v5: 64-request groups ----------------------------------------------------------------------
 @cuda.jit(device=True, cache=True)
 def _circle_mask_wide(circles, cs, nc, lat, lon, need):
     """`_circle_mask` for 64-bit group masks (bit 63 makes the mask negative: no shifting loop)."""
@@ -438,20 +235,10 @@ def _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm
 
 
 @cuda.jit(device=True, cache=True)
-def _load_group_wide(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
-    i = tid
-    while i < FTAB_WORDS:
-        ft[i] = ftab[g, i]
-        i += cuda.blockDim.x
-    if tid < WIDE_GROUP:
-        tm[tid] = rtime[g, tid]
-        lat[tid] = rpos[g, tid, 0]
-        lon[tid] = rpos[g, tid, 1]
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True, cache=True)
-def _transpose_shared(x, tr, tid):
+def _transpose_shared(x, tid):
+    """The 32x32 bit transpose of a warp's 32-bit masks through shared memory (every thread of the
+    block must call it: it has barriers)."""
+    tr = cuda.shared.array(THREADS_PER_BLOCK, uint32)
     x = _transpose_stage_shared(x, tr, tid, 16, 0x0000FFFF)
     x = _transpose_stage_shared(x, tr, tid, 8, 0x00FF00FF)
     x = _transpose_stage_shared(x, tr, tid, 4, 0x0F0F0F0F)
@@ -460,7 +247,9 @@ def _transpose_shared(x, tr, tid):
 
 
 @cuda.jit(device=True, cache=True)
-def _transpose_shuffle(x, lane):
+def _transpose_shuffle(x, tid):
+    """The same transpose by warp shuffles (GPU only)."""
+    lane = tid & 31
     x = _transpose_stage_shuffle(x, lane, 16, 0x0000FFFF)
     x = _transpose_stage_shuffle(x, lane, 8, 0x00FF00FF)
     x = _transpose_stage_shuffle(x, lane, 4, 0x0F0F0F0F)
@@ -468,130 +257,60 @@ def _transpose_shuffle(x, lane):
     return _transpose_stage_shuffle(x, lane, 1, 0x55555555)
 
 
-@cuda.jit(cache=True)
-def match_v4(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
-    """v4: one thread per slot, one group of <= 64 requests per grid row; shared-memory transpose of
-    each 32-bit half. The bounds guard masks instead of returning (barriers)."""
+TRANSPOSES = {"shared": _transpose_shared, "shuffle": _transpose_shuffle}
+
+
+# --- the batched kernels: one template, one generator ------------------------------------------------
+# The template's free names are bound for each version by `batched_kernel` (a copy of this module's
+# globals with them set); these placeholders only say what each one is.
+group_requests = None  # requests per group: 32 or 64
+group_word = None  # numba type of a group mask: uint32 or uint64
+group_positions = None  # user positions the group's tables hold: its requests, or 1 when it reads none
+load_group = None  # device fn: the group's tables (ftab, rtime, rpos) into shared memory
+slot_mask = None  # device fn: the group mask of requests for which a slot is eligible
+write_rows = None  # device fn: transpose a warp's masks and write the group's output rows
+transpose = None  # device fn: the 32x32 bit transpose write_rows uses
+
+
+def _batched_template(resid, prog_ptr, prog, sched, places, rtab, ftab, rtime, rpos, nreq, out):
+    """One thread per slot, one group of requests per grid row (blockIdx.y); `places` is the
+    custom-location table the group's `slot_mask` reads (circles, or the host's circle table). The
+    bounds guard masks instead of returning, because every thread of the block must reach the
+    barriers."""
     slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     in_range = slot < resid.shape[0]
     g = cuda.blockIdx.y
     tid = cuda.threadIdx.x
-    ft = cuda.shared.array(FTAB_WORDS, uint64)
-    tm = cuda.shared.array(WIDE_GROUP, int64)
-    lat = cuda.shared.array(WIDE_GROUP, float64)
-    lon = cuda.shared.array(WIDE_GROUP, float64)
-    tr = cuda.shared.array(THREADS_PER_BLOCK, uint32)
-    _load_group_wide(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
+    ft = cuda.shared.array(FTAB_WORDS, group_word)
+    tm = cuda.shared.array(group_requests, int64)
+    lat = cuda.shared.array(group_positions, float64)
+    lon = cuda.shared.array(group_positions, float64)
+    load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
     n = nreq[g]
     x = int64(0)
     if in_range:
-        x = _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n)
-    lo = _transpose_shared(x & FULL_MASK, tr, tid)
-    hi = _transpose_shared((x >> 32) & FULL_MASK, tr, tid)
-    lane = tid & 31
-    if in_range:
-        if lane < n:
-            out[g * WIDE_GROUP + lane, slot >> 5] = uint32(lo)
-        if lane + 32 < n:
-            out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
+        x = slot_mask(slot, resid, prog_ptr, prog, sched, places, rtab, g, ft, tm, lat, lon, n)
+    write_rows(x, tid, slot, g, n, in_range, out)
 
 
-@cuda.jit(cache=True)
-def match_v5(resid, prog_ptr, prog, sched, circles, rtab, ftab, rtime, rpos, nreq, out):
-    """v5: v4 with the shuffle transpose (GPU only)."""
-    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    in_range = slot < resid.shape[0]
-    g = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    ft = cuda.shared.array(FTAB_WORDS, uint64)
-    tm = cuda.shared.array(WIDE_GROUP, int64)
-    lat = cuda.shared.array(WIDE_GROUP, float64)
-    lon = cuda.shared.array(WIDE_GROUP, float64)
-    _load_group_wide(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
-    n = nreq[g]
-    x = int64(0)
-    if in_range:
-        x = _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n)
-    lane = tid & 31
-    lo = _transpose_shuffle(x & FULL_MASK, lane)
-    hi = _transpose_shuffle((x >> 32) & FULL_MASK, lane)
-    if in_range:
-        if lane < n:
-            out[g * WIDE_GROUP + lane, slot >> 5] = uint32(lo)
-        if lane + 32 < n:
-            out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
-
-
-# --- v7 / v8: custom locations decided on the host ------------------------------------------------------
-@cuda.jit(device=True, cache=True)
-def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
-    """`_eval_program_wide` with custom locations read from the circle table: ctab[g, q] holds the
-    requests of the group inside circle q (gpu.index.GpuTargetingIndex.circle_table), so a clause's
-    circles are OR-ed like its terms and the kernel does no trigonometry."""
-    n_clauses = int64(prog[p])
-    q = p + 1
-    for _c in range(n_clauses):
-        h = int64(prog[q])
-        q += 1
-        nt = h & TERM_COUNT_MASK
-        cs = int64(0)
-        nc = int64(0)
-        if h & CIRCLES_BIT:
-            cs = int64(prog[q])
-            nc = int64(prog[q + 1])
-            q += 2
-        sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
-        q += nt
-        k = int64(0)
-        while k < nc and (sat & alive) != alive:
-            sat |= int64(ctab[g, cs + k])
-            k += 1
-        if h & NEGATIVE_BIT:
-            alive &= ~sat
-        else:
-            alive &= sat
-        if alive == 0:
-            break
-    return alive
-
-
-@cuda.jit(device=True, cache=True)
-def _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, n):
-    """`_slot_mask_wide` over the circle table."""
-    alive = _residual_alive(slot, resid, sched, ft, tm, n)
-    if alive == 0:
-        return alive
-    return _eval_program_ctab(prog, prog_ptr[slot], alive, rtab, g, ctab)
-
-
-@cuda.jit(device=True, cache=True)
-def _load_group_ctab(ftab, rtime, g, ft, tm, tid):
+def _load_group_template(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
+    """The group's residual tables, request times and user positions into shared memory."""
     i = tid
     while i < FTAB_WORDS:
         ft[i] = ftab[g, i]
         i += cuda.blockDim.x
-    if tid < WIDE_GROUP:
+    if tid < group_requests:
         tm[tid] = rtime[g, tid]
+        lat[tid] = rpos[g, tid, 0]
+        lon[tid] = rpos[g, tid, 1]
     cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
-def match_v7(resid, prog_ptr, prog, sched, ctab, rtab, ftab, rtime, nreq, out):
-    """v7: v4 with custom locations from the host's circle table (no float64 math on the device)."""
-    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    in_range = slot < resid.shape[0]
-    g = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    ft = cuda.shared.array(FTAB_WORDS, uint64)
-    tm = cuda.shared.array(WIDE_GROUP, int64)
-    tr = cuda.shared.array(THREADS_PER_BLOCK, uint32)
-    _load_group_ctab(ftab, rtime, g, ft, tm, tid)
-    n = nreq[g]
-    x = int64(0)
-    if in_range:
-        x = _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, n)
-    lo = _transpose_shared(x & FULL_MASK, tr, tid)
-    hi = _transpose_shared((x >> 32) & FULL_MASK, tr, tid)
+def _write_rows_wide(x, tid, slot, g, n, in_range, out):
+    """A 64-request group: both 32-bit halves of the warp's masks transposed, then one word per
+    request of the group and slot word."""
+    lo = transpose(x & FULL_MASK, tid)
+    hi = transpose((x >> 32) & FULL_MASK, tid)
     lane = tid & 31
     if in_range:
         if lane < n:
@@ -600,30 +319,84 @@ def match_v7(resid, prog_ptr, prog, sched, ctab, rtab, ftab, rtime, nreq, out):
             out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
 
 
-@cuda.jit(cache=True)
-def match_v8(resid, prog_ptr, prog, sched, ctab, rtab, ftab, rtime, nreq, out):
-    """v8: v7 with the shuffle transpose (GPU only)."""
-    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    in_range = slot < resid.shape[0]
-    g = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    ft = cuda.shared.array(FTAB_WORDS, uint64)
-    tm = cuda.shared.array(WIDE_GROUP, int64)
-    _load_group_ctab(ftab, rtime, g, ft, tm, tid)
-    n = nreq[g]
-    x = int64(0)
-    if in_range:
-        x = _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, n)
-    lane = tid & 31
-    lo = _transpose_shuffle(x & FULL_MASK, lane)
-    hi = _transpose_shuffle((x >> 32) & FULL_MASK, lane)
-    if in_range:
-        if lane < n:
-            out[g * WIDE_GROUP + lane, slot >> 5] = uint32(lo)
-        if lane + 32 < n:
-            out[g * WIDE_GROUP + 32 + lane, slot >> 5] = uint32(hi)
+@dataclass(frozen=True)
+class RequestGroup:
+    """How a batched kernel serves one group of requests: its width and mask word, how its tables
+    reach shared memory, how a slot's mask is evaluated (and where custom locations come from), and
+    how the transposed masks are written."""
+
+    name: str
+    requests: int  # 32 or 64
+    word: object  # numba type of a mask: uint32 or uint64
+    load_group: object  # device function (ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
+    slot_mask: object  # device function (slot, resid, prog_ptr, prog, sched, places, rtab, g, ft, tm, lat, lon, n)
+    write_rows: object  # plain function (x, tid, slot, g, n, in_range, out), specialized by transpose
+    circle_table: bool = False  # `places` is the host's circle table (ctab), not the circles
+
+    @property
+    def positions(self) -> int:
+        """User positions held in shared memory: none are read with the circle table (one slot kept)."""
+        return 1 if self.circle_table else self.requests
 
 
+def device_function(template, name: str, **bound):
+    """`specialize`, compiled as a device function."""
+    return cuda.jit(device=True, cache=True)(specialize(template, name, **bound))
+
+
+@dataclass(frozen=True)
+class MatchKernel:
+    """A batched match kernel and what its launch needs (the recipe of a match `Version`)."""
+
+    kernel: object  # numba CUDA dispatcher
+    group: int  # requests per group
+    circle_table: bool  # reads the host's circle table (`ctab`) in place of `circles`
+
+    def launch(self, ix, rq, out) -> None:
+        threads, blocks_x = block_shape(ix[0].shape[0])
+        places = rq["ctab"] if self.circle_table else ix[4]
+        self.kernel[(blocks_x, rq["nreq"].shape[0]), threads](
+            *ix[:4], places, rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], out)
+
+
+def batched_kernel(name: str, group: RequestGroup, transpose_kind: str, max_registers: int | None = None
+                   ) -> MatchKernel:
+    """The batched match kernel `name` for a request group, a transpose ("shared" or "shuffle") and a
+    register cap (ptxas spills what does not fit; ignored under the simulator, which has no
+    registers). Every batched version, shipped or in the lab, is made here."""
+    write = device_function(group.write_rows, f"{name}_write_rows", transpose=TRANSPOSES[transpose_kind])
+    fn = specialize(_batched_template, name, group_requests=group.requests, group_word=group.word,
+                    group_positions=group.positions, load_group=group.load_group, slot_mask=group.slot_mask,
+                    write_rows=write)
+    options = {} if max_registers is None or runtime.simulator_enabled() else {"max_registers": max_registers}
+    return MatchKernel(cuda.jit(cache=True, **options)(fn), group.requests, group.circle_table)
+
+
+WIDE = RequestGroup("wide", WIDE_GROUP, uint64, device_function(_load_group_template, "load_group_wide",
+                                                                group_requests=WIDE_GROUP),
+                    _slot_mask_wide, _write_rows_wide)
+
+# v6 = the shuffle transpose held to 64 registers: 66 registers allowed 3 blocks of 256 threads per SM,
+# 64 allow 4 (the register file holds 65,536); the 8 bytes it spills sit on the custom-location path
+_V4 = batched_kernel("match_v4", WIDE, "shared")
+_V6 = batched_kernel("match_v6", WIDE, "shuffle", max_registers=64)
+match_v4, match_v6 = _V4.kernel, _V6.kernel
+
+VERSIONS = version_table(
+    Version(4, "v4 wide", "64-request groups, four table loads per early-exit test, shared-memory transpose", _V4),
+    Version(6, "v6 wide+shfl, 64 regs", "v4 with the warp-shuffle transpose, at most 64 registers per thread", _V6,
+            gpu_only=True),
+)
+SHIPPED = 6  # fastest measured (docs/GPU_INDEX.md)
+SIMULATOR_FALLBACK = 4  # the same bits as SHIPPED, without warp intrinsics
+
+
+def version(v=None) -> Version:
+    """The Version `v` names (a number of `VERSIONS`, a Version from the lab, None: SHIPPED)."""
+    return pick(VERSIONS, v, SHIPPED, "match")
+
+
+# --- maintenance kernels -------------------------------------------------------------------------------
 @cuda.jit(cache=True)
 def compact_programs(old_prog, old_ptr, lengths, new_ptr, new_prog):
     """Copy every slot's program to its new offset. old_ptr/new_ptr int64[capacity], lengths
@@ -651,54 +424,13 @@ def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
     sched[s, 1] = sched_v[i, 1]
 
 
-def _register_capped(kernel, name: str, max_registers: int):
-    """`kernel`'s code compiled again as its own kernel `name`, with at most `max_registers` registers
-    per thread (ptxas spills the rest to local memory). Under the simulator, which has no registers,
-    it is `kernel` itself. The copy gets its own name so that numba's cache keeps the two apart."""
-    if runtime.simulator_enabled():
-        return kernel
-    import types
-
-    py = kernel.py_func
-    fn = types.FunctionType(py.__code__, py.__globals__, name, py.__defaults__, py.__closure__)
-    fn.__qualname__ = name
-    fn.__doc__ = py.__doc__
-    return cuda.jit(cache=True, max_registers=max_registers)(fn)
-
-
-# v6 = v5 held to 64 registers: 66 registers allowed 3 blocks of 256 threads per SM, 64 allow 4 (the
-# register file holds 65,536); the 8 bytes it spills sit on the custom-location path
-match_v6 = _register_capped(match_v5, "match_v6", 64)
-
-VERSIONS = {1: match_v1, 2: match_v2, 3: match_v3, 4: match_v4, 5: match_v5, 6: match_v6, 7: match_v7, 8: match_v8}
-GROUP_OF = {2: GROUP_REQUESTS, 3: GROUP_REQUESTS, 4: WIDE_GROUP, 5: WIDE_GROUP, 6: WIDE_GROUP, 7: WIDE_GROUP,
-            8: WIDE_GROUP}  # batched versions
-BATCHED = set(GROUP_OF)
-CIRCLE_TABLE = {7, 8}  # read custom locations from the host's circle table (`ctab`), not `circles`
-NEEDS_WARP_INTRINSICS = {3, 5, 6, 8}
-BEST = 6  # fastest measured (docs/GPU_INDEX.md); the index ships it
-SIMULATOR_FALLBACK = 4  # the same bits as BEST, without warp intrinsics
-
-
 # --- launchers ---------------------------------------------------------------------------------------
-def launch(version: int, ix, rq, out) -> None:
+def launch(version: Version, ix, rq, out) -> None:
     """Run match kernel `version` on index arrays `ix` (resid, prog_ptr, prog, sched, circles) and
     request arrays `rq` (a dict made by gpu.index.RequestBatch) into `out` (uint32[B, capacity // 32])."""
-    kernel = VERSIONS[version]
-    capacity = ix[0].shape[0]
-    if capacity == 0 or out.shape[0] == 0:
+    if ix[0].shape[0] == 0 or out.shape[0] == 0:
         return
-    threads, blocks_x = block_shape(capacity)
-    if version in CIRCLE_TABLE:
-        grid = (blocks_x, rq["nreq"].shape[0])
-        kernel[grid, threads](*ix[:4], rq["ctab"], rq["rtab"], rq["ftab"], rq["rtime"], rq["nreq"], out)
-    elif version in BATCHED:
-        grid = (blocks_x, rq["nreq"].shape[0])
-        kernel[grid, threads](*ix, rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], out)
-    else:
-        out[:] = 0  # v1 ORs bits into zeroed words
-        grid = (blocks_x, out.shape[0])
-        kernel[grid, threads](*ix, rq["rscal"], rq["rpos1"], rq["rterm_ptr"], rq["rterms"], out)
+    version.recipe.launch(ix, rq, out)
 
 
 def block_shape(capacity: int) -> tuple[int, int]:
@@ -720,25 +452,26 @@ def launch_scatter(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched) -> No
         scatter_slots[-(-n // THREADS_PER_BLOCK), THREADS_PER_BLOCK](slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched)
 
 
+
+
 def kernel_signatures():
-    """(name, python function, argument types) of every kernel, for compiling with compile_ptx."""
+    """(name, python function, argument types) of every kernel here, for compiling with compile_ptx."""
     from numba import types as T
 
-    u32, i64, f64, i32 = T.uint32, T.int64, T.float64, T.int32
-    ix = (u32[::1], i64[::1], u32[::1], i64[:, ::1], f64[:, ::1])
-    batched = ix + (u32[:, ::1], u32[:, ::1], i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])
-    wide = ix + (T.uint64[:, ::1], T.uint64[:, ::1], i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])
-    naive = ix + (i64[:, ::1], f64[:, ::1], i64[::1], u32[::1], u32[:, ::1])
-    table = ix[:4] + (T.uint64[:, ::1], T.uint64[:, ::1], T.uint64[:, ::1], i64[:, ::1], i32[::1], u32[:, ::1])
+    ix = index_signature()
+    wide = ix + (T.uint64[:, ::1], T.uint64[:, ::1], T.int64[:, ::1], T.float64[:, :, ::1], T.int32[::1],
+                 T.uint32[:, ::1])
+    u32, i64 = T.uint32, T.int64
     return [
-        ("match_v1", match_v1.py_func, naive),
-        ("match_v2", match_v2.py_func, batched),
-        ("match_v3", match_v3.py_func, batched),
         ("match_v4", match_v4.py_func, wide),
-        ("match_v5", match_v5.py_func, wide),
-        ("match_v7", match_v7.py_func, table),
-        ("match_v8", match_v8.py_func, table),
         ("compact_programs", compact_programs.py_func, (u32[::1], i64[::1], u32[::1], i64[::1], u32[::1])),
-        ("scatter_slots", scatter_slots.py_func, (i64[::1], u32[::1], i64[::1], i64[:, ::1], u32[::1], i64[::1], i64[:, ::1])),
+        ("scatter_slots", scatter_slots.py_func, (i64[::1], u32[::1], i64[::1], i64[:, ::1], u32[::1], i64[::1],
+                                                  i64[:, ::1])),
     ]
 
+
+def index_signature() -> tuple:
+    """Argument types of the index arrays (resid, prog_ptr, prog, sched, circles)."""
+    from numba import types as T
+
+    return (T.uint32[::1], T.int64[::1], T.uint32[::1], T.int64[:, ::1], T.float64[:, ::1])

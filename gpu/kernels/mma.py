@@ -31,7 +31,7 @@ plain Python: the warp's registers meet in a shared scratch array between two bl
 (`syncthreads`), and every thread computes its own part. So in simulated kernels every thread of the
 block must reach each call (block-uniform control flow around them), which the generated scorer
 respects there; on the GPU only the warp must be converged, as the instructions require.
-`gpu.runtime.select` must have chosen the device before this module is imported.
+`andromeda_nb.devices.resolve` must have chosen the device before this module is imported.
 """
 
 from __future__ import annotations

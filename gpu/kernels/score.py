@@ -1,25 +1,28 @@
-"""Fused scoring kernels: eligibility, gather, gated-MoE (or two-tower dot) score and per-block top-K,
-in one pass over the stored embeddings (DESIGN section 3; issue 5).
+"""Fused scoring kernels, as shipped: eligibility, gather, gated-MoE (or two-tower dot) score and
+per-block top-K, in one pass over the stored embeddings (DESIGN section 3).
 
-Versions (`VERSIONS`; the benchmark runs every one, the product imports `BEST`):
-    v1 naive      one thread per ad; row-major embeddings (slot, D) in their stored dtype; the plain
-                  per-ad formula of `andromeda_nb.scoring` (a loop over D per dot, a local array for
-                  the E gate logits); the folded tables of every format read from global memory
-    v2 tiled      one thread per ad; embeddings tile-interleaved as 32-bit words (below) read with
-                  16-byte loads; the block's format table in shared memory, d-major (2E floats per
-                  dimension: gate keys then expert vectors, FiLM folded in), read with 16-byte
-                  loads (chunks are format-uniform, so every lane reads the same address:
-                  broadcast, no bank conflicts); the ad streamed one 16-byte quad at a time
-                  (generated code, the quad's values unrolled into scalars: no local memory) while
-                  all 2E dots advance; then routing picks the top-k gates and combines the routed
-                  expert dots; int8 unpacked by one byte permute and one add per value
-    v3 tiled x2   v2 with two ads per thread (slots t and t+128 of a chunk, 128-thread blocks), so
-                  every shared-memory table load feeds two FMAs
-    v4 tiled x4   four ads per thread (64-thread blocks): each table load feeds four FMAs
-
-(A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
-dots, was written first: it saves a third of the FMAs but its fully unrolled code took numba minutes
-per kernel to compile, so it is not in the table.)
+The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBACK` (`version()`):
+    v6 tensor cores  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the request's
+                  tables carried as fp16 hi + lo pairs (float32 accuracy), one ad per lane for
+                  routing and softmax, 4096 ads per block top-K (`gpu/kernels/score_mma.py`, which
+                  says how); shipped for the MoE at fp16 and int8 with D = 64, where it was measured
+                  faster (docs/results/score_mma_runs.md)
+    v4 tiled x4   four ads per thread (64-thread blocks); embeddings tile-interleaved as 32-bit words
+                  (below) read with 16-byte loads; the block's format table in shared memory, d-major
+                  (2E floats per dimension: gate keys then expert vectors, FiLM folded in), read with
+                  16-byte loads that feed four FMAs each (chunks are format-uniform, so every lane reads
+                  the same address: broadcast, no bank conflicts); each ad streamed one 16-byte quad at
+                  a time (generated code, the quad's values unrolled into scalars: no local memory)
+                  while all 2E dots advance; then routing picks the top-k gates and combines the
+                  routed expert dots; int8 unpacked by one byte permute and one add per value. The
+                  fallback: dot kernels, float32 storage, D = 128.
+Both run under the CUDA simulator too (the tensor-core kernel through `gpu.kernels.mma`'s emulation).
+The versions before them (v1 naive, v2 and v3 with one and two ads per thread, v5 the tensor-core
+kernel without a register limit) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
+score` times and the tests check. A version is one entry of `VERSIONS`: a number, a name, and a
+recipe with `layout` ('rows' | 'tiles') and `build(spec)`; the tiled versions share the generator
+`tiled(ads_per_thread)`, the tensor-core ones `TensorCoreRecipe` (the
+register limit is its parameter).
 
 Kernels (one per version, precision, D, E, top-k and kind 'moe' | 'dot', generated and compiled on
 first use by `get_kernel`). Every kernel has the same arguments:
@@ -38,12 +41,12 @@ first use by `get_kernel`). Every kernel has the same arguments:
 
 Launch: grid (NB, R) with NB = ceil(S / ADS_PER_BLOCK), block (threads of the version,). Each block
 covers CHUNKS_PER_BLOCK chunks (ADS_PER_BLOCK = 2048 ads), scores its eligible ads, keeps the keys in
-shared memory and selects its top `cap` by a 4-round radix select on the keys (8 bits a round,
-per-warp shared histograms); only those are written. Nothing else per ad reaches device memory.
+shared memory and selects its top `cap` by the block-wide radix select of `gpu.kernels.radix` (per-warp
+shared histograms); only those are written. Nothing else per ad reaches device memory.
 Exact float ties at a block's cut-off are kept in arrival order (DESIGN section 4 compares tied scores
 as sets).
 
-Device layout 'tiles' (v2, v3): slots are grouped in tiles of 32 (one warp); ad words are grouped in
+Device layout 'tiles': slots are grouped in tiles of 32 (one warp); ad words are grouped in
 quads of 4 (16 bytes). Word j of slot s lives at
 
     ((s // 32) * V + j // 4) * 128 + (s % 32) * 4 + j % 4          V = words per ad / 4
@@ -59,14 +62,18 @@ import linecache
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 
+from andromeda_nb.constants import PRECISION_BYTES
 from andromeda_nb.scoring import dot_score, moe_score, table_width
 from andromeda_nb.slots import CHUNK_SLOTS
+from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
 from . import _bits
+from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_row
 
 cuda = runtime.cuda()
 from numba import float32, int32, uint32  # noqa: E402  (after the device choice)
@@ -75,11 +82,7 @@ CHUNKS_PER_BLOCK = 8
 ADS_PER_BLOCK = CHUNKS_PER_BLOCK * CHUNK_SLOTS  # 2048
 TILE_ADS = 32
 QUAD_WORDS = 4
-HIST_BINS = 256
 HIST_COPIES = 8  # per-warp histograms (warp % HIST_COPIES), fewer atomic collisions
-STATE_WORDS = 8
-from ._bits import ST_EMIT_ALL, ST_KREM, ST_N_EQUAL, ST_N_GREATER, ST_PREFIX, ST_TOTAL  # noqa: E402
-BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 KINDS = ("moe", "dot")
 
 
@@ -87,9 +90,9 @@ KINDS = ("moe", "dot")
 
 
 def words_per_ad(precision: str, dim: int) -> int:
-    if (dim * BYTES[precision]) % (4 * QUAD_WORDS):
+    if (dim * PRECISION_BYTES[precision]) % (4 * QUAD_WORDS):
         raise ValueError(f"D = {dim} at {precision}: an ad must fill whole 16-byte quads (D multiple of 16)")
-    return dim * BYTES[precision] // 4
+    return dim * PRECISION_BYTES[precision] // 4
 
 
 def to_tiles(values: np.ndarray) -> np.ndarray:
@@ -128,45 +131,7 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
     out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are nonzero."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    copy = (tid // 32) % HIST_COPIES
-    prefix = uint32(0)
-    mask = uint32(0)
-    krem = uint32(cap)
-    emit_all = False
-    if tid == 0:
-        state[ST_EMIT_ALL] = 0
-        state[ST_N_GREATER] = 0
-        state[ST_N_EQUAL] = 0
-    for rnd in range(4):
-        shift = uint32(24 - 8 * rnd)
-        for j in range(tid, HIST_COPIES * HIST_BINS, nt):
-            hist[j] = 0
-        cuda.syncthreads()
-        for i in range(tid, n, nt):
-            key = keys[i]
-            if key != 0 and (key & mask) == prefix:
-                cuda.atomic.add(hist, copy * HIST_BINS + int32((key >> shift) & uint32(255)), uint32(1))
-        cuda.syncthreads()
-        if tid < 16:
-            s = uint32(0)
-            for d in range(tid * 16, tid * 16 + 16):
-                t = uint32(0)
-                for c in range(HIST_COPIES):
-                    t += hist[c * HIST_BINS + d]
-                hist[d] = t
-                s += t
-            part[tid] = s
-        cuda.syncthreads()
-        if tid == 0:
-            _bits.radix_digit(hist, part, state, rnd, prefix, shift, krem, cap)
-        cuda.syncthreads()
-        if state[ST_EMIT_ALL] != 0:
-            emit_all = True
-            break
-        prefix = state[ST_PREFIX]
-        mask = mask | (uint32(255) << shift)
-        krem = state[ST_KREM]
-    kth = prefix
+    kth, krem, emit_all = radix_select_row(keys, r, n, 0, n, cap, hist, part, state, HIST_COPIES)
     n_greater = uint32(cap) - krem
     for i in range(tid, n, nt):
         key = keys[i]
@@ -188,12 +153,13 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
         out_slot[r, b, j] = -1
 
 
+
 # --- code generation ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class KernelSpec:
-    version: int
+    version: Version
     kind: str  # "moe" | "dot"
     precision: str
     dim: int
@@ -230,7 +196,6 @@ def {name}(emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot):
     cuda.syncthreads()
     block_topk_emit(keys, {keys_n}, cap, hist, part, state, out_key, out_slot, r, b, c0 * {chunk})
 '''
-
 _TABLE_PER_CHUNK = '''            f = chunk_format[c]
             if f != cur_f:
                 cuda.syncthreads()
@@ -254,17 +219,6 @@ _TABLE_ONCE = '''    for j in range(tid, {tw}, {nt}):
 def _indent(lines, n):
     pad = " " * n
     return "\n".join(pad + ln if ln else ln for ln in lines)
-
-
-def _v1_body(spec: KernelSpec, apt: int) -> list[str]:
-    if spec.kind == "moe":
-        call = f"moe_score(emb, s, scale[s], tabs[r], chunk_format[s >> 8], {spec.experts}, {spec.dim}, {spec.top_e}, g)"
-        lines = [f"g = cuda.local.array({spec.experts}, float32)"]
-    else:
-        call = f"dot_score(emb, s, scale[s], tabs[r], {spec.dim})"
-        lines = []
-    lines += ["s = slot", "if (elig[r, s >> 5] >> (s & 31)) & 1:", f"    k0 = f32_to_key({call})"]
-    return lines
 
 
 def _quad_values(spec: KernelSpec, p: str, q_words: list[str]) -> list[tuple[str, list[str]]]:
@@ -371,10 +325,11 @@ def _tiled_body(spec: KernelSpec, apt: int) -> list[str]:
 
 def _source(spec: KernelSpec, name: str) -> tuple[str, int]:
     """(kernel source, threads per block)."""
-    apt = VERSIONS[spec.version].ads_per_thread
+    recipe = spec.version.recipe
+    apt = recipe.ads_per_thread
     nt = CHUNK_SLOTS // apt
-    body = _v1_body(spec, apt) if spec.version == 1 else _tiled_body(spec, apt)
-    if spec.version == 1:
+    body = recipe.body(spec, apt)
+    if not recipe.staged_tables:
         tables, preload = "", ""
     elif spec.kind == "dot":
         tables, preload = "", _TABLE_ONCE.format(tw=spec.dim, nt=nt)
@@ -395,7 +350,7 @@ def _source(spec: KernelSpec, name: str) -> tuple[str, int]:
 
 
 def _shared_table_floats(spec: KernelSpec) -> int:
-    if spec.version == 1:
+    if not spec.version.recipe.staged_tables:
         return 4
     if spec.kind == "dot":
         return spec.dim
@@ -407,7 +362,7 @@ def kernel_source(spec: KernelSpec) -> str:
 
 
 def _name(spec: KernelSpec) -> str:
-    return f"score_v{spec.version}_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}"
+    return f"score_v{spec.version.number}_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}"
 
 
 def _namespace() -> dict:
@@ -453,42 +408,78 @@ class ScoreKernel:
         self.kernel[grid, self.threads, stream](emb, scale, chunk_format, elig, tabs, np.int32(cap), out_key, out_slot)
 
 
-@lru_cache(maxsize=None)
-def get_kernel(version: int, kind: str, precision: str, dim: int, experts: int, top_e: int) -> ScoreKernel:
-    if version not in VERSIONS:
-        raise ValueError(f"unknown scoring kernel version {version}; versions: {sorted(VERSIONS)}")
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
-    if VERSIONS[version].tensor_cores:
-        from .score_mma import get_mma_kernel
+@dataclass(frozen=True)
+class GeneratedRecipe:
+    """How a version's kernel is written: the generator above, with the per-ad code `body(spec,
+    ads_per_thread) -> lines` (results in keys k0..k{ads_per_thread-1}) and whether the block stages
+    the request's format tables in shared memory (`staged_tables`) or the body reads them from
+    global memory."""
 
-        return get_mma_kernel(precision, dim, experts, top_e, max_registers=VERSIONS[version].max_registers)
-    spec = KernelSpec(version, kind, precision, dim, experts, top_e)
-    fn, nt = python_function(spec)
-    return ScoreKernel(spec, cuda.jit(fn), nt, VERSIONS[version].layout)
+    layout: str  # "rows" | "tiles"
+    ads_per_thread: int
+    body: Callable[[KernelSpec, int], list[str]]
+    staged_tables: bool = True
+
+    def build(self, spec: KernelSpec) -> ScoreKernel:
+        fn, nt = python_function(spec)
+        return ScoreKernel(spec, cuda.jit(fn), nt, self.layout)
+
+
+def tiled(ads_per_thread: int) -> GeneratedRecipe:
+    """The tiled kernels (v2 to v4): tiled words, staged d-major tables, `ads_per_thread` ads a thread."""
+    return GeneratedRecipe("tiles", ads_per_thread, _tiled_body)
 
 
 @dataclass(frozen=True)
-class Version:
-    name: str
-    layout: str  # "rows" | "tiles"
-    ads_per_thread: int
-    description: str
-    tensor_cores: bool = False
+class TensorCoreRecipe:
+    """The tensor-core kernel (`gpu/kernels/score_mma.py`) as a version of this family: the same
+    'tiles' layout, MoE only, `max_registers` per thread (None: what the compiler takes)."""
+
     max_registers: int | None = None
+    layout: str = "tiles"
+
+    def build(self, spec: KernelSpec):
+        from .score_mma import get_mma_kernel  # imported here: score_mma builds on this module
+
+        if spec.kind != "moe":
+            raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
+        return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers)
+
+    def prefers(self, kind: str, precision: str, dim: int) -> bool:
+        """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,
+        run6 and the D = 128 run3): the MoE at fp16 and int8 with D = 64."""
+        return kind == "moe" and precision in ("fp16", "int8") and dim == 64
 
 
-VERSIONS = {
-    1: Version("v1 naive", "rows", 1, "thread per ad, row-major, plain formula, tables in global memory"),
-    2: Version("v2 tiled", "tiles", 1, "16-byte loads of tiled words, shared d-major format table, streamed dots"),
-    3: Version("v3 tiled x2", "tiles", 2, "v2 with two ads per thread"),
-    4: Version("v4 tiled x4", "tiles", 4, "v2 with four ads per thread"),
-    5: Version("v5 tensor cores", "tiles", 16, "the 2E dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables "
-               "(score_mma.py; MoE only)", tensor_cores=True),
-    6: Version("v6 tensor cores, 80 regs", "tiles", 16, "v5 held to 80 registers per thread: 3 blocks per SM "
-               "instead of 2", tensor_cores=True, max_registers=80),
-}
-BEST = 4  # chosen by `andromeda bench score` (docs/BENCHMARKS.md)
+VERSIONS = version_table(
+    Version(4, "v4 tiled x4", "16-byte loads of tiled words, shared d-major format table, four ads per thread",
+            tiled(4)),
+    Version(6, "v6 tensor cores", "the 2E per-ad dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables, one "
+            "ad per lane in the epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
+            TensorCoreRecipe(80)),
+)
+SHIPPED = 6  # docs/results/score_mma_runs.md: 17.1 G ads/s against v4's 11.6 at fp16, D = 64 (run6)
+FALLBACK = 4  # for the shapes SHIPPED does not serve best: dot kernels, fp32 storage, D = 128
+
+
+def version(v=None, kind: str = "moe", precision: str = "fp16", dim: int = 64) -> Version:
+    """The Version `v` names (a number of `VERSIONS`, a Version from the lab); None: SHIPPED where its
+    recipe serves (kind, precision, dim) best, else FALLBACK."""
+    if v is None:
+        shipped = VERSIONS[SHIPPED]
+        serves = getattr(shipped.recipe, "prefers", lambda *_: True)
+        return shipped if serves(kind, precision, dim) else VERSIONS[FALLBACK]
+    return pick(VERSIONS, v, SHIPPED, "scoring")
+
+
+@lru_cache(maxsize=None)
+def get_kernel(version_, kind: str, precision: str, dim: int, experts: int, top_e: int) -> ScoreKernel:
+    """The compiled kernel of a version (a number of `VERSIONS` or a `Version`) for one kind, precision
+    and size."""
+    chosen = version(version_, kind, precision, dim)
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
+    return chosen.recipe.build(KernelSpec(chosen, kind, precision, dim, experts, top_e))
 
 
 def cap_for(k: int, ads_per_block: int = ADS_PER_BLOCK) -> int:
@@ -500,7 +491,8 @@ def n_blocks(n_slots: int, ads_per_block: int = ADS_PER_BLOCK) -> int:
 
 
 __all__ = [
-    "ADS_PER_BLOCK", "BEST", "CHUNKS_PER_BLOCK", "KINDS", "KernelSpec", "ScoreKernel", "VERSIONS",
-    "block_topk_emit", "cap_for", "from_tiles", "get_kernel", "kernel_source", "n_blocks", "tiles_on_device",
-    "to_tiles", "words_per_ad",
+    "ADS_PER_BLOCK", "CHUNKS_PER_BLOCK", "FALLBACK", "KINDS", "GeneratedRecipe", "KernelSpec", "SHIPPED", "ScoreKernel",
+    "TensorCoreRecipe",
+    "VERSIONS", "block_topk_emit", "cap_for", "from_tiles", "get_kernel", "kernel_source", "n_blocks",
+    "tiled", "tiles_on_device", "to_tiles", "version", "words_per_ad",
 ]

@@ -66,7 +66,9 @@ from andromeda_nb.slots import CHUNK_SLOTS
 
 from .. import runtime
 from . import _bits, mma
-from .score import BYTES, HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, block_topk_emit, words_per_ad
+from andromeda_nb.constants import PRECISION_BYTES as BYTES
+
+from .score import HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, block_topk_emit, words_per_ad
 
 cuda = runtime.cuda()
 from numba import float32, int32, uint32  # noqa: E402  (after the device choice)

@@ -1,20 +1,21 @@
 """Final top-K on the GPU from the per-block candidates of the fused scoring kernel (DESIGN section 4:
 score descending, ties by ad id ascending; K up to MAX_K = 4096).
 
-Versions:
-    v1 block-per-request   one thread block per request: a 4-round radix select (8 bits a round,
-                           shared histogram) over the candidate keys finds the K-th largest key; the
-                           keys above it and up to P - (number above) keys equal to it go to a scratch
-                           of P = next power of two >= 2K entries; a bitonic sort of the scratch by
-                           (key descending, ad id ascending) in global memory, then the first K rows
-                           are written. Exact unless more than P - (number above) candidates share the
-                           K-th key exactly (then an arbitrary subset of those equal scores is kept).
-
+The product runs `SHIPPED`:
     v2 segments            when there are more than SEGMENT_LEN candidates per request, a first
                            kernel (`segment_topk_v2`, grid (segments, R)) keeps the top K of every
-                           segment of SEGMENT_LEN candidates with the same radix select, in parallel
-                           over the whole GPU; `final_topk_v1` then runs on segments x K candidates.
-                           v1 alone spends milliseconds with one block reading millions of candidates.
+                           segment of SEGMENT_LEN candidates, in parallel over the whole GPU;
+                           `final_topk_v1` then runs on segments x K candidates: one thread block per
+                           request finds the K-th largest key, the keys above it and up to P - (number
+                           above) keys equal to it go to a scratch of P = next power of two >= 2K
+                           entries; a bitonic sort of the scratch by (key descending, ad id ascending)
+                           in global memory, then the first K rows are written. Exact unless more than
+                           P - (number above) candidates share the K-th key exactly (then an arbitrary
+                           subset of those equal scores is kept).
+Both kernels select with the block-wide radix select of `gpu.kernels.radix`, the one the scoring
+kernels' block top-K runs. v1 (`final_topk_v1` alone: one block reads every candidate of its
+request, milliseconds at millions of candidates) is in the kernel lab, `gpu/lab/topk.py`; both
+versions are `TopkPlan`s, which differ only in whether the segment stage runs.
 
 Kernel `final_topk_v1` arguments:
     cand_key    uint32[R, NB, CA]  per-block candidate keys (gpu.kernels.score), 0 = none
@@ -33,19 +34,22 @@ Launch: grid (R,), block (FINAL_THREADS,) (fewer under the simulator).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
 from . import _bits
+from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_blocks
 
 cuda = runtime.cuda()
 from numba import int32, int64, uint32  # noqa: E402
 
-from ._bits import ST_EMIT_ALL, ST_KREM, ST_N_EQUAL, ST_N_GREATER, ST_PREFIX, ST_TOTAL  # noqa: E402
-
 FINAL_THREADS = 1024
 SIM_THREADS = 32
-HIST_BINS = 256
+SEGMENT_LEN = 16384  # candidates per first-stage block (v2)
 
 
 def scratch_size(k: int) -> int:
@@ -61,57 +65,13 @@ def _before(ka, ia, kb, ib):
     return ka > kb or (ka == kb and ia < ib)
 
 
-@cuda.jit(device=True)
-def _radix_kth(cand_key, r, cap, lo, hi, k, hist, part, state):
-    """Block-wide 4-round radix select over the nonzero keys of flat candidates [lo, hi) of request r
-    (flat index i -> cand_key[r, i // cap, i % cap]). Returns (kth key, how many keys equal to it
-    to take, emit_all): emit_all when there are at most k nonzero keys (state[ST_TOTAL] holds their count)."""
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    prefix = uint32(0)
-    mask = uint32(0)
-    krem = uint32(k)
-    emit_all = False
-    if tid == 0:
-        state[ST_EMIT_ALL] = 0
-        state[ST_N_GREATER] = 0
-        state[ST_N_EQUAL] = 0
-    for rnd in range(4):
-        shift = uint32(24 - 8 * rnd)
-        for j in range(tid, HIST_BINS, nt):
-            hist[j] = 0
-        cuda.syncthreads()
-        for i in range(lo + tid, hi, nt):
-            b = i // cap
-            key = cand_key[r, b, i - b * cap]
-            if key != 0 and (key & mask) == prefix:
-                cuda.atomic.add(hist, int32((key >> shift) & uint32(255)), uint32(1))
-        cuda.syncthreads()
-        if tid < 16:
-            s = uint32(0)
-            for d in range(tid * 16, tid * 16 + 16):
-                s += hist[d]
-            part[tid] = s
-        cuda.syncthreads()
-        if tid == 0:
-            _bits.radix_digit(hist, part, state, rnd, prefix, shift, krem, k)
-        cuda.syncthreads()
-        if state[ST_EMIT_ALL] != 0:
-            emit_all = True
-            break
-        prefix = state[ST_PREFIX]
-        mask = mask | (uint32(255) << shift)
-        krem = state[ST_KREM]
-    return prefix, krem, emit_all
-
-
 @cuda.jit
 def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
     """First stage of v2: block (seg, r) keeps the top k of flat candidates [seg * seg_len, ...) in
     out_key[r, seg, :k] / out_slot[r, seg, :k] (padding key 0)."""
     hist = cuda.shared.array(HIST_BINS, uint32)
     part = cuda.shared.array(16, uint32)
-    state = cuda.shared.array(8, uint32)
+    state = cuda.shared.array(STATE_WORDS, uint32)
     seg = cuda.blockIdx.x
     r = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -121,7 +81,7 @@ def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
     hi = lo + seg_len
     if hi > m:
         hi = m
-    kth, krem, emit_all = _radix_kth(cand_key, r, cap, lo, hi, k, hist, part, state)
+    kth, krem, emit_all = radix_select_blocks(cand_key, r, cap, lo, hi, k, hist, part, state, 1)
     n_greater = uint32(k) - krem
     for i in range(lo + tid, hi, nt):
         b = i // cap
@@ -150,15 +110,14 @@ def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
 def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, out_score, out_count):
     hist = cuda.shared.array(HIST_BINS, uint32)
     part = cuda.shared.array(16, uint32)
-    state = cuda.shared.array(8, uint32)
+    state = cuda.shared.array(STATE_WORDS, uint32)
     r = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     nb = cand_key.shape[1]
     m = nb * cap
     P = sk.shape[1]
-    prefix, krem, emit_all = _radix_kth(cand_key, r, cap, 0, m, k, hist, part, state)
-    kth = prefix
+    kth, krem, emit_all = radix_select_blocks(cand_key, r, cap, 0, m, k, hist, part, state, 1)
     n_greater = uint32(k) - krem
     room = uint32(P) - n_greater
     for i in range(tid, m, nt):
@@ -219,17 +178,44 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         out_count[r] = n_out
 
 
-VERSIONS = {1: "block per request", 2: "segments, then block per request"}
-BEST = 2
-SEGMENT_LEN = 16384  # candidates per first-stage block (v2)
-
-
 def n_segments(n_candidates: int) -> int:
     return -(-n_candidates // SEGMENT_LEN)
 
 
 def threads() -> int:
     return SIM_THREADS if runtime.simulator_enabled() else FINAL_THREADS
+
+
+@dataclass(frozen=True)
+class TopkPlan:
+    """How a version selects: with `segmented`, the segment stage first when the candidates of a
+    request fill more than one segment; then the final kernel."""
+
+    segmented: bool
+
+    def launch(self, keys, slots, width: int, slot_ad_id, k: int, bufs: dict, R: int, stream=0) -> None:
+        """Top-k of candidates `keys`/`slots` (R, blocks, >= width) into bufs["out_id"], ["out_score"],
+        ["out_count"], with the scratch bufs["sk"], ["ss"], ["sid"] and, when segmented,
+        bufs["seg_key"], ["seg_slot"] (R, n_segments, k) (`gpu.fused.FusedScorer` allocates them)."""
+        n_seg = bufs["seg_key"].shape[1]
+        if self.segmented and n_seg > 1:
+            segment_topk_v2[(n_seg, R), threads(), stream](
+                keys, slots, np.int32(width), np.int32(SEGMENT_LEN), np.int32(k), bufs["seg_key"], bufs["seg_slot"])
+            keys, slots, width = bufs["seg_key"], bufs["seg_slot"], k
+        final_topk_v1[(R,), threads(), stream](
+            keys, slots, np.int32(width), slot_ad_id, np.int32(k),
+            bufs["sk"], bufs["ss"], bufs["sid"], bufs["out_id"], bufs["out_score"], bufs["out_count"])
+
+
+VERSIONS = version_table(
+    Version(2, "v2 segments", "segments, then block per request", TopkPlan(segmented=True)),
+)
+SHIPPED = 2
+
+
+def version(v=None) -> Version:
+    """The Version `v` names (a number of `VERSIONS`, a Version from the lab, None: SHIPPED)."""
+    return pick(VERSIONS, v, SHIPPED, "top-K")
 
 
 def topk_host(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -240,4 +226,5 @@ def topk_host(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, 
     return reference_topk(ids, np.asarray(scores, np.float32), k)
 
 
-__all__ = ["BEST", "FINAL_THREADS", "SEGMENT_LEN", "VERSIONS", "final_topk_v1", "n_segments", "segment_topk_v2", "scratch_size", "threads", "topk_host"]
+__all__ = ["FINAL_THREADS", "SEGMENT_LEN", "SHIPPED", "TopkPlan", "VERSIONS", "final_topk_v1", "n_segments",
+           "segment_topk_v2", "scratch_size", "threads", "topk_host", "version"]

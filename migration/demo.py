@@ -26,6 +26,8 @@ from typing import Callable
 
 import numpy as np
 
+from andromeda_nb.bench import median_seconds
+
 DEFAULT_ADS = 50_000
 DEFAULT_REQUESTS = 12
 DEFAULT_K = 100
@@ -43,10 +45,7 @@ class DemoError(RuntimeError):
 
 def _median_seconds(fn, repeat: int = REPEAT) -> float:
     """Wall-clock median of `repeat` calls after one untimed call."""
-    from cpu_baseline.bench import median_time
-
-    fn()
-    return median_time(fn, repeat)
+    return median_seconds(fn, repeat, warmup=1)
 
 
 # --- kernel measurements ----------------------------------------------------------------------------------
@@ -54,14 +53,13 @@ def _median_seconds(fn, repeat: int = REPEAT) -> float:
 
 def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lambda m: None) -> dict:
     """Fused (numba, per-ad formula) vs unfused (numpy array ops) vs two-tower dot, on the CPU."""
+    from andromeda_nb.budget import stored_ad_bytes
+    from andromeda_nb.model import quantize, two_tower_vector, user_side
+    from andromeda_nb.reference import reference_scores, two_tower_scores
     from andromeda_nb.scoring import fold_user_side
+    from andromeda_nb.unfused import unfused_scores
     from cpu_baseline.bench import measure_copy_bandwidth
     from cpu_baseline.scorer import CpuScorer
-    from gpu.bench_score import scores_xp
-
-    from .budget import stored_ad_bytes
-    from .model import quantize, two_tower_vector, user_side
-    from .reference import reference_scores, two_tower_scores
 
     model = dataset.model
     rng = np.random.default_rng(seed)
@@ -90,7 +88,7 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
         values, scale = table.values, table.scale
 
         def unfused():
-            s, _ = scores_xp(np, values, scale, formats, us, model.top_k, "moe", dtype=np.float32)
+            s, _ = unfused_scores(np, values, scale, formats, us, model.top_k, "moe", dtype=np.float32)
             return np.argpartition(-s, DEFAULT_K - 1)[:DEFAULT_K]
 
         t = _median_seconds(unfused, repeat=2)
@@ -109,12 +107,12 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
 
 
 def gpu_kernels(seed: int, log: Echo = lambda m: None) -> dict:
-    """The fused GPU kernels (best version) and the unfused CuPy pipeline, from `gpu.bench_score`."""
+    """The fused GPU kernels (the shipped version) and the unfused CuPy pipeline, from `gpu.bench_score`."""
     from gpu.bench_score import bench_score
     from gpu.kernels import score as sk
 
     res = bench_score(n_ads=GPU_KERNEL_ADS, dims=(64,), precisions=("fp16", "int8"), kinds=("moe", "dot"),
-                      versions=[sk.BEST], seed=seed, unfused=True, progress=False)
+                      versions=[sk.SHIPPED], seed=seed, unfused=True, progress=False)
     if not res.get("checks_ok", False):
         raise DemoError("a GPU kernel disagreed with the float64 reference")
     out: dict = {"device": res["env"].get("device", "gpu"), "rows": res["n_ads"],
@@ -142,17 +140,18 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
              device: str = "auto", echo: Echo = print, log: Echo = lambda m: None,
              kernel_rows: int = CPU_KERNEL_ROWS) -> dict:
     """Run the five steps; `echo` gets the report, `log` progress. Returns every figure (JSON-ready)."""
-    from gpu.index import resolve_device
+    from andromeda_nb import corpus
+    from andromeda_nb.budget import stored_ad_bytes
+    from andromeda_nb.devices import resolve
+    from andromeda_nb.quality import QualityConfig, run_quality
+    from andromeda_nb.store import load_dataset
 
-    from . import corpus
-    from .budget import build_budget, stored_ad_bytes
+    from .budget import build_budget
     from .harness import run_comparison
-    from .quality import QualityConfig, run_quality
-    from .store import load_dataset
 
     # 'gpu' when one is usable; otherwise the CUDA simulator is chosen before numba.cuda loads (the GPU
     # index is then checked under it on small pools) and the co-located path runs on the CPU
-    where = device if device in ("cpu", "sim") else ("gpu" if resolve_device(device) == "gpu" else "cpu")
+    where = device if device in ("cpu", "sim") else ("gpu" if resolve(device, kernels=True) == "gpu" else "cpu")
     kernel_device = "gpu" if where == "gpu" else "cpu"
     with tempfile.TemporaryDirectory(prefix="andromeda-demo-") as tmp:
         t0 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Kernel ads per second of the trained models, where a CUDA GPU is usable: the fused scoring kernel of
+"""`andromeda quality`'s kernel step: kernel ads per second of the quality experiment's trained models
+(`andromeda_nb.quality`), where a CUDA GPU is usable: the fused scoring kernel of
 `gpu.fused.FusedScorer` (scoring and per-block top-K, then the final top-K) run with each model's
 folded user-side tables, on the quality corpus laid out in slot order (format-uniform chunks) and
 replicated until the table is far larger than the GPU's L2 cache (DESIGN section 7).
@@ -16,12 +17,13 @@ import time
 
 import numpy as np
 
-from ..compare import compare_topk
-from ..model import MoeModel, quantize, two_tower_vector, user_side
-from ..reference import reference_scores, two_tower_scores
-from ..scoring import dot_table, fold_user_side
-from ..slots import CHUNK_SLOTS, EMPTY
-from ..types import Request
+from andromeda_nb.compare import compare_topk
+from andromeda_nb.devices import resolve
+from andromeda_nb.model import MoeModel, quantize, two_tower_vector, user_side
+from andromeda_nb.reference import reference_scores, two_tower_scores
+from andromeda_nb.scoring import dot_table, fold_user_side
+from andromeda_nb.slots import CHUNK_SLOTS, EMPTY
+from andromeda_nb.types import Request
 
 DEFAULT_SLOTS = 1 << 24  # about 16.8 M slots: 1.1 GB at int8, 4.3 GB at fp32, far beyond L2
 
@@ -71,16 +73,15 @@ def kernel_throughput(models: dict[str, MoeModel], embedding: np.ndarray, format
     """Ads per second of the fused kernel per model (name -> MoeModel; "two_tower" runs the dot
     kernel). Returns {"skipped": reason} when no CUDA GPU is usable (device "auto" or "gpu") or
     device is "cpu"; "sim" runs the path under the simulator (slots and repeats should be tiny)."""
-    from gpu import runtime
-
     try:
-        where = runtime.select(device)
+        where = resolve(device)
     except RuntimeError as exc:
         return {"skipped": str(exc)}
     if where == "cpu":
         return {"skipped": "no usable CUDA GPU"}
     if where == "sim" and device == "auto":
         return {"skipped": "the CUDA simulator is on (a check of the path, not a speed)"}
+    from gpu import runtime
     from gpu.fused import FusedScorer  # imports numba.cuda: only after the device choice
 
     cuda = runtime.cuda()
@@ -147,7 +148,7 @@ def _device_name(cuda, where: str) -> str:
 def measure_result(result, *, device: str = "auto", slots: int = DEFAULT_SLOTS, requests: int = 8,
                    repeats: int = 20) -> dict:
     """`kernel_throughput` of a finished quality run's models on its corpus and first test requests."""
-    from .truth import World
+    from andromeda_nb.quality.truth import World
 
     cfg = result.config
     world = World(cfg.truth, cfg.seed)

@@ -19,12 +19,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .budget import network_payload, payload_total
-from .compare import compare_eligible, compare_scores, compare_topk
-from .constants import DEFAULT_K
-from .dataset import Dataset
-from .flight import request_text
-from .updates import LiveAds, Rejection, apply_updates, read_updates
+from andromeda_nb.budget import network_payload, payload_total
+from andromeda_nb.compare import compare_eligible, compare_scores, compare_topk
+from andromeda_nb.constants import DEFAULT_K
+from andromeda_nb.dataset import Dataset
+from andromeda_nb.devices import resolve
+from andromeda_nb.flight import request_text
+from andromeda_nb.updates import LiveAds, Rejection, apply_updates, read_updates
 
 Log = Callable[[str], None]
 ORACLE_FULL_POOL = 200_000  # above this the reference takes eligibility from the (checked) CPU index
@@ -86,15 +87,14 @@ def apply_stream(updates, targets: Sequence, dataset: Dataset) -> list[Rejection
 
 def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int,
                         log: Log = _quiet) -> tuple[dict, list[np.ndarray]]:
+    from andromeda_nb.oracle import match_stream
     from cpu_baseline.index import CpuTargetingIndex
-    from gpu.index import GpuTargetingIndex, resolve_device
-
-    from .oracle import match_stream
+    from gpu.index import GpuTargetingIndex
 
     n_oracle = min(oracle_requests, len(requests))
     gpu_skipped = None
     try:
-        gpu_where = resolve_device("sim" if device == "sim" else "auto")
+        gpu_where = resolve("sim" if device == "sim" else "auto", kernels=True)
     except RuntimeError as exc:  # no GPU, and numba.cuda was loaded before the simulator could be chosen
         gpu_where, gpu_skipped = "none", f"no usable GPU ({exc})"
     if gpu_where == "sim" and dataset.n_ads > SIMULATOR_MAX_ADS:
@@ -144,7 +144,7 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
 
 def reference_answers(dataset: Dataset, requests, updates, k: int, log: Log = _quiet):
     """Per request: (eligible ids, ScoreResult, top-K ids, top-K scores) from the float64 reference."""
-    from .reference import ReferenceRetriever, reference_topk
+    from andromeda_nb.reference import ReferenceRetriever, reference_topk
 
     matcher = None
     if dataset.n_ads > ORACLE_FULL_POOL:
@@ -204,7 +204,8 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
                    log: Log = _quiet) -> dict:
     """Everything `andromeda compare` reports, as one JSON-ready dict."""
     from cpu_baseline.remote import RemoteRetriever
-    from gpu.colocated import ColocatedRetriever
+
+    from .colocated import ColocatedRetriever
 
     reqs = dataset.requests[:requests] if requests else dataset.requests
     if not reqs:

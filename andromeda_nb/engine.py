@@ -1,0 +1,65 @@
+"""What every co-located engine shares (`andromeda_nb.interfaces.Engine`): the corpus's model, seed and
+storage precision, the checks and stored form of an upserted ad, and the description a server's
+`health` action reports. The engines themselves are `cpu_baseline.engine.CpuEngine` and
+`gpu.engine.GpuEngine`; `migration.colocated` picks one by device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import ModelError, ad_embedding_of, quantize
+from .types import Retire, SetStatus, Update, Upsert
+
+
+class EngineBase:
+    """The corpus-level state of an engine; a subclass sets `device` and `index` (its targeting index)
+    and implements `retrieve` and `apply`."""
+
+    device: str
+    index: object
+
+    def __init__(self, dataset):
+        self.model = dataset.model
+        self.seed = dataset.seed
+        self.precision = dataset.precision
+        self.E, self.D, self.F, self.top_e = self.model.E, self.model.D, self.model.F, self.model.top_k
+
+    def stored_row(self, update: Update) -> tuple[np.ndarray, float] | None:
+        """For an upsert, the ad's embedding as stored (values (D,) in the storage dtype, scale), after
+        checking its format; None for a status change or a retire; TypeError for anything else."""
+        if isinstance(update, Upsert):
+            ad = update.ad
+            if not 0 <= ad.format < self.F:
+                raise ModelError(f"ad {ad.ad_id}: format {ad.format} is outside 0..{self.F - 1}")
+            table = quantize(ad_embedding_of(ad, self.seed, self.D)[None, :], self.precision)
+            return table.values[0], float(table.scale[0])
+        if isinstance(update, (SetStatus, Retire)):
+            return None
+        raise TypeError(f"not an update: {update!r}")
+
+    def describe(self) -> dict:
+        """What the engine holds and where it runs (merged into a server's `health` answer)."""
+        return {"device": self.device, "ads": len(self), "precision": self.precision, "D": self.D, "E": self.E,
+                "F": self.F, "top_k": self.top_e}
+
+    def __len__(self) -> int:
+        """Number of live ads."""
+        return len(self.index)
+
+    def __contains__(self, ad_id) -> bool:
+        """Whether `ad_id` is live (so a server checks an update stream against the engine itself)."""
+        return ad_id in self.index
+
+    def close(self) -> None:
+        close = getattr(self.index, "close", None)
+        if close is not None:
+            close()
+
+
+def no_answer() -> tuple[np.ndarray, np.ndarray]:
+    """The answer to a request with no eligible ad: (ad ids int64, scores float32), both empty."""
+    return np.empty(0, np.int64), np.empty(0, np.float32)
+
+
+__all__ = ["EngineBase", "no_answer"]

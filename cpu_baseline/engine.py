@@ -1,0 +1,59 @@
+"""The co-located engine on the CPU: `andromeda_nb.interfaces.Engine` over the CPU inverted index and
+the CPU scorer, the same parts the remote-scoring design runs on two hosts, here in one process.
+
+Per request: the eligible ad ids from `cpu_baseline.index.CpuTargetingIndex`, their table rows
+(`andromeda_nb.rows.RowMap`), the shipped `cpu_baseline.scorer.CpuScorer` on the request's folded
+user side, top-K by the reference rule (score descending, ties by ad id ascending). Updates (DESIGN
+section 6) go to the index and to the scorer's table row of the ad.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from andromeda_nb.engine import EngineBase, no_answer
+from andromeda_nb.model import user_side
+from andromeda_nb.reference import reference_topk
+from andromeda_nb.rows import RowMap
+from andromeda_nb.scoring import fold_user_side
+from andromeda_nb.types import Request, Retire, Update, Upsert
+
+from .index import CpuTargetingIndex
+from .scorer import CpuScorer
+
+
+class CpuEngine(EngineBase):
+    device = "cpu"
+
+    def __init__(self, dataset, device: str = "cpu"):
+        if device != "cpu":
+            raise ValueError(f"the CPU engine runs on the CPU, not on {device!r}")
+        super().__init__(dataset)
+        self.index = CpuTargetingIndex.from_compiled(dataset.compiled)  # no ad parsed
+        self.scorer = CpuScorer.from_table(dataset.embeddings, dataset.formats, self.top_e)
+        self.rows = RowMap(dataset.ad_ids)
+
+    def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        requests = list(requests)
+        return [self._answer(request, ids, k) for request, ids in zip(requests, self.index.match(requests))]
+
+    def _answer(self, request: Request, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if not len(ids):
+            return no_answer()
+        tab = fold_user_side(user_side(self.model, request))
+        return reference_topk(ids, self.scorer.score(self.rows.rows_of(ids), tab), k)
+
+    def apply(self, update: Update) -> None:
+        """Apply one update that `andromeda_nb.updates` already checked against the live ids."""
+        stored = self.stored_row(update)
+        self.index.apply(update)
+        if isinstance(update, Upsert):
+            row, _ = self.rows.assign(update.ad.ad_id)
+            self.scorer.set_row(row, *stored, update.ad.format)
+        elif isinstance(update, Retire):
+            self.rows.release(update.ad_id)
+
+
+__all__ = ["CpuEngine"]

@@ -1,0 +1,89 @@
+"""The co-located engine on the GPU (or the CUDA simulator): `andromeda_nb.interfaces.Engine` over the
+GPU targeting index and the fused scorer.
+
+`gpu.index.GpuTargetingIndex` writes eligibility bits in slot order on the device; `gpu.fused.
+FusedScorer` holds the embeddings in the same slot order and runs the fused scoring kernel (per-block
+top-K inside) and the final top-K kernel. Per batch of at most MAX_BATCH requests: the user side of
+every request once on the host (float64, folded into per-format float32 tables,
+`andromeda_nb.scoring.fold_tables`), one match launch, one scoring launch, one top-K launch.
+Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from andromeda_nb.compiled import encode_request
+from andromeda_nb.devices import resolve
+from andromeda_nb.engine import EngineBase, no_answer
+from andromeda_nb.model import user_side
+from andromeda_nb.rows import RowMap
+from andromeda_nb.scoring import fold_user_side
+from andromeda_nb.types import Request, Update, Upsert
+
+MAX_BATCH = 64  # requests per device launch
+
+
+class GpuEngine(EngineBase):
+    """`device` 'gpu' or 'sim' ('auto': the GPU when usable, else the simulator); `version`: the scoring
+    kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped)."""
+
+    def __init__(self, dataset, device: str = "auto", *, version=None):
+        super().__init__(dataset)
+        self.device = resolve(device, kernels=True)
+        from .fused import FusedScorer  # imports numba.cuda: only after the device choice
+        from .index import GpuTargetingIndex
+
+        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device)  # no ad parsed
+        slots = self.index.slots
+        values, scale = dataset.embeddings.values, dataset.embeddings.scale
+        sv = np.zeros((slots.capacity, self.D), values.dtype)
+        ss = np.ones(slots.capacity, np.float32)
+        used = np.flatnonzero(slots.slot_ad_id >= 0)
+        rows = RowMap(dataset.ad_ids).rows_of(slots.slot_ad_id[used])
+        sv[used] = values[rows]
+        ss[used] = scale[rows]
+        self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,
+                                  top_e=self.top_e, version=version)
+
+    def tables(self, requests: Sequence[Request]) -> np.ndarray:
+        """float32 (R, F, TW): the folded per-format tables of each request's user side."""
+        return np.stack([fold_user_side(user_side(self.model, r)) for r in requests])
+
+    def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        requests = list(requests)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for lo in range(0, len(requests), MAX_BATCH):
+            out.extend(self._retrieve_batch(requests[lo : lo + MAX_BATCH], k))
+        return out
+
+    def _retrieve_batch(self, requests, k):
+        self._follow_slots()
+        if self.index.capacity == 0:  # built from no ads, none created yet: nothing to launch over
+            return [no_answer() for _ in requests]
+        tabs = self.tables(requests)
+        elig = self.index.match_slots([encode_request(r) for r in requests], out=self.index.kept_output(len(requests)))
+        return self.scorer.topk(elig, tabs, k)
+
+    def _follow_slots(self) -> None:
+        """Grow the embedding table when updates grew the index's slots."""
+        slots = self.index.slots
+        if self.scorer.n_slots != slots.capacity:
+            self.scorer.grow(slots.chunk_format, slots.slot_ad_id)
+
+    def apply(self, update: Update) -> None:
+        """Apply one update that `andromeda_nb.updates` already checked against the live ids."""
+        stored = self.stored_row(update)
+        self.index.apply(update)
+        if isinstance(update, Upsert):
+            self._follow_slots()
+            self.scorer.set_slot(self.index.slots.slot_of(update.ad.ad_id), update.ad.ad_id, *stored)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "score_version": self.scorer.version, "match_version": self.index.version,
+                "slots": self.scorer.n_slots}
+
+
+__all__ = ["GpuEngine", "MAX_BATCH"]

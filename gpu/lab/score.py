@@ -1,0 +1,60 @@
+"""The scoring kernel lab: every version of the fused scoring kernel, the superseded ones beside the
+shipped one (`gpu/kernels/score.py`), so that `andromeda bench score` still times them and the tests
+still check them against the float64 reference.
+
+Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
+    v1 naive      one thread per ad; row-major embeddings (slot, D) in their stored dtype; the plain
+                  per-ad formula of `andromeda_nb.scoring` (a loop over D per dot, a local array for
+                  the E gate logits); the folded tables of every format read from global memory
+    v2 tiled      one thread per ad; embeddings tile-interleaved as 32-bit words read with 16-byte
+                  loads; the block's format table in shared memory, d-major, read with 16-byte loads;
+                  the ad streamed one 16-byte quad at a time while all 2E dots advance; then routing
+    v3 tiled x2   v2 with two ads per thread (slots t and t+128 of a chunk, 128-thread blocks), so
+                  every shared-memory table load feeds two FMAs
+    v4 tiled x4   four ads per thread (64-thread blocks): each table load feeds four FMAs (shipped
+                  where the tensor-core kernel is not: dot kernels, fp32 storage, D = 128)
+    v5 tensor cores  the 2E per-ad dots as mma.sync tiles (`gpu/kernels/score_mma.py`), registers as
+                  the compiler takes them (100 at D = 64: 2 blocks per SM)
+    v6 tensor cores  v5 held to 80 registers (3 blocks per SM); shipped for the MoE at fp16 and int8
+                  with D = 64
+
+(A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
+dots, was written first: it saves a third of the FMAs but its fully unrolled code took numba minutes
+per kernel to compile, so it is not in the table.)
+
+v2 to v4 come from one generator, `gpu.kernels.score.tiled(ads_per_thread)`; v1 is the same kernel
+skeleton with the per-ad formula below as its body.
+"""
+
+from __future__ import annotations
+
+from andromeda_nb.versions import Version, version_table
+
+from ..kernels import score as shipped
+from ..kernels.score import GeneratedRecipe, KernelSpec, TensorCoreRecipe, tiled
+
+
+def _v1_body(spec: KernelSpec, apt: int) -> list[str]:
+    """v1's per-ad code: the plain per-ad formula (`moe_score` or `dot_score`) of one slot."""
+    if spec.kind == "moe":
+        call = f"moe_score(emb, s, scale[s], tabs[r], chunk_format[s >> 8], {spec.experts}, {spec.dim}, {spec.top_e}, g)"
+        lines = [f"g = cuda.local.array({spec.experts}, float32)"]
+    else:
+        call = f"dot_score(emb, s, scale[s], tabs[r], {spec.dim})"
+        lines = []
+    lines += ["s = slot", "if (elig[r, s >> 5] >> (s & 31)) & 1:", f"    k0 = f32_to_key({call})"]
+    return lines
+
+
+VERSIONS = version_table(
+    Version(1, "v1 naive", "thread per ad, row-major, plain formula, tables in global memory",
+            GeneratedRecipe("rows", 1, _v1_body, staged_tables=False)),
+    Version(2, "v2 tiled", "16-byte loads of tiled words, shared d-major format table, streamed dots", tiled(1)),
+    Version(3, "v3 tiled x2", "v2 with two ads per thread", tiled(2)),
+    Version(5, "v5 tensor cores", "the 2E per-ad dots as mma.sync m16n8k16 tiles, registers unbounded",
+            TensorCoreRecipe(None)),
+    *shipped.VERSIONS.values(),
+)
+SHIPPED = shipped.SHIPPED
+
+__all__ = ["SHIPPED", "VERSIONS"]

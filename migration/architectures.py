@@ -1,0 +1,93 @@
+"""Which class serves which `--arch` (and, for the co-located engine, which device), and building it
+from a corpus. The tables name modules as text and load them on first use, so the CPU-only parts
+never import numba-cuda and a missing GPU costs nothing.
+
+    MATCHERS   --arch of `andromeda match`: interfaces.TargetingIndex classes
+    RETRIEVERS --arch of `andromeda retrieve`: interfaces.Retriever classes
+    ENGINES    where a co-located engine runs ('cpu', 'gpu', 'sim'): interfaces.Engine classes
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from andromeda_nb.devices import resolve
+from andromeda_nb.reference import build_index
+
+MATCHERS = {
+    "oracle": "andromeda_nb.oracle:OracleIndex",
+    "cpu": "cpu_baseline.index:CpuTargetingIndex",
+    "gpu": "gpu.index:GpuTargetingIndex",
+}
+RETRIEVERS = {
+    "reference": "andromeda_nb.reference:ReferenceRetriever",
+    "remote": "cpu_baseline.remote:RemoteRetriever",
+    "colocated": "migration.colocated:ColocatedRetriever",
+}
+ENGINES = {
+    "cpu": "cpu_baseline.engine:CpuEngine",
+    "gpu": "gpu.engine:GpuEngine",
+    "sim": "gpu.engine:GpuEngine",
+}
+DEVICE_ARCHS = ("colocated",)  # the retrievers that take --device
+DEVICE_MATCHERS = ("gpu",)  # the matchers that take --device
+
+
+class ArchitectureUnavailable(RuntimeError):
+    """An --arch whose module is not part of this installation (or cannot be imported here)."""
+
+
+def load_class(table: dict[str, str], name: str):
+    if name not in table:
+        raise KeyError(f"unknown architecture {name!r}; choose from {', '.join(table)}")
+    module, _, attr = table[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _load(table: dict[str, str], arch: str, kind: str):
+    if arch not in table:
+        raise ArchitectureUnavailable(f"unknown {kind} architecture {arch!r}; choose from {', '.join(table)}")
+    try:
+        return load_class(table, arch)
+    except (ImportError, AttributeError) as exc:
+        raise ArchitectureUnavailable(
+            f"{kind} architecture {arch!r} ({table[arch]}) is not available here: {exc}") from None
+
+
+def build_matcher(dataset, arch: str, device: str = "auto"):
+    """The `interfaces.TargetingIndex` that `--arch` names, built over the dataset's ads (from their
+    compiled targeting where the index takes it: no ad parsed); `device` goes to the ones that take it."""
+    cls = _load(MATCHERS, arch, "match")
+    return build_index(cls, dataset, device=device) if arch in DEVICE_MATCHERS else build_index(cls, dataset)
+
+
+def build_retriever(dataset, arch: str, device: str = "auto", **options):
+    """The `interfaces.Retriever` that `--arch` names; `device` goes to the ones that take it."""
+    cls = _load(RETRIEVERS, arch, "retrieve")
+    return cls.build(dataset, device=device, **options) if arch in DEVICE_ARCHS else cls.build(dataset, **options)
+
+
+def build_engine(dataset, device: str = "auto", *, version=None):
+    """The co-located `interfaces.Engine` for `device` ('auto': the GPU when usable, else the CPU;
+    `andromeda_nb.devices.resolve`). `version`: the GPU scoring kernel (`scoring_kernel`); the CPU
+    engine has its one scorer and takes none."""
+    where = resolve(device)
+    options = {"version": scoring_kernel(version)} if version is not None and where != "cpu" else {}
+    return _load(ENGINES, where, "engine")(dataset, where, **options)
+
+
+def scoring_kernel(version):
+    """The scoring kernel `version` names: a `Version` as it is, a number looked up in the kernel lab's
+    table of every version (`gpu/lab/score.py`), None for the shipped one. Call after the device
+    choice (the lab compiles for it)."""
+    if version is None or not isinstance(version, int):
+        return version
+    from gpu.lab import score as lab
+
+    if version not in lab.VERSIONS:
+        raise ValueError(f"unknown scoring kernel version {version}; versions: {sorted(lab.VERSIONS)}")
+    return lab.VERSIONS[version]
+
+
+__all__ = ["ArchitectureUnavailable", "DEVICE_ARCHS", "DEVICE_MATCHERS", "ENGINES", "MATCHERS", "RETRIEVERS",
+           "build_engine", "build_matcher", "build_retriever", "load_class", "scoring_kernel"]

@@ -1,0 +1,109 @@
+"""The co-located architecture (`--arch colocated`) on whichever device: one process matches, scores
+and selects top-K next to the ads, and only the final candidates leave it.
+
+* `ColocatedRetriever`: `interfaces.Retriever`. In process by default, over the engine for the device
+  (`migration.architectures.build_engine`: `gpu.engine.GpuEngine` on a GPU or the simulator,
+  `cpu_baseline.engine.CpuEngine` on the CPU); with `served=True` or `traffic=True` it starts the
+  co-located server as a subprocess on 127.0.0.1 (`python -m migration.serve`) and talks Flight to it
+  (through a counting relay with `traffic=True`, so `retrieve_traffic` reports real bytes on the wire).
+* `make_server`: that server, `andromeda_nb.engine_server.EngineServer` around the device's engine.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, dataset_args, relay_in_front,
+                                   stop_all)
+from andromeda_nb.types import Request, Update
+
+from .architectures import build_engine
+
+START_TIMEOUT_S = 180.0
+SERVE_MODULE = "migration.serve"
+
+
+def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None):
+    """The co-located server over the engine for `device`, listening at `location`."""
+    from andromeda_nb.engine_server import EngineServer  # pyarrow.flight loads only when serving
+
+    return EngineServer(build_engine(dataset, device, version=version), dataset, location)
+
+
+class ColocatedRetriever(ServedRetriever):
+    """`interfaces.Retriever` for the co-located architecture: an engine in process, or over Flight to
+    a server (retrieve, traffic, updates and actions: `andromeda_nb.services.ServedRetriever`)."""
+
+    server_name = "the co-located server"
+
+    def __init__(self, engine=None, *, location: str | None = None, process=None,
+                 relays=None, tmpdir=None, timeout_s: float = 60.0):
+        self.engine = engine
+        self.location = location
+        self.process = process
+        self.relays = relays or {}
+        self._tmpdir = tmpdir
+        self.timeout_s = timeout_s
+        self.client = None
+        self.device = engine.device if engine is not None else None
+        if location is not None:
+            import pyarrow.flight as flight
+
+            from andromeda_nb.flight import flight_action
+
+            self.client = flight.connect(location)
+            self.device = flight_action(location, "health", client=self.client).get("device")
+
+    @classmethod
+    def build(cls, dataset, device: str = "auto", *, served: bool = False, traffic: bool = False,
+              host: str | None = None, version=None, **options) -> "ColocatedRetriever":
+        if options:
+            raise TypeError(f"unknown option(s) for the co-located retriever: {', '.join(options)}")
+        if not (served or traffic or host):
+            return cls(build_engine(dataset, device, version=version))
+        from andromeda_nb.flight import location_of, wait_until_healthy
+
+        proc, tmp, relays = None, None, {}
+        data_dir = getattr(dataset, "source_dir", None)  # read from a directory: the server loads it
+        try:
+            if host is None:  # a dataset made in memory travels as a pickle
+                source, tmp = dataset_args(dataset, data_dir, prefix="andromeda-colocated-")
+                args = [*source, "--device", device]
+                if version is not None:
+                    args += ["--version", str(getattr(version, "number", version))]
+                proc = ServiceProcess(SERVE_MODULE, args, name="the co-located server", start_timeout_s=START_TIMEOUT_S)
+                host = proc.location
+            location = location_of(host)
+            wait_until_healthy(location, timeout=30.0)
+            if proc is not None and data_dir is not None:
+                check_same_corpus(location, dataset, data_dir, "the co-located server")
+            if traffic:
+                relays["client->server"] = relay_in_front(location)
+                location = relays["client->server"].location
+            return cls(location=location, process=proc, relays=relays, tmpdir=tmp)
+        except BaseException:
+            stop_all([proc] if proc is not None else [], relays, tmp)
+            raise
+
+    def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self.engine is not None:
+            return self.engine.retrieve(requests, k)
+        return super().retrieve(requests, k)
+
+    def apply(self, update: Update) -> None:
+        if self.engine is not None:
+            self.engine.apply(update)
+            return
+        super().apply(update)
+
+    def close(self) -> None:
+        self.close_client()
+        stop_all([self.process] if self.process is not None else [], self.relays, self._tmpdir)
+        self._tmpdir = None
+        if self.engine is not None:
+            self.engine.close()
+
+
+__all__ = ["ColocatedRetriever", "SERVE_MODULE", "make_server"]
