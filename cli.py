@@ -710,8 +710,9 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
 @_UPDATES_OPTION
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
               help="Use only the first N requests of the corpus.")
-@click.option("--oracle-requests", type=click.IntRange(0), default=16, show_default=True,
-              help="Requests whose eligible sets are also checked against the plain-Python oracle.")
+@click.option("--oracle-requests", type=click.IntRange(0), default=None,
+              help="Check only the first N requests against the plain-Python oracle (default: every request, "
+                   "one process per core); the reference then takes the rest's eligible sets from the CPU index.")
 @click.option("--traffic-requests", type=click.IntRange(1), default=16, show_default=True,
               help="Requests sent one at a time through the counting relays to measure bytes on the wire.")
 @_JSON_OPTION

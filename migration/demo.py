@@ -158,7 +158,7 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
         corpus.generate_corpus(tmp, n_ads, n_requests, seed)
         dataset = load_dataset(tmp)
         log(f"corpus: {n_ads:,} ads and {n_requests} requests generated and loaded in {time.perf_counter() - t0:.1f} s")
-        report = run_comparison(dataset, k=k, device=where, oracle_requests=min(8, n_requests),
+        report = run_comparison(dataset, k=k, device=where, oracle_requests=None,
                                 traffic_requests=min(8, n_requests), log=log)
     kernels = gpu_kernels(seed, log) if kernel_device == "gpu" else cpu_kernels(dataset, seed, kernel_rows, log=log)
     log("training the two-tower and the mixture of experts on synthetic clicks (quality --small)")
