@@ -293,7 +293,8 @@ def reindex(data, as_json, quiet):
 @_DATA_OPTION
 @click.option("--arch", type=click.Choice(["oracle", "cpu", "gpu"]), default="oracle", show_default=True,
               help="Targeting index: the plain oracle, the CPU inverted index, or the GPU index.")
-@device_option("Where --arch gpu runs (sim: the CUDA simulator).")
+@device_option("Where --arch gpu runs: the GPU, or sim (the CUDA simulator: slow, tiny corpora). auto: the GPU "
+               "when usable, else it stops and says so (the GPU index has no CPU form; --arch cpu is the CPU index).")
 @_UPDATES_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
@@ -308,10 +309,18 @@ def match(data, arch, device, updates, as_json, quiet):
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_MATCHERS:
         _info(f"--device {device} applies to --arch {'/'.join(DEVICE_MATCHERS)} only; ignored for {arch}", quiet)
+    if arch in DEVICE_MATCHERS and device == "sim":
+        from andromeda_nb.devices import simulator_note
+
+        _info(simulator_note(dataset.n_ads, len(dataset.requests)), quiet)
+    from andromeda_nb.devices import NoKernelDevice
+
     try:
         index = build_matcher(dataset, arch, device)
     except ArchitectureUnavailable as exc:
         raise click.ClickException(str(exc)) from None
+    except NoKernelDevice as exc:
+        raise click.ClickException(f"--arch {arch}: {exc}; --arch cpu is the CPU inverted index") from None
     except (RuntimeError, ValueError) as exc:
         raise click.ClickException(f"--arch {arch}: {exc}") from None
     _apply_updates(updates, [index], dataset, quiet)
@@ -705,8 +714,9 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
 @main.command()
 @_DATA_OPTION
 @k_option()
-@device_option("Where the co-located path and the GPU index run (auto: the GPU if usable, else the simulator "
-               "for the index and the CPU for scoring).")
+@device_option("Where the co-located path and the GPU index run. auto: the GPU when usable, else the co-located "
+               "path on the CPU and the GPU index skipped (it has no CPU form); sim: both under the CUDA simulator "
+               "(tiny corpora).")
 @_UPDATES_OPTION
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
               help="Use only the first N requests of the corpus.")

@@ -1,7 +1,8 @@
 """Server processes and the client plumbing both architectures' retrievers share.
 
 * `ServiceProcess`: one server started as `python -m MODULE ARGS...` (`cpu_baseline.serve`,
-  `migration.serve`) with the project on `PYTHONPATH`. A server announces itself with one JSON line on
+  `migration.serve`) with the project on `PYTHONPATH` and without the CUDA simulator switch in its
+  environment (a server that needs a device is given it as an argument). A server announces itself with one JSON line on
   stdout once it listens (`announce`: `{"service": ..., "location": "grpc://HOST:PORT", ...}`), so a
   parent that asked for port 0 learns the port. `stop()` sends SIGTERM, waits, then kills.
 * `dataset_args`: how a started server gets the corpus: the directory it was read from, or a pickle
@@ -33,6 +34,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .devices import child_environment
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOST = "127.0.0.1"  # servers listen on loopback unless told otherwise
 START_TIMEOUT_S = 120.0  # a cold start compiles the numba kernels once
@@ -50,7 +53,7 @@ class ServiceProcess:
 
     def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
                  start_timeout_s: float = START_TIMEOUT_S):
-        env = dict(os.environ)
+        env = child_environment()  # no simulator switch: a server is told its device as an argument
         paths = [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)  # the project first, whatever the caller's directory
         self.module = module
@@ -68,7 +71,8 @@ class ServiceProcess:
         if not line:
             code = self.proc.wait()
             raise RuntimeError(f"{self.name} exited with code {code} before listening (see its stderr)")
-        self.location = json.loads(line)["location"]
+        self.announced = json.loads(line)  # the whole line: location, and what else the server said
+        self.location = self.announced["location"]
 
     @property
     def port(self) -> int:

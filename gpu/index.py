@@ -322,14 +322,15 @@ class GpuTargetingIndex:
 
     Device memory: per slot `resid` (uint32), `prog_ptr` (int64), `sched` (int64 x 2); the clause
     programs (uint32 words) and custom locations (float64 x 3), each with spare room for updates.
-    `device` is 'auto' (the GPU when usable, else the CUDA simulator), 'gpu' or 'sim'; `version`
+    `device` is 'gpu', 'sim' or 'auto' (the GPU when usable; without one `devices.NoKernelDevice`
+    says to ask for 'sim'); `version`
     picks the match kernel: a number of gpu/kernels/match.py's table or a `Version` of the kernel lab
     (gpu/lab/match.py); default: the shipped one. Under the simulator a GPU-only version gives way
     to the simulator fallback, which computes the same bits.
     """
 
     def __init__(self, *, device: str = "auto", version=None):
-        where = resolve(device, kernels=True)
+        where = resolve(device, kernels=True, what="the GPU index")
         self.device = where
         self._cuda = runtime.cuda()
         from .kernels import match as kernels

@@ -149,16 +149,16 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     from .budget import build_budget
     from .harness import run_comparison
 
-    # 'gpu' when one is usable; otherwise the CUDA simulator is chosen before numba.cuda loads (the GPU
-    # index is then checked under it on small pools) and the co-located path runs on the CPU
-    where = device if device in ("cpu", "sim") else ("gpu" if resolve(device, kernels=True) == "gpu" else "cpu")
+    # 'gpu' when one is usable, else compiled CPU code (said once on stderr); the simulator only when
+    # asked for
+    where = resolve(device)
     kernel_device = "gpu" if where == "gpu" else "cpu"
     with tempfile.TemporaryDirectory(prefix="andromeda-demo-") as tmp:
         t0 = time.perf_counter()
         corpus.generate_corpus(tmp, n_ads, n_requests, seed)
         dataset = load_dataset(tmp)
         log(f"corpus: {n_ads:,} ads and {n_requests} requests generated and loaded in {time.perf_counter() - t0:.1f} s")
-        report = run_comparison(dataset, k=k, device=where, oracle_requests=min(8, n_requests),
+        report = run_comparison(dataset, k=k, device=device, oracle_requests=min(8, n_requests),
                                 traffic_requests=min(8, n_requests), log=log)
     kernels = gpu_kernels(seed, log) if kernel_device == "gpu" else cpu_kernels(dataset, seed, kernel_rows, log=log)
     log("training the two-tower and the mixture of experts on synthetic clicks (quality --small)")

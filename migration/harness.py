@@ -85,6 +85,20 @@ def apply_stream(updates, targets: Sequence, dataset: Dataset) -> list[Rejection
     return apply_updates(updates, targets, LiveAds(dataset.ad_ids.tolist()))
 
 
+def gpu_index_device(device: str, n_ads: int) -> tuple[str | None, str | None]:
+    """Where the harness checks the GPU index for `--device device`: ('gpu' or 'sim', None), or
+    (None, the reason it is skipped). The index exists only as CUDA kernels: without a usable GPU it
+    runs under the simulator only when 'sim' was asked for, and then only on small corpora."""
+    try:
+        where = resolve(device, kernels=True, what="the GPU index")
+    except RuntimeError as exc:  # NoKernelDevice; 'gpu' without one; the simulator chosen too late
+        return None, str(exc)
+    if where == "sim" and n_ads > SIMULATOR_MAX_ADS:
+        return None, (f"{n_ads:,} ads is more than the CUDA simulator is run on ({SIMULATOR_MAX_ADS:,}: about "
+                      "0.1 ms per ad and request)")
+    return where, None
+
+
 def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int,
                         log: Log = _quiet) -> tuple[dict, list[np.ndarray]]:
     from andromeda_nb.oracle import match_stream
@@ -92,14 +106,9 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     from gpu.index import GpuTargetingIndex
 
     n_oracle = min(oracle_requests, len(requests))
-    gpu_skipped = None
-    try:
-        gpu_where = resolve("sim" if device == "sim" else "auto", kernels=True)
-    except RuntimeError as exc:  # no GPU, and numba.cuda was loaded before the simulator could be chosen
-        gpu_where, gpu_skipped = "none", f"no usable GPU ({exc})"
-    if gpu_where == "sim" and dataset.n_ads > SIMULATOR_MAX_ADS:
-        gpu_skipped = (f"no usable GPU, and {dataset.n_ads:,} ads is more than the CUDA simulator "
-                       f"is run on ({SIMULATOR_MAX_ADS:,})")
+    gpu_where, gpu_skipped = gpu_index_device(device, dataset.n_ads)
+    if gpu_skipped:
+        log(f"GPU index skipped: {gpu_skipped}")
     log(f"building the oracle, the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
         f"over {dataset.n_ads:,} ads")
     cpu = CpuTargetingIndex.from_compiled(dataset.compiled)

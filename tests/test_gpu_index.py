@@ -413,8 +413,8 @@ def test_bench_match_runs_and_checks(tmp_path, monkeypatch):
 
 
 def test_cli_match_gpu_equals_oracle(tmp_path):
-    """`andromeda match --arch gpu` (the simulator here, chosen by --device auto) against --arch oracle,
-    in a fresh process as a user runs it."""
+    """`andromeda match --arch gpu --device sim` against --arch oracle, in a fresh process as a user runs
+    it (without the simulator switch in its environment: --device sim alone chooses it)."""
     data = tmp_path / "corpus"
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
 
@@ -425,7 +425,7 @@ def test_cli_match_gpu_equals_oracle(tmp_path):
         return proc.stdout
 
     cli("generate", "--ads", "150", "--requests", "12", "--seed", "5", "--out", str(data), "--quiet")
-    gpu = cli("match", "--data", str(data), "--arch", "gpu", "--json", "--quiet")
+    gpu = cli("match", "--data", str(data), "--arch", "gpu", "--device", "sim", "--json", "--quiet")
     oracle = cli("match", "--data", str(data), "--arch", "oracle", "--json", "--quiet")
     assert gpu == oracle and '"eligible": [1' in gpu
 
