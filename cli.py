@@ -75,10 +75,15 @@ def _apply_updates(path, targets, dataset, quiet: bool) -> None:
         return
     from andromeda_nb.answers import apply_updates_file
 
+    from andromeda_nb.updates import nothing_applied
+
     applied, rejections = apply_updates_file(path, targets, dataset)
     _info(f"updates: {applied} applied, {len(rejections)} rejected", quiet)
     for r in rejections:  # rejections are reported even with --quiet
         click.echo(f"  rejected update {r}", err=True)
+    problem = nothing_applied(path, applied, rejections)
+    if problem:
+        raise click.ClickException(problem)
 
 
 def _write_json(result: dict, out, quiet: bool) -> None:
@@ -139,6 +144,7 @@ _UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_oka
 _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
 _QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
 _BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+_FORCE_OPTION = click.option("--force", is_flag=True, help="Replace the corpus OUT already holds.")
 _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None,
                                 help="Write the results as JSON here.")
 
@@ -157,13 +163,15 @@ _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), defaul
 @click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dimension D.")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
               help="Processes that make ads (default: up to 2; the files do not depend on it).")
+@_FORCE_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, quiet):
+def generate(n_ads, n_requests, seed, out, precision, dim, workers, force, as_json, quiet):
     """Write a seeded synthetic corpus: Parquet ads and requests, model.npz and meta.json.
 
     Prints how much of the pool a request finds eligible (min / p10 / median / p90 / max over
-    requests), checked with the oracle on an evenly spaced sample of ads when the pool is large.
+    requests), checked with the oracle on an evenly spaced sample of ads when the pool is large. An
+    OUT that already holds a corpus is replaced only with --force.
     """
     import json
     import os
@@ -172,6 +180,12 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, qui
     from andromeda_nb import corpus
     from andromeda_nb.answers import fraction_summary
 
+    from andromeda_nb.store import StoreError, refuse_existing_corpus
+
+    try:
+        refuse_existing_corpus(out, force)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
     workers = workers or max(1, min(2, os.cpu_count() or 1))
     start = time.perf_counter()
     with _Progress("generating ads", n_ads, quiet) as bar:
@@ -208,18 +222,22 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, qui
 @click.option("--dim", type=click.IntRange(1, 4096), default=None,
               help="Embedding dimension D when no --model is given (default 64).")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output corpus directory.")
-@click.option("--strict", is_flag=True, help="Exit non-zero when any ad or request is rejected.")
+@click.option("--strict", is_flag=True,
+              help="Write nothing and exit non-zero when any ad or request is rejected.")
+@_FORCE_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def import_(ads_path, requests_path, model_path, seed, precision, dim, out, strict, as_json, quiet):
+def import_(ads_path, requests_path, model_path, seed, precision, dim, out, strict, force, as_json, quiet):
     """Load ads and requests from JSON Lines into a corpus directory.
 
     Every rejected ad goes to OUT/rejected.jsonl as {"ad_id": .., "error": ".."} (the error names the
-    offending field's path) and is counted on stderr; the valid ones load.
+    offending field's path) and is counted on stderr; the valid ones load. Nothing is written, and the
+    exit code is 1, when no ad is valid, when REQ.jsonl has lines and none is valid, or with --strict
+    when any line is rejected; an OUT that holds a corpus is replaced only with --force.
     """
     import json
 
-    from andromeda_nb.store import StoreError, import_jsonl
+    from andromeda_nb.store import ImportFailed, StoreError, import_jsonl
 
     lines = 0
     for path in (ads_path, requests_path):
@@ -228,23 +246,29 @@ def import_(ads_path, requests_path, model_path, seed, precision, dim, out, stri
     try:
         with _Progress("importing", lines, quiet) as bar:
             summary = import_jsonl(ads_path, requests_path, out, model_path=model_path, seed=seed,
-                                   precision=precision, strict=strict, dim=dim, progress=bar)
+                                   precision=precision, strict=strict, dim=dim, progress=bar, force=force)
+    except ImportFailed as exc:
+        _report_rejections(exc.summary, quiet, written=False)
+        raise click.ClickException(str(exc)) from None
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
-    rejected = summary.rejected_ads + summary.rejected_requests
-    click.echo(f"rejected {summary.rejected_ads} ad(s) and {summary.rejected_requests} request(s)"
-               + (f"; see {summary.rejected_path}" if rejected else ""), err=True)
-    if not quiet:
-        for r in summary.rejections[:10]:
-            click.echo(f"  {r['error']}", err=True)
-        if summary.rejected_ads > 10:
-            click.echo(f"  ... and {summary.rejected_ads - 10} more", err=True)
+    _report_rejections(summary, quiet, written=True)
     if as_json:
         click.echo(json.dumps(summary.to_json()))
     else:
         click.echo(f"loaded {summary.ads} ads and {summary.requests} requests into {out}")
-    if strict and rejected:
-        raise click.ClickException(f"--strict: {rejected} line(s) were rejected")
+
+
+def _report_rejections(summary, quiet: bool, written: bool) -> None:
+    """The count of rejected lines on stderr (even with --quiet), and the first ten of them."""
+    rejected = summary.rejected_ads + summary.rejected_requests
+    where = f"; see {summary.rejected_path}" if rejected and written else ""
+    click.echo(f"rejected {summary.rejected_ads} ad(s) and {summary.rejected_requests} request(s){where}", err=True)
+    if not quiet:
+        for r in summary.rejections[:10]:
+            click.echo(f"  {r['error']}", err=True)
+        if rejected > 10:
+            click.echo(f"  ... and {rejected - 10} more", err=True)
 
 
 @main.command()

@@ -25,7 +25,7 @@ from andromeda_nb.constants import DEFAULT_K
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.devices import resolve
 from andromeda_nb.flight import request_text
-from andromeda_nb.updates import LiveAds, Rejection, apply_updates, read_updates
+from andromeda_nb.updates import LiveAds, Rejection, apply_updates, nothing_applied, read_updates
 
 Log = Callable[[str], None]
 ORACLE_FULL_POOL = 200_000  # above this the reference takes eligibility from the (checked) CPU index
@@ -225,6 +225,9 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     rejected_lines = {r.line_no for r in live_rejected}
     updates = [(line, u) for line, u in updates if line not in rejected_lines]
     rejected = sorted(rejected + live_rejected, key=lambda r: r.line_no or 0)
+    problem = nothing_applied(updates_path, len(updates), rejected) if updates_path is not None else None
+    if problem:
+        raise ValueError(problem)
     report: dict = {
         "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision,
         "updates": {"applied": len(updates), "rejected": [str(r) for r in rejected]},

@@ -62,6 +62,13 @@ def test_the_gpu_index_is_checked_under_the_simulator_when_asked(dataset, update
     assert sum(len(s) for s in cpu_sets) > 0
 
 
+def test_an_update_stream_of_which_nothing_applies_stops_the_comparison(dataset, tmp_path):
+    path = tmp_path / "updates.jsonl"
+    path.write_text('{"op": "retire", "ad_id": 999999999}\n{"op": "oops"}\n')
+    with pytest.raises(ValueError, match="no update of .* applies: all 2 were rejected"):
+        run_comparison(dataset, k=5, device="cpu", updates_path=path)
+
+
 def test_bytes_are_measured_per_hop(report):
     hops = report["bytes_per_hop"]
     assert set(hops["remote"]) == {"client->index host", "index host->scorer"}
