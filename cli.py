@@ -444,7 +444,8 @@ def demo(n_ads, n_requests, seed, k, device, as_json, quiet):
 
 @main.group()
 def serve():
-    """Run one service in the foreground on 127.0.0.1."""
+    """Run one service in the foreground on 127.0.0.1: co-located on port 8815, the index host (remote)
+    on 8816, its scoring service on 8817 (--port 0: a free one). Ask it with `andromeda query`."""
 
 
 @main.group()
@@ -454,73 +455,200 @@ def bench():
 # --- remote-scoring services and CPU benchmark (cpu_baseline) ------------------------------------------
 
 
-def _service_dataset(data: str):
+def _service_dataset(data: str, quiet: bool = False):
     from andromeda_nb.services import load_dataset_for_service
     from andromeda_nb.store import StoreError
 
+    _info(f"loading {data}", quiet)
     try:
         return load_dataset_for_service(data)
     except (StoreError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load corpus {data}: {exc}") from None
 
 
+def _check_port(host: str, port: int) -> None:
+    from andromeda_nb.services import check_port_free
+
+    try:
+        check_port_free(host, port)
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _on_listening(service: str, host: str, quiet: bool, holds):
+    """When the server listens: the machine line on stdout (`announce`), and unless --quiet the banner
+    on stderr; `holds(server)` says what it serves."""
+    from andromeda_nb.services import announce, banner
+
+    def ready(server):
+        location = f"grpc://{host}:{server.port}"
+        engine = getattr(server, "engine", None)
+        announce(service, location, **({"device": engine.device} if engine is not None else {}))
+        if not quiet:
+            click.echo(banner(service, location, holds(server)), err=True)
+
+    return ready
+
+
+def _port_option(service: str):
+    from andromeda_nb.services import DEFAULT_PORTS
+
+    return click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORTS[service], show_default=True,
+                        help="Port to listen on (0: a free one; the address is printed on stdout).")
+
+
+_HOST_OPTION = click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+_SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
+                                  help="Corpus directory.")
+
+
+def _holds(dataset, data: str, device: str | None = None) -> str:
+    where = f", on {device}" if device else ""
+    return f"{dataset.n_ads:,} ads of {data} ({dataset.precision}, D = {dataset.model.D}{where})"
+
+
 @serve.command("scorer")
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
+@_SERVE_DATA_OPTION
+@_HOST_OPTION
+@_port_option("scorer")
 @click.option("--threads", type=int, default=None, help="Scoring threads (default: all cores).")
-def serve_scorer(data, host, port, threads):
+@_QUIET_OPTION
+def serve_scorer(data, host, port, threads, quiet):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
 
-    Prints {"service": "scorer", "location": ...} on stdout once listening; SIGTERM stops it."""
+    Prints {"service": "scorer", "location": ...} on stdout once listening, and a banner saying how to
+    use it on stderr; SIGTERM or Ctrl-C stops it."""
     from cpu_baseline.serve import run_scorer
 
-    run_scorer(_service_dataset(data), host=host, port=port, threads=threads)
+    _check_port(host, port)
+    dataset = _service_dataset(data, quiet)
+    run_scorer(dataset, host=host, port=port, threads=threads,
+               on_ready=_on_listening("scorer", host, quiet, lambda srv: _holds(dataset, data)))
 
 
 @serve.command("remote")
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
-@click.option("--scorer", "scorer_address", required=True, help="Scoring service address (host:port).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
+@_SERVE_DATA_OPTION
+@click.option("--scorer", "scorer_address", default=None,
+              help="Scoring service address (host:port; default: the scoring service's default port on 127.0.0.1).")
+@_HOST_OPTION
+@_port_option("remote")
 @click.option("--threads", type=int, default=None, help="Matching threads (default: all cores).")
 @click.option("--scorer-timeout", default=10.0, show_default=True, help="Seconds to wait for the scorer.")
-def serve_remote(data, scorer_address, host, port, threads, scorer_timeout):
-    """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely.
+@_QUIET_OPTION
+def serve_remote(data, scorer_address, host, port, threads, scorer_timeout, quiet):
+    """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely (start
+    `andromeda serve scorer` first).
 
-    Prints {"service": "remote", "location": ...} on stdout once listening; SIGTERM stops it."""
+    Prints {"service": "remote", "location": ...} on stdout once listening, and a banner saying how to
+    ask it on stderr; SIGTERM or Ctrl-C stops it."""
     import pyarrow.flight as flight
 
+    from andromeda_nb.services import DEFAULT_HOST, DEFAULT_PORTS
     from cpu_baseline.serve import run_index_host
 
-    dataset = _service_dataset(data)
+    scorer_address = scorer_address or f"grpc://{DEFAULT_HOST}:{DEFAULT_PORTS['scorer']}"
+    _check_port(host, port)
+    dataset = _service_dataset(data, quiet)
     try:
         run_index_host(dataset, scorer_address, host=host, port=port, threads=threads,
-                       scorer_timeout_s=scorer_timeout)
+                       scorer_timeout_s=scorer_timeout,
+                       on_ready=_on_listening("remote", host, quiet, lambda srv: _holds(dataset, data)
+                                              + f"; scores on {scorer_address}"))
     except (RuntimeError, flight.FlightError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
 @serve.command("colocated")
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
+@_SERVE_DATA_OPTION
 @device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
-@click.option("--version", "version", type=int, default=None, help="Scoring kernel version (default: the best).")
-def serve_colocated(data, device, host, port, version):
+@_HOST_OPTION
+@_port_option("colocated")
+@click.option("--kernel-version", "version", type=int, default=None,
+              help="Scoring kernel version of the kernel lab (default: the shipped one).")
+@_QUIET_OPTION
+def serve_colocated(data, device, host, port, version, quiet):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats and update actions.
 
-    Prints {"service": "colocated", "location": ...} on stdout once listening; SIGTERM stops it."""
+    Prints {"service": "colocated", "location": ...} on stdout once listening, and a banner saying how
+    to ask it on stderr; SIGTERM or Ctrl-C stops it."""
     from andromeda_nb.devices import resolve
 
+    _check_port(host, port)
     try:
-        resolve(device)
+        where = resolve(device)
         from migration.serve import run_colocated
 
-        run_colocated(_service_dataset(data), host=host, port=port, device=device, version=version)
+        dataset = _service_dataset(data, quiet)
+        run_colocated(dataset, host=host, port=port, device=where, version=version,
+                      on_ready=_on_listening("colocated", host, quiet,
+                                             lambda srv: _holds(dataset, data, srv.engine.device)))
     except (RuntimeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+# --- the client of a running server (andromeda_nb.client) ---------------------------------------------
+
+
+_SERVER_OPTION = click.option("--server", "server", required=True,
+                              help="The server's address, grpc://HOST:PORT (as `andromeda serve` prints it).")
+
+
+@main.command()
+@_SERVER_OPTION
+@click.option("--requests", "requests_path", required=True, type=click.Path(exists=True),
+              help="Requests: JSON Lines (DESIGN section 2), or a corpus directory whose requests to send.")
+@k_option()
+@_JSON_OPTION
+@_QUIET_OPTION
+def query(server, requests_path, k, as_json, quiet):
+    """Top-K eligible ads per request from a running server of either architecture (`andromeda serve
+    colocated` or `remote`), printed as `retrieve` prints them: a table, or with --json one line per
+    request {"request_id": .., "ads": [..], "scores": [..]}.
+
+    A request the server refuses is reported on stderr with its reason and the others are answered;
+    the exit code is 1 when no request was answered."""
+    from andromeda_nb.answers import retrieve_json_lines, retrieve_table
+    from andromeda_nb.client import ServerUnreachable, query as ask, read_requests
+
+    try:
+        requests, unreadable = read_requests(requests_path)
+        _info(f"asking {server} for the top {k} of {len(requests)} request(s)", quiet)
+        result = ask(server, requests, k)
+    except (ValueError, ServerUnreachable) as exc:
+        raise click.ClickException(str(exc)) from None
+    for reason in unreadable + result.rejected:  # reported even with --quiet
+        click.echo(f"  rejected request {reason}", err=True)
+    if as_json:
+        for line in retrieve_json_lines(result.request_ids, result.answers):
+            click.echo(line)
+    elif result.answers:
+        click.echo(retrieve_table(result.request_ids, result.answers))
+    if not result.answers:
+        raise click.ClickException(f"no request of {requests_path} was answered "
+                                   f"({len(unreadable) + len(result.rejected)} rejected)")
+
+
+@main.command()
+@_SERVER_OPTION
+@_JSON_OPTION
+@_QUIET_OPTION
+def health(server, as_json, quiet):
+    """Ask a running server (any of `andromeda serve`) how it is: its `health` answer, as lines of
+    "key: value", or one JSON line with --json. Exits 1 when no server answers."""
+    import json
+
+    from andromeda_nb.client import ServerUnreachable, health as ask
+
+    try:
+        answer = ask(server)
+    except ServerUnreachable as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(answer))
+    else:
+        for key, value in answer.items():
+            click.echo(f"{key}: {value}")
 
 
 @bench.command("cpu")

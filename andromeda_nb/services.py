@@ -38,6 +38,12 @@ from .devices import child_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOST = "127.0.0.1"  # servers listen on loopback unless told otherwise
+# the port each service listens on when a person starts it (`andromeda serve`); --port 0 asks for a free
+# one, and servers a command starts for itself always take a free one (docs/PROTOCOL.md)
+DEFAULT_PORTS = {"colocated": 8815, "remote": 8816, "scorer": 8817}
+SERVICE_NAMES = {"colocated": "the co-located server (match, fused scoring and top-K in one process)",
+                 "remote": "the remote-scoring index host (CPU match here, scoring on the scoring service)",
+                 "scorer": "the scoring service (scores candidate lists for the index host)"}
 START_TIMEOUT_S = 120.0  # a cold start compiles the numba kernels once
 STOP_TIMEOUT_S = 10.0
 
@@ -45,6 +51,34 @@ STOP_TIMEOUT_S = 10.0
 def announce(service: str, location: str, out=None, **extra) -> None:
     """The line a server writes to stdout once it listens; `ServiceProcess` reads it."""
     print(json.dumps({"service": service, "location": location, **extra}), file=out or sys.stdout, flush=True)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise OSError naming the port when something already listens on `host:port` (port 0 is always
+    free), so a server refuses before it loads a corpus rather than after."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        with socket.create_server((host, port), reuse_port=False):
+            pass
+    except OSError as exc:
+        raise OSError(f"port {port} on {host} is not free ({exc.strerror}; another server?); give --port N, "
+                      "or --port 0 for a free one") from None
+
+
+def banner(service: str, location: str, serving: str) -> str:
+    """What a person starting a server reads on stderr: what is served, where, how to ask it, how to
+    stop it (the machine line, `announce`, goes to stdout)."""
+    lines = [f"serving {SERVICE_NAMES.get(service, service)}", f"  holds    {serving}", f"  at       {location}"]
+    if service == "scorer":
+        lines.append(f"  used by  andromeda serve remote --data DIR --scorer {location}")
+    else:
+        lines += [f"  ask it   andromeda query --server {location} --requests REQUESTS.jsonl --k 10",
+                  "           or from Python with pyarrow.flight (README, \"Asking a server\")"]
+    lines += [f"  health   andromeda health --server {location}", "  stop it  Ctrl-C or SIGTERM"]
+    return "\n".join(lines)
 
 
 class ServiceProcess:
@@ -222,6 +256,6 @@ class ServedRetriever:
         self.close()
 
 
-__all__ = ["DEFAULT_HOST", "PROJECT_ROOT", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess",
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORTS", "PROJECT_ROOT", "SERVICE_NAMES", "banner", "check_port_free", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess",
            "announce", "check_same_corpus", "dataset_args", "fingerprint", "load_dataset_for_service", "relay_in_front",
            "stop_all"]
