@@ -143,7 +143,8 @@ _UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_oka
                                help="JSON Lines update stream (DESIGN section 6) applied before answering.")
 _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
 _QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
-_BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+_BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True,
+                                  help="Print the JSON result (one line) instead of the table.")
 _FORCE_OPTION = click.option("--force", is_flag=True, help="Replace the corpus OUT already holds.")
 _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None,
                                 help="Write the results as JSON here.")
@@ -275,15 +276,22 @@ def _report_rejections(summary, quiet: bool, written: bool) -> None:
 @_DATA_OPTION
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
               help="Directory for ads.jsonl and requests.jsonl.")
+@_JSON_OPTION
 @_QUIET_OPTION
-def export(data, out, quiet):
+def export(data, out, as_json, quiet):
     """Write a corpus directory back out as JSON Lines (DESIGN section 2): OUT/ads.jsonl and
     OUT/requests.jsonl, embeddings as the float32 values they are stored as."""
+    import json
+
     from andromeda_nb.store import export_jsonl
 
     dataset = _load_dataset(data, quiet)
     ads_path, requests_path = export_jsonl(dataset, out)
-    click.echo(f"wrote {len(dataset.ads)} ads to {ads_path} and {len(dataset.requests)} requests to {requests_path}")
+    if as_json:
+        click.echo(json.dumps({"ads": len(dataset.ads), "requests": len(dataset.requests), "ads_path": str(ads_path),
+                               "requests_path": str(requests_path)}))
+    else:
+        click.echo(f"wrote {len(dataset.ads)} ads to {ads_path} and {len(dataset.requests)} requests to {requests_path}")
 
 
 @main.command()
@@ -664,8 +672,9 @@ def health(server, as_json, quiet):
               help="Rows of the scorer's table (sized well past the last-level cache).")
 @click.option("--repeat", default=5, show_default=True, help="Repetitions per timing (median reported).")
 @_OUT_JSON_OPTION
+@_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows, repeat, out, quiet):
+def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows, repeat, out, as_json, quiet):
     """Remote-scoring baseline: CPU match (pool ads/s), CPU scorer (ads/s, GB/s against this machine's
     measured copy bandwidth) and end-to-end requests/s with p50/p99 latency over Flight."""
     from cpu_baseline.bench import format_table, run_cpu_bench
@@ -673,8 +682,10 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
     result = run_cpu_bench(n_ads=n_ads, n_requests=n_requests, k=k, seed=seed, precisions=precisions,
                            e2e_precision=e2e_precision, repeat=repeat, score_rows=score_rows,
                            log=lambda message: _info(message, quiet))
+    from andromeda_nb.bench import json_line
+
     _stamp(result, "cpu")
-    click.echo(format_table(result))
+    click.echo(json_line(result) if as_json else format_table(result))
     _write_json(result, out, quiet)
 
 
@@ -701,7 +712,7 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     """GPU targeting index: pool ads/s of every match kernel version for each pool size, device bytes
     per ad, updates/s applied while serving, and the CPU index beside it; the full-size answer is
     checked against the oracle before anything is timed."""
-    import json
+    from andromeda_nb.bench import json_line
 
     from migration.benches import bench_match as run_bench
 
@@ -715,7 +726,7 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     except (RuntimeError, ValueError, KeyError) as exc:
         raise click.ClickException(f"bench match: {exc}") from None
     _stamp(result, "match")
-    click.echo(json.dumps(result, indent=2, default=float) if as_json else bm.table(result))
+    click.echo(json_line(result) if as_json else bm.table(result))
     # rewritten with the command and environment (the partial files written during the run lack them)
     _write_json(result, out, quiet)
 
@@ -738,7 +749,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
     """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
     every version x {moe, dot} x precision x D, each checked against the float64 reference first;
     the unfused CuPy pipeline beside it. Needs a CUDA GPU and CuPy."""
-    import json
+    from andromeda_nb.bench import json_line
 
     try:
         from gpu import bench_score as bs
@@ -748,7 +759,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench score: {exc}") from None
     _stamp(result, "score")
-    click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.score_table(result))
+    click.echo(json_line(result) if as_json else bs.score_table(result))
     _write_json(result, out, quiet)
 
 
@@ -767,7 +778,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
 def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
-    import json
+    from andromeda_nb.bench import json_line
 
     try:
         from gpu import bench_score as bs
@@ -777,7 +788,7 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_jso
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")
-    click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.pipeline_table(result))
+    click.echo(json_line(result) if as_json else bs.pipeline_table(result))
     _write_json(result, out, quiet)
 
 
@@ -876,9 +887,11 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
               help="Requests whose eligible sets are also checked against the plain-Python oracle.")
 @click.option("--traffic-requests", type=click.IntRange(1), default=16, show_default=True,
               help="Requests sent one at a time through the counting relays to measure bytes on the wire.")
+@click.option("--runs", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Timed runs of all requests per architecture (the median is reported, and the range).")
 @_JSON_OPTION
 @_QUIET_OPTION
-def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, as_json, quiet):
+def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, as_json, quiet):
     """Both architectures side by side on the same requests and update stream: eligible-set, score
     and top-K agreement (DESIGN section 4), bytes on the wire per request and hop, requests per
     second. With --json the last line is one object (eligible_equal, topk_equal, bytes_per_request,
@@ -890,7 +903,7 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     dataset = _load_dataset(data, quiet)
     try:
         report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
-                                oracle_requests=oracle_requests, traffic_requests=traffic_requests,
+                                oracle_requests=oracle_requests, traffic_requests=traffic_requests, runs=runs,
                                 log=lambda m: _info(m, quiet))
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None

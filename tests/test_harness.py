@@ -69,6 +69,14 @@ def test_an_update_stream_of_which_nothing_applies_stops_the_comparison(dataset,
         run_comparison(dataset, k=5, device="cpu", updates_path=path)
 
 
+def test_throughput_is_the_median_of_timed_runs_with_their_range(report):
+    for arch in ("remote", "colocated"):
+        runs = report["requests_per_second_runs"][arch]
+        assert runs["runs"] == 3 and 0 < runs["min"] <= runs["median"] <= runs["max"]
+        assert runs["median"] == pytest.approx(report["requests_per_second"][arch])
+    assert "range over 3 runs" in format_report(report) and "e+" not in format_report(report)
+
+
 def test_bytes_are_measured_per_hop(report):
     hops = report["bytes_per_hop"]
     assert set(hops["remote"]) == {"client->index host", "index host->scorer"}
