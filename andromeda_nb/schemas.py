@@ -32,7 +32,6 @@ from .constants import (AGE_HIGHEST, AGE_LOWEST, AGE_MIN_DEFAULT, DEFAULT_D, DEF
 from .targeting import MAX_ABS_TIME, MAX_AD_ID, USER_AGE_RANGE, _F32_MAX
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-BASE_ID = "https://github.com/andromeda-nb/andromeda-nb/docs/schemas/"
 FILES = {"ad": "ad.schema.json", "request": "request.schema.json", "update": "update.schema.json"}
 NOT_EXPRESSED = ("Checked by the loader and not by this schema: an integer written with a fraction (18.0) is "
                  "refused; NaN and infinities are not JSON; at most 1000 distinct ids across all keys of one "
@@ -154,7 +153,7 @@ def _ad(dim: int, formats: int) -> dict:
 
 
 def _document(kind: str, title: str, description: str, body: dict, defs: dict) -> dict:
-    return {"$schema": DRAFT, "$id": BASE_ID + FILES[kind], "title": title, "description": description,
+    return {"$schema": DRAFT, "title": title, "description": description,
             "$comment": NOT_EXPRESSED, **body, "$defs": defs}
 
 
