@@ -38,7 +38,7 @@ from andromeda_nb.compiled import (
     encode_request,
 )
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
-from andromeda_nb.devices import resolve
+from andromeda_nb.devices import notice, resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb import jitcache
@@ -338,7 +338,10 @@ class GpuTargetingIndex:
         self._k = kernels
         chosen = kernels.version(version)
         if where == "sim" and chosen.gpu_only:
-            chosen = kernels.VERSIONS[kernels.SIMULATOR_FALLBACK]
+            fallback = kernels.VERSIONS[kernels.SIMULATOR_FALLBACK]
+            notice(f"the CUDA simulator runs match kernel v{fallback.number} in place of v{chosen.number}, which it "
+                   "cannot run (the same bits)")
+            chosen = fallback
         self.kernel_version = chosen
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()

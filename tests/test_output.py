@@ -156,3 +156,13 @@ def test_bench_cpu_prints_one_json_line_of_positive_figures():
     assert result.stderr == ""
     assert figures["kind"] == "cpu" and figures["scorer"][0]["ads_per_s"] > 0
     assert figures["match"]["pool_ads_per_s"] > 0 and figures["end_to_end"]["batched_requests_per_s"] > 0
+
+
+def test_the_readme_and_ci_run_the_same_commands():
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```bash\n") + 8:readme.index("```", readme.index("```bash\n") + 8)]
+    install, tests = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert install == 'pip install -e ".[test]" && andromeda demo'
+    assert 'python -m pip install -q -e ".[test]"' in ci
+    assert tests == "python -m pytest -q -n auto" and ci[-1] == tests
