@@ -103,8 +103,8 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
             u32 = u.astype(np.float32)
             dot = _timed(rows, lambda: f32 @ u32)
             out["dot"]["fp32"] = {**dot, "GBps": dot["ads_per_s"] * nbytes / 1e9}
-        log(f"  {precision}: fused {out['fused'][precision]['ads_per_s'] / 1e6:.1f} M ads/s, "
-            f"unfused {out['unfused'][precision]['ads_per_s'] / 1e6:.1f} M ads/s")
+        log(f"  {precision}: fused {rate(out['fused'][precision]['ads_per_s'], 'ads/s')}, "
+            f"unfused {rate(out['unfused'][precision]['ads_per_s'], 'ads/s')}")
     return out
 
 
