@@ -106,7 +106,8 @@ def match_table(requests: Sequence[Request], eligible: Sequence[np.ndarray], poo
     lines = [f"{'request_id':>12}  {'eligible':>9}  {'of pool':>8}  first eligible ad ids"]
     for req, ids in zip(requests, eligible):
         frac = len(ids) / pool if pool else 0.0
-        head = " ".join(str(i) for i in ids[:show].tolist()) + (f" ... {len(ids) - show} more" if len(ids) > show else "")
+        more = f" ... {len(ids) - show} more" if len(ids) > show else ""
+        head = " ".join(str(i) for i in ids[:show].tolist()) + more
         lines.append(f"{req.request_id:>12}  {len(ids):>9}  {frac:>8.2%}  {head}")
     return "\n".join(lines)
 

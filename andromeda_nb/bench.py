@@ -111,5 +111,5 @@ def write_json(result: dict, path) -> None:
         f.write("\n")
 
 
-__all__ = ["UnresolvedTiming", "copy_bandwidth", "json_line", "log", "median_seconds", "package_version", "repeat_timed",
-           "software", "spread_of", "timed_runs", "write_json"]
+__all__ = ["UnresolvedTiming", "copy_bandwidth", "json_line", "log", "median_seconds", "package_version",
+           "repeat_timed", "software", "spread_of", "timed_runs", "write_json"]

@@ -2,9 +2,12 @@
 
 * `ServiceProcess`: one server started as `python -m MODULE ARGS...` (`cpu_baseline.serve`,
   `migration.serve`) with the project on `PYTHONPATH` and without the CUDA simulator switch in its
-  environment (a server that needs a device is given it as an argument). A server announces itself with one JSON line on
-  stdout once it listens (`announce`: `{"service": ..., "location": "grpc://HOST:PORT", ...}`), so a
-  parent that asked for port 0 learns the port. `stop()` sends SIGTERM, waits, then kills.
+  environment (a server that needs a device is given it as an argument). A server announces itself
+  with one JSON line on stdout once it listens (`announce`: `{"service": ..., "location":
+  "grpc://HOST:PORT", ...}`), so a parent that asked for port 0 learns the port. `stop()` sends
+  SIGTERM, waits, then kills.
+* `DEFAULT_PORTS`, `check_port_free`, `banner`: what a server a person starts (`andromeda serve`)
+  listens on, refuses, and says on stderr.
 * `dataset_args`: how a started server gets the corpus: the directory it was read from, or a pickle
   of an in-memory dataset written to a temporary directory; `load_dataset_for_service` is the
   server's side of it.
@@ -256,6 +259,8 @@ class ServedRetriever:
         self.close()
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORTS", "PROJECT_ROOT", "SERVICE_NAMES", "banner", "check_port_free", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess",
-           "announce", "check_same_corpus", "dataset_args", "fingerprint", "load_dataset_for_service", "relay_in_front",
-           "stop_all"]
+__all__ = [
+    "DEFAULT_HOST", "DEFAULT_PORTS", "PROJECT_ROOT", "SERVICE_NAMES", "banner", "check_port_free",
+    "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess", "announce", "check_same_corpus",
+    "dataset_args", "fingerprint", "load_dataset_for_service", "relay_in_front", "stop_all",
+]
