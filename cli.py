@@ -74,7 +74,6 @@ def _apply_updates(path, targets, dataset, quiet: bool) -> None:
     if path is None:
         return
     from andromeda_nb.answers import apply_updates_file
-
     from andromeda_nb.updates import nothing_applied
 
     applied, rejections = apply_updates_file(path, targets, dataset)
@@ -180,7 +179,6 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, force, as_js
 
     from andromeda_nb import corpus
     from andromeda_nb.answers import fraction_summary
-
     from andromeda_nb.store import StoreError, refuse_existing_corpus
 
     try:
