@@ -30,6 +30,7 @@ import numpy as np
 from andromeda_nb import jitcache
 from andromeda_nb.bench import copy_bandwidth, log as progress_log, median_seconds, package_version, software
 from andromeda_nb.constants import SCORE_ATOL
+from andromeda_nb.numbers import rate
 from andromeda_nb.provenance import cpu_model
 
 jitcache.install()  # cached code is recompiled when any project source changes
@@ -270,14 +271,14 @@ def format_table(result: dict) -> str:
     m = result.get("match")
     if m:
         lines += ["", f"match: pool {m['pool_ads']:,} ads x {m['requests']} requests, {m['threads']} threads: "
-                  f"{m['pool_ads_per_s'] / 1e6:.1f} M pool ads/s; {m['single_request_ms']:.2f} ms per request alone; "
+                  f"{rate(m['pool_ads_per_s'], 'pool ads/s')}; {m['single_request_ms']:.2f} ms per request alone; "
                   f"{m['eligible_mean']:.0f} eligible per request ({m['eligible_fraction'] * 100:.1f}%)"]
     e = result.get("end_to_end")
     if e:
         lines += [f"end to end ({e['precision']}, k={e['k']}): p50 {e['latency_ms']['p50']:.2f} ms, "
-                  f"p99 {e['latency_ms']['p99']:.2f} ms, {e['sequential_requests_per_s']:.0f} requests/s one at a "
-                  f"time, {e['batched_requests_per_s']:.0f} requests/s in batches "
-                  f"({e['batched_pool_ads_per_s'] / 1e6:.1f} M pool ads/s)"]
+                  f"p99 {e['latency_ms']['p99']:.2f} ms, {rate(e['sequential_requests_per_s'], 'requests/s')} one at a "
+                  f"time, {rate(e['batched_requests_per_s'], 'requests/s')} in batches "
+                  f"({rate(e['batched_pool_ads_per_s'], 'pool ads/s')})"]
         for hop, v in e["traffic_bytes_per_request"].items():
             lines.append(f"  wire bytes per request, {hop}: {v['mean_total']:,.0f} "
                          f"(up {v['mean_upstream']:,.0f}, down {v['mean_downstream']:,.0f})")

@@ -22,13 +22,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from andromeda_nb.bench import spread_of
 from andromeda_nb.budget import network_payload, payload_total
 from andromeda_nb.compare import compare_eligible, compare_scores, compare_topk
 from andromeda_nb.constants import DEFAULT_K
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.devices import resolve
 from andromeda_nb.flight import request_text
-from andromeda_nb.updates import LiveAds, Rejection, apply_updates, read_updates
+from andromeda_nb.numbers import rate
+from andromeda_nb.updates import LiveAds, Rejection, apply_updates, nothing_applied, read_updates
 
 Log = Callable[[str], None]
 SIMULATOR_MAX_ADS = 20_000  # the GPU index under the CUDA simulator costs ~0.1 ms per thread
@@ -40,6 +42,7 @@ class ArchMeasurement:
     seconds: float
     traffic: list[dict]  # per request: hop -> {"upstream", "downstream", "total", ...}
     latencies: list[float] = field(default_factory=list)  # seconds, one request per exchange
+    run_seconds: list[float] = field(default_factory=list)  # each timed run of all requests (`seconds`: the median)
 
     def latency_ms(self) -> dict[str, float]:
         if not self.latencies:
@@ -87,6 +90,20 @@ def apply_stream(updates, targets: Sequence, dataset: Dataset) -> list[Rejection
     return apply_updates(updates, targets, LiveAds(dataset.ad_ids.tolist()))
 
 
+def gpu_index_device(device: str, n_ads: int) -> tuple[str | None, str | None]:
+    """Where the harness checks the GPU index for `--device device`: ('gpu' or 'sim', None), or
+    (None, the reason it is skipped). The index exists only as CUDA kernels: without a usable GPU it
+    runs under the simulator only when 'sim' was asked for, and then only on small corpora."""
+    try:
+        where = resolve(device, kernels=True, what="the GPU index")
+    except RuntimeError as exc:  # NoKernelDevice; 'gpu' without one; the simulator chosen too late
+        return None, str(exc)
+    if where == "sim" and n_ads > SIMULATOR_MAX_ADS:
+        return None, (f"{n_ads:,} ads is more than the CUDA simulator is run on ({SIMULATOR_MAX_ADS:,}: about "
+                      "0.1 ms per ad and request)")
+    return where, None
+
+
 def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int | None,
                         log: Log = _quiet) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     """The CPU and GPU indexes against the oracle, with the update stream applied. The oracle checks
@@ -97,14 +114,9 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     from gpu.index import GpuTargetingIndex
 
     n_oracle = len(requests) if oracle_requests is None else min(oracle_requests, len(requests))
-    gpu_skipped = None
-    try:
-        gpu_where = resolve("sim" if device == "sim" else "auto", kernels=True)
-    except RuntimeError as exc:  # no GPU, and numba.cuda was loaded before the simulator could be chosen
-        gpu_where, gpu_skipped = "none", f"no usable GPU ({exc})"
-    if gpu_where == "sim" and dataset.n_ads > SIMULATOR_MAX_ADS:
-        gpu_skipped = (f"no usable GPU, and {dataset.n_ads:,} ads is more than the CUDA simulator "
-                       f"is run on ({SIMULATOR_MAX_ADS:,})")
+    gpu_where, gpu_skipped = gpu_index_device(device, dataset.n_ads)
+    if gpu_skipped:
+        log(f"GPU index skipped: {gpu_skipped}")
     log(f"building the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
         f"over {dataset.n_ads:,} ads")
     cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
@@ -185,20 +197,25 @@ def reference_answers(dataset: Dataset, requests, updates, k: int, oracle_sets, 
     return out, source
 
 
-def measure(retriever, requests, k: int, traffic_requests: int) -> ArchMeasurement:
-    """Time all requests in one exchange, time single-request exchanges (latency), then count bytes
-    one request at a time."""
+TIMED_RUNS = 3  # timed runs of all requests per architecture: the median is reported, and the range
+
+
+def measure(retriever, requests, k: int, traffic_requests: int, runs: int = TIMED_RUNS) -> ArchMeasurement:
+    """Time all requests in one exchange `runs` times (the median, and each run for the spread), time
+    single-request exchanges (latency), then count bytes one request at a time."""
     retriever.retrieve(requests[:1], k)  # warm-up: connections, compiled code
-    t0 = time.perf_counter()
-    answers = retriever.retrieve(requests, k)
-    seconds = time.perf_counter() - t0
+    run_seconds = []
+    for _ in range(max(1, runs)):
+        t0 = time.perf_counter()
+        answers = retriever.retrieve(requests, k)
+        run_seconds.append(time.perf_counter() - t0)
     latencies = []
     for request in requests[:traffic_requests]:
         t0 = time.perf_counter()
         retriever.retrieve([request], k)
         latencies.append(time.perf_counter() - t0)
     _, traffic = retriever.retrieve_traffic(requests[:traffic_requests], k)
-    return ArchMeasurement(answers, seconds, traffic, latencies)
+    return ArchMeasurement(answers, float(np.median(run_seconds)), traffic, latencies, run_seconds)
 
 
 def check_answers(reference, answers, k: int, label: str) -> dict:
@@ -223,7 +240,7 @@ def _missing(got_ids, ids) -> _Missing:
 
 def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
                    requests: int | None = None, oracle_requests: int | None = None, traffic_requests: int = 16,
-                   log: Log = _quiet) -> dict:
+                   runs: int = TIMED_RUNS, log: Log = _quiet) -> dict:
     """Everything `andromeda compare` reports, as one JSON-ready dict."""
     from cpu_baseline.remote import RemoteRetriever
 
@@ -238,6 +255,9 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     rejected_lines = {r.line_no for r in live_rejected}
     updates = [(line, u) for line, u in updates if line not in rejected_lines]
     rejected = sorted(rejected + live_rejected, key=lambda r: r.line_no or 0)
+    problem = nothing_applied(updates_path, len(updates), rejected) if updates_path is not None else None
+    if problem:
+        raise ValueError(problem)
     report: dict = {
         "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision,
         "updates": {"applied": len(updates), "rejected": [str(r) for r in rejected]},
@@ -248,24 +268,26 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     reference, source = reference_answers(dataset, reqs, updates, k, oracle_sets, index_sets, log)
     report["reference_eligibility"] = source
 
-    runs: dict[str, ArchMeasurement] = {}
+    measured: dict[str, ArchMeasurement] = {}
     for name, cls, options in (("remote", RemoteRetriever, {}), ("colocated", ColocatedRetriever, {"device": device})):
         log(f"{name}: starting its services on 127.0.0.1")
         with cls.build(dataset, traffic=True, served=True, **options) as retriever:
             apply_stream(updates, [retriever], dataset)
             log(f"{name}: {len(reqs)} requests")
-            runs[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)))
-            report[name] = check_answers(reference, runs[name].answers, k, name)
+            measured[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)), runs)
+            report[name] = check_answers(reference, measured[name].answers, k, name)
             report[name]["device"] = getattr(retriever, "device", "cpu")
     report["eligible_equal"] = bool(eligibility["equal"])
-    report["scores_equal"] = all(report[n]["scores"]["ok"] for n in runs)
-    report["topk_equal"] = all(report[n]["topk"]["ok"] for n in runs)
-    report["bytes_per_hop"] = {n: m.bytes_per_hop() for n, m in runs.items()}
-    report["bytes_per_request"] = {n: m.bytes_per_request() for n, m in runs.items()}
+    report["scores_equal"] = all(report[n]["scores"]["ok"] for n in measured)
+    report["topk_equal"] = all(report[n]["topk"]["ok"] for n in measured)
+    report["bytes_per_hop"] = {n: m.bytes_per_hop() for n, m in measured.items()}
+    report["bytes_per_request"] = {n: m.bytes_per_request() for n, m in measured.items()}
     report["traffic_reduction"] = report["bytes_per_request"]["remote"] / max(1.0, report["bytes_per_request"]["colocated"])
-    report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in runs.items()}
-    report["latency_ms"] = {n: m.latency_ms() for n, m in runs.items()}
-    report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in runs.items()}
+    report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in measured.items()}
+    report["requests_per_second_runs"] = {n: spread_of(len(reqs) / t for t in m.run_seconds)
+                                          for n, m in measured.items()}
+    report["latency_ms"] = {n: m.latency_ms() for n, m in measured.items()}
+    report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in measured.items()}
     # the payload model of `andromeda budget` for the requests whose bytes were counted
     counted = min(traffic_requests, len(reqs))
     request_bytes = np.mean([len(request_text(r).encode()) for r in reqs[:counted]])
@@ -310,9 +332,13 @@ def format_report(report: dict) -> str:
         lines.append(f"{'latency p50 / p99 (ms)':<28}{lat['remote']['p50']:>11.2f} / {lat['remote']['p99']:<5.2f}"
                      f"{lat['colocated']['p50']:>11.2f} / {lat['colocated']['p99']:<5.2f}")
     q = report["requests_per_second"]
-    lines.append(f"{'requests / second':<28}{q['remote']:>18,.1f}{q['colocated']:>18,.1f}")
+    lines.append(f"{'requests / second':<28}{rate(q['remote']):>18}{rate(q['colocated']):>18}")
     p = report["pool_ads_per_second"]
-    lines.append(f"{'pool ads / second':<28}{p['remote']:>18,.3g}{p['colocated']:>18,.3g}")
+    lines.append(f"{'pool ads / second':<28}{rate(p['remote']):>18}{rate(p['colocated']):>18}")
+    runs = report.get("requests_per_second_runs")
+    if runs:  # the median above, the range of the timed runs here
+        lines.append(f"{'  range over ' + str(runs['remote']['runs']) + ' runs':<28}" + "".join(
+            f"{rate(runs[n]['min']) + ' to ' + rate(runs[n]['max']):>18}" for n in ("remote", "colocated")))
     lines.append(f"traffic reduction (remote / co-located bytes on the wire): {report['traffic_reduction']:,.1f}x")
     model = report.get("payload_estimate")
     if model:
