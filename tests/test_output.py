@@ -121,7 +121,7 @@ def test_compare_table_writes_rates_with_prefixes():
               "updates": {"applied": 0, "rejected": []},
               "eligibility": {"eligible_mean": 6201.0, "eligible_fraction_mean": 0.062, "cpu_vs_oracle": ok,
                               "gpu_vs_oracle": ok, "cpu_vs_gpu": ok, "oracle_requests": 16, "gpu_index": "skipped"},
-              "reference_eligibility": "oracle", "remote": arch, "colocated": arch,
+              "reference_eligibility": {"oracle": 30, "cpu index (under test)": 0}, "remote": arch, "colocated": arch,
               "bytes_per_request": {"remote": 87282.0, "colocated": 3929.0},
               "bytes_per_hop": {"remote": {"client->index host": 3928.0}, "colocated": {"client->server": 3929.0}},
               "latency_ms": {"remote": {}, "colocated": {}}, "traffic_reduction": 22.2,
