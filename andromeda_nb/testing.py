@@ -289,6 +289,14 @@ def _updates(src, live_ids, n: int, invalid: float, make_ad) -> list[Update]:
     return out
 
 
+def draw_scale() -> int:
+    """How many times CI's fixed draw the drawn tests take: ANDROMEDA_DRAW_SCALE (pytest `--slow` sets
+    10); above 1 the examples are drawn at random instead of CI's fixed draw."""
+    import os
+
+    return max(1, int(os.environ.get("ANDROMEDA_DRAW_SCALE", "1")))
+
+
 def random_updates(rng: np.random.Generator, ads: Sequence[Ad], n: int, *, invalid: float = 0.0,
                    dim: int = DEFAULT_D, formats: int = DEFAULT_F) -> list[Update]:
     """`n` updates against the live set `ads`, in order: creates, replacements, status changes,
@@ -486,7 +494,7 @@ def ads_and_updates(max_ads: int = 10, max_updates: int = 15, *, invalid: float 
 
 
 __all__ = [
-    "random_ads", "random_requests", "random_updates", "random_update_stream", "random_ad_json", "random_request_json",
+    "draw_scale", "random_ads", "random_requests", "random_updates", "random_update_stream", "random_ad_json", "random_request_json",
     "update_to_json", "targeting_jsons", "specs", "ads", "ad_lists", "requests", "request_lists",
     "ads_and_updates", "deep_spec_pair", "T0", "DAY",
 ]

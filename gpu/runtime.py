@@ -23,3 +23,14 @@ def cuda():
 
         jitcache.install(cuda=True)
     return module
+
+
+def has_tensor_cores() -> bool:
+    """Whether the kernels run where `mma.sync` m16n8k16 with fp16 inputs exists: a device of compute
+    capability 8.0 or newer, or the simulator (where `gpu.kernels.mma` emulates it)."""
+    if simulator_enabled():
+        return True
+    try:
+        return tuple(cuda().get_current_device().compute_capability) >= (8, 0)
+    except Exception:  # no usable device: nothing to run on, so no tensor cores either
+        return False

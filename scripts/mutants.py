@@ -97,6 +97,16 @@ MUTANTS: list[Mutant] = [
     M("cpu-circle-radius-miles", "radius", "cpu_baseline/index.py", "if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius:",
       "if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius / 2:", ("tests/test_cpu_index.py", "tests/test_equivalence.py::test_cpu_index_equals_oracle_drawn"),
       "the CPU index halves every radius"),
+    # --- the GPU index and its match kernel -------------------------------------------------------------
+    M("gpu-pause-stays-active", "updates", "gpu/index.py", "w = int(self.resid_h[slot]) & ~K.ACTIVE_BIT",
+      "w = int(self.resid_h[slot])", ("tests/test_gpu_index.py::test_update_stream_equals_oracle",),
+      "a status update to PAUSED leaves the GPU index's slot active"),
+    M("gpu-retire-keeps-slot", "updates", "gpu/index.py", "        self.resid_h[slot] = 0\n",
+      "        pass\n", ("tests/test_gpu_index.py::test_update_stream_equals_oracle",),
+      "a retired ad's slot keeps its residual word, so it still matches"),
+    M("match-negative-as-positive", "exclusions", "gpu/kernels/match.py", "            alive &= ~sat\n",
+      "            alive &= sat\n", ("tests/test_gpu_index.py::test_random_corpus_equals_oracle",),
+      "the shipped match kernel treats the negative clause as one more positive clause"),
     # --- scoring --------------------------------------------------------------------------------------
     M("softmax-sign", "softmax", "andromeda_nb/scoring.py", "w = np.float32(math.exp(best_g - gmax))",
       "w = np.float32(math.exp(gmax - best_g))", ("tests/test_score_kernels.py", "tests/test_cpu_scorer.py"),
@@ -111,10 +121,18 @@ MUTANTS: list[Mutant] = [
       "out[:, E * D : 2 * E * D] = (U[None, :, :] * gamma[:, None, :]).reshape(F, E * D)",
       "out[:, E * D : 2 * E * D] = np.broadcast_to(U[None, :, :], (F, E, D)).reshape(F, E * D)",
       ("tests/test_score_kernels.py", "tests/test_cpu_scorer.py"), "expert vectors not scaled by gamma"),
+    M("int8-scale-dropped", "int8 scales", "gpu/kernels/score.py", 'sc = f" * sc_{p}" if scaled else ""',
+      'sc = ""', ("tests/test_score_kernels.py",),
+      "the fused CUDA-core kernel forgets the per-ad int8 scale"),
     # --- answers --------------------------------------------------------------------------------------
     M("topk-ties-descending", "top-K ties", "andromeda_nb/reference.py",
       "order = np.lexsort((ids[cand], -scores[cand]))[:k]", "order = np.lexsort((-ids[cand], -scores[cand]))[:k]",
       ("tests/test_reference.py", "tests/test_topk.py"), "equal scores ordered by ad id descending"),
+    # --- the wire protocol ----------------------------------------------------------------------------
+    M("wire-k-ignored", "wire protocol", "andromeda_nb/flight.py",
+      'ks = batch.column("k").cast(pa.int32()).to_pylist()', "ks = [100] * len(ids)",
+      ("tests/test_colocated.py::test_plain_flight_client_gets_correct_answers",),
+      "a server decodes every request of a batch with k = 100 instead of the batch's k column"),
 ]
 
 

@@ -18,7 +18,7 @@ class _Hopper:  # device functions ask the current device for its compute capabi
 
 dispatcher.get_current_device = lambda: _Hopper()
 
-from gpu.kernels import score, topk  # noqa: E402
+from gpu.kernels import gather, score, topk  # noqa: E402
 from gpu.lab import score as score_lab  # noqa: E402
 
 DT = {"fp32": types.float32, "fp16": types.float16, "int8": types.int8}
@@ -55,6 +55,13 @@ def main(argv):
                    types.int64[:, ::1], types.float32[:, ::1], types.int32[::1]))
     report("segment_topk_v2", topk.segment_topk_v2.py_func,
            cand + (types.int32, types.int32, types.uint32[:, :, ::1], types.int32[:, :, ::1]))
+    # the remote GPU scorer's gather family: candidate ids to rows, then one candidate per thread
+    report("gather_resolve_rows", gather.resolve_rows.py_func,
+           (types.int64[::1], types.int32[::1], types.int64[::1], types.int32[::1]))
+    for prec in ("fp32", "fp16", "int8"):
+        report(f"gather_score_rows_{prec}_e{experts}", gather.score_rows(experts).py_func,
+               (DT[prec][:, ::1], types.float32[::1], types.int16[::1], types.int32[::1], types.float32[:, ::1],
+                types.int32, types.float32[::1]))
 
 
 if __name__ == "__main__":

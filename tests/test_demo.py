@@ -57,3 +57,13 @@ def test_repeated_timings_report_median_and_spread(demo_run):
     side = text[text.index("Side by side"):]
     assert side.count("over 3 runs") == 2 and "over 5 runs" in text
     assert "e+" not in text, "rates are written with SI prefixes, never in exponent form"
+
+
+def test_the_kernel_step_puts_the_moe_against_the_dot_product(demo_run):
+    from migration.demo import moe_against_dot
+
+    _, text = demo_run
+    assert "the MoE-against-dot comparison needs the GPU kernels" in text  # the CPU run says what it lacks
+    gpu = {"fused": {"fp16": {"ads_per_s": 17.1e9}}, "dot": {"fp16": {"ads_per_s": 22.6e9}}}
+    (line,) = moe_against_dot(gpu)
+    assert "1.32x the time" in line and "17.1 G" in line and "22.6 G" in line

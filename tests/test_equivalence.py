@@ -22,8 +22,8 @@ Retrieval (top-K and scores against the float64 `ReferenceRetriever` by `androme
 The stateful tests accumulate updates across examples, so they run without shrinking; every
 failure names the seed of its step and the seeds of the steps before it.
 
-CI draws a fixed set of examples (derandomized; about a minute on two cores). For a longer search
-set ANDROMEDA_EQUIVALENCE_SCALE=N: N times the examples, drawn at random.
+CI draws a fixed set of examples (derandomized). For a longer search run pytest with `--slow` (ten
+times the examples, drawn at random) or set ANDROMEDA_DRAW_SCALE=N.
 
 Every check can fail: the meta-tests run the same property code on an index that drops one eligible
 ad, on one that keeps ads eligible at their end_time (caught by the edge cases only) and on a
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import numpy as np
 import pytest
@@ -55,9 +54,9 @@ from andromeda_nb.types import Retire, SetStatus, Upsert
 from andromeda_nb.updates import LiveAds, apply_updates, read_updates
 from cpu_baseline.index import CpuTargetingIndex
 
-# ANDROMEDA_EQUIVALENCE_SCALE=N: N times the examples, drawn at random instead of the fixed CI draw
+# --slow (or ANDROMEDA_DRAW_SCALE=N): N times the examples, drawn at random instead of the fixed CI draw
 # (a longer local search; hypothesis prints the falsifying example and how to reproduce it)
-SCALE = max(1, int(os.environ.get("ANDROMEDA_EQUIVALENCE_SCALE", "1")))
+SCALE = testing.draw_scale()
 SEEDS = st.integers(0, 2**32 - 1)
 BASE = settings(deadline=None, derandomize=SCALE == 1, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

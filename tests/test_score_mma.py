@@ -244,3 +244,14 @@ def test_tensor_core_kernels_compile_for_sm90():
     for row in rows:
         assert row["mma"] == row["mma_expected"], row
         assert not row["local_memory"] and not row["f64"], row
+
+
+def test_the_tensor_core_kernel_ships_only_where_the_device_has_tensor_cores(monkeypatch):
+    from gpu import runtime
+    from gpu.kernels import score as sk
+
+    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 6
+    for shape in (("moe", "fp32", 64), ("moe", "fp16", 128), ("dot", "fp16", 64)):
+        assert sk.version(None, *shape).number == sk.FALLBACK, shape
+    monkeypatch.setattr(runtime, "has_tensor_cores", lambda: False)  # a device before compute capability 8.0
+    assert sk.version(None, "moe", "int8", 64).number == sk.FALLBACK

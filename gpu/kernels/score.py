@@ -447,8 +447,9 @@ class TensorCoreRecipe:
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,
-        run6 and the D = 128 run3): the MoE at fp16 and int8 with D = 64."""
-        return kind == "moe" and precision in ("fp16", "int8") and dim == 64
+        run6 and the D = 128 run3): the MoE at fp16 and int8 with D = 64, on a device with tensor cores
+        (compute capability 8.0 or newer; the simulator emulates them)."""
+        return kind == "moe" and precision in ("fp16", "int8") and dim == 64 and runtime.has_tensor_cores()
 
 
 VERSIONS = version_table(
