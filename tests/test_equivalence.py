@@ -65,8 +65,8 @@ STATEFUL = settings(BASE, phases=(Phase.explicit, Phase.generate))
 
 SIM_CHUNK = 32  # slots per format chunk for the simulated GPU index (production: 256)
 SIM_FORMATS = 3
-SIM_POOL = 300  # ads of the simulated co-located pool: two formats, so two 256-slot chunks ...
-SIM_MAX_UPDATES = 10  # ... which 4 steps of at most 10 updates (3 in 10 of them creates) do not outgrow
+SIM_POOL = 300  # ads of the simulated co-located pool: two formats, so two 256-slot chunks
+SIM_MAX_UPDATES = 10  # updates per step (3 in 10 of them creates)
 
 
 # --- targeting: one case, any set of indexes against the oracle ------------------------------------------
@@ -168,6 +168,17 @@ test_gpu_index_sim_equals_oracle_drawn = index_property(
 test_gpu_index_sim_equals_oracle_drawn.__doc__ = (
     "The GPU index under the CUDA simulator equals the oracle on small drawn corpora, single and "
     "batched updates (up to 80 requests a draw: more than one 64-request group of a launch).")
+
+
+# many more draws of the shipped kernel, each cheaper (one request group, one update piece): with the
+# two properties above and below, GPU_INDEX_DRAWS drawn examples in all under the simulator
+GPU_INDEX_DRAWS = 200
+test_gpu_index_sim_equals_oracle_many_draws = index_property(
+    {"gpu index (sim)": _gpu_sim}, max_examples=GPU_INDEX_DRAWS - 7 - 3, max_ads=10, max_updates=12,
+    max_requests=40, formats=SIM_FORMATS, chunks=1)
+test_gpu_index_sim_equals_oracle_many_draws.__doc__ = (
+    "The shipped GPU index kernel under the simulator on many small drawn corpora, streams and "
+    "request lists, before and after the stream.")
 
 
 # --- the same cases pushed to the edges of the value ranges ------------------------------------------------
@@ -475,14 +486,18 @@ def test_both_architectures_equal_reference_through_updates(served_world, seed):
              require_eligible=True)
 
 
-@pytest.fixture(scope="module")
-def sim_world():
+SIM_WORLDS = 5  # independent worlds (spread over the test workers) ...
+SIM_STEPS = 10  # ... of this many steps each: 50 steps of the co-located path under the simulator
+
+
+@pytest.fixture(scope="module", params=range(SIM_WORLDS))
+def sim_world(request):
     """A small pool in two formats (two 256-slot chunks: the simulator's cost is per slot) for the
     co-located path on device "sim", with float16 embeddings and ids above 2**62; replacements may
-    move an ad to the other format's chunk."""
+    move an ad to the other format's chunk, and creates grow the pool by chunks."""
     from migration.colocated import ColocatedRetriever
 
-    dataset = make_dataset(7, SIM_POOL, D=16, F=2, precision="fp16", big_ids=True)
+    dataset = make_dataset(7 + 100 * request.param, SIM_POOL, D=16, F=2, precision="fp16", big_ids=True)
     retriever = ColocatedRetriever.build(dataset, device="sim")
     assert retriever.device == "sim"
     try:
@@ -491,11 +506,11 @@ def sim_world():
         retriever.close()
 
 
-@settings(STATEFUL, max_examples=4 * SCALE)
+@settings(STATEFUL, max_examples=SIM_STEPS * SCALE)
 @given(seed=SEEDS)
 def test_colocated_sim_equals_reference_through_updates(sim_world, seed):
-    """The co-located path on the simulated GPU (match, fused scoring and top-K kernels) equals the
-    reference through drawn update streams."""
+    """The co-located path on the simulated GPU (the shipped match, fused scoring and top-K kernels)
+    equals the reference through drawn update streams, SIM_STEPS steps in each of SIM_WORLDS worlds."""
     run_step(sim_world, seed, max_updates=SIM_MAX_UPDATES, ks=(1, 5, 64), n_requests=2, require_eligible=False)
 
 
