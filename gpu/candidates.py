@@ -5,8 +5,9 @@ candidate to remote GPUs for scoring. `GpuCandidateScorer` is that remote GPU: t
 own row-major copy of the embeddings on the device, resolves each shipped ad id to its row there
 (`gpu.kernels.gather.resolve_rows`: a binary search in a sorted id column), scores every candidate
 by gathering its row (`gather.score_rows`, the shared per-ad formula), and hands the scores back in
-candidate order. It has the candidate-scorer interface of the CPU scorer (`score_ids`,
-`score_user_side`, `upsert`, `retire`), so the scoring service serves either.
+candidate order. It has the candidate-table interface of `cpu_baseline.candidates.CpuCandidateTable`
+(`score_user_side`, `upsert`, `retire`, `len`, `in`, `n_rows`, `top_k`, `device`), so the scoring
+service serves either (`serve scorer --device`).
 
 Updates: an upsert writes one row on the device (growing the table by doubling when the row is
 new); the sorted id column is rebuilt from the host's `RowMap` before the next score after any
@@ -48,8 +49,20 @@ class GpuCandidateScorer:
         """From an `andromeda_nb.model.EmbeddingTable` and the corpus's formats and ad ids."""
         return cls(table.values, table.scale, formats, ad_ids, top_k)
 
+    @classmethod
+    def for_dataset(cls, dataset) -> "GpuCandidateScorer":
+        """Over a corpus's embeddings, formats and ad ids, with its model's top-k routing."""
+        return cls.from_table(dataset.embeddings, dataset.formats, dataset.ad_ids, dataset.model.top_k)
+
     def __len__(self) -> int:
         return len(self.rows)
+
+    def __contains__(self, ad_id) -> bool:
+        return ad_id in self.rows
+
+    @property
+    def n_rows(self) -> int:
+        return self.rows.n_rows
 
     @property
     def capacity(self) -> int:

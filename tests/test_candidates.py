@@ -60,3 +60,37 @@ def test_gpu_candidate_scores_equal_the_cpu_scorer_and_the_reference(precision):
         rows_of[fresh] = row
     with pytest.raises(KeyError, match=f"ad {gone} is not live"):
         gpu.score_ids(np.array([fresh, gone]), tab)
+
+
+def test_both_candidate_tables_answer_alike_through_the_same_interface():
+    """The scoring service holds either table (`serve scorer --device`): the same calls give the same
+    scores, sizes and errors on both."""
+    from cpu_baseline.candidates import CpuCandidateTable
+    from gpu.candidates import GpuCandidateScorer
+
+    rng = np.random.default_rng(11)
+    n = 120
+    table = _table(rng, n, "int8")
+    formats = rng.integers(0, F, n).astype(np.int16)
+    ids = (rng.permutation(50 * n)[:n] + (1 << 40)).astype(np.int64)
+    tables = {"cpu": CpuCandidateTable(table, formats, ids, top_k=TOP, experts=E, n_formats=F),
+              "gpu": GpuCandidateScorer.from_table(table, formats, ids, TOP)}
+    live = set(ids.tolist())
+    for step in range(3):
+        side = random_user_side(rng, D=D, E=E, F=F, top=TOP)
+        cand = rng.choice(np.array(sorted(live), np.int64), 50, replace=False)
+        cpu_scores, gpu_scores = (t.score_user_side(cand, side.U, side.Q, side.gamma, side.beta) for t in tables.values())
+        assert len(cpu_scores) == 50 and np.abs(cpu_scores).max() > 0
+        assert np.allclose(cpu_scores, gpu_scores, atol=1e-5), f"step {step}"
+        new = quantize((rng.standard_normal((1, D)) / np.sqrt(D)).astype(np.float32), "int8")
+        fresh, gone = int(max(live)) + 1, int(cand[0])
+        for t in tables.values():
+            t.upsert(fresh, new.values[0], float(new.scale[0]), 1)
+            t.retire(gone)
+        live = (live | {fresh}) - {gone}
+        for t in tables.values():
+            assert len(t) == len(live) and fresh in t and gone not in t and t.top_k == TOP
+        for t in tables.values():
+            with pytest.raises(KeyError, match=f"ad {gone} is not live"):
+                t.score_user_side(np.array([fresh, gone], np.int64), side.U, side.Q, side.gamma, side.beta)
+    assert tables["cpu"].n_rows == tables["gpu"].n_rows
