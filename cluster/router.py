@@ -33,6 +33,7 @@ from . import require_ray
 from .shards import ShardLog, merge_topk, route_updates, shard_dataset
 
 CALL_TIMEOUT_S = 120.0  # a replica that does not answer within this is treated as down
+START_TIMEOUT_S = 900.0  # a replica loads its slice and builds its engine (minutes for millions of ads)
 MAX_SYNC_ROUNDS = 8  # catch-up attempts before a replica that keeps falling behind is given up
 
 
@@ -324,9 +325,9 @@ class Cluster:
             say(f"placing {shards} shard(s) x {replicas} replica(s) on {device}")
             pending = {a.ping.remote(): a for a in actors}
             while pending:
-                ready, _ = ray.wait(list(pending), timeout=CALL_TIMEOUT_S)
+                ready, _ = ray.wait(list(pending), timeout=START_TIMEOUT_S)
                 if not ready:
-                    raise RuntimeError(f"{len(pending)} replica(s) did not start within {CALL_TIMEOUT_S:.0f} s")
+                    raise RuntimeError(f"{len(pending)} replica(s) did not start within {START_TIMEOUT_S:.0f} s")
                 for ref in ready:
                     ray.get(ref)
                     pending.pop(ref)
@@ -399,4 +400,4 @@ class ShardedRetriever:
         self.close()
 
 
-__all__ = ["CALL_TIMEOUT_S", "Cluster", "ReplicaHandle", "Router", "ShardUnavailable", "ShardedRetriever"]
+__all__ = ["CALL_TIMEOUT_S", "START_TIMEOUT_S", "Cluster", "ReplicaHandle", "Router", "ShardUnavailable", "ShardedRetriever"]
