@@ -144,6 +144,13 @@ _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON ob
 _QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
 _BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True,
                                   help="Print the JSON result (one line) instead of the table.")
+_SHARDS_OPTION = click.option("--shards", type=click.IntRange(1, 1024), default=None,
+                               help="Shards the pool is split into by a hash of the ad id (--arch sharded; default 2).")
+_REPLICAS_OPTION = click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True,
+                                help="Replicas of every shard (a request asks one; updates go to all).")
+_ADDRESS_OPTION = click.option("--address", default=None,
+                               help="Join the running Ray cluster at this address (ray://HOST:PORT or HOST:PORT) "
+                                    "instead of starting a local one.")
 _FORCE_OPTION = click.option("--force", is_flag=True, help="Replace the corpus OUT already holds.")
 _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None,
                                 help="Write the results as JSON here.")
@@ -371,17 +378,23 @@ def match(data, arch, device, updates, as_json, quiet):
 
 @main.command()
 @_DATA_OPTION
-@click.option("--arch", type=click.Choice(["reference", "remote", "colocated"]), default="reference",
-              show_default=True, help="The float64 reference, the remote-scoring CPU design, or the co-located one.")
-@device_option("Where the co-located path runs (auto: the GPU if usable, else the CPU).")
+@click.option("--arch", type=click.Choice(["reference", "remote", "colocated", "sharded"]), default="reference",
+              show_default=True, help="The float64 reference, the remote-scoring CPU design, the co-located one, "
+                                      "or co-located shards with replicas on a local Ray cluster (needs the cluster "
+                                      "extra).")
+@device_option("Where the co-located path (and each shard of --arch sharded) runs (auto: the GPU if usable, else "
+               "the CPU).")
 @k_option()
 @click.option("--traffic", is_flag=True,
               help="Count real bytes on the wire per request and hop through counting relays "
                    "(--arch remote or colocated); shown after the table, and per line with --json.")
+@_SHARDS_OPTION
+@_REPLICAS_OPTION
+@_ADDRESS_OPTION
 @_UPDATES_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
+def retrieve(data, arch, device, k, traffic, shards, replicas, address, updates, as_json, quiet):
     """Top-K eligible ads per request, by score descending (ties by ad id ascending).
 
     With --json, one line per request: {"request_id": .., "ads": [..], "scores": [..]} in rank order.
@@ -389,13 +402,22 @@ def retrieve(data, arch, device, k, traffic, updates, as_json, quiet):
     from andromeda_nb.answers import retrieve_all, retrieve_json_lines, retrieve_table
     from migration.architectures import DEVICE_ARCHS, ArchitectureUnavailable, build_retriever
 
+    options = {"traffic": True} if traffic else {}
+    if arch == "sharded":
+        _require_ray()
+        if traffic:
+            raise click.ClickException("--traffic needs --arch remote or colocated")
+        options = {"shards": shards or 2, "replicas": replicas, "address": address,
+                   "progress": lambda message: _info(message, quiet)}
+    elif shards is not None or replicas != 1 or address is not None:
+        _info(f"--shards, --replicas and --address apply to --arch sharded only; ignored for {arch}", quiet)
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_ARCHS:
         _info(f"--device {device} applies to --arch {'/'.join(DEVICE_ARCHS)} only; ignored for {arch}", quiet)
     if traffic and arch == "reference":
         raise click.ClickException("--traffic needs --arch remote or colocated (the reference runs in this process)")
     try:
-        retriever = build_retriever(dataset, arch, device, **({"traffic": True} if traffic else {}))
+        retriever = build_retriever(dataset, arch, device, **options)
     except ArchitectureUnavailable as exc:
         raise click.ClickException(str(exc)) from None
     except (RuntimeError, ValueError) as exc:
@@ -494,7 +516,7 @@ def _on_listening(service: str, host: str, quiet: bool, holds):
 
     def ready(server):
         location = f"grpc://{host}:{server.port}"
-        engine = getattr(server, "engine", None)
+        engine = getattr(server, "engine", None) or getattr(server, "cluster", None)
         announce(service, location, **({"device": engine.device} if engine is not None else {}))
         if not quiet:
             click.echo(banner(service, location, holds(server)), err=True)
@@ -595,6 +617,51 @@ def serve_colocated(data, device, host, port, version, quiet):
         run_colocated(dataset, host=host, port=port, device=where, version=version,
                       on_ready=_on_listening("colocated", host, quiet,
                                              lambda srv: _holds(dataset, data, srv.engine.device)))
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _require_ray() -> None:
+    """Stop with the install command when Ray (the cluster extra) is missing."""
+    from cluster import RayMissing, require_ray
+
+    try:
+        require_ray()
+    except RayMissing as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@serve.command("cluster")
+@_SERVE_DATA_OPTION
+@click.option("--shards", type=click.IntRange(1, 1024), required=True,
+              help="Shards the pool is split into by a hash of the ad id; each is a co-located engine.")
+@_REPLICAS_OPTION
+@device_option("Where every shard's engine runs (auto: the GPU if usable, else the CPU; sim is refused).",
+               choices=("auto", "gpu", "cpu"))
+@_ADDRESS_OPTION
+@_HOST_OPTION
+@_port_option("cluster")
+@_QUIET_OPTION
+def serve_cluster(data, shards, replicas, device, address, host, port, quiet):
+    """Shards with replicas on Ray behind one front: the co-located server's ["retrieve"] exchange,
+    health, stats and update (a client of `serve colocated` asks it unchanged). Starts a local Ray
+    instance unless --address names one to join.
+
+    Prints {"service": "cluster", "location": ...} on stdout once listening, and a banner saying how
+    to ask it on stderr; SIGTERM or Ctrl-C stops the front, the replicas, and Ray when it started it."""
+    from andromeda_nb.devices import resolve
+
+    _require_ray()
+    _check_port(host, port)
+    try:
+        where = resolve(device)
+        from cluster.serve import run_cluster
+
+        dataset = _service_dataset(data, quiet)
+        run_cluster(dataset, shards=shards, replicas=replicas, device=where, address=address, host=host, port=port,
+                    progress=lambda message: _info(message, quiet),
+                    on_ready=_on_listening("cluster", host, quiet, lambda srv: _holds(dataset, data, where)
+                                           + f"; {shards} shard(s) x {replicas} replica(s) on Ray"))
     except (RuntimeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 

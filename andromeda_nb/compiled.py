@@ -233,6 +233,33 @@ def concat_compiled(parts: Sequence[CompiledTargeting]) -> CompiledTargeting:
     return CompiledTargeting(**cols)
 
 
+def _ranges(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The indices ptr[r]:ptr[r+1] of every row r of `rows`, concatenated (int64), and the new
+    pointer array (int64, len(rows) + 1) over them."""
+    starts, ends = ptr[rows], ptr[rows + 1]
+    lengths = ends - starts
+    new_ptr = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=new_ptr[1:])
+    index = np.arange(new_ptr[-1], dtype=np.int64) - np.repeat(new_ptr[:-1] - starts, lengths)
+    return index, new_ptr
+
+
+def take_compiled(ct: CompiledTargeting, rows) -> CompiledTargeting:
+    """The compiled form of the ads at `rows` (int, in the order given): equal, array for array, to
+    `compile_ads` of those ads (a shard's slice of a corpus, `cluster.shards`)."""
+    rows = np.asarray(rows, np.int64)
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(ct)):
+        raise IndexError(f"rows outside 0..{len(ct) - 1}")
+    cols = {name: getattr(ct, name)[rows] for name, (_, length) in COMPILED_ARRAYS.items() if length == "N"}
+    clauses, cols["clause_ptr"] = _ranges(ct.clause_ptr, rows)
+    cols["clause_negative"] = ct.clause_negative[clauses]
+    terms, cols["term_ptr"] = _ranges(ct.term_ptr, clauses)
+    cols["terms"] = ct.terms[terms]
+    circles, cols["circle_ptr"] = _ranges(ct.circle_ptr, clauses)
+    cols["circles"] = ct.circles.reshape(-1, 3)[circles]
+    return CompiledTargeting(**cols)
+
+
 def check_compiled(ct: CompiledTargeting) -> None:
     """Structural checks of a compiled form that did not come from `compile_ads` (a stored file):
     dtypes, lengths, pointer arrays that start at 0, never decrease and end at their array's length,

@@ -43,10 +43,11 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOST = "127.0.0.1"  # servers listen on loopback unless told otherwise
 # the port each service listens on when a person starts it (`andromeda serve`); --port 0 asks for a free
 # one, and servers a command starts for itself always take a free one (docs/PROTOCOL.md)
-DEFAULT_PORTS = {"colocated": 8815, "remote": 8816, "scorer": 8817}
+DEFAULT_PORTS = {"colocated": 8815, "remote": 8816, "scorer": 8817, "cluster": 8818}
 SERVICE_NAMES = {"colocated": "the co-located server (match, fused scoring and top-K in one process)",
                  "remote": "the remote-scoring index host (CPU match here, scoring on the scoring service)",
-                 "scorer": "the scoring service (scores candidate lists for the index host)"}
+                 "scorer": "the scoring service (scores candidate lists for the index host)",
+                 "cluster": "the front of co-located shards on Ray (fan-out to every shard, exact merge)"}
 START_TIMEOUT_S = 120.0  # a cold start compiles the numba kernels once
 STOP_TIMEOUT_S = 10.0
 

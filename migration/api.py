@@ -24,7 +24,7 @@ from andromeda_nb.types import Request
 
 from .architectures import DEVICE_ARCHS, RETRIEVERS, build_retriever
 
-ARCHS = tuple(RETRIEVERS)  # reference, remote, colocated
+ARCHS = tuple(RETRIEVERS)  # reference, remote, colocated, sharded (the cluster extra)
 
 
 def load(path) -> Dataset:

@@ -23,13 +23,14 @@ RETRIEVERS = {
     "reference": "andromeda_nb.reference:ReferenceRetriever",
     "remote": "cpu_baseline.remote:RemoteRetriever",
     "colocated": "migration.colocated:ColocatedRetriever",
+    "sharded": "cluster.router:ShardedRetriever",  # the layer above: named, loaded only when asked for
 }
 ENGINES = {
     "cpu": "cpu_baseline.engine:CpuEngine",
     "gpu": "gpu.engine:GpuEngine",
     "sim": "gpu.engine:GpuEngine",
 }
-DEVICE_ARCHS = ("colocated",)  # the retrievers that take --device
+DEVICE_ARCHS = ("colocated", "sharded")  # the retrievers that take --device
 DEVICE_MATCHERS = ("gpu",)  # the matchers that take --device
 
 

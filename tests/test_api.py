@@ -47,7 +47,7 @@ def test_each_architecture_answers_as_the_reference(corpus_dir, reference, arch)
     with build(corpus, arch=arch, device="cpu") as index:
         assert index.arch == arch and index.device == "cpu"
         _assert_equal(reference, index.retrieve(corpus.requests, K), arch)
-    assert ARCHS == ("reference", "remote", "colocated")
+    assert ARCHS == ("reference", "remote", "colocated", "sharded")
 
 
 def test_request_objects_as_a_requests_file_holds_them(corpus_dir, reference):

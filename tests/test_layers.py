@@ -1,6 +1,7 @@
 """Dependencies point one way (docs/ARCHITECTURE.md): the shared contract `andromeda_nb` knows neither
 architecture; `cpu_baseline` and `gpu` know the contract and not each other; `migration`, above both,
-knows all three; `cli.py` and `scripts/` sit on top; nothing imports the tests. Besides, the product
+knows all three; `cluster` (shards and replicas on Ray) sits above `migration`; `cli.py` and `scripts/`
+sit on top; nothing imports the tests. Besides, the product
 of each architecture never imports its kernel lab (`gpu/lab/`, `cpu_baseline/lab/`): only the lab
 itself and the benchmarks do, so the lab can be taken away.
 
@@ -15,15 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("andromeda_nb", "cpu_baseline", "gpu", "migration")
+PACKAGES = ("andromeda_nb", "cpu_baseline", "gpu", "migration", "cluster")
 SCANNED = (*PACKAGES, "scripts")
-LIBRARIES = ("andromeda_nb", "cpu_baseline", "gpu", "migration", "cli", "scripts")
+LIBRARIES = ("andromeda_nb", "cpu_baseline", "gpu", "migration", "cluster", "cli", "scripts")
 # layer -> the layers it must not import
 FORBIDDEN = {
-    "andromeda_nb": ("cpu_baseline", "gpu", "migration", "cli", "tests"),
-    "cpu_baseline": ("gpu", "migration", "cli", "tests"),
-    "gpu": ("cpu_baseline", "migration", "cli", "tests"),
-    "migration": ("cli", "tests"),
+    "andromeda_nb": ("cpu_baseline", "gpu", "migration", "cluster", "cli", "tests"),
+    "cpu_baseline": ("gpu", "migration", "cluster", "cli", "tests"),
+    "gpu": ("cpu_baseline", "migration", "cluster", "cli", "tests"),
+    "migration": ("cluster", "cli", "tests"),
+    "cluster": ("cli", "tests"),
     "scripts": ("cli", "tests"),
     "cli": ("tests",),
 }
@@ -113,6 +115,7 @@ def test_the_checker_finds_wrong_arrows():
         "cpu_baseline/example.py": "from ..gpu import index\n",
         "gpu/example.py": "from cpu_baseline import scorer\n",
         "migration/example.py": "import cli\n",
+        "migration/example2.py": "from cluster import router\n",
         "gpu/kernels/example.py": "from ..lab import match\n",
         "andromeda_nb/sub/example.py": "from ...tests import conftest\n",
     }
@@ -124,6 +127,7 @@ def test_the_checker_finds_wrong_arrows():
     assert {v.imported for v in found["cpu_baseline/example.py"]} == {"gpu", "gpu.index"}
     assert {v.imported for v in found["gpu/example.py"]} == {"cpu_baseline", "cpu_baseline.scorer"}
     assert [v.imported for v in found["migration/example.py"]] == ["cli"]
+    assert {v.imported for v in found["migration/example2.py"]} == {"cluster", "cluster.router"}
     assert "kernel lab" in str(found["gpu/kernels/example.py"][0])
     assert found["andromeda_nb/sub/example.py"][0].imported.startswith("tests")
     good = {
@@ -131,5 +135,6 @@ def test_the_checker_finds_wrong_arrows():
         "gpu/lab/example.py": "from ..kernels import match\nfrom . import score\n",
         "gpu/bench_example.py": "from andromeda_nb import bench\n",
         "cli.py": "from migration import demo\n",
+        "cluster/example.py": "from migration.architectures import build_engine\n",
     }
     assert not [v for path, source in good.items() for v in check_source(path, source)]

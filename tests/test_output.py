@@ -163,6 +163,6 @@ def test_the_readme_and_ci_run_the_same_commands():
     block = readme[readme.index("```bash\n") + 8:readme.index("```", readme.index("```bash\n") + 8)]
     install, tests = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert install == 'pip install -e ".[test]" && andromeda demo'
-    assert 'python -m pip install -q -e ".[test]"' in ci
+    assert install == 'pip install -e ".[test,cluster]" && andromeda demo'
+    assert 'python -m pip install -q -e ".[test,cluster]"' in ci
     assert tests == "python -m pytest -q -n auto" and ci[-1] == tests

@@ -15,7 +15,7 @@ import pytest
 
 from andromeda_nb import corpus, store
 from andromeda_nb.compare import compare_topk
-from andromeda_nb.compiled import COMPILED_ARRAYS, check_compiled, compile_ads, concat_compiled
+from andromeda_nb.compiled import COMPILED_ARRAYS, check_compiled, compile_ads, concat_compiled, take_compiled
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.model import MoeModel, quantize
 from andromeda_nb.reference import ReferenceRetriever
@@ -95,6 +95,16 @@ def test_concat_of_compiled_parts_equals_compiling_all_at_once():
     _assert_same_compiled(concat_compiled(parts), whole, "concat vs whole")
     check_compiled(whole)
     assert len(whole.circles) and whole.clause_negative.any()
+
+
+def test_take_of_compiled_rows_equals_compiling_those_ads():
+    rng = np.random.default_rng(SEED)
+    ads = random_ads(rng, 300, dim=8)
+    whole = compile_ads(ads)
+    for rows in ([], [0], [299, 3, 150], list(range(0, 300, 7)), rng.permutation(300)[:120].tolist()):
+        _assert_same_compiled(take_compiled(whole, rows), compile_ads([ads[i] for i in rows]), f"take {rows[:5]}")
+    with pytest.raises(IndexError):
+        take_compiled(whole, [300])
 
 
 def test_check_compiled_names_the_broken_array():

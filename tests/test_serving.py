@@ -120,7 +120,7 @@ def reference(corpus_dir):
 
 
 def test_the_default_ports_are_fixed_and_documented():
-    assert DEFAULT_PORTS == {"colocated": 8815, "remote": 8816, "scorer": 8817}
+    assert DEFAULT_PORTS == {"colocated": 8815, "remote": 8816, "scorer": 8817, "cluster": 8818}
     readme, protocol = (ROOT / "README.md").read_text(), (ROOT / "docs" / "PROTOCOL.md").read_text()
     for service, port in DEFAULT_PORTS.items():
         assert f"[default: {port};" in _run("serve", service, "--help").stdout.replace("\n", " ").replace("  ", " ")

@@ -1,0 +1,81 @@
+"""The front of the cluster (`andromeda serve cluster`): the co-located server's protocol (the
+`["retrieve"]` exchange, `health`, `stats`, `update`; docs/PROTOCOL.md) over the router, so a client of
+`serve colocated` asks a cluster unchanged.
+
+Requests are parsed and checked here once (`andromeda_nb.flight.RetrieveServer`) and go to the shards
+as parsed requests; a shard with no live replica fails the exchange with `FlightUnavailableError`
+("shard S of N is unavailable: ..."), never a partial answer.
+"""
+
+from __future__ import annotations
+
+from andromeda_nb.flight import RetrieveServer
+from andromeda_nb.services import fingerprint
+
+from .router import Cluster, ShardUnavailable
+
+
+class ClusterServer(RetrieveServer):
+    name = "cluster"
+
+    def __init__(self, cluster: Cluster, dataset, location: str = "grpc://127.0.0.1:0"):
+        model = dataset.model
+        super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S)
+        self.cluster = cluster
+        self.router = cluster.router
+        self.describe = {"device": cluster.device, "precision": dataset.precision, "D": model.D, "E": model.E,
+                         "F": model.F, "top_k": model.top_k}
+        self.fingerprint = fingerprint(dataset.ad_ids)
+
+    def retrieve(self, requests, ks):
+        import pyarrow.flight as flight
+
+        try:
+            answers = self.router.retrieve(requests, max(ks))
+        except ShardUnavailable as exc:
+            raise flight.FlightUnavailableError(str(exc)) from None
+        return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)]
+
+    def apply_updates(self, text: str) -> dict:
+        import pyarrow.flight as flight
+
+        try:
+            ack = self.router.update(text)
+        except ShardUnavailable as exc:
+            raise flight.FlightUnavailableError(str(exc)) from None
+        self.stats.add(updates=ack["applied"])
+        return ack
+
+    def health_info(self) -> dict:
+        state = self.router.health()
+        replicas = len(self.router.replicas[0])
+        return {**self.describe, "ads": state["ads"], "shards": state["shards"], "replicas": replicas,
+                "available": state["available"], "fingerprint": self.fingerprint, "shard_state": state["shard_state"]}
+
+    def extra_stats(self) -> dict:
+        return {"shards": self.router.n_shards,
+                "replica_failures": sum(h.failures for hs in self.router.replicas for h in hs),
+                "log_seq": [self.router.log.seq(s) for s in range(self.router.n_shards)]}
+
+    def close_resources(self) -> None:
+        self.cluster.close()
+
+
+def run_cluster(dataset, *, shards: int, replicas: int = 1, device: str = "cpu", address: str | None = None,
+                host: str = "127.0.0.1", port: int = 0, on_ready=None, progress=None) -> None:
+    """Start (or join) Ray, place the shards, serve the front until SIGTERM or SIGINT, then end the
+    replicas (and Ray, when it was started here)."""
+    cluster = Cluster.start(dataset, shards=shards, replicas=replicas, device=device, address=address,
+                            progress=progress)
+    try:
+        server = ClusterServer(cluster, dataset, f"grpc://{host}:{port}")
+    except BaseException:
+        cluster.close()
+        raise
+    try:
+        server.serve_until_stopped(on_ready)
+    finally:
+        cluster.close()
+
+
+__all__ = ["ClusterServer", "run_cluster"]

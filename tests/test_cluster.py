@@ -1,0 +1,289 @@
+"""The cluster (`cluster/`): ownership by a stable hash, the exact merge, routing updates; then on one
+Ray instance shared by the module (2 CPUs, no dashboard, shut down at the end), CPU shards with
+replicas (3 x 2, 2 x 2, and 4 through the command line) answer exactly as one engine over the whole
+pool through update streams, a killed replica is failed over and, once Ray has restarted it, caught
+up from the shard's log, a killed shard is a clear error and never a partial answer, and a plain
+pyarrow.flight client asks the front. Each test starts one cluster (a replica is a process). Servers bind
+127.0.0.1 and are started and stopped here."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from click.testing import CliRunner
+
+from andromeda_nb import flight as fl
+from andromeda_nb.dataset import Dataset
+from andromeda_nb.model import MoeModel, quantize
+from andromeda_nb.targeting import request_to_json
+from andromeda_nb.testing import random_ads, random_requests, random_updates, update_to_json
+from andromeda_nb.types import Upsert
+from cluster.shards import ShardLog, merge_topk, mix64, owner, route_updates, shard_dataset, shard_of
+
+SEED = 5
+K = 20
+
+
+def make_dataset(seed=SEED, n_ads=400, n_requests=6, D=16, F=2):
+    rng = np.random.default_rng(seed)
+    ads = [a.__class__(**{**a.__dict__, "format": a.format % F}) for a in random_ads(rng, n_ads, dim=D)]
+    model = MoeModel.init(seed, D=D, F=F)
+    table = quantize(np.stack([a.embedding for a in ads]), "fp32")
+    return Dataset(ads=ads, embeddings=table, requests=random_requests(rng, n_requests), model=model, seed=seed,
+                   precision="fp32"), rng
+
+
+def update_stream(rng, dataset, n):
+    """`n` valid updates (formats kept inside the model's F), as JSON lines."""
+    out = []
+    for u in random_updates(rng, dataset.ads, n, dim=dataset.model.D):
+        if isinstance(u, Upsert) and u.ad.format >= dataset.model.F:
+            u = Upsert(u.ad.__class__(**{**u.ad.__dict__, "format": u.ad.format % dataset.model.F}))
+        out.append(json.dumps(update_to_json(u)))
+    return out
+
+
+def single_engine(dataset, lines=()):
+    from cpu_baseline.engine import CpuEngine
+    from andromeda_nb.updates import IndexLiveIds, apply_updates, read_updates
+
+    engine = CpuEngine(dataset)
+    updates, bad = read_updates(list(lines), seed=dataset.seed, dim=dataset.model.D, formats=dataset.model.F)
+    assert not bad and not apply_updates(updates, [engine], IndexLiveIds(engine))
+    return engine
+
+
+def assert_same_answers(got, want, context):
+    assert len(got) == len(want), context
+    for i, ((gi, gs), (wi, ws)) in enumerate(zip(got, want)):
+        assert np.array_equal(gi, wi), f"{context}, request {i}: ids {gi[:8]} vs {wi[:8]} (seed {SEED})"
+        assert np.array_equal(np.asarray(gs, np.float32), np.asarray(ws, np.float32)), f"{context}, request {i}: scores"
+
+
+# --- without Ray ------------------------------------------------------------------------------------
+
+PINNED_OWNERS = [3, 1, 2, 1, 3, 3]  # shards of ids 0, 1, 2, 3, 2**62, 2**63-1 among 4
+
+
+def test_ownership_is_a_stable_hash_that_spreads_the_pool():
+    ids = np.arange(20_000, dtype=np.int64) * 7 + 3
+    for n in (1, 2, 3, 4, 7):
+        shards = shard_of(ids, n)
+        assert shards.min() >= 0 and shards.max() < n
+        counts = np.bincount(shards, minlength=n)
+        assert counts.min() > 0.9 * len(ids) / n, (n, counts)
+    # pinned values: the same on every machine and in every process (not Python's salted hash)
+    assert shard_of(np.array([0, 1, 2, 3, 2**62, 2**63 - 1], np.int64), 4).tolist() == PINNED_OWNERS
+    assert int(mix64([0])[0]) == 0xE220A8397B1DCDAF  # splitmix64's published first output for seed 0
+    assert owner(12345, 3) == int(shard_of([12345], 3)[0])
+    with pytest.raises(ValueError):
+        shard_of(ids, 0)
+
+
+def test_merge_orders_by_score_then_ad_id_across_shards():
+    parts = [(np.array([9, 4], np.int64), np.array([2.0, 1.0], np.float32)),
+             (np.array([3, 8, 1], np.int64), np.array([2.0, 1.0, 0.5], np.float32)),
+             (np.empty(0, np.int64), np.empty(0, np.float32))]
+    ids, scores = merge_topk(parts, 4)
+    assert ids.tolist() == [3, 9, 4, 8] and scores.tolist() == [2.0, 2.0, 1.0, 1.0]
+    assert merge_topk(parts, 100)[0].tolist() == [3, 9, 4, 8, 1]
+
+
+def test_shards_split_the_corpus_and_updates_reach_their_owner():
+    dataset, rng = make_dataset()
+    parts = [shard_dataset(dataset, s, 3) for s in range(3)]
+    assert sorted(np.concatenate([p.ad_ids for p in parts]).tolist()) == sorted(dataset.ad_ids.tolist())
+    for s, p in enumerate(parts):
+        assert (shard_of(p.ad_ids, 3) == s).all() and len(p.embeddings) == p.n_ads
+        assert [a.ad_id for a in p.ads] == p.ad_ids.tolist()
+    lines = update_stream(rng, dataset, 30) + ["{not json", json.dumps({"op": "retire"})]
+    per_shard, malformed = route_updates(lines, 3, seed=dataset.seed, dim=dataset.model.D, formats=dataset.model.F)
+    assert [r.line_no for r in malformed] == [31, 32]
+    assert sum(map(len, per_shard)) == 30
+    for s, entries in enumerate(per_shard):
+        assert [n for n, _ in entries] == sorted(n for n, _ in entries)
+        for line_no, line in entries:
+            obj = json.loads(line)
+            assert line == lines[line_no - 1]
+            assert owner(obj["ad"]["ad_id"] if obj["op"] == "upsert" else obj["ad_id"], 3) == s
+    log = ShardLog(2)
+    assert log.append(1, [(1, "a"), (2, "b")]) == 0 and log.append(1, [(5, "c")]) == 2
+    assert log.seq(1) == 3 and log.seq(0) == 0 and log.since(1, 1) == [(2, "b"), (5, "c")]
+
+
+def test_a_replica_answers_only_at_the_sequence_it_is_asked_for():
+    from cluster.replica import ShardReplica
+
+    dataset, rng = make_dataset(n_ads=150)
+    replica = ShardReplica(shard_dataset(dataset, 0, 1), 0, 1, 0, "cpu")
+    lines = update_stream(rng, dataset, 10)
+    entries = list(enumerate(lines, start=1))
+    assert replica.retrieve(dataset.requests, K, 0)[1] is not None
+    assert replica.apply(entries[3:], 3)["applied"] is None and replica.ping() == 0  # not at its sequence
+    ack = replica.apply(entries, 0)
+    assert ack["seq"] == 10 and ack["applied"] == 10 and not ack["rejected"]
+    assert replica.retrieve(dataset.requests, K, 4) == (10, None)  # asked for another sequence: no answer
+    assert_same_answers(replica.retrieve(dataset.requests, K, 10)[1],
+                        single_engine(dataset, lines).retrieve(dataset.requests, K), "one replica")
+    retire_gone = json.dumps({"op": "retire", "ad_id": 10**12})
+    ack = replica.apply([(7, retire_gone)], 10)
+    assert ack["applied"] == 0 and ack["rejected"][0]["line"] == 7 and "does not exist" in ack["rejected"][0]["error"]
+
+
+def test_without_ray_the_commands_name_the_install(monkeypatch):
+    import sys
+
+    import cli
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as when it is not installed
+    for args in (["retrieve", "--data", "data/sample", "--arch", "sharded", "--shards", "2"],
+                 ["serve", "cluster", "--data", "data/sample", "--shards", "2", "--port", "0"]):
+        result = CliRunner().invoke(cli.main, args)
+        assert result.exit_code == 1, result.output
+        assert 'pip install -e ".[cluster]"' in result.output
+
+
+# --- on Ray -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray", reason='the cluster tests need Ray: pip install -e ".[test,cluster]"')
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return make_dataset()
+
+
+def start(dataset, shards, replicas):
+    from cluster.router import Cluster
+
+    return Cluster.start(dataset, shards=shards, replicas=replicas, device="cpu")
+
+
+def live_ads(dataset, lines):
+    """The ads live after `lines` (JSON updates) applied to the dataset, for a further stream."""
+    from andromeda_nb.oracle import OracleIndex
+    from andromeda_nb.updates import apply_update_file
+
+    index = OracleIndex.build(dataset.ads)
+    apply_update_file(lines, [index], dataset.ad_ids.tolist(), seed=dataset.seed, dim=dataset.model.D,
+                      formats=dataset.model.F)
+    return Dataset(ads=list(index.ads.values()), embeddings=dataset.embeddings, model=dataset.model,
+                   seed=dataset.seed)
+
+
+def test_shards_with_replicas_equal_one_engine_through_updates_and_a_killed_replica(ray_instance, corpus):
+    """3 shards x 2 replicas: equal to one engine over the pool (ids and float32 scores) through three
+    update streams at k 1, 20, 500; a replica killed (Ray restarts it fresh from the corpus) is
+    failed over, misses a stream, catches up from its shard's log, and then answers alone."""
+    dataset, _ = corpus
+    rng = np.random.default_rng([SEED, 3, 2])
+    cluster = start(dataset, 3, 2)
+    try:
+        router = cluster.router
+        assert_same_answers(router.retrieve(dataset.requests, K), single_engine(dataset).retrieve(dataset.requests, K),
+                            "3 x 2, no update")
+        applied = []
+        for round_ in range(3):
+            lines = update_stream(rng, live_ads(dataset, applied), 25)
+            ack = router.update(lines + [json.dumps({"op": "retire", "ad_id": 10**15})])
+            assert ack["applied"] == 25 and [r["line"] for r in ack["rejected"]] == [26], ack
+            applied += lines
+            want = single_engine(dataset, applied)
+            for k in (1, K, 500):
+                assert_same_answers(router.retrieve(dataset.requests, k), want.retrieve(dataset.requests, k),
+                                    f"3 x 2, after {len(applied)} updates, k={k}")
+        assert router.health()["ads"] == len(want)
+
+        ray_instance.kill(cluster.replica(0, 0), no_restart=False)  # Ray restarts it: fresh from the corpus
+        want = single_engine(dataset, applied).retrieve(dataset.requests, K)
+        for _ in range(4):  # round robin reaches the killed replica: the other one answers for it
+            assert_same_answers(router.retrieve(dataset.requests, K), want, "replica 0/0 killed")
+        more = update_stream(rng, live_ads(dataset, applied), 20)
+        assert router.update(more)["applied"] == 20  # 0/0 may still be down: kept in shard 0's log
+        applied += more
+        router.wait_all_up()
+        ray_instance.kill(cluster.replica(0, 1), no_restart=True)  # only the restarted replica serves shard 0
+        assert_same_answers(router.retrieve(dataset.requests, K),
+                            single_engine(dataset, applied).retrieve(dataset.requests, K), "restarted 0/0 alone")
+        state = router.health()["shard_state"][0]
+        assert state["replicas"][0]["seq"] == state["log_seq"] > 0 and not state["replicas"][1]["up"]
+    finally:
+        cluster.close()
+
+
+def test_a_plain_flight_client_asks_the_front(ray_instance, corpus):
+    import threading
+
+    from cluster.serve import ClusterServer
+
+    dataset, rng = corpus
+    cluster = start(dataset, 2, 2)
+    server = ClusterServer(cluster, dataset, "grpc://127.0.0.1:0")
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    client = flight.connect(f"grpc://127.0.0.1:{server.port}")
+    try:
+        requests = dataset.requests
+        batch = pa.record_batch([pa.array([r.request_id for r in requests], pa.int64()),
+                                 pa.array([json.dumps(request_to_json(r)) for r in requests], pa.utf8()),
+                                 pa.array([K] * len(requests), pa.int32())], names=["request_id", "request", "k"])
+        writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("retrieve"))
+        with writer:
+            writer.begin(batch.schema)
+            writer.write_batch(batch)
+            writer.done_writing()
+            table = reader.read_all()
+        got = fl.split_answers(table, [r.request_id for r in requests])
+        assert_same_answers(got, single_engine(dataset).retrieve(requests, K), "front, plain client")
+        lines = update_stream(rng, dataset, 15)  # the corpus as made: this test's cluster had no update
+        ack = json.loads(list(client.do_action(flight.Action("update", "\n".join(lines).encode())))[0].body.to_pybytes())
+        assert ack == {"applied": 15, "rejected": []}
+        assert_same_answers(fl.retrieve_over_flight(f"grpc://127.0.0.1:{server.port}", requests, K),
+                            single_engine(dataset, lines).retrieve(requests, K), "front after updates")
+        health = json.loads(list(client.do_action(flight.Action("health", b"")))[0].body.to_pybytes())
+        assert health["status"] == "ok" and health["shards"] == 2 and health["replicas"] == 2
+        stats = fl.flight_action(f"grpc://127.0.0.1:{server.port}", "stats")
+        assert stats["requests"] == 2 * len(requests) and stats["updates"] == 15
+        with pytest.raises(flight.FlightServerError, match="invalid request: request 7"):
+            fl.retrieve_over_flight(f"grpc://127.0.0.1:{server.port}", [{"request_id": 7, "user": {}}], K)
+        ray_instance.kill(cluster.replica(1, 0), no_restart=True)  # a killed shard: every replica gone
+        ray_instance.kill(cluster.replica(1, 1), no_restart=True)
+        for _ in range(2):
+            with pytest.raises(flight.FlightUnavailableError, match="shard 1 of 2 is unavailable"):
+                fl.retrieve_over_flight(f"grpc://127.0.0.1:{server.port}", requests, K)
+        seqs = [cluster.router.log.seq(s) for s in range(2)]
+        with pytest.raises(flight.FlightUnavailableError, match="no update of this stream was applied"):
+            fl.flight_action(f"grpc://127.0.0.1:{server.port}", "update", "\n".join(update_stream(rng, dataset, 30)))
+        assert [cluster.router.log.seq(s) for s in range(2)] == seqs  # nothing logged for any shard
+        health = fl.flight_action(f"grpc://127.0.0.1:{server.port}", "health")
+        assert not health["available"] and health["shard_state"][1]["ads"] is None
+    finally:
+        client.close()
+        server.shutdown()
+        thread.join(10)
+        cluster.close()
+
+
+def test_retrieve_arch_sharded_prints_what_the_single_engine_prints(ray_instance, tmp_path):
+    import cli
+
+    runner = CliRunner()
+    corpus_dir = tmp_path / "c"
+    assert runner.invoke(cli.main, ["generate", "--ads", "600", "--requests", "5", "--seed", "3", "--updates", "40",
+                                    "--out", str(corpus_dir), "-q"]).exit_code == 0
+    common = ["retrieve", "--data", str(corpus_dir), "--k", "15", "--updates", str(corpus_dir / "updates.jsonl"),
+              "--json", "-q", "--device", "cpu"]
+    want = runner.invoke(cli.main, common + ["--arch", "colocated"])
+    got = runner.invoke(cli.main, common + ["--arch", "sharded", "--shards", "4"])
+    assert want.exit_code == 0 and got.exit_code == 0, got.output
+    assert got.output == want.output and len(got.output.splitlines()) == 5
+    bad = runner.invoke(cli.main, ["retrieve", "--data", str(corpus_dir), "--arch", "sharded", "--shards", "0"])
+    assert bad.exit_code == 2 and "--shards" in bad.output
