@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 from typing import Iterable, Sequence
 
 import numpy as np
+from numba import njit
 
 from .constants import (
     ACTIVE,
@@ -47,8 +48,11 @@ from .constants import (
     STATUS_CODE,
     USER_OS,
 )
+from . import jitcache
 from .geo import haversine_km
 from .types import Ad, GeoSpec, Request, TargetingSpec
+
+jitcache.install()  # cached code is recompiled when any project source changes
 
 TERM_SHIFT = 40
 MAX_TERM_ID = (1 << TERM_SHIFT) - 1
@@ -363,6 +367,33 @@ class EncodedBatch:
                    time=col("time", np.int64))
 
 
+@njit(cache=True)
+def _sorted_unique_per_request(req, terms, n):
+    """(terms int64[K], ptr int64[n + 1]): the terms of each request (req int64[T] names the request of
+    terms[t]), sorted and unique, request after request."""
+    ptr = np.zeros(n + 1, np.int64)
+    for r in req:
+        ptr[r + 1] += 1
+    for r in range(n):
+        ptr[r + 1] += ptr[r]
+    fill = ptr[:-1].copy()
+    grouped = np.empty(len(terms), np.int64)
+    for t in range(len(terms)):
+        grouped[fill[req[t]]] = terms[t]
+        fill[req[t]] += 1
+    out = np.empty(len(terms), np.int64)
+    out_ptr = np.zeros(n + 1, np.int64)
+    k = 0
+    for r in range(n):
+        seg = np.sort(grouped[ptr[r]:ptr[r + 1]])
+        for i in range(len(seg)):
+            if i == 0 or seg[i] != seg[i - 1]:
+                out[k] = seg[i]
+                k += 1
+        out_ptr[r + 1] = k
+    return out[:k].copy(), out_ptr
+
+
 _PUBLISHER_INDEX = {name: i for i, name in enumerate(PUBLISHER_PLATFORMS)}
 _DEVICE_INDEX = {name: i for i, name in enumerate(DEVICE_PLATFORMS)}
 _OS_INDEX = {name: i for i, name in enumerate(USER_OS)}
@@ -397,15 +428,7 @@ def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
         ids = np.fromiter(itertools.chain.from_iterable(sets), np.int64, total)
         parts_req.append(np.repeat(np.arange(n, dtype=np.int64), counts))
         parts_term.append((np.int64(ns) << TERM_SHIFT) | ids)
-    req = np.concatenate(parts_req)
-    terms = np.concatenate(parts_term)
-    order = np.lexsort((terms, req))
-    req, terms = req[order], terms[order]
-    keep = np.ones(len(terms), bool)
-    keep[1:] = (terms[1:] != terms[:-1]) | (req[1:] != req[:-1])
-    req, terms = req[keep], terms[keep]
-    ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(req, minlength=n), out=ptr[1:])
+    terms, ptr = _sorted_unique_per_request(np.concatenate(parts_req), np.concatenate(parts_term), n)
     return EncodedBatch(
         terms=terms, term_ptr=ptr,
         age=np.asarray([u.age for u in users], np.int64).reshape(n),

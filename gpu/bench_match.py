@@ -24,7 +24,7 @@ import numpy as np
 
 from andromeda_nb.bench import copy_bandwidth as copy_rate
 from andromeda_nb.bench import log, package_version, repeat_timed, software, write_json
-from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, encode_request
+from andromeda_nb.compiled import CompiledTargeting, encode_request, encode_requests
 from andromeda_nb.oracle import eligible
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb.tiling import BaseCorpus, load_or_generate_base, stride_of
@@ -249,7 +249,7 @@ def copy_bandwidth(cuda, nbytes: int = 1 << 31) -> float:
 def host_prepare(index: GpuTargetingIndex, requests: Sequence[Request], version=None):
     """The host's share of one batch, as this benchmark counts it: the requests encoded and prepared
     for kernel `version` (term lookup, group tables, circle table, upload)."""
-    return index.prepare([encode_request(r) for r in requests], version=version)
+    return index.prepare(encode_requests(requests), version=version)
 
 
 def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[Version], batches: Sequence[int], cuda,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from andromeda_nb.compiled import (
     NULL_END,
@@ -123,6 +123,7 @@ class Vocabulary:
         self._dense_of = dict(zip(terms.tolist(), range(len(terms))))
         self._sorted = terms
         self._sorted_dense = np.arange(len(terms), dtype=np.int64)
+        self._hashed = None  # (_hash_table of the vocabulary), made on demand
         self._dirty = False
 
     def __len__(self) -> int:
@@ -161,8 +162,9 @@ class Vocabulary:
         terms = np.asarray(terms, np.int64)
         if len(self._sorted) == 0 or len(terms) == 0:
             return np.zeros(len(terms), np.int64), np.zeros(len(terms), bool)
-        idx = np.minimum(np.searchsorted(self._sorted, terms), len(self._sorted) - 1)
-        return self._sorted_dense[idx], self._sorted[idx] == terms
+        if self._hashed is None:
+            self._hashed = _hash_table(self._sorted, self._sorted_dense)
+        return _dense_ids(*self._hashed, terms)
 
     def _refresh(self) -> None:
         if self._dirty:
@@ -170,7 +172,51 @@ class Vocabulary:
             vals = np.fromiter(self._dense_of.values(), np.int64, len(self._dense_of))
             order = np.argsort(keys)
             self._sorted, self._sorted_dense = keys[order], vals[order]
+            self._hashed = None
             self._dirty = False
+
+
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of term * this pick the bucket
+
+
+@njit(cache=True)
+def _hash_table(keys, values):
+    """An open-addressing table (linear probing, at most half full) of int64 keys >= 0 to int64 values:
+    (slot keys int64[2^b], slot values int64[2^b], b); empty slots hold key -1."""
+    bits = 4
+    while (1 << bits) < 2 * len(keys):
+        bits += 1
+    size = 1 << bits
+    tk = np.full(size, -1, np.int64)
+    tv = np.zeros(size, np.int64)
+    for i in range(len(keys)):
+        h = (np.uint64(keys[i]) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits)
+        j = np.int64(h)
+        while tk[j] != -1:
+            j = (j + 1) & (size - 1)
+        tk[j] = keys[i]
+        tv[j] = values[i]
+    return tk, tv, bits
+
+
+@njit(cache=True)
+def _dense_ids(tk, tv, bits, terms):
+    """(dense int64[T], known bool[T]) of `terms` in a `_hash_table` of the vocabulary: one probe
+    sequence per term, usually one cache line (a binary search over a 32,000-term vocabulary took
+    about 54 ns per term on the development machine, mostly mispredicted branches)."""
+    mask = (1 << bits) - 1
+    dense = np.zeros(len(terms), np.int64)
+    known = np.zeros(len(terms), np.bool_)
+    for t in range(len(terms)):
+        x = terms[t]
+        j = np.int64((np.uint64(x) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits))
+        while tk[j] != -1:
+            if tk[j] == x:
+                dense[t] = tv[j]
+                known[t] = True
+                break
+            j = (j + 1) & mask
+    return dense, known
 
 
 def _bits_by_row(cond: np.ndarray) -> np.ndarray:
@@ -367,9 +413,8 @@ class CircleLookup:
         if self.count == 0 or len(lat) == 0:
             table[:] = 0
             return
-        bytes_view = table.view(np.uint8).reshape(table.shape[0], table.shape[1], 8)
         _fill_circle_table(self.circles, self.order, self.sorted_lat, self.sorted_vec, self.band, self.chord2,
-                           lat, lon, _unit_vectors(lat, lon), group, bytes_view)
+                           lat, lon, _unit_vectors(lat, lon), group, table)
 
 
 _haversine_host = njit(cache=True)(haversine_km)
@@ -381,42 +426,34 @@ def _unit_vectors(lat, lon) -> np.ndarray:
     return np.ascontiguousarray(np.stack([np.cos(p) * np.cos(l), np.cos(p) * np.sin(l), np.sin(p)], axis=1))
 
 
-@njit(cache=True, parallel=True)
-def _fill_circle_table(circles, order, sorted_lat, sorted_vec, band, chord2, lat, lon, vec, group, table_bytes):
-    """The circle table, written through its bytes: table_bytes uint8[G, Q, 8] is the little-endian
-    view of uint64[G, Q], so bit r % group of word [r // group, q] is bit r % 8 of byte
-    (r % group) // 8. One parallel task per (group, byte): the 8 requests of a task write only their
-    own byte of every word, so tasks never share a byte and need no atomics. circles float64[Q, 3]
-    (lat, lon, radius km); order int64[Q] sorts them by latitude; sorted_lat, sorted_vec (Q, 3) their
-    latitudes and unit vectors in that order; lat, lon float64[R] and their unit vectors vec (R, 3)
-    (NaN: no location, inside no circle). The exact test is `haversine_km`, as every index decides it."""
-    n = lat.shape[0]
-    lanes_bytes = (group + 7) // 8
-    groups = table_bytes.shape[0]
-    for task in prange(groups * lanes_bytes):
-        g = task // lanes_bytes
-        byte = task % lanes_bytes
-        table_bytes[g, :, byte] = 0
-        for k in range(8):
-            r = g * group + byte * 8 + k
-            if byte * 8 + k >= group or r >= n:
-                break
-            la = lat[r]
-            lo = lon[r]
-            if la != la or lo != lo:
+@njit(cache=True)
+def _fill_circle_table(circles, order, sorted_lat, sorted_vec, band, chord2, lat, lon, vec, group, table):
+    """table uint64[G, max(1, Q)] := bit r % group of [r // group, q] set for every request r inside
+    circle q. circles float64[Q, 3] (lat, lon, radius km); order int64[Q] sorts them by latitude;
+    sorted_lat, sorted_vec (Q, 3) their latitudes and unit vectors in that order; lat, lon
+    float64[R] and their unit vectors vec (R, 3) (NaN: no location, inside no circle). The exact test
+    is `haversine_km`, as every index decides it. Serial on purpose: on the 2-core development
+    machine a parallel region (one task per group byte) cost 7 to 8 ms of CPU where this loop takes
+    0.01 to 0.9 ms (docs/results/probes/host_prepare_cpu.json)."""
+    table[:] = 0
+    for r in range(lat.shape[0]):
+        la = lat[r]
+        lo = lon[r]
+        if la != la or lo != lo:
+            continue
+        g = r // group
+        bit = np.uint64(1) << np.uint64(r % group)
+        first = np.searchsorted(sorted_lat, la - band)
+        last = np.searchsorted(sorted_lat, la + band, side="right")
+        for i in range(first, last):
+            dx = vec[r, 0] - sorted_vec[i, 0]
+            dy = vec[r, 1] - sorted_vec[i, 1]
+            dz = vec[r, 2] - sorted_vec[i, 2]
+            if dx * dx + dy * dy + dz * dz > chord2:
                 continue
-            bit = np.uint8(1 << k)
-            first = np.searchsorted(sorted_lat, la - band)
-            last = np.searchsorted(sorted_lat, la + band, side="right")
-            for i in range(first, last):
-                dx = vec[r, 0] - sorted_vec[i, 0]
-                dy = vec[r, 1] - sorted_vec[i, 1]
-                dz = vec[r, 2] - sorted_vec[i, 2]
-                if dx * dx + dy * dy + dz * dz > chord2:
-                    continue
-                q = order[i]
-                if _haversine_host(la, lo, circles[q, 0], circles[q, 1]) <= circles[q, 2]:
-                    table_bytes[g, q, byte] |= bit
+            q = order[i]
+            if _haversine_host(la, lo, circles[q, 0], circles[q, 1]) <= circles[q, 2]:
+                table[g, q] |= bit
 
 
 UPLOAD_ALIGN = 16  # bytes: every array of a packed upload starts at a multiple of this
