@@ -19,6 +19,15 @@ value, and slot-indexed arrays of other parts must be extended to it (new slots 
 Requests are evaluated in groups (64 in the shipped kernel): one pass over the per-ad columns serves a
 whole group (bit r of a per-ad mask is request r of the group). The output is written once per request
 and slot word.
+
+Host preparation of a batch (`prepare`): the shipped kernel (v8) reads per-group tables (terms,
+residual fields, request times) and the circle table (which request of the group lies in which custom
+location, decided here with the float64 `haversine_km` every index uses). All of it is compiled
+(numba, cached through `andromeda_nb.jitcache`, whose key covers the inlined geo function): no
+Python step per term or per circle. It is written straight into a pinned staging buffer and sent with
+one asynchronous copy on the index's stream (`index.stream`), where the match kernel runs too; two
+sets of buffers are used in turn, so batch i + 1 can be prepared while the device still runs batch i.
+Launch shapes depend only on the capacity and the number of groups.
 """
 
 from __future__ import annotations
