@@ -390,7 +390,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     cuda = runtime.cuda()
     import cupy as xp
 
-    from andromeda_nb.compiled import encode_request
+    from andromeda_nb.compiled import encode_requests
     from andromeda_nb.derive import request_signals
     from andromeda_nb.tiling import generate_base
 
@@ -417,8 +417,8 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
 
     def run(batch_reqs):  # as the co-located server runs a batch: kept output, reused upload buffers
         tabs = np.stack([fold_user_side(user_side(model, r)) for r in batch_reqs])
-        elig = index.match_slots([encode_request(r) for r in batch_reqs], out=index.kept_output(len(batch_reqs)))
-        return fs.topk(elig, tabs, k), elig
+        elig = index.match_slots(encode_requests(batch_reqs), out=index.kept_output(len(batch_reqs)))
+        return fs.topk(elig, tabs, k, index.stream), elig
 
     # check against the float64 reference on the eligible slots the match reported
     checks = []
@@ -462,7 +462,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         tabs = np.stack([fold_user_side(user_side(model, r)) for r in req])
         t1 = time.perf_counter()
         out = index.kept_output(1)
-        prepared = index.prepare([encode_request(r) for r in req], reuse=True)
+        prepared = index.prepare(encode_requests(req), reuse=True)
         cuda.synchronize()
         t2 = time.perf_counter()
         index.run(prepared, out)

@@ -5,8 +5,11 @@ GPU targeting index and the fused scorer.
 FusedScorer` holds the embeddings in the same slot order and runs the fused scoring kernel (per-block
 top-K inside) and the final top-K kernel. Per batch of at most MAX_BATCH requests: the user side of
 every request once on the host (float64, folded into per-format float32 tables,
-`andromeda_nb.scoring.fold_tables`), one match launch, one scoring launch, one top-K launch.
-Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
+`andromeda_nb.scoring.fold_tables`), one match launch, one scoring launch, one top-K launch, all on
+the index's stream, and one synchronization, when the answers come back. The host's share of batch
+i + 1 (user side, request encoding, group and circle tables, their upload) is done while the device
+runs batch i: it is prepared before batch i's answers are fetched, into the second of the index's two
+request buffers. Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from andromeda_nb.compiled import encode_request
+from andromeda_nb.compiled import encode_requests
 from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
 from andromeda_nb.model import user_side
@@ -54,18 +57,29 @@ class GpuEngine(EngineBase):
 
     def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         requests = list(requests)
-        out: list[tuple[np.ndarray, np.ndarray]] = []
-        for lo in range(0, len(requests), MAX_BATCH):
-            out.extend(self._retrieve_batch(requests[lo : lo + MAX_BATCH], k))
-        return out
-
-    def _retrieve_batch(self, requests, k):
         self._follow_slots()
         if self.index.capacity == 0:  # built from no ads, none created yet: nothing to launch over
             return [no_answer() for _ in requests]
-        tabs = self.tables(requests)
-        elig = self.index.match_slots([encode_request(r) for r in requests], out=self.index.kept_output(len(requests)))
-        return self.scorer.topk(elig, tabs, k)
+        parts = [requests[lo : lo + MAX_BATCH] for lo in range(0, len(requests), MAX_BATCH)]
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        prepared = self._prepare(parts[0]) if parts else None
+        for i in range(len(parts)):
+            launched = self._launch(prepared, k)
+            prepared = self._prepare(parts[i + 1]) if i + 1 < len(parts) else None  # overlaps batch i on the device
+            out.extend(self.scorer.fetch(launched, len(parts[i]), self.index.stream))  # the one synchronization
+        return out
+
+    def _prepare(self, requests):
+        """The host's share of a batch: folded user-side tables, and the match request arrays uploaded
+        (asynchronously, on the index's stream) into the next of the index's two request buffers."""
+        return len(requests), self.tables(requests), self.index.prepare(encode_requests(requests), reuse=True)
+
+    def _launch(self, prepared, k: int) -> dict:
+        """Match, scoring and top-K of a prepared batch, enqueued on the index's stream."""
+        n, tabs, batch = prepared
+        elig = self.index.kept_output(n)
+        self.index.run(batch, elig)
+        return self.scorer.launch(elig, tabs, k, self.index.stream)
 
     def _follow_slots(self) -> None:
         """Grow the embedding table when updates grew the index's slots."""

@@ -152,7 +152,7 @@ class FusedScorer:
         if elig.shape[1] * 32 != self.n_slots:
             raise ValueError(f"eligibility covers {elig.shape[1] * 32} slots, the table {self.n_slots}")
         b = self.launch(elig, tabs, k, stream)
-        return self.fetch(b, R)
+        return self.fetch(b, R, stream)
 
     def launch(self, elig, tabs, k: int, stream=0) -> dict:
         """Launch scoring and final top-K (asynchronous); returns the buffers `fetch` reads."""
@@ -165,17 +165,30 @@ class FusedScorer:
             if b.get("tabs") is None or tuple(b["tabs"].shape) != tabs.shape:
                 b["tabs"] = cuda.device_array(tabs.shape, np.float32)
             d_tabs = b["tabs"]
-            d_tabs.copy_to_device(tabs)  # stream-ordered after any kernel still reading it
+            d_tabs.copy_to_device(tabs, stream=stream)  # stream-ordered after any kernel still reading it
         cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
         self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
                            b["cand_key"], b["cand_slot"], stream)
         self.final_topk(b, cap, k, R, stream)
         return b
 
-    def fetch(self, b, R: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        counts = b["out_count"].copy_to_host()
-        ids = b["out_id"].copy_to_host()
-        scores = b["out_score"].copy_to_host()
+    def fetch(self, b, R: int, stream=0) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The answers of a launch, to the host. On a stream: three asynchronous copies into pinned
+        buffers kept with the others, then one synchronization; on the default stream each copy waits."""
+        if not stream:
+            counts = b["out_count"].copy_to_host()
+            ids = b["out_id"].copy_to_host()
+            scores = b["out_score"].copy_to_host()
+        else:
+            if b.get("host_count") is None:
+                b["host_count"] = cuda.pinned_array(b["out_count"].shape, np.int32)
+                b["host_id"] = cuda.pinned_array(b["out_id"].shape, np.int64)
+                b["host_score"] = cuda.pinned_array(b["out_score"].shape, np.float32)
+            counts, ids, scores = b["host_count"], b["host_id"], b["host_score"]
+            b["out_count"].copy_to_host(counts, stream=stream)
+            b["out_id"].copy_to_host(ids, stream=stream)
+            b["out_score"].copy_to_host(scores, stream=stream)
+            stream.synchronize()
         return [(ids[r, : counts[r]].copy(), scores[r, : counts[r]].copy()) for r in range(R)]
 
     def final_topk(self, b, cap: int, k: int, R: int, stream=0, version=None) -> None:

@@ -19,6 +19,15 @@ value, and slot-indexed arrays of other parts must be extended to it (new slots 
 Requests are evaluated in groups (64 in the shipped kernel): one pass over the per-ad columns serves a
 whole group (bit r of a per-ad mask is request r of the group). The output is written once per request
 and slot word.
+
+Host preparation of a batch (`prepare`): the shipped kernel (v8) reads per-group tables (terms,
+residual fields, request times) and the circle table (which request of the group lies in which custom
+location, decided here with the float64 `haversine_km` every index uses). All of it is compiled
+(numba, cached through `andromeda_nb.jitcache`, whose key covers the inlined geo function): no
+Python step per term or per circle. It is written straight into a pinned staging buffer and sent with
+one asynchronous copy on the index's stream (`index.stream`), where the match kernel runs too; two
+sets of buffers are used in turn, so batch i + 1 can be prepared while the device still runs batch i.
+Launch shapes depend only on the capacity and the number of groups.
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ from andromeda_nb.compiled import (
     NULL_END,
     NULL_START,
     CompiledTargeting,
+    EncodedBatch,
     EncodedRequest,
     compile_ads,
-    encode_request,
+    encode_requests,
 )
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.devices import notice, resolve
@@ -122,6 +132,7 @@ class Vocabulary:
         self._dense_of = dict(zip(terms.tolist(), range(len(terms))))
         self._sorted = terms
         self._sorted_dense = np.arange(len(terms), dtype=np.int64)
+        self._hashed = None  # (_hash_table of the vocabulary), made on demand
         self._dirty = False
 
     def __len__(self) -> int:
@@ -153,13 +164,68 @@ class Vocabulary:
         known = self._sorted[idx] == terms
         return np.sort(self._sorted_dense[idx[known]])
 
+    def lookup_flat(self, terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dense int64[T], known bool[T]) for a flat array of terms: the dense id of each term the
+        vocabulary knows (`known`; the others can match no ad and their `dense` is meaningless)."""
+        self._refresh()
+        terms = np.asarray(terms, np.int64)
+        if len(self._sorted) == 0 or len(terms) == 0:
+            return np.zeros(len(terms), np.int64), np.zeros(len(terms), bool)
+        if self._hashed is None:
+            self._hashed = _hash_table(self._sorted, self._sorted_dense)
+        return _dense_ids(*self._hashed, terms)
+
     def _refresh(self) -> None:
         if self._dirty:
             keys = np.fromiter(self._dense_of.keys(), np.int64, len(self._dense_of))
             vals = np.fromiter(self._dense_of.values(), np.int64, len(self._dense_of))
             order = np.argsort(keys)
             self._sorted, self._sorted_dense = keys[order], vals[order]
+            self._hashed = None
             self._dirty = False
+
+
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of term * this pick the bucket
+
+
+@njit(cache=True)
+def _hash_table(keys, values):
+    """An open-addressing table (linear probing, at most half full) of int64 keys >= 0 to int64 values:
+    (slot keys int64[2^b], slot values int64[2^b], b); empty slots hold key -1."""
+    bits = 4
+    while (1 << bits) < 2 * len(keys):
+        bits += 1
+    size = 1 << bits
+    tk = np.full(size, -1, np.int64)
+    tv = np.zeros(size, np.int64)
+    for i in range(len(keys)):
+        h = (np.uint64(keys[i]) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits)
+        j = np.int64(h)
+        while tk[j] != -1:
+            j = (j + 1) & (size - 1)
+        tk[j] = keys[i]
+        tv[j] = values[i]
+    return tk, tv, bits
+
+
+@njit(cache=True)
+def _dense_ids(tk, tv, bits, terms):
+    """(dense int64[T], known bool[T]) of `terms` in a `_hash_table` of the vocabulary: one probe
+    sequence per term, usually one cache line (a binary search over a 32,000-term vocabulary took
+    about 54 ns per term on the development machine, mostly mispredicted branches)."""
+    mask = (1 << bits) - 1
+    dense = np.zeros(len(terms), np.int64)
+    known = np.zeros(len(terms), np.bool_)
+    for t in range(len(terms)):
+        x = terms[t]
+        j = np.int64((np.uint64(x) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits))
+        while tk[j] != -1:
+            if tk[j] == x:
+                dense[t] = tv[j]
+                known[t] = True
+                break
+            j = (j + 1) & mask
+    return dense, known
 
 
 def _bits_by_row(cond: np.ndarray) -> np.ndarray:
@@ -188,6 +254,91 @@ def residual_tables(encoded: Sequence[EncodedRequest]) -> np.ndarray:
     return ft
 
 
+# --- request batches: compiled host preparation -------------------------------------------------------
+# Everything below runs once per batch of requests. The per-term and per-circle work is compiled
+# (numba, cached through andromeda_nb.jitcache, whose key covers the inlined `haversine_km` of
+# andromeda_nb.geo); Python touches each request a constant number of times and each term never.
+
+RESIDUAL_OFFSETS_ORDER = ("GENDER_OFF", "PUBLISHER_OFF", "DEVICE_OFF", "OS_OFF", "AMIN_OFF", "AMAX_OFF",
+                          "AGE_UNBOUNDED")
+
+
+def _residual_offsets() -> np.ndarray:
+    """int64[7]: where each residual table starts in `ftab` (and AGE_UNBOUNDED), from the kernels' layout."""
+    from .kernels import match as K
+
+    return np.asarray([getattr(K, name) for name in RESIDUAL_OFFSETS_ORDER], np.int64)
+
+
+@njit(cache=True)
+def _fill_request_tables(term_req, dense, known, age, gender, pub, dev, os_, time, lat, lon, group, offsets,
+                         rtab, ftab, rtime, rpos, nreq):
+    """The group tables of a batch (shapes in gpu/kernels/match.py), written in place over whatever
+    they held. term_req int64[T] (the request of each term), dense int64[T] and known bool[T] (its
+    dense vocabulary id, where the vocabulary knows it); the request columns int64[B] / float64[B];
+    `offsets` int64[7] as `_residual_offsets`."""
+    rtab[:] = 0
+    ftab[:] = 0
+    rtime[:] = 0
+    rpos[:] = np.nan
+    nreq[:] = 0
+    gender_off, pub_off, dev_off, os_off, amin_off, amax_off, unbounded = (
+        offsets[0], offsets[1], offsets[2], offsets[3], offsets[4], offsets[5], offsets[6])
+    for t in range(term_req.shape[0]):
+        if known[t]:
+            r = term_req[t]
+            rtab[r // group, dense[t]] |= np.uint64(1) << np.uint64(r % group)
+    for r in range(age.shape[0]):
+        g = r // group
+        lane = r % group
+        bit = np.uint64(1) << np.uint64(lane)
+        nreq[g] += 1
+        rtime[g, lane] = time[r]
+        rpos[g, lane, 0] = lat[r]
+        rpos[g, lane, 1] = lon[r]
+        for m in range(8):
+            if ((m >> gender[r]) & 1) == 1 or m == 7:
+                ftab[g, gender_off + m] |= bit
+            if ((m >> dev[r]) & 1) == 1:
+                ftab[g, dev_off + m] |= bit
+        for m in range(16):
+            if ((m >> pub[r]) & 1) == 1:
+                ftab[g, pub_off + m] |= bit
+        for m in range(64):
+            if ((m >> os_[r]) & 1) == 1:
+                ftab[g, os_off + m] |= bit
+        for a in range(128):
+            if age[r] >= a:
+                ftab[g, amin_off + a] |= bit
+            if age[r] <= a or a == unbounded:
+                ftab[g, amax_off + a] |= bit
+
+
+@njit(cache=True)
+def _sorted_per_request(term_req, dense, known, n):
+    """(ptr int64[n + 1], terms uint32[K]): each request's known dense terms, ascending (v1 searches them)."""
+    keep = np.flatnonzero(known)
+    req = term_req[keep]
+    d = dense[keep]
+    order = np.argsort(req * (np.int64(1) << np.int64(32)) + d)
+    ptr = np.zeros(n + 1, np.int64)
+    for r in req:
+        ptr[r + 1] += 1
+    for r in range(n):
+        ptr[r + 1] += ptr[r]
+    return ptr, d[order].astype(np.uint32)
+
+
+def _layout(spec: dict) -> tuple[dict, int]:
+    """name -> (byte offset, shape, dtype) of arrays packed at UPLOAD_ALIGN-byte boundaries, and the size."""
+    layout, end = {}, 0
+    for name, (shape, dtype) in spec.items():
+        dtype = np.dtype(dtype)
+        layout[name] = (end, tuple(shape), dtype)
+        end += -(-int(np.prod(shape)) * dtype.itemsize // UPLOAD_ALIGN) * UPLOAD_ALIGN
+    return layout, max(end, UPLOAD_ALIGN)
+
+
 @dataclass
 class RequestBatch:
     """Device arrays of a batch of encoded requests, in the form the match kernels read (shapes in
@@ -198,48 +349,81 @@ class RequestBatch:
     host_bytes: int
 
     @classmethod
-    def build(cls, encoded: Sequence[EncodedRequest], vocab: Vocabulary, cuda, group: int,
-              buffers: dict | None = None, extra: dict | None = None) -> "RequestBatch":
+    def build(cls, encoded: EncodedBatch | Sequence[EncodedRequest], vocab: "Vocabulary", cuda, group: int,
+              buffers: dict | None = None, circles: "CircleLookup | None" = None, stream=0) -> "RequestBatch":
         """`group`: requests per group of the kernel (32 or 64), 0 for the per-request form of v1.
-        `buffers`: device arrays kept from an earlier batch (name -> array), refilled in place when
-        shape and dtype fit and replaced otherwise, so a serving loop allocates and frees nothing per
-        request; the batch is then valid only until the next one built on the same buffers."""
-        n = len(encoded)
-        dense = [vocab.lookup(e.terms) for e in encoded]
-        host: dict[str, np.ndarray] = {}
+        `circles`: also the circle table of the table-reading kernels (`ctab`), decided on the host.
+        Every array is written straight into one pinned staging buffer and sent with one host-to-device
+        copy on `stream` (asynchronous on a real stream). `buffers`: staging and device buffers kept from
+        an earlier batch, refilled in place when large enough and replaced otherwise, so a serving loop
+        allocates and frees nothing per request; the batch is then valid only until the next one built
+        on the same buffers."""
+        batch = EncodedBatch.of(encoded)
+        n = len(batch)
+        term_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(batch.term_ptr))
+        dense, known = vocab.lookup_flat(batch.terms)
         if group:
             word = np.uint32 if group <= 32 else np.uint64
             groups = max(1, -(-n // group))
-            rtab = np.zeros((groups, max(1, len(vocab))), word)
-            ftab = np.zeros((groups, _ftab_words()), word)
-            rtime = np.zeros((groups, group), np.int64)
-            rpos = np.full((groups, group, 2), np.nan, np.float64)
-            nreq = np.zeros(groups, np.int32)
-            for g in range(groups):
-                part = encoded[g * group:(g + 1) * group]
-                nreq[g] = len(part)
-                if not part:
-                    continue
-                ftab[g] = residual_tables(part).astype(word)
-                for r, e in enumerate(part):
-                    rtab[g, dense[g * group + r]] |= word(1 << r)
-                    rtime[g, r] = e.time
-                    rpos[g, r] = (e.latitude, e.longitude)
-            host = {"rtab": rtab, "ftab": ftab, "rtime": rtime, "rpos": rpos, "nreq": nreq}
+            spec = {"rtab": ((groups, max(1, len(vocab))), word), "ftab": ((groups, _ftab_words()), word),
+                    "rtime": ((groups, group), np.int64), "rpos": ((groups, group, 2), np.float64),
+                    "nreq": ((groups,), np.int32)}
+            if circles is not None:
+                spec["ctab"] = ((groups, max(1, circles.count)), np.uint64)
+            host, send = _staging(spec, cuda, buffers if buffers is not None else {})
+            _fill_request_tables(term_req, dense, known, batch.age, batch.gender, batch.publisher, batch.device,
+                                 batch.os, batch.time, batch.latitude, batch.longitude, group, _residual_offsets(),
+                                 host["rtab"], host["ftab"], host["rtime"], host["rpos"], host["nreq"])
+            if circles is not None:
+                circles.fill(batch.latitude, batch.longitude, group, host["ctab"])
         else:
-            lengths = np.asarray([len(d) for d in dense], np.int64)
-            host = {
-                "rscal": np.asarray([[e.age, e.gender, e.publisher, e.device, e.os, e.time] for e in encoded],
-                                    np.int64).reshape(n, 6),
-                "rpos1": np.asarray([[e.latitude, e.longitude] for e in encoded], np.float64).reshape(n, 2),
-                "rterm_ptr": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                "rterms": (np.concatenate(dense) if n else np.empty(0)).astype(np.uint32),
-            }
-            if len(host["rterms"]) == 0:
-                host["rterms"] = np.zeros(1, np.uint32)
-        host.update(extra or {})
-        arrays = _upload_packed(host, cuda, buffers if buffers is not None else {})
+            ptr, rterms = _sorted_per_request(term_req, dense, known, n)
+            spec = {"rscal": ((n, 6), np.int64), "rpos1": ((n, 2), np.float64), "rterm_ptr": ((n + 1,), np.int64),
+                    "rterms": ((max(1, len(rterms)),), np.uint32)}
+            host, send = _staging(spec, cuda, buffers if buffers is not None else {})
+            host["rscal"][:] = np.stack([batch.age, batch.gender, batch.publisher, batch.device, batch.os,
+                                         batch.time], axis=1).reshape(n, 6)
+            host["rpos1"][:, 0], host["rpos1"][:, 1] = batch.latitude, batch.longitude
+            host["rterm_ptr"][:] = ptr
+            host["rterms"][:] = 0
+            host["rterms"][:len(rterms)] = rterms
+        arrays = send(stream)
         return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()))
+
+
+def circle_search(circles: np.ndarray) -> tuple:
+    """What the circle table's search needs of a circle table float64[Q, 3] (lat, lon, radius km):
+    (order by latitude, sorted latitudes, sorted unit vectors, band in degrees, squared chord)."""
+    order = np.argsort(circles[:, 0], kind="stable").astype(np.int64)
+    max_angle = min(float(circles[:, 2].max()) / EARTH_RADIUS_KM, np.pi) if len(circles) else 0.0
+    # Two filters that can only let too much through, widened far past float64 rounding: the
+    # great-circle distance is at least the latitude difference along a meridian (the band), and a
+    # circle holds the user only if the chord between the unit vectors of user and centre is at most
+    # the chord of the largest radius. What passes both gets the exact distance.
+    band = np.degrees(max_angle) * (1.0 + 1e-6) + 1e-9
+    chord2 = (2.0 * np.sin(max_angle / 2.0)) ** 2 * (1.0 + 1e-6) + 1e-12
+    sorted_vec = _unit_vectors(circles[order, 0], circles[order, 1])
+    return order, np.ascontiguousarray(circles[order, 0]), sorted_vec, band, chord2
+
+
+class CircleLookup:
+    """The custom locations of an index, sorted for the circle table (made once per set of circles)."""
+
+    def __init__(self, circles: np.ndarray):
+        self.circles = np.ascontiguousarray(circles, np.float64).reshape(-1, 3)
+        self.count = len(self.circles)
+        self.order, self.sorted_lat, self.sorted_vec, self.band, self.chord2 = circle_search(self.circles)
+
+    def fill(self, lat: np.ndarray, lon: np.ndarray, group: int, table: np.ndarray) -> None:
+        """table uint64[G, max(1, Q)] := bit r % group of [r // group, q] set when request r (at lat[r],
+        lon[r], degrees, NaN: nowhere) is inside circle q, by `haversine_km` in float64."""
+        lat = np.ascontiguousarray(lat, np.float64)
+        lon = np.ascontiguousarray(lon, np.float64)
+        if self.count == 0 or len(lat) == 0:
+            table[:] = 0
+            return
+        _fill_circle_table(self.circles, self.order, self.sorted_lat, self.sorted_vec, self.band, self.chord2,
+                           lat, lon, _unit_vectors(lat, lon), group, table)
 
 
 _haversine_host = njit(cache=True)(haversine_km)
@@ -253,10 +437,14 @@ def _unit_vectors(lat, lon) -> np.ndarray:
 
 @njit(cache=True)
 def _fill_circle_table(circles, order, sorted_lat, sorted_vec, band, chord2, lat, lon, vec, group, table):
-    """Set bit r % group of table[r // group, q] for every request r inside circle q. circles
-    float64[Q, 3] (lat, lon, radius km); order int64[Q] sorts them by latitude; sorted_lat,
-    sorted_vec (Q, 3) their latitudes and unit vectors in that order; lat, lon float64[R] and their
-    unit vectors vec (R, 3) (NaN: no location, inside no circle). The exact test is the oracle's."""
+    """table uint64[G, max(1, Q)] := bit r % group of [r // group, q] set for every request r inside
+    circle q. circles float64[Q, 3] (lat, lon, radius km); order int64[Q] sorts them by latitude;
+    sorted_lat, sorted_vec (Q, 3) their latitudes and unit vectors in that order; lat, lon
+    float64[R] and their unit vectors vec (R, 3) (NaN: no location, inside no circle). The exact test
+    is `haversine_km`, as every index decides it. Serial on purpose: on the 2-core development
+    machine a parallel region (one task per group byte) cost 7 to 8 ms of CPU where this loop takes
+    0.01 to 0.9 ms (docs/results/probes/host_prepare_cpu.json)."""
+    table[:] = 0
     for r in range(lat.shape[0]):
         la = lat[r]
         lo = lon[r]
@@ -280,35 +468,47 @@ def _fill_circle_table(circles, order, sorted_lat, sorted_vec, band, chord2, lat
 UPLOAD_ALIGN = 16  # bytes: every array of a packed upload starts at a multiple of this
 
 
-def _upload_packed(host: dict[str, np.ndarray], cuda, buffers: dict) -> dict:
-    """Copy the arrays `host` (name -> array) to the device in one transfer: they are packed into one
-    pinned staging buffer at 16-byte aligned offsets, copied with one host-to-device copy, and
-    returned as typed views of one device buffer. `buffers` keeps the staging and device buffers
-    ("host", "device") for the next call, which reuses them when they are large enough: a serving
-    loop then allocates nothing per request (allocations and frees synchronize the device)."""
-    layout, end = {}, 0
-    for name, value in host.items():
-        value = np.ascontiguousarray(value)
-        layout[name] = (end, value)
-        end += -(-value.nbytes // UPLOAD_ALIGN) * UPLOAD_ALIGN
-    size = max(end, UPLOAD_ALIGN)
+def _staging(spec: dict, cuda, buffers: dict):
+    """Host arrays to fill in place for an upload of the arrays `spec` (name -> (shape, dtype)): typed
+    views of one pinned staging buffer at 16-byte aligned offsets. Returns (host views, send), where
+    `send(stream)` copies the used part to the device with one host-to-device copy (asynchronous on a
+    real stream) and returns typed views of one device buffer. `buffers` keeps the staging and device
+    buffers ("host", "device") for the next call, which reuses them when they are large enough: a
+    serving loop then allocates nothing per request (allocations and frees synchronize the device).
+    Before the staging buffer is written again, the copy last sent from it is waited for (an event:
+    normally long done, so no wait)."""
+    layout, size = _layout(spec)
     if buffers.get("host") is None or buffers["host"].size < size:
         buffers["host"] = cuda.pinned_array(size, np.uint8)
         buffers["device"] = cuda.device_array(size, np.uint8)
         buffers["views"] = None
+        buffers["sent"] = None
+    if buffers.get("sent") is not None:
+        buffers["sent"].synchronize()
     staging, device = buffers["host"], buffers["device"]
-    for offset, value in layout.values():
-        staging[offset:offset + value.nbytes] = value.reshape(-1).view(np.uint8)
+    host = {name: staging[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+            for name, (offset, shape, dtype) in layout.items()}
     # typed views of the device buffer: the same for every batch of the same layout (a serving loop's
     # batches mostly are), and made only when the layout changes
-    key = (size, tuple((name, offset, value.shape, value.dtype.str) for name, (offset, value) in layout.items()))
+    key = (size, tuple((name, *value) for name, value in layout.items()))
     if buffers.get("views") is None or buffers["views"][0] != key:
-        views = {name: device[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
-                 for name, (offset, value) in layout.items()}
+        views = {name: device[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+                 for name, (offset, shape, dtype) in layout.items()}
         buffers["views"] = (key, device[:size], views)
-    _, used, views = buffers["views"]
-    used.copy_to_device(staging[:size])  # stream-ordered after any kernel still reading it
-    return dict(views)
+
+    def send(stream=0) -> dict:
+        _, used, views = buffers["views"]
+        used.copy_to_device(staging[:size], stream=stream)  # stream-ordered after any kernel still reading it
+        if stream:
+            event = buffers.get("event") or cuda.event()
+            buffers["event"] = event
+            event.record(stream)
+            buffers["sent"] = event
+        else:
+            buffers["sent"] = None  # a copy on the default stream has returned when it is done
+        return dict(views)
+
+    return host, send
 
 
 def _ftab_words() -> int:
@@ -345,7 +545,9 @@ class GpuTargetingIndex:
         self.kernel_version = chosen
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()
-        self._request_buffers: dict = {}  # staging, device buffer and views of prepare(..., reuse=True)
+        self._request_buffers = ({}, {})  # two sets of staging, device buffer and views: prepare(..., reuse=True)
+        self._next_buffers = 0
+        self.stream = self._cuda.stream()  # uploads and match launches: ordered, off the host's critical path
         self._outputs: dict[int, object] = {}  # requests -> output array (kept_output)
         self.updates_applied = 0
         self.compactions = 0
@@ -417,7 +619,7 @@ class GpuTargetingIndex:
         self.circles_used = len(circles)
         room = np.zeros((max(1, len(circles) // 8 + 1), 3), np.float64)
         self.circles_h = np.ascontiguousarray(np.asarray(circles, np.float64).reshape(-1, 3))
-        self._circle_lookup = None  # (order by latitude, sorted latitudes, band in degrees), made on demand
+        self._circle_lookup = None  # CircleLookup of circles_h, made on demand
         self.d_circles = cuda.to_device(np.concatenate([self.circles_h, room]))
 
     # --- sizes ---------------------------------------------------------------------------------------
@@ -454,42 +656,35 @@ class GpuTargetingIndex:
         return (self.d_resid[:cap], self.d_ptr[:cap], self.d_prog, self.d_sched[:cap], self.d_circles)
 
     # --- matching ------------------------------------------------------------------------------------
-    def prepare(self, encoded: Sequence[EncodedRequest], version=None, *, reuse: bool = False) -> RequestBatch:
-        """Upload a batch of encoded requests in the form kernel `version` reads. With `reuse` the
-        upload goes into device buffers this index keeps from the last such call (no allocation), and
-        the batch is valid until the next `prepare(..., reuse=True)`."""
+    def prepare(self, encoded: EncodedBatch | Sequence[EncodedRequest], version=None, *,
+                reuse: bool = False) -> RequestBatch:
+        """Upload a batch of encoded requests (an `EncodedBatch`, or encoded requests) in the form kernel
+        `version` reads, on the index's stream, with the circle table when the kernel reads one. With
+        `reuse` the upload goes into one of two sets of buffers this index keeps (used in turn: no
+        allocation, and a batch may be prepared while the one before it is still being matched), and
+        the batch is valid until the second `prepare(..., reuse=True)` after it."""
         recipe = self._kernel(version).recipe
-        encoded = list(encoded)
-        group = recipe.group
-        extra = {"ctab": self.circle_table(encoded, group)} if recipe.circle_table else None
-        return RequestBatch.build(encoded, self.vocab, self._cuda, group,
-                                  self._request_buffers if reuse else None, extra)
+        buffers = None
+        if reuse:
+            buffers = self._request_buffers[self._next_buffers]
+            self._next_buffers ^= 1
+        circles = self._circles() if recipe.circle_table else None
+        return RequestBatch.build(encoded, self.vocab, self._cuda, recipe.group, buffers, circles, self.stream)
 
-    def circle_table(self, encoded: Sequence[EncodedRequest], group: int) -> np.ndarray:
-        """uint64[G, max(1, Q)]: bit r of [g, q] = request group * g + r is inside custom location q
-        (every circle of the device table, live or not). Decided on the host with the float64
-        great-circle distance the oracle and the CPU index use, so kernels that read this table
-        need no trigonometry; only circles in a latitude band around each user are tested."""
+    def _circles(self) -> CircleLookup:
         if self._circle_lookup is None:
-            circles = self.circles_h
-            order = np.argsort(circles[:, 0], kind="stable").astype(np.int64)
-            max_angle = min(float(circles[:, 2].max()) / EARTH_RADIUS_KM, np.pi) if len(circles) else 0.0
-            # Two filters that can only let too much through, widened far past float64 rounding: the
-            # great-circle distance is at least the latitude difference along a meridian (the band),
-            # and a circle holds the user only if the chord between the unit vectors of user and centre
-            # is at most the chord of the largest radius. What passes both gets the exact distance.
-            band = np.degrees(max_angle) * (1.0 + 1e-6) + 1e-9
-            chord2 = (2.0 * np.sin(max_angle / 2.0)) ** 2 * (1.0 + 1e-6) + 1e-12
-            sorted_vec = _unit_vectors(circles[order, 0], circles[order, 1])
-            self._circle_lookup = (order, np.ascontiguousarray(circles[order, 0]), sorted_vec, band, chord2)
-        order, sorted_lat, sorted_vec, band, chord2 = self._circle_lookup
-        n = len(encoded)
-        table = np.zeros((max(1, -(-n // group)), max(1, len(self.circles_h))), np.uint64)
-        if n and len(self.circles_h):
-            lat = np.asarray([e.latitude for e in encoded], np.float64)
-            lon = np.asarray([e.longitude for e in encoded], np.float64)
-            _fill_circle_table(self.circles_h, order, sorted_lat, sorted_vec, band, chord2,
-                               lat, lon, _unit_vectors(lat, lon), group, table)
+            self._circle_lookup = CircleLookup(self.circles_h)
+        return self._circle_lookup
+
+    def circle_table(self, encoded: EncodedBatch | Sequence[EncodedRequest], group: int) -> np.ndarray:
+        """uint64[G, max(1, Q)]: bit r of [g, q] = request group * g + r is inside custom location q
+        (every circle of the device table, live or not). Decided on the host, compiled, with the float64
+        great-circle distance the CPU index and the device's v6 use (`haversine_km`, tested equal to the
+        oracle's), so kernels that read this table need no trigonometry; only circles in a latitude band
+        around each user are tested."""
+        batch = EncodedBatch.of(encoded)
+        table = np.empty((max(1, -(-len(batch) // group)), max(1, len(self.circles_h))), np.uint64)
+        self._circles().fill(batch.latitude, batch.longitude, group, table)
         return table
 
     def new_output(self, n_requests: int):
@@ -505,21 +700,22 @@ class GpuTargetingIndex:
         return out
 
     def run(self, batch: RequestBatch, out, version=None) -> None:
-        """Launch the match kernel on a prepared batch (asynchronous, like any kernel launch)."""
-        self._k.launch(self._kernel(version), self._index_arrays(), batch.arrays, out)
+        """Launch the match kernel on a prepared batch, on the index's stream (asynchronous, like any
+        kernel launch: work on the legacy default stream, such as a plain `copy_to_host`, waits for it)."""
+        self._k.launch(self._kernel(version), self._index_arrays(), batch.arrays, out, self.stream)
 
-    def match_slots(self, encoded: Sequence[EncodedRequest], version=None, *, out=None):
+    def match_slots(self, encoded: EncodedBatch | Sequence[EncodedRequest], version=None, *, out=None):
         """Eligibility of every slot for each request: a device array uint32[B, capacity // 32]
         in the layout at the top of this module; written into `out` when given (a device array of
         that shape, e.g. `kept_output`), else into a new one. The request upload reuses the
         index's device buffers (`prepare(..., reuse=True)`)."""
-        encoded = list(encoded)
+        encoded = EncodedBatch.of(encoded)
         want = (len(encoded), self.capacity // 32)
         if out is None:
             out = self.new_output(len(encoded))
         elif tuple(out.shape) != want or out.dtype != np.uint32:
             raise ValueError(f"out: expected a uint32 device array of shape {want}, got {out.dtype} {tuple(out.shape)}")
-        if encoded and self.capacity:  # no slots (built from no ads): nothing to launch over
+        if len(encoded) and self.capacity:  # no slots (built from no ads): nothing to launch over
             self.run(self.prepare(encoded, version, reuse=True), out, version)
         return out
 
@@ -533,8 +729,7 @@ class GpuTargetingIndex:
         out: list[np.ndarray] = []
         requests = list(requests)
         for i in range(0, len(requests), batch):
-            encoded = [encode_request(r) for r in requests[i:i + batch]]
-            words = self.match_slots(encoded).copy_to_host()
+            words = self.match_slots(encode_requests(requests[i:i + batch])).copy_to_host()
             out.extend(self.slot_masks_to_ids(words))
         return out
 

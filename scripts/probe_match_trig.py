@@ -1,7 +1,7 @@
 """Probe: what the float64 great-circle test costs the GPU match kernel (registers, local memory, time).
 
-An experiment for docs/GPU_INDEX.md's first lead, not a product path. It times the shipped match
-kernel on a tiled pool in separate processes: as shipped ("shipped"); with
+An experiment for docs/GPU_INDEX.md's first lead, not a product path. It times match kernel v5 (the
+lab's; shipped when the probe was made, hence the variant's name) on a tiled pool in separate processes: as shipped ("shipped"); with
 `andromeda_nb.geo.haversine_km` replaced before the kernels compile by a trig-free stand-in, an
 equirectangular distance ("stub": wrong answers for ads with custom locations, so that run is timed
 but not checked); and as shipped but compiled with at most 64 registers per thread ("maxreg64":
@@ -44,21 +44,21 @@ def measure(pool: int, base_ads: int, batches: list[int], variant: str) -> dict:
     from andromeda_nb.versions import Version
     from gpu import runtime
     from gpu.bench_match import build_tiled_index, time_kernel
-    from gpu.kernels import match as K
+    from gpu.lab import match as K
 
     cuda = runtime.cuda()
-    version = None  # the shipped kernel
-    if variant == "maxreg64":  # the shipped kernel's recipe, compiled again with the register cap
-        version = Version(K.SHIPPED, "maxreg64", "the shipped kernel with at most 64 registers",
+    version = K.VERSIONS[5]  # the great-circle kernel the probe was made for
+    if variant == "maxreg64":  # its recipe, compiled again with the register cap
+        version = Version(5, "maxreg64", "v5 with at most 64 registers",
                           K.batched_kernel("match_probe_maxreg64", K.WIDE, "shuffle", max_registers=64), gpu_only=True)
     base = generate_base(base_ads, 256, 7)
     index = build_tiled_index(base.compiled, max(1, pool // len(base.ads)), version=version)
     out = {"variant": variant, "ads": len(index), "version": index.version, "timings": []}
     for b in batches:
         enc = [encode_request(base.requests[i % len(base.requests)]) for i in range(b)]
-        batch = index.prepare(enc)
+        batch = index.prepare(enc, version)
         words = index.new_output(b)
-        t = time_kernel(cuda, lambda: index.run(batch, words))
+        t = time_kernel(cuda, lambda: index.run(batch, words, version))
         host = words.copy_to_host()
         out["timings"].append({"batch": b, "ms": t["median_s"] * 1e3,
                                "pool_ads_per_s": b * len(index) / t["median_s"],

@@ -1,30 +1,38 @@
 """Targeting match kernel, as shipped: DESIGN section 2 evaluated for every ad slot of the pool, on the device.
 
-The index (`gpu.index.GpuTargetingIndex`) runs `SHIPPED` (v6), on a GPU and under the CUDA simulator
-alike (there its warp shuffles are emulated by `gpu.kernels.warp`, and the register cap means
-nothing); v4 is kept beside it as `SIMULATOR_FALLBACK` for versions marked GPU only:
+The index (`gpu.index.GpuTargetingIndex`) runs `SHIPPED` (v8), on a GPU and under the CUDA simulator
+alike (there its warp shuffles are emulated by `gpu.kernels.warp`); v7 is kept beside it as
+`SIMULATOR_FALLBACK` for versions marked GPU only:
 
-    v4 wide       one thread per slot serves a group of up to 64 requests in one pass over the
+    v7 circle table  one thread per slot serves a group of up to 64 requests in one pass over the
                   per-ad columns: bit r of a 64-bit mask is request r of the group. Residual rules
                   (age, gender, placements) are six lookups in per-group tables held in shared memory;
                   a clause is the OR of per-term request masks (`rtab`), its term loop issues four
                   independent table loads before it tests whether the answer is known; custom
-                  locations by the float64 great-circle distance. The 32x32 bit matrices (slots x
-                  requests) of a warp are transposed in shared memory, so each output word is written
-                  once, with no atomics.
-    v6 wide+shfl, 64 regs   v4 with the transpose done by warp shuffles (`shfl_xor_sync`) instead of
-                  shared memory and barriers, compiled with at most 64 registers per thread (4 blocks
-                  per SM instead of 3).
+                  locations are decided on the host (`gpu.index.CircleLookup`, compiled, the float64
+                  great-circle distance every index uses) and read from the circle table `ctab`, OR-ed
+                  like terms, so the kernel has no float64 arithmetic, no trigonometry and no local
+                  memory. The 32x32 bit matrices (slots x requests) of a warp are transposed in shared
+                  memory, so each output word is written once, with no atomics.
+    v8 table+shfl v7 with the transpose done by warp shuffles (`shfl_xor_sync`) instead of shared
+                  memory and barriers.
+
+Why v8 ships: on one H200 (docs/GPU_INDEX.md, docs/BENCHMARKS.md), 266 G pool ads/s
+at 10M ads (batch 64) and 340 G at 100M (batch 256), against 69.8 G and 77.7 G for v6, the version
+shipped before it, with the same answer bits at full size and the oracle's answers; the float64
+great-circle test of v6 had cost it 64 registers and 48 bytes of local memory per thread. What v8
+moves to the host (the circle table, with the rest of a batch's preparation) is compiled and
+overlaps the previous batch's kernels (gpu/index.py).
 
 Both come from `batched_kernel`, the one generator of the batched kernels, parameterised by the request
 group (its width, how it reaches shared memory, how a slot is evaluated and where custom locations
-come from), the transpose and a register cap. The versions before and beside them (v1 naive, v2/v3
-with 32-request groups, v5 = v6 uncapped, v7/v8 with custom locations decided on the host) are in
-the kernel lab, `gpu/lab/match.py`, which builds them from the same generator; `andromeda bench
-match` times every one and the tests check every one.
+come from), the transpose and a register cap. The versions before them (v1 naive, v2/v3 with
+32-request groups, v4/v5/v6 with the great-circle test on the device) are in the kernel lab,
+`gpu/lab/match.py`, which builds them from the same generator; `andromeda bench match` times every
+one and the tests check every one.
 
-Kernels: `match_v4`, `match_v6`, `compact_programs`, `scatter_slots`.
-Launchers: `launch(version, index_arrays, request_arrays, out)`, `launch_compact(...)`,
+Kernels: `match_v7`, `match_v8`, `compact_programs`, `scatter_slots`.
+Launchers: `launch(version, index_arrays, request_arrays, out, stream)`, `launch_compact(...)`,
 `launch_scatter(...)`.
 
 Per-slot columns (capacity = number of slots, a multiple of 32; CHUNK_SLOTS in production):
@@ -51,9 +59,10 @@ request r of the call is bit r % R of group r // R; masks are uint32 for R = 32,
                                  ftab[g, AMIN_OFF + a] = requests of the group with age >= a
     rtime      int64[G, R]       request times (unused lanes: 0)
     rpos       float64[G, R, 2]  user latitude, longitude (NaN: no known location)
-    ctab       uint64[G, Q']     versions reading the host's circle table (the lab's v7, v8) take it in
+    ctab       uint64[G, Q']     versions reading the host's circle table (v7, v8, shipped) take it in
                                  place of `circles`: bit b of ctab[g, q] = request R g + b is inside
-                                 custom location q (Q' = max(1, Q)); they leave rpos unread
+                                 custom location q (Q' = max(1, Q)); they leave rpos unread (the
+                                 lab's v2 to v6 read rpos and `circles` instead)
     nreq       int32[G]          requests in the group (1..R)
 Per-request inputs, the lab's v1:
     rscal      int64[B, 6]       age, gender, publisher, device, os, time
@@ -69,7 +78,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from andromeda_nb.geo import haversine_km
 from andromeda_nb.templates import specialize
 from andromeda_nb.versions import Version, pick, version_table
 
@@ -107,10 +115,6 @@ AMAX_OFF = 224  # 128: age_max value -> requests with age <= it (all for AGE_UNB
 FTAB_WORDS = 352
 
 FULL_MASK = 0xFFFFFFFF
-
-haversine_dev = cuda.jit(device=True)(haversine_km)
-
-
 
 # --- device functions of the shipped kernels ---------------------------------------------------------
 @cuda.jit(device=True, cache=True)
@@ -163,21 +167,6 @@ def _transpose_stage_shuffle(x, lane, s, m):
 
 
 @cuda.jit(device=True, cache=True)
-def _circle_mask_wide(circles, cs, nc, lat, lon, need):
-    """`_circle_mask` for 64-bit group masks (bit 63 makes the mask negative: no shifting loop)."""
-    hit = int64(0)
-    for k in range(nc):
-        clat = circles[cs + k, 0]
-        clon = circles[cs + k, 1]
-        rad = circles[cs + k, 2]
-        for r in range(WIDE_GROUP):
-            if ((need & ~hit) >> r) & 1:
-                if haversine_dev(lat[r], lon[r], clat, clon) <= rad:
-                    hit |= int64(1) << r
-    return hit
-
-
-@cuda.jit(device=True, cache=True)
 def _clause_terms_wide(prog, q, nt, alive, rtab, g):
     """The requests (64-bit mask) holding one of the clause's `nt` terms prog[q:q+nt], TERM_UNROLL
     independent table loads per test of whether every request still `alive` is already satisfied."""
@@ -197,44 +186,6 @@ def _clause_terms_wide(prog, q, nt, alive, rtab, g):
             sat |= int64(rtab[g, prog[q + j]])
             j += 1
     return sat
-
-
-@cuda.jit(device=True, cache=True)
-def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
-    """`_eval_program` with TERM_UNROLL independent loads per early-exit test."""
-    n_clauses = int64(prog[p])
-    q = p + 1
-    for _c in range(n_clauses):
-        h = int64(prog[q])
-        q += 1
-        nt = h & TERM_COUNT_MASK
-        cs = int64(0)
-        nc = int64(0)
-        if h & CIRCLES_BIT:
-            cs = int64(prog[q])
-            nc = int64(prog[q + 1])
-            q += 2
-        sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
-        q += nt
-        need = alive & ~sat
-        if need != 0 and nc > 0:
-            sat |= _circle_mask_wide(circles, cs, nc, lat, lon, need)
-        if h & NEGATIVE_BIT:
-            alive &= ~sat
-        else:
-            alive &= sat
-        if alive == 0:
-            break
-    return alive
-
-
-@cuda.jit(device=True, cache=True)
-def _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
-    """The 64-bit group mask of requests for which `slot` is eligible."""
-    alive = _residual_alive(slot, resid, sched, ft, tm, n)
-    if alive == 0:
-        return alive
-    return _eval_program_wide(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
 
 
 @cuda.jit(device=True, cache=True)
@@ -355,10 +306,10 @@ class MatchKernel:
     group: int  # requests per group
     circle_table: bool  # reads the host's circle table (`ctab`) in place of `circles`
 
-    def launch(self, ix, rq, out) -> None:
+    def launch(self, ix, rq, out, stream=0) -> None:
         threads, blocks_x = block_shape(ix[0].shape[0])
         places = rq["ctab"] if self.circle_table else ix[4]
-        self.kernel[(blocks_x, rq["nreq"].shape[0]), threads](
+        self.kernel[(blocks_x, rq["nreq"].shape[0]), threads, stream](
             *ix[:4], places, rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], out)
 
 
@@ -375,22 +326,78 @@ def batched_kernel(name: str, group: RequestGroup, transpose_kind: str, max_regi
     return MatchKernel(cuda.jit(cache=True, **options)(fn), group.requests, group.circle_table)
 
 
-WIDE = RequestGroup("wide", WIDE_GROUP, uint64, device_function(_load_group_template, "load_group_wide",
-                                                                group_requests=WIDE_GROUP),
-                    _slot_mask_wide, _write_rows_wide)
+# --- the shipped request group: custom locations decided on the host (the circle table) -------------
+@cuda.jit(device=True, cache=True)
+def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
+    """Run one slot's clause program for a group of 64 (`alive` in, surviving requests out), TERM_UNROLL
+    independent `rtab` loads per early-exit test; custom locations are read from the circle table:
+    ctab[g, q] holds the requests of the group inside circle q (gpu.index.CircleLookup), so a clause's
+    circles are OR-ed like its terms and the kernel does no float64 arithmetic and no trigonometry."""
+    n_clauses = int64(prog[p])
+    q = p + 1
+    for _c in range(n_clauses):
+        h = int64(prog[q])
+        q += 1
+        nt = h & TERM_COUNT_MASK
+        cs = int64(0)
+        nc = int64(0)
+        if h & CIRCLES_BIT:
+            cs = int64(prog[q])
+            nc = int64(prog[q + 1])
+            q += 2
+        sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
+        q += nt
+        k = int64(0)
+        while k < nc and (sat & alive) != alive:
+            sat |= int64(ctab[g, cs + k])
+            k += 1
+        if h & NEGATIVE_BIT:
+            alive &= ~sat
+        else:
+            alive &= sat
+        if alive == 0:
+            break
+    return alive
 
-# v6 = the shuffle transpose held to 64 registers: 66 registers allowed 3 blocks of 256 threads per SM,
-# 64 allow 4 (the register file holds 65,536); the 8 bytes it spills sit on the custom-location path
-_V4 = batched_kernel("match_v4", WIDE, "shared")
-_V6 = batched_kernel("match_v6", WIDE, "shuffle", max_registers=64)
-match_v4, match_v6 = _V4.kernel, _V6.kernel
+
+@cuda.jit(device=True, cache=True)
+def _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, lat, lon, n):
+    """The 64-bit group mask of requests for which `slot` is eligible, custom locations read from the
+    circle table (`lat`, `lon` unused: the table holds the answer)."""
+    alive = _residual_alive(slot, resid, sched, ft, tm, n)
+    if alive == 0:
+        return alive
+    return _eval_program_ctab(prog, prog_ptr[slot], alive, rtab, g, ctab)
+
+
+@cuda.jit(device=True, cache=True)
+def _load_group_ctab(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
+    """The group's residual tables and request times into shared memory (no positions: unused)."""
+    i = tid
+    while i < FTAB_WORDS:
+        ft[i] = ftab[g, i]
+        i += cuda.blockDim.x
+    if tid < WIDE_GROUP:
+        tm[tid] = rtime[g, tid]
+    cuda.syncthreads()
+
+
+CIRCLE_TABLE = RequestGroup("circle table", WIDE_GROUP, uint64, _load_group_ctab, _slot_mask_ctab, _write_rows_wide,
+                            circle_table=True)
+
+# v8 = the shuffle transpose: no barriers in the transpose (v2 -> v3 and v4 -> v5 measured +20 to +45%);
+# v7 = the same group with the shared-memory transpose: the same bits without warp intrinsics
+_V7 = batched_kernel("match_v7", CIRCLE_TABLE, "shared")
+_V8 = batched_kernel("match_v8", CIRCLE_TABLE, "shuffle")
+match_v7, match_v8 = _V7.kernel, _V8.kernel
 
 VERSIONS = version_table(
-    Version(4, "v4 wide", "64-request groups, four table loads per early-exit test, shared-memory transpose", _V4),
-    Version(6, "v6 wide+shfl, 64 regs", "v4 with the warp-shuffle transpose, at most 64 registers per thread", _V6),
+    Version(7, "v7 circle table", "64-request groups, custom locations decided on the host (the circle table), "
+            "shared-memory transpose", _V7),
+    Version(8, "v8 table+shfl", "v7 with the warp-shuffle transpose", _V8),
 )
-SHIPPED = 6  # fastest measured (docs/GPU_INDEX.md)
-SIMULATOR_FALLBACK = 4  # for a version marked GPU only: the same bits without warp intrinsics
+SHIPPED = 8  # fastest measured with equal answers (docs/GPU_INDEX.md: 266 G pool ads/s at 10M, v6 69.8 G)
+SIMULATOR_FALLBACK = 7  # for a version marked GPU only: the same bits without warp intrinsics
 
 
 def version(v=None) -> Version:
@@ -427,12 +434,13 @@ def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
 
 
 # --- launchers ---------------------------------------------------------------------------------------
-def launch(version: Version, ix, rq, out) -> None:
+def launch(version: Version, ix, rq, out, stream=0) -> None:
     """Run match kernel `version` on index arrays `ix` (resid, prog_ptr, prog, sched, circles) and
-    request arrays `rq` (a dict made by gpu.index.RequestBatch) into `out` (uint32[B, capacity // 32])."""
+    request arrays `rq` (a dict made by gpu.index.RequestBatch) into `out` (uint32[B, capacity // 32]),
+    on `stream`. The launch shape depends only on the capacity (`block_shape`) and the number of groups."""
     if ix[0].shape[0] == 0 or out.shape[0] == 0:
         return
-    version.recipe.launch(ix, rq, out)
+    version.recipe.launch(ix, rq, out, stream)
 
 
 def block_shape(capacity: int) -> tuple[int, int]:
@@ -461,11 +469,12 @@ def kernel_signatures():
     from numba import types as T
 
     ix = index_signature()
-    wide = ix + (T.uint64[:, ::1], T.uint64[:, ::1], T.int64[:, ::1], T.float64[:, :, ::1], T.int32[::1],
-                 T.uint32[:, ::1])
+    table = ix[:4] + (T.uint64[:, ::1], T.uint64[:, ::1], T.uint64[:, ::1], T.int64[:, ::1], T.float64[:, :, ::1],
+                      T.int32[::1], T.uint32[:, ::1])
     u32, i64 = T.uint32, T.int64
     return [
-        ("match_v4", match_v4.py_func, wide),
+        ("match_v7", match_v7.py_func, table),
+        ("match_v8", match_v8.py_func, table),
         ("compact_programs", compact_programs.py_func, (u32[::1], i64[::1], u32[::1], i64[::1], u32[::1])),
         ("scatter_slots", scatter_slots.py_func, (i64[::1], u32[::1], i64[::1], i64[:, ::1], u32[::1], i64[::1],
                                                   i64[:, ::1])),

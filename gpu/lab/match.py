@@ -16,36 +16,41 @@ Versions (`VERSIONS`, every one; the index ships `gpu.kernels.match.SHIPPED`):
     v4 wide       groups of 64 requests (the masks were 64-bit integers already, so a pass serves
                   twice the requests for the same instructions), and the term loop issues four
                   independent table loads before it tests for an early exit (v2 waited for each
-                  load); shared-memory transpose of both 32-bit halves. Shipped as the simulator's
-                  fallback.
+                  load); shared-memory transpose of both 32-bit halves; custom locations by the
+                  float64 great-circle distance on the device.
     v5 wide+shfl  v4 with the shuffle transpose (emulated under the simulator).
     v6 v5, 64 regs the same code compiled with at most 64 registers per thread, for 4 blocks per SM
-                  instead of 3 (emulated under the simulator). Shipped.
+                  instead of 3 (emulated under the simulator). Shipped until v8 measured faster.
     v7 circle table  v4 with custom locations decided on the host: `ctab[g, q]` holds the requests of
-                  group g inside circle q (float64 great-circle distance, the oracle's function,
-                  tested only for circles in a latitude band around each user), OR-ed like terms, so
-                  the kernel has no float64 math and no trigonometry.
-    v8 table+shfl v7 with the shuffle transpose (emulated under the simulator).
+                  group g inside circle q (float64 great-circle distance, the function every index
+                  uses, tested only for circles in a latitude band around each user), OR-ed like
+                  terms, so the kernel has no float64 math and no trigonometry. Shipped as the
+                  simulator's fallback.
+    v8 table+shfl v7 with the shuffle transpose (emulated under the simulator). Shipped.
 
 v2 to v8 come from the one generator of the shipped file, `batched_kernel`: the request groups of
-32 (`NARROW`) and with the host's circle table (`CIRCLE_TABLE`) are defined here, the one of 64 with
-the great-circle test (`WIDE`) there. Argument layouts are documented in gpu/kernels/match.py.
+32 (`NARROW`) and of 64 with the great-circle test on the device (`WIDE`) are defined here, the one
+with the host's circle table (`CIRCLE_TABLE`) there. Argument layouts are documented in
+gpu/kernels/match.py.
 """
 
 from __future__ import annotations
 
+from andromeda_nb.geo import haversine_km
 from andromeda_nb.versions import Version, version_table
 
 from ..kernels import match as shipped
 from ..kernels.match import (  # noqa: F401  (the constants are read by the kernels below)
-    ACTIVE_BIT, AGE_MAX_SHIFT, AGE_MIN_SHIFT, AGE_UNBOUNDED, CIRCLES_BIT, DEVICE_SHIFT, FTAB_WORDS, FULL_MASK,
-    GENDER_SHIFT, NEGATIVE_BIT, OS_SHIFT, PUBLISHER_SHIFT, SCHEDULE_BIT, TERM_COUNT_MASK, WIDE, WIDE_GROUP,
-    RequestGroup, _clause_terms_wide, _load_group_template, _residual_alive, batched_kernel, block_shape, cuda,
-    device_function, haversine_dev, index_signature,
+    ACTIVE_BIT, AGE_MAX_SHIFT, AGE_MIN_SHIFT, AGE_UNBOUNDED, CIRCLE_TABLE, CIRCLES_BIT, DEVICE_SHIFT, FTAB_WORDS,
+    FULL_MASK, GENDER_SHIFT, NEGATIVE_BIT, OS_SHIFT, PUBLISHER_SHIFT, SCHEDULE_BIT, TERM_COUNT_MASK, WIDE_GROUP,
+    RequestGroup, _clause_terms_wide, _load_group_template, _residual_alive, _write_rows_wide, batched_kernel,
+    block_shape, cuda, device_function, index_signature,
 )
 from ..kernels.match import kernel_signatures as shipped_signatures
 
-from numba import int64, uint32  # noqa: E402  (after the simulator choice: gpu.kernels.match made it)
+from numba import int64, uint32, uint64  # noqa: E402  (after the simulator choice: gpu.kernels.match made it)
+
+haversine_dev = cuda.jit(device=True)(haversine_km)
 
 GROUP_REQUESTS = 32  # requests per group in v2, v3 (bits of a mask word)
 
@@ -133,11 +138,11 @@ class NaiveKernel:
     group = 0  # the per-request form of the request arrays
     circle_table = False
 
-    def launch(self, ix, rq, out) -> None:
+    def launch(self, ix, rq, out, stream=0) -> None:
         threads, blocks_x = block_shape(ix[0].shape[0])
-        out[:] = 0
-        self.kernel[(blocks_x, out.shape[0]), threads](*ix, rq["rscal"], rq["rpos1"], rq["rterm_ptr"], rq["rterms"],
-                                                       out)
+        out[:] = 0  # ordered before the launch: the default stream waits for the index's stream and back
+        self.kernel[(blocks_x, out.shape[0]), threads, stream](*ix, rq["rscal"], rq["rpos1"], rq["rterm_ptr"],
+                                                               rq["rterms"], out)
 
 
 # --- v2, v3: groups of 32 requests -----------------------------------------------------------------------
@@ -217,12 +222,25 @@ NARROW = RequestGroup("narrow", GROUP_REQUESTS, uint32,
                       _slot_mask, _write_rows_narrow)
 
 
-# --- v7, v8: custom locations decided on the host ---------------------------------------------------------
+# --- v4, v5, v6: groups of 64 requests, custom locations by the great-circle test on the device ---------
 @cuda.jit(device=True, cache=True)
-def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
-    """`_eval_program_wide` with custom locations read from the circle table: ctab[g, q] holds the
-    requests of the group inside circle q (gpu.index.GpuTargetingIndex.circle_table), so a clause's
-    circles are OR-ed like its terms and the kernel does no trigonometry."""
+def _circle_mask_wide(circles, cs, nc, lat, lon, need):
+    """`_circle_mask` for 64-bit group masks (bit 63 makes the mask negative: no shifting loop)."""
+    hit = int64(0)
+    for k in range(nc):
+        clat = circles[cs + k, 0]
+        clon = circles[cs + k, 1]
+        rad = circles[cs + k, 2]
+        for r in range(WIDE_GROUP):
+            if ((need & ~hit) >> r) & 1:
+                if haversine_dev(lat[r], lon[r], clat, clon) <= rad:
+                    hit |= int64(1) << r
+    return hit
+
+
+@cuda.jit(device=True, cache=True)
+def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
+    """`_eval_program` with TERM_UNROLL independent loads per early-exit test."""
     n_clauses = int64(prog[p])
     q = p + 1
     for _c in range(n_clauses):
@@ -237,10 +255,9 @@ def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
             q += 2
         sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
         q += nt
-        k = int64(0)
-        while k < nc and (sat & alive) != alive:
-            sat |= int64(ctab[g, cs + k])
-            k += 1
+        need = alive & ~sat
+        if need != 0 and nc > 0:
+            sat |= _circle_mask_wide(circles, cs, nc, lat, lon, need)
         if h & NEGATIVE_BIT:
             alive &= ~sat
         else:
@@ -251,45 +268,37 @@ def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
 
 
 @cuda.jit(device=True, cache=True)
-def _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, lat, lon, n):
-    """`_slot_mask_wide` over the circle table (`lat`, `lon` unused: the table holds the answer)."""
+def _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
+    """The 64-bit group mask of requests for which `slot` is eligible."""
     alive = _residual_alive(slot, resid, sched, ft, tm, n)
     if alive == 0:
         return alive
-    return _eval_program_ctab(prog, prog_ptr[slot], alive, rtab, g, ctab)
+    return _eval_program_wide(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
 
 
-@cuda.jit(device=True, cache=True)
-def _load_group_ctab(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
-    """The group's residual tables and request times into shared memory (no positions: unused)."""
-    i = tid
-    while i < FTAB_WORDS:
-        ft[i] = ftab[g, i]
-        i += cuda.blockDim.x
-    if tid < WIDE_GROUP:
-        tm[tid] = rtime[g, tid]
-    cuda.syncthreads()
+WIDE = RequestGroup("wide", WIDE_GROUP, uint64, device_function(_load_group_template, "load_group_wide",
+                                                                group_requests=WIDE_GROUP),
+                    _slot_mask_wide, _write_rows_wide)
 
-
-CIRCLE_TABLE = RequestGroup("circle table", WIDE_GROUP, WIDE.word, _load_group_ctab, _slot_mask_ctab,
-                            WIDE.write_rows, circle_table=True)
 
 # --- the table ---------------------------------------------------------------------------------------------
 _V2 = batched_kernel("match_v2", NARROW, "shared")
 _V3 = batched_kernel("match_v3", NARROW, "shuffle")
+_V4 = batched_kernel("match_v4", WIDE, "shared")
 _V5 = batched_kernel("match_v5", WIDE, "shuffle")
-_V7 = batched_kernel("match_v7", CIRCLE_TABLE, "shared")
-_V8 = batched_kernel("match_v8", CIRCLE_TABLE, "shuffle")
-match_v2, match_v3, match_v5, match_v7, match_v8 = _V2.kernel, _V3.kernel, _V5.kernel, _V7.kernel, _V8.kernel
+# v6 = the shuffle transpose held to 64 registers: 66 registers allowed 3 blocks of 256 threads per SM,
+# 64 allow 4 (the register file holds 65,536); the 8 bytes it spills sit on the custom-location path
+_V6 = batched_kernel("match_v6", WIDE, "shuffle", max_registers=64)
+match_v2, match_v3, match_v4, match_v5, match_v6 = _V2.kernel, _V3.kernel, _V4.kernel, _V5.kernel, _V6.kernel
 
 VERSIONS = version_table(
     Version(1, "v1 naive", "one thread per (slot, request), binary search of the user's terms, atomic OR",
             NaiveKernel()),
     Version(2, "v2 batched", "32-request groups, shared-memory transpose", _V2),
     Version(3, "v3 shuffled", "v2 with the warp-shuffle transpose", _V3),
+    Version(4, "v4 wide", "64-request groups, four table loads per early-exit test, shared-memory transpose", _V4),
     Version(5, "v5 wide+shfl", "v4 with the warp-shuffle transpose", _V5),
-    Version(7, "v7 circle table", "v4 with custom locations decided on the host", _V7),
-    Version(8, "v8 table+shfl", "v7 with the warp-shuffle transpose", _V8),
+    Version(6, "v6 wide+shfl, 64 regs", "v5 compiled with at most 64 registers per thread", _V6),
     *shipped.VERSIONS.values(),
 )
 SHIPPED = shipped.SHIPPED
@@ -305,19 +314,17 @@ def kernel_signatures():
     requests = (i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])  # rtime, rpos, nreq, out
     narrow = ix + (u32[:, ::1], u32[:, ::1]) + requests
     wide = ix + (u64[:, ::1], u64[:, ::1]) + requests
-    table = ix[:4] + (u64[:, ::1], u64[:, ::1], u64[:, ::1]) + requests
     naive = ix + (i64[:, ::1], f64[:, ::1], i64[::1], u32[::1], u32[:, ::1])
     product = {name: (fn, sig) for name, fn, sig in shipped_signatures()}
     return [
         ("match_v1", match_v1.py_func, naive),
         ("match_v2", match_v2.py_func, narrow),
         ("match_v3", match_v3.py_func, narrow),
-        ("match_v4", *product.pop("match_v4")),
+        ("match_v4", match_v4.py_func, wide),
         ("match_v5", match_v5.py_func, wide),
-        ("match_v7", match_v7.py_func, table),
-        ("match_v8", match_v8.py_func, table),
+        ("match_v6", match_v6.py_func, wide),
         *((name, fn, sig) for name, (fn, sig) in product.items()),
     ]
 
 
-__all__ = ["CIRCLE_TABLE", "NARROW", "SHIPPED", "SIMULATOR_FALLBACK", "VERSIONS", "kernel_signatures"]
+__all__ = ["CIRCLE_TABLE", "NARROW", "SHIPPED", "SIMULATOR_FALLBACK", "VERSIONS", "WIDE", "kernel_signatures"]

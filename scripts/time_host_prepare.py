@@ -1,0 +1,85 @@
+"""Host preparation of one match batch on this machine's CPU, as `andromeda bench match` counts it:
+the requests encoded, then `GpuTargetingIndex.prepare` (term lookup, per-group tables, the circle
+table of the table-reading kernels, the packed upload), on a pool tiled from the base corpus of
+`bench match` (32,768 generated ads, seed 7, 256 requests) to about 10M slots.
+
+The kernels run under the CUDA simulator here, so the upload is a host memory copy and no kernel is
+timed: the figures are the host's share of a batch, the part that must stay below the kernel time.
+Each figure is the median of repeated calls after a warm-up, by the wall clock and by this process's
+CPU time (other processes on a busy machine inflate the first, not the second):
+
+    PYTHONPATH=. python3 scripts/time_host_prepare.py --base out/bench_match_base.pkl.gz \\
+        --out docs/results/probes/host_prepare_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # only host code is timed; no device needed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", default=None, help="base corpus cache of bench match (gzip pickle): read when "
+                        "present, else generated and written there")
+    parser.add_argument("--pool", type=int, default=10_000_000, help="pool size (ads) the base corpus is tiled to")
+    parser.add_argument("--batches", default="64,256", help="requests per batch, comma-separated")
+    parser.add_argument("--versions", default="6,8", help="match kernel versions whose preparation is timed")
+    parser.add_argument("--repeat", type=int, default=20, help="timed calls per figure (after a warm-up)")
+    parser.add_argument("--out", default=None, help="write the JSON result here too")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    from andromeda_nb.bench import timed_runs
+    from andromeda_nb.devices import resolve
+    from andromeda_nb.provenance import host_info
+    from andromeda_nb.tiling import load_or_generate_base
+
+    resolve("sim")
+    from gpu.bench_match import BASE_ADS, build_tiled_index, host_prepare
+    from gpu.lab import match as lab
+
+    base = load_or_generate_base(args.base, BASE_ADS, 256, 7, progress=True)
+    copies = max(1, args.pool // len(base.ads))
+    t0 = time.perf_counter()
+    index = build_tiled_index(base.compiled, copies, device="sim")
+    print(f"pool {len(index):,} ads built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    figures = []
+    for b in (int(x) for x in args.batches.split(",")):
+        requests = [base.requests[i % len(base.requests)] for i in range(b)]
+        for v in (int(x) for x in args.versions.split(",")):
+            version = lab.VERSIONS[v]
+
+            def prepare():
+                return host_prepare(index, requests, version)
+
+            row = {"batch": b, "version": v}
+            for name, clock in (("wall", time.perf_counter), ("cpu", time.process_time)):
+                runs = np.asarray(timed_runs(prepare, args.repeat, clock=clock, warmup=2)) * 1e3
+                row[f"{name}_ms"] = {"median": float(np.median(runs)), "min": float(runs.min()),
+                                     "max": float(runs.max())}
+            row["us_per_request"] = 1e3 * row["wall_ms"]["median"] / b
+            figures.append(row)
+            print(f"batch {b:4d} v{v}: {row['wall_ms']['median']:8.3f} ms wall, {row['cpu_ms']['median']:8.3f} ms cpu",
+                  file=sys.stderr)
+    argv = sys.argv[1:] if argv is None else argv
+    result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
+              "base_ads": len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
+              "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures,
+              "command": shlex.join(["python3", "scripts/time_host_prepare.py", *argv]), "host": host_info()}
+    print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
