@@ -1,0 +1,154 @@
+"""Requests of concurrent calls gathered into one engine batch.
+
+A co-located server answers every Flight exchange on its own thread, and a client usually sends a
+few requests per call; an engine on a GPU costs about the same for one request as for sixty-four
+(the pool is read once per launch either way). `RequestBatcher` puts the calls that arrive together
+into one batch: a caller hands over its requests and waits; one worker thread takes the first call
+waiting, keeps taking calls until `max_wait_s` has passed since that first one or `max_requests` are
+gathered, runs them as one batch (`run(requests, k)` at the largest k asked), and hands every caller
+its own answers cut to its own k. A call alone waits at most `max_wait_s` (default 0.2 ms) longer
+than it would have; with `max_wait_s=0` calls are still served one batch at a time but never wait
+for company.
+
+An error of a batch goes to every caller of that batch; the worker carries on with the next.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_WAIT_S = 0.0002
+DEFAULT_MAX_REQUESTS = 1024
+
+
+@dataclass
+class _Call:
+    requests: list
+    ks: list
+    done: threading.Event = field(default_factory=threading.Event)
+    answers: list | None = None
+    tag: object = None
+    error: BaseException | None = None
+
+
+class BatcherClosed(RuntimeError):
+    """The batcher was closed: no more calls are taken."""
+
+
+class RequestBatcher:
+    """`run(requests, k) -> (answers, tag)`: one batch on the engine, answers in request order, each
+    (ids, scores) at least k long where that many are eligible; `tag` (for example the sequence number
+    of the last update the batch reflects) goes back to every caller of the batch."""
+
+    def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
+                 name: str = "request-batcher"):
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
+        if max_requests < 1:
+            raise ValueError(f"max_requests must be at least 1, got {max_requests}")
+        self.run = run
+        self.max_wait_s = float(max_wait_s)
+        self.max_requests = int(max_requests)
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._stats_lock = threading.Lock()
+        self.batches = 0
+        self.calls = 0
+        self.requests = 0
+        self._worker = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._worker.start()
+
+    def submit(self, requests, ks) -> tuple[list, object]:
+        """Answers for `requests` (each cut to its k of `ks`) and the tag of the batch they ran in."""
+        if len(requests) != len(ks):
+            raise ValueError(f"{len(requests)} requests but {len(ks)} values of k")
+        if self._closed.is_set():
+            raise BatcherClosed("the server is shutting down")
+        if not requests:
+            return [], None
+        call = _Call(list(requests), list(ks))
+        self._queue.put(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.answers, call.tag
+
+    def stats(self) -> dict:
+        with self._stats_lock:
+            return {"batches": self.batches, "calls": self.calls, "requests": self.requests,
+                    "max_wait_ms": self.max_wait_s * 1e3}
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop taking calls; the batch in hand finishes, calls still queued get BatcherClosed."""
+        self._closed.set()
+        self._queue.put(None)
+        self._worker.join(timeout_s)
+
+    # --- the worker ------------------------------------------------------------------------------------
+    def _gather(self, first: _Call) -> list[_Call]:
+        calls, n = [first], len(first.requests)
+        deadline = time.perf_counter() + self.max_wait_s
+        while n < self.max_requests:
+            try:
+                left = deadline - time.perf_counter()
+                call = self._queue.get_nowait() if left <= 0 else self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if call is None:  # closing: serve what is in hand, then stop
+                self._queue.put(None)
+                break
+            if n + len(call.requests) > self.max_requests and n:
+                self._run([*calls])
+                calls, n = [], 0
+                deadline = time.perf_counter() + self.max_wait_s
+            calls.append(call)
+            n += len(call.requests)
+        return calls
+
+    def _run(self, calls: list[_Call]) -> None:
+        requests = [r for c in calls for r in c.requests]
+        try:
+            answers, tag = self.run(requests, max(k for c in calls for k in c.ks))
+            if len(answers) != len(requests):
+                raise RuntimeError(f"the engine answered {len(answers)} of {len(requests)} requests")
+        except BaseException as exc:  # every caller of the batch hears of it
+            for c in calls:
+                c.error = exc
+                c.done.set()
+            return
+        at = 0
+        for c in calls:
+            part = answers[at : at + len(c.requests)]
+            at += len(c.requests)
+            c.answers = [(ids[:k], scores[:k]) for (ids, scores), k in zip(part, c.ks)]
+            c.tag = tag
+            c.done.set()
+        with self._stats_lock:
+            self.batches += 1
+            self.calls += len(calls)
+            self.requests += len(requests)
+
+    def _serve(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            calls = self._gather(first)
+            if calls:
+                self._run(calls)
+            if self._closed.is_set():
+                break
+        while True:  # calls that came in after the close
+            try:
+                call = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if call is not None:
+                call.error = BatcherClosed("the server is shutting down")
+                call.done.set()
+
+
+__all__ = ["BatcherClosed", "DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_WAIT_S", "RequestBatcher"]

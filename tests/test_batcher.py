@@ -1,0 +1,103 @@
+"""The request batcher (andromeda_nb/batcher.py): concurrent calls gathered into engine batches, each
+caller answered with its own requests cut to its own k, errors to every caller of a batch, bounds kept."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from andromeda_nb.batcher import BatcherClosed, RequestBatcher
+
+
+class FakeEngine:
+    """Answers request r with ids r*1000 + 0..k-1 and scores descending; records every batch."""
+
+    def __init__(self, delay_s=0.0, fail_on=None):
+        self.batches = []
+        self.delay_s = delay_s
+        self.fail_on = fail_on
+        self.seq = 0
+
+    def __call__(self, requests, k):
+        self.batches.append(list(requests))
+        if self.fail_on is not None and self.fail_on in requests:
+            raise ValueError(f"request {self.fail_on} is bad")
+        time.sleep(self.delay_s)
+        self.seq += 1
+        return [(np.arange(k, dtype=np.int64) + r * 1000, np.linspace(1, 0, k, dtype=np.float32)) for r in requests], self.seq
+
+
+def _clients(batcher, n, per_call, ks):
+    results, errors = {}, {}
+
+    def client(i):
+        reqs = list(range(i * per_call, (i + 1) * per_call))
+        try:
+            results[i] = batcher.submit(reqs, [ks[i % len(ks)]] * per_call)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            errors[i] = exc
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return results, errors
+
+
+def test_concurrent_calls_share_batches_and_get_their_own_answers():
+    engine = FakeEngine(delay_s=0.01)
+    batcher = RequestBatcher(engine, max_wait_s=0.005)
+    try:
+        results, errors = _clients(batcher, 24, 3, ks=(1, 5, 9))
+    finally:
+        batcher.close()
+    assert not errors and len(results) == 24
+    for i, (answers, tag) in results.items():
+        k = (1, 5, 9)[i % 3]
+        assert len(answers) == 3
+        for r, (ids, scores) in zip(range(i * 3, i * 3 + 3), answers):
+            assert ids.tolist() == [r * 1000 + j for j in range(k)] and len(scores) == k
+        assert tag >= 1
+    assert sum(len(b) for b in engine.batches) == 72
+    assert len(engine.batches) < 24, "calls that arrive together share a batch"
+    assert batcher.stats()["calls"] == 24 and batcher.stats()["batches"] == len(engine.batches)
+
+
+def test_a_batch_never_exceeds_max_requests():
+    engine = FakeEngine(delay_s=0.01)
+    batcher = RequestBatcher(engine, max_wait_s=0.01, max_requests=8)
+    try:
+        results, errors = _clients(batcher, 12, 3, ks=(4,))
+    finally:
+        batcher.close()
+    assert not errors and len(results) == 12
+    assert max(len(b) for b in engine.batches) <= 8
+
+
+def test_an_error_reaches_every_caller_of_its_batch_and_the_next_batch_runs():
+    engine = FakeEngine(fail_on=7)
+    batcher = RequestBatcher(engine, max_wait_s=0.0)
+    try:
+        with pytest.raises(ValueError, match="request 7 is bad"):
+            batcher.submit([6, 7], [2, 2])
+        answers, _ = batcher.submit([8], [3])
+        assert answers[0][0].tolist() == [8000, 8001, 8002]
+    finally:
+        batcher.close()
+
+
+def test_closed_batcher_refuses_and_bad_arguments_are_named():
+    batcher = RequestBatcher(FakeEngine())
+    batcher.close()
+    with pytest.raises(BatcherClosed, match="shutting down"):
+        batcher.submit([1], [1])
+    with pytest.raises(ValueError, match="max_wait_s must not be negative"):
+        RequestBatcher(FakeEngine(), max_wait_s=-1)
+    open_one = RequestBatcher(FakeEngine())
+    try:
+        with pytest.raises(ValueError, match="2 requests but 1 values of k"):
+            open_one.submit([1, 2], [3])
+    finally:
+        open_one.close()
