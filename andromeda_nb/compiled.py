@@ -237,6 +237,30 @@ def concat_compiled(parts: Sequence[CompiledTargeting]) -> CompiledTargeting:
     return CompiledTargeting(**cols)
 
 
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The indexes lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... concatenated (int64)."""
+    lengths = (hi - lo).astype(np.int64)
+    total = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.arange(total, dtype=np.int64) - starts + np.repeat(lo.astype(np.int64), lengths)
+
+
+def take_compiled(ct: CompiledTargeting, rows) -> CompiledTargeting:
+    """The compiled form of ct's ads at `rows` (in that order): equal, array for array, to
+    `compile_ads` of those ads."""
+    rows = np.asarray(rows, np.int64)
+    cols = {name: getattr(ct, name)[rows] for name, (_, length) in COMPILED_ARRAYS.items() if length == "N"}
+    clauses = _ranges(ct.clause_ptr[rows], ct.clause_ptr[rows + 1])
+    cols["clause_ptr"] = np.r_[0, np.cumsum(np.diff(ct.clause_ptr)[rows])].astype(np.int64)
+    cols["clause_negative"] = ct.clause_negative[clauses]
+    for ptr, counted in (("term_ptr", "terms"), ("circle_ptr", "circles")):
+        p = getattr(ct, ptr)
+        cols[ptr] = np.r_[0, np.cumsum(np.diff(p)[clauses])].astype(np.int64)
+        cols[counted] = getattr(ct, counted)[_ranges(p[clauses], p[clauses + 1])]
+    cols["circles"] = cols["circles"].reshape(-1, 3)
+    return CompiledTargeting(**cols)
+
+
 def check_compiled(ct: CompiledTargeting) -> None:
     """Structural checks of a compiled form that did not come from `compile_ads` (a stored file):
     dtypes, lengths, pointer arrays that start at 0, never decrease and end at their array's length,
