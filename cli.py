@@ -526,7 +526,7 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
 @click.option("--requests", "n_requests", default=256, show_default=True, help="Requests generated.")
 @click.option("--seed", default=7, show_default=True, help="Corpus seed.")
 @click.option("--base", "base_path", type=click.Path(dir_okay=False), default=None,
-              help="Base corpus cache (gzip pickle): read when present, else generated and written there.")
+              help="Base corpus cache (Parquet): read when present, else generated and written there.")
 @click.option("--updates/--no-updates", default=True, show_default=True,
               help="Measure updates per second applied while serving (on the first pool).")
 @click.option("--cpu-pool", default=1_000_000, show_default=True,

@@ -156,3 +156,17 @@ def test_retrieve_on_a_corpus_edited_to_format_30000_is_an_error_not_a_crash(cor
     result = CliRunner().invoke(main, ["retrieve", "--data", str(corpus), "--arch", "colocated", "--device", "cpu",
                                        "-q"])
     assert result.exit_code == 1 and "format: row 0" in result.output and "Traceback" not in result.output
+
+
+def test_the_base_corpus_cache_is_parquet_and_a_foreign_file_is_refused(tmp_path):
+    from andromeda_nb.tiling import BaseCorpus, BaseCorpusError, generate_base, load_or_generate_base
+
+    path = tmp_path / "base.parquet"
+    made = load_or_generate_base(str(path), 120, 4, 7)
+    assert path.read_bytes()[:4] == b"PAR1"
+    again = BaseCorpus.load(str(path))
+    assert again.ads == made.ads == generate_base(120, 4, 7).ads and again.seed == 7
+    assert [r.request_id for r in again.requests] == [r.request_id for r in made.requests]
+    path.write_bytes(b"\x80\x04\x95 a pickle, say")
+    with pytest.raises(BaseCorpusError, match="not a base corpus cache"):
+        BaseCorpus.load(str(path))
