@@ -431,63 +431,151 @@ def _service_dataset(data: str):
         raise click.ClickException(f"cannot load corpus {data}: {exc}") from None
 
 
+def _server_options(log: bool = True):
+    """The options every `serve` command shares (`andromeda_nb.serving.ServerSettings`): address,
+    tokens and TLS (`andromeda_nb.guard`), limits (`andromeda_nb.limits`), update log, stop deadline."""
+    from andromeda_nb.limits import DEFAULT_LIMITS as L
+
+    options = [
+        click.option("--host", default="127.0.0.1", show_default=True,
+                     help="Address to listen on; anything but loopback needs tokens or mutual TLS, or --insecure."),
+        click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+                     help="Port (0: a free one, printed on stdout)."),
+        click.option("--token", envvar="ANDROMEDA_TOKEN", default=None,
+                     help="Reader token: once a token is set, retrieve, health and stats need one ($ANDROMEDA_TOKEN)."),
+        click.option("--admin-token", envvar="ANDROMEDA_ADMIN_TOKEN", default=None,
+                     help="Admin token: update and compact need it ($ANDROMEDA_ADMIN_TOKEN)."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="Server certificate (PEM): TLS."),
+        click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM)."),
+        click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
+                     help="Mutual TLS: clients need a certificate this CA (PEM) signed."),
+        click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without authentication."),
+        click.option("--max-request-bytes", type=click.IntRange(1), default=None,
+                     help=f"Bytes of one request batch [default: {L.max_request_bytes}]."),
+        click.option("--max-batch-requests", type=click.IntRange(1), default=None,
+                     help=f"Requests in one batch [default: {L.max_batch_requests}]."),
+        click.option("--max-k", type=click.IntRange(1, MAX_K), default=None, help=f"Answers per request [default: {MAX_K}]."),
+        click.option("--max-updates", type=click.IntRange(1), default=None,
+                     help=f"Update lines in one call [default: {L.max_updates}]."),
+        click.option("--max-update-bytes", type=click.IntRange(1), default=None,
+                     help=f"Bytes of one update call [default: {L.max_update_bytes}]."),
+        click.option("--max-json-depth", type=click.IntRange(1), default=None,
+                     help=f"Nesting of any JSON text [default: {L.max_json_depth}]."),
+        click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help=f"Seconds one call may take [default: {L.deadline_s:g}]."),
+        click.option("--stop-deadline", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+                     help="Seconds from SIGTERM to exit, whatever clients do (batches in flight finish)."),
+    ]
+    if log:
+        options.append(click.option("--log", "log", default=None,
+                                    help="Update log: a path, or 'off' for none (updates in memory only) "
+                                         "[default: DIR/updates.log]."))
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _serve(run, **options):
+    """Build the settings from the options and run a server; what the user must fix is a message."""
+    from andromeda_nb.serving import ServerSettings, startup_errors
+
+    try:
+        run(ServerSettings.from_options(**options))
+    except startup_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @serve.command("scorer")
 @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
 @click.option("--threads", type=int, default=None, help="Scoring threads (default: all cores).")
-def serve_scorer(data, host, port, threads):
+@_server_options(log=False)
+def serve_scorer(data, threads, **options):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
+    Its index host delivers every update to it from its log, and catches it up after a restart.
 
     Prints {"service": "scorer", "location": ...} on stdout once listening; SIGTERM stops it."""
     from cpu_baseline.serve import run_scorer
 
-    run_scorer(_service_dataset(data), host=host, port=port, threads=threads)
+    dataset = _service_dataset(data)
+    _serve(lambda settings: run_scorer(dataset, settings, threads=threads), **options)
 
 
 @serve.command("remote")
 @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
 @click.option("--scorer", "scorer_address", required=True, help="Scoring service address (host:port).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
 @click.option("--threads", type=int, default=None, help="Matching threads (default: all cores).")
 @click.option("--scorer-timeout", default=10.0, show_default=True, help="Seconds to wait for the scorer.")
-def serve_remote(data, scorer_address, host, port, threads, scorer_timeout):
+@click.option("--scorer-token", envvar="ANDROMEDA_SCORER_TOKEN", default=None,
+              help="Token for the scoring service (default: --admin-token) ($ANDROMEDA_SCORER_TOKEN).")
+@click.option("--scorer-ca", type=click.Path(dir_okay=False), default=None, help="CA of the scorer's TLS certificate.")
+@click.option("--scorer-cert", type=click.Path(dir_okay=False), default=None, help="Client certificate for the scorer.")
+@click.option("--scorer-key", type=click.Path(dir_okay=False), default=None, help="Its private key.")
+@_server_options()
+def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, scorer_ca, scorer_cert, scorer_key,
+                 **options):
     """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely.
+    Keeps the update log (acknowledged updates survive restarts) and the scorer in step with it.
 
     Prints {"service": "remote", "location": ...} on stdout once listening; SIGTERM stops it."""
-    import pyarrow.flight as flight
+    from cpu_baseline.serve import run_index_host, scorer_credentials
 
-    from cpu_baseline.serve import run_index_host
+    def run(settings):
+        credentials = scorer_credentials(settings, token=scorer_token, ca=scorer_ca, cert=scorer_cert, key=scorer_key)
+        run_index_host(data, scorer_address, settings, threads=threads, scorer_timeout_s=scorer_timeout,
+                       credentials=credentials)
 
-    dataset = _service_dataset(data)
-    try:
-        run_index_host(dataset, scorer_address, host=host, port=port, threads=threads,
-                       scorer_timeout_s=scorer_timeout)
-    except (RuntimeError, flight.FlightError) as exc:
-        raise click.ClickException(str(exc)) from None
+    _serve(run, **options)
 
 
 @serve.command("colocated")
 @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
 @device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=0, show_default=True, help="Port (0: a free one, printed on stdout).")
 @click.option("--version", "version", type=int, default=None, help="Scoring kernel version (default: the best).")
-def serve_colocated(data, device, host, port, version):
+@_server_options()
+def serve_colocated(data, device, version, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
-    the ads; health, stats and update actions.
+    the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
     Prints {"service": "colocated", "location": ...} on stdout once listening; SIGTERM stops it."""
     from andromeda_nb.devices import resolve
 
-    try:
+    def run(settings):
         resolve(device)
         from migration.serve import run_colocated
 
-        run_colocated(_service_dataset(data), host=host, port=port, device=device, version=version)
-    except (RuntimeError, ValueError) as exc:
+        run_colocated(data, settings, device=device, version=version)
+
+    _serve(run, **options)
+
+
+@main.command()
+@_DATA_OPTION
+@click.option("--log", "log", type=click.Path(dir_okay=False), default=None,
+              help="The update log [default: DIR/updates.log].")
+@_JSON_OPTION
+@_QUIET_OPTION
+def compact(data, log, as_json, quiet):
+    """Fold a corpus's update log into a new snapshot of it, atomically, and start the log afresh.
+
+    For a corpus no server is running on (a running server holds its log: use its compact action)."""
+    import json
+
+    from andromeda_nb.compaction import compact_corpus
+    from andromeda_nb.serving import startup_errors
+
+    try:
+        result = compact_corpus(data, log)
+    except startup_errors() as exc:
         raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"folded {result['compacted']} updates into {data} (snapshot at update {result['seq']}, "
+                   f"{result['ads']} ads); log {result['log']} starts afresh")
 
 
 @bench.command("cpu")

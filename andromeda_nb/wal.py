@@ -304,17 +304,22 @@ class WriteAheadLog:
         return self.path is not None
 
     # --- appending ------------------------------------------------------------------------------------
-    def append(self, updates: Sequence[dict]) -> list[LogRecord]:
+    def append(self, updates: Sequence[dict], pause=None) -> list[LogRecord]:
         """Number `updates` (objects of DESIGN section 6), write them with one `write` and make them
         durable with one `fdatasync` (group commit): on return they survive any crash. On failure
-        the file is cut back to where it was and LogError says why (nothing was logged)."""
+        the file is cut back to where it was and LogError says why (nothing was logged). `pause()`
+        is called between records while they are encoded (a server lets retrieval go first)."""
         records = [LogRecord(self.last_seq + 1 + i, u) for i, u in enumerate(updates)]
         if not records:
             return records
         if self._memory is not None:
             self._memory.extend(records)
         else:
-            lines = [r.line() for r in records]
+            lines = []
+            for record in records:
+                if pause is not None:
+                    pause()
+                lines.append(record.line())
             start = self._size
             try:
                 view = memoryview(b"".join(lines))

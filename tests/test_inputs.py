@@ -1,20 +1,24 @@
 """Bad input gets a clear error, never a traceback or a crash (issue 15, points 7 and 9): JSON nested a
 thousand deep, repeated keys, byte-order marks and bytes that are not UTF-8 in every JSON reader
 (`import`, `--updates`, the Flight request column and update body, meta.json); corpus values out of
-range in a corpus edited with its hashes recomputed."""
+range in a corpus edited with its hashes recomputed; a request id with two sources."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
 import pytest
 from click.testing import CliRunner
 
+from andromeda_nb import flight as fl
 from andromeda_nb import jsontext, store
+from andromeda_nb.targeting import request_to_json
 from andromeda_nb.updates import read_updates
 
-from _servers import D, F, edit_corpus, lines_of, saved_corpus, update_stream
+from _servers import D, F, colocated_server, edit_corpus, lines_of, location, saved_corpus, stop, update_stream
 
 DEEP = "[" * 1000 + "]" * 1000
 GEO = {"geo_locations": {"countries": ["US"]}}
@@ -156,6 +160,66 @@ def test_retrieve_on_a_corpus_edited_to_format_30000_is_an_error_not_a_crash(cor
     result = CliRunner().invoke(main, ["retrieve", "--data", str(corpus), "--arch", "colocated", "--device", "cpu",
                                        "-q"])
     assert result.exit_code == 1 and "format: row 0" in result.output and "Traceback" not in result.output
+
+
+# --- over Flight -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    _, dataset = saved_corpus(tmp_path_factory.mktemp("inputs") / "corpus", 8, n_ads=80, n_requests=3)
+    srv = colocated_server(dataset)
+    yield srv, location(srv), dataset
+    stop(srv)
+
+
+def _send(loc, rows):
+    batch = pa.record_batch([pa.array([r[0] for r in rows], pa.int64()), pa.array([r[1] for r in rows], pa.utf8()),
+                             pa.array([5] * len(rows), pa.int32())], schema=fl.REQUEST_SCHEMA)
+    client = flight.connect(loc)
+    try:
+        return fl.exchange_batches(client, [batch], timeout=20)
+    finally:
+        client.close()
+
+
+def test_request_id_has_one_source(server):
+    srv, loc, dataset = server
+    body = request_to_json(dataset.requests[0], with_id=False)
+    assert "request_id" not in json.loads(fl.request_text(dataset.requests[0]))  # the client sends the column only
+    with pytest.raises(flight.FlightServerError, match="request 5: request_id: 99 disagrees with the request id 5"):
+        _send(loc, [(5, json.dumps({**body, "request_id": 99}))])
+    (answer,) = _send(loc, [(5, json.dumps({**body, "request_id": 5})), ])  # the same id twice is one source
+    assert set(answer.column("request_id").to_pylist()) <= {5}
+    with pytest.raises(flight.FlightServerError, match="request 5: request_id appears more than once in the batch"):
+        _send(loc, [(5, json.dumps(body)), (6, json.dumps(body)), (5, json.dumps(body))])
+
+
+def test_deep_or_repeated_request_json_is_a_clear_error(server):
+    srv, loc, dataset = server
+    body = json.dumps(request_to_json(dataset.requests[0], with_id=False))
+    with pytest.raises(flight.FlightServerError, match="request 3: request: nested 1000 levels deep"):
+        _send(loc, [(3, DEEP)])
+    with pytest.raises(flight.FlightServerError, match=r"request 4: user\.age: key appears more than once"):
+        _send(loc, [(4, body.replace('"age":', '"age":30,"age":'))])
+    with pytest.raises(flight.FlightServerError, match="request 6: request is not valid JSON"):
+        _send(loc, [(6, "\ufeff")])
+    assert _send(loc, [(7, "\ufeff" + body)])  # a byte-order mark is skipped
+    assert fl.flight_action(loc, "health")["status"] == "ok"
+
+
+def test_update_body_bad_lines_rejected_alone(server):
+    srv, loc, dataset = server
+    updates = update_stream(dataset, 3, 2)
+    lines = lines_of(updates).split("\n")
+    body = "\n".join([lines[0], DEEP, lines[1], '{"op":"retire","op":"retire","ad_id":1}', lines[2]]).encode()
+    ack = fl.flight_action(loc, "update", body + b"\n\xff\xfe\n")
+    assert ack["applied"] == 3
+    assert [(r["line"], r["error"].split(":")[0]) for r in ack["rejected"]] == [(2, "malformed JSON"),
+                                                                                (4, "malformed JSON"),
+                                                                                (6, "malformed JSON")]
+    assert "levels deep" in ack["rejected"][0]["error"] and "op: key appears" in ack["rejected"][1]["error"]
+    assert "UTF-8" in ack["rejected"][2]["error"]
 
 
 def test_the_base_corpus_cache_is_parquet_and_a_foreign_file_is_refused(tmp_path):
