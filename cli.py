@@ -74,11 +74,15 @@ def _apply_updates(path, targets, dataset, quiet: bool) -> None:
     if path is None:
         return
     from andromeda_nb.answers import apply_updates_file
+    from andromeda_nb.updates import nothing_applied
 
     applied, rejections = apply_updates_file(path, targets, dataset)
     _info(f"updates: {applied} applied, {len(rejections)} rejected", quiet)
     for r in rejections:  # rejections are reported even with --quiet
         click.echo(f"  rejected update {r}", err=True)
+    problem = nothing_applied(path, applied, rejections)
+    if problem:
+        raise click.ClickException(problem)
 
 
 def _write_json(result: dict, out, quiet: bool) -> None:
@@ -138,7 +142,9 @@ _UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_oka
                                help="JSON Lines update stream (DESIGN section 6) applied before answering.")
 _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
 _QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
-_BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the table.")
+_BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True,
+                                  help="Print the JSON result (one line) instead of the table.")
+_FORCE_OPTION = click.option("--force", is_flag=True, help="Replace the corpus OUT already holds.")
 _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None,
                                 help="Write the results as JSON here.")
 
@@ -157,13 +163,15 @@ _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), defaul
 @click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dimension D.")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
               help="Processes that make ads (default: up to 2; the files do not depend on it).")
+@_FORCE_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, quiet):
+def generate(n_ads, n_requests, seed, out, precision, dim, workers, force, as_json, quiet):
     """Write a seeded synthetic corpus: Parquet ads and requests, model.npz and meta.json.
 
     Prints how much of the pool a request finds eligible (min / p10 / median / p90 / max over
-    requests), checked with the oracle on an evenly spaced sample of ads when the pool is large.
+    requests), checked with the oracle on an evenly spaced sample of ads when the pool is large. An
+    OUT that already holds a corpus is replaced only with --force.
     """
     import json
     import os
@@ -171,7 +179,12 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, qui
 
     from andromeda_nb import corpus
     from andromeda_nb.answers import fraction_summary
+    from andromeda_nb.store import StoreError, refuse_existing_corpus
 
+    try:
+        refuse_existing_corpus(out, force)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
     workers = workers or max(1, min(2, os.cpu_count() or 1))
     start = time.perf_counter()
     with _Progress("generating ads", n_ads, quiet) as bar:
@@ -208,18 +221,22 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, as_json, qui
 @click.option("--dim", type=click.IntRange(1, 4096), default=None,
               help="Embedding dimension D when no --model is given (default 64).")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output corpus directory.")
-@click.option("--strict", is_flag=True, help="Exit non-zero when any ad or request is rejected.")
+@click.option("--strict", is_flag=True,
+              help="Write nothing and exit non-zero when any ad or request is rejected.")
+@_FORCE_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def import_(ads_path, requests_path, model_path, seed, precision, dim, out, strict, as_json, quiet):
+def import_(ads_path, requests_path, model_path, seed, precision, dim, out, strict, force, as_json, quiet):
     """Load ads and requests from JSON Lines into a corpus directory.
 
     Every rejected ad goes to OUT/rejected.jsonl as {"ad_id": .., "error": ".."} (the error names the
-    offending field's path) and is counted on stderr; the valid ones load.
+    offending field's path) and is counted on stderr; the valid ones load. Nothing is written, and the
+    exit code is 1, when no ad is valid, when REQ.jsonl has lines and none is valid, or with --strict
+    when any line is rejected; an OUT that holds a corpus is replaced only with --force.
     """
     import json
 
-    from andromeda_nb.store import StoreError, import_jsonl
+    from andromeda_nb.store import ImportFailed, StoreError, import_jsonl
 
     lines = 0
     for path in (ads_path, requests_path):
@@ -228,38 +245,51 @@ def import_(ads_path, requests_path, model_path, seed, precision, dim, out, stri
     try:
         with _Progress("importing", lines, quiet) as bar:
             summary = import_jsonl(ads_path, requests_path, out, model_path=model_path, seed=seed,
-                                   precision=precision, strict=strict, dim=dim, progress=bar)
+                                   precision=precision, strict=strict, dim=dim, progress=bar, force=force)
+    except ImportFailed as exc:
+        _report_rejections(exc.summary, quiet, written=False)
+        raise click.ClickException(str(exc)) from None
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
-    rejected = summary.rejected_ads + summary.rejected_requests
-    click.echo(f"rejected {summary.rejected_ads} ad(s) and {summary.rejected_requests} request(s)"
-               + (f"; see {summary.rejected_path}" if rejected else ""), err=True)
-    if not quiet:
-        for r in summary.rejections[:10]:
-            click.echo(f"  {r['error']}", err=True)
-        if summary.rejected_ads > 10:
-            click.echo(f"  ... and {summary.rejected_ads - 10} more", err=True)
+    _report_rejections(summary, quiet, written=True)
     if as_json:
         click.echo(json.dumps(summary.to_json()))
     else:
         click.echo(f"loaded {summary.ads} ads and {summary.requests} requests into {out}")
-    if strict and rejected:
-        raise click.ClickException(f"--strict: {rejected} line(s) were rejected")
+
+
+def _report_rejections(summary, quiet: bool, written: bool) -> None:
+    """The count of rejected lines on stderr (even with --quiet), and the first ten of them."""
+    rejected = summary.rejected_ads + summary.rejected_requests
+    where = f"; see {summary.rejected_path}" if rejected and written else ""
+    click.echo(f"rejected {summary.rejected_ads} ad(s) and {summary.rejected_requests} request(s){where}", err=True)
+    if not quiet:
+        for r in summary.rejections[:10]:
+            click.echo(f"  {r['error']}", err=True)
+        if rejected > 10:
+            click.echo(f"  ... and {rejected - 10} more", err=True)
 
 
 @main.command()
 @_DATA_OPTION
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
               help="Directory for ads.jsonl and requests.jsonl.")
+@_JSON_OPTION
 @_QUIET_OPTION
-def export(data, out, quiet):
+def export(data, out, as_json, quiet):
     """Write a corpus directory back out as JSON Lines (DESIGN section 2): OUT/ads.jsonl and
     OUT/requests.jsonl, embeddings as the float32 values they are stored as."""
+    import json
+
     from andromeda_nb.store import export_jsonl
 
     dataset = _load_dataset(data, quiet)
     ads_path, requests_path = export_jsonl(dataset, out)
-    click.echo(f"wrote {len(dataset.ads)} ads to {ads_path} and {len(dataset.requests)} requests to {requests_path}")
+    if as_json:
+        click.echo(json.dumps({"ads": len(dataset.ads), "requests": len(dataset.requests), "ads_path": str(ads_path),
+                               "requests_path": str(requests_path)}))
+    else:
+        click.echo(f"wrote {len(dataset.ads)} ads to {ads_path} and {len(dataset.requests)} requests to {requests_path}")
 
 
 @main.command()
@@ -293,7 +323,8 @@ def reindex(data, as_json, quiet):
 @_DATA_OPTION
 @click.option("--arch", type=click.Choice(["oracle", "cpu", "gpu"]), default="oracle", show_default=True,
               help="Targeting index: the plain oracle, the CPU inverted index, or the GPU index.")
-@device_option("Where --arch gpu runs (sim: the CUDA simulator).")
+@device_option("Where --arch gpu runs: the GPU, or sim (the CUDA simulator: slow, tiny corpora). auto: the GPU "
+               "when usable, else it stops and says so (the GPU index has no CPU form; --arch cpu is the CPU index).")
 @_UPDATES_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
@@ -308,10 +339,18 @@ def match(data, arch, device, updates, as_json, quiet):
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_MATCHERS:
         _info(f"--device {device} applies to --arch {'/'.join(DEVICE_MATCHERS)} only; ignored for {arch}", quiet)
+    if arch in DEVICE_MATCHERS and device == "sim":
+        from andromeda_nb.devices import simulator_note
+
+        _info(simulator_note(dataset.n_ads, len(dataset.requests)), quiet)
+    from andromeda_nb.devices import NoKernelDevice
+
     try:
         index = build_matcher(dataset, arch, device)
     except ArchitectureUnavailable as exc:
         raise click.ClickException(str(exc)) from None
+    except NoKernelDevice as exc:
+        raise click.ClickException(f"--arch {arch}: {exc}; --arch cpu is the CPU inverted index") from None
     except (RuntimeError, ValueError) as exc:
         raise click.ClickException(f"--arch {arch}: {exc}") from None
     _apply_updates(updates, [index], dataset, quiet)
@@ -411,7 +450,8 @@ def demo(n_ads, n_requests, seed, k, device, as_json, quiet):
 
 @main.group()
 def serve():
-    """Run one service in the foreground on 127.0.0.1."""
+    """Run one service in the foreground on 127.0.0.1: co-located on port 8815, the index host (remote)
+    on 8816, its scoring service on 8817 (--port 0: a free one). Ask it with `andromeda query`."""
 
 
 @main.group()
@@ -421,26 +461,29 @@ def bench():
 # --- remote-scoring services and CPU benchmark (cpu_baseline) ------------------------------------------
 
 
-def _service_dataset(data: str):
+def _service_dataset(data: str, quiet: bool = False):
     from andromeda_nb.services import load_dataset_for_service
     from andromeda_nb.store import StoreError
 
+    _info(f"loading {data}", quiet)
     try:
         return load_dataset_for_service(data)
     except (StoreError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load corpus {data}: {exc}") from None
 
 
-def _server_options(log: bool = True):
-    """The options every `serve` command shares (`andromeda_nb.serving.ServerSettings`): address,
-    tokens and TLS (`andromeda_nb.guard`), limits (`andromeda_nb.limits`), update log, stop deadline."""
+def _server_options(service: str, log: bool = True):
+    """The options every `serve` command shares (`andromeda_nb.serving.ServerSettings`): address (the
+    service's default port), tokens and TLS (`andromeda_nb.guard`), limits (`andromeda_nb.limits`),
+    update log, stop deadline; and --quiet, which only the command reads."""
     from andromeda_nb.limits import DEFAULT_LIMITS as L
+    from andromeda_nb.services import DEFAULT_PORTS
 
     options = [
         click.option("--host", default="127.0.0.1", show_default=True,
                      help="Address to listen on; anything but loopback needs tokens or mutual TLS, or --insecure."),
-        click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
-                     help="Port (0: a free one, printed on stdout)."),
+        click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORTS[service], show_default=True,
+                     help="Port to listen on (0: a free one; the address is printed on stdout)."),
         click.option("--token", envvar="ANDROMEDA_TOKEN", default=None,
                      help="Reader token: once a token is set, retrieve, health and stats need one ($ANDROMEDA_TOKEN)."),
         click.option("--admin-token", envvar="ANDROMEDA_ADMIN_TOKEN", default=None,
@@ -465,6 +508,7 @@ def _server_options(log: bool = True):
                      help=f"Seconds one call may take [default: {L.deadline_s:g}]."),
         click.option("--stop-deadline", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
                      help="Seconds from SIGTERM to exit, whatever clients do (batches in flight finish)."),
+        _QUIET_OPTION,
     ]
     if log:
         options.append(click.option("--log", "log", default=None,
@@ -480,33 +524,75 @@ def _server_options(log: bool = True):
 
 
 def _serve(run, **options):
-    """Build the settings from the options and run a server; what the user must fix is a message."""
-    from andromeda_nb.serving import ServerSettings, startup_errors
+    """Build the settings from the options, refuse an address that cannot be used (a taken port, an
+    exposed host without authentication) before anything loads, and run `run(settings)`; what the user
+    must fix is a message, never a traceback."""
+    from andromeda_nb.serving import ServerSettings, preflight, startup_errors
 
     try:
-        run(ServerSettings.from_options(**options))
+        settings = ServerSettings.from_options(**options)
+        preflight(settings.host, settings.port, settings.guard)
+        run(settings)
     except startup_errors() as exc:
         raise click.ClickException(str(exc)) from None
 
 
+def _on_listening(service: str, settings, quiet: bool, holds):
+    """When the server listens: the machine line on stdout (`announce`), and unless --quiet the banner
+    on stderr; `holds(server)` says what it serves."""
+    from andromeda_nb.services import announce, banner
+
+    def ready(server):
+        location = settings.guard.location(settings.host, server.port)
+        engine = getattr(server, "engine", None)
+        announce(service, location, **({"device": engine.device} if engine is not None else {}))
+        if not quiet:
+            click.echo(banner(service, location, holds(server)), err=True)
+
+    return ready
+
+
+def _holds(data: str, info: dict, device: str | None = None) -> str:
+    """What a server holds, from its health answer: ads, precision and D, and its update log."""
+    where = f", on {device}" if device else ""
+    text = f"{info['ads']:,} ads of {data}"
+    if "precision" in info:
+        text += f" ({info['precision']}, D = {info['D']}{where})"
+    log = info.get("log")
+    if log is not None:
+        text += (f"; {info.get('replayed', 0)} logged update(s) replayed from {log['path']}" if log.get("path")
+                 else "; updates in memory only (--log off)")
+    return text
+
+
+_SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
+                                  help="Corpus directory.")
+
+
 @serve.command("scorer")
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
+@_SERVE_DATA_OPTION
 @click.option("--threads", type=int, default=None, help="Scoring threads (default: all cores).")
-@_server_options(log=False)
-def serve_scorer(data, threads, **options):
+@_server_options("scorer", log=False)
+def serve_scorer(data, threads, quiet, **options):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
     Its index host delivers every update to it from its log, and catches it up after a restart.
 
-    Prints {"service": "scorer", "location": ...} on stdout once listening; SIGTERM stops it."""
+    Prints {"service": "scorer", "location": ...} on stdout once listening, and a banner saying how to
+    use it on stderr; SIGTERM or Ctrl-C stops it."""
     from cpu_baseline.serve import run_scorer
 
-    dataset = _service_dataset(data)
-    _serve(lambda settings: run_scorer(dataset, settings, threads=threads), **options)
+    def run(settings):
+        dataset = _service_dataset(data, quiet)
+        run_scorer(dataset, settings, threads=threads,
+                   on_ready=_on_listening("scorer", settings, quiet, lambda srv: _holds(data, srv.health())))
+
+    _serve(run, **options)
 
 
 @serve.command("remote")
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
-@click.option("--scorer", "scorer_address", required=True, help="Scoring service address (host:port).")
+@_SERVE_DATA_OPTION
+@click.option("--scorer", "scorer_address", default=None,
+              help="Scoring service address (host:port; default: the scoring service's default port on 127.0.0.1).")
 @click.option("--threads", type=int, default=None, help="Matching threads (default: all cores).")
 @click.option("--scorer-timeout", default=10.0, show_default=True, help="Seconds to wait for the scorer.")
 @click.option("--scorer-token", envvar="ANDROMEDA_SCORER_TOKEN", default=None,
@@ -514,40 +600,53 @@ def serve_scorer(data, threads, **options):
 @click.option("--scorer-ca", type=click.Path(dir_okay=False), default=None, help="CA of the scorer's TLS certificate.")
 @click.option("--scorer-cert", type=click.Path(dir_okay=False), default=None, help="Client certificate for the scorer.")
 @click.option("--scorer-key", type=click.Path(dir_okay=False), default=None, help="Its private key.")
-@_server_options()
+@_server_options("remote")
 def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, scorer_ca, scorer_cert, scorer_key,
-                 **options):
-    """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely.
-    Keeps the update log (acknowledged updates survive restarts) and the scorer in step with it.
+                 quiet, **options):
+    """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely (start
+    `andromeda serve scorer` first). Keeps the update log (acknowledged updates survive restarts) and
+    the scorer in step with it.
 
-    Prints {"service": "remote", "location": ...} on stdout once listening; SIGTERM stops it."""
+    Prints {"service": "remote", "location": ...} on stdout once listening, and a banner saying how to
+    ask it on stderr; SIGTERM or Ctrl-C stops it."""
+    from andromeda_nb.services import DEFAULT_HOST, DEFAULT_PORTS
     from cpu_baseline.serve import run_index_host, scorer_credentials
+
+    scorer_address = scorer_address or f"grpc://{DEFAULT_HOST}:{DEFAULT_PORTS['scorer']}"
 
     def run(settings):
         credentials = scorer_credentials(settings, token=scorer_token, ca=scorer_ca, cert=scorer_cert, key=scorer_key)
+        _info(f"loading {data}", quiet)
         run_index_host(data, scorer_address, settings, threads=threads, scorer_timeout_s=scorer_timeout,
-                       credentials=credentials)
+                       credentials=credentials,
+                       on_ready=_on_listening("remote", settings, quiet, lambda srv: _holds(data, srv.health_info())
+                                              + f"; scores on {scorer_address}"))
 
     _serve(run, **options)
 
 
 @serve.command("colocated")
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False), help="Corpus directory.")
+@_SERVE_DATA_OPTION
 @device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
-@click.option("--version", "version", type=int, default=None, help="Scoring kernel version (default: the best).")
-@_server_options()
-def serve_colocated(data, device, version, **options):
+@click.option("--kernel-version", "version", type=int, default=None,
+              help="Scoring kernel version of the kernel lab (default: the shipped one).")
+@_server_options("colocated")
+def serve_colocated(data, device, version, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
-    Prints {"service": "colocated", "location": ...} on stdout once listening; SIGTERM stops it."""
+    Prints {"service": "colocated", "location": ...} on stdout once listening, and a banner saying how
+    to ask it on stderr; SIGTERM or Ctrl-C stops it."""
     from andromeda_nb.devices import resolve
 
     def run(settings):
-        resolve(device)
+        where = resolve(device)
         from migration.serve import run_colocated
 
-        run_colocated(data, settings, device=device, version=version)
+        _info(f"loading {data}", quiet)
+        run_colocated(data, settings, device=where, version=version,
+                      on_ready=_on_listening("colocated", settings, quiet,
+                                             lambda srv: _holds(data, srv.health_info(), srv.engine.device)))
 
     _serve(run, **options)
 
@@ -578,6 +677,106 @@ def compact(data, log, as_json, quiet):
                    f"{result['ads']} ads); log {result['log']} starts afresh")
 
 
+# --- the client of a running server (andromeda_nb.client) ---------------------------------------------
+
+
+_SERVER_OPTION = click.option("--server", "server", required=True,
+                              help="The server's address, grpc://HOST:PORT (as `andromeda serve` prints it).")
+
+
+def _credential_options(command):
+    """What a client presents to a guarded server (`andromeda_nb.guard.ClientCredentials`): a token and
+    TLS material; a server on loopback without tokens needs none."""
+    options = [
+        click.option("--token", envvar="ANDROMEDA_TOKEN", default=None,
+                     help="Token the server asks for: a reader token ($ANDROMEDA_TOKEN)."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+                     help="CA of the server's TLS certificate (PEM); the address becomes grpc+tls://."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+                     help="Client certificate (PEM), for a server that asks for mutual TLS."),
+        click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _credentials(token, tls_ca, tls_cert, tls_key):
+    from andromeda_nb.guard import ClientCredentials, GuardError
+
+    try:
+        return ClientCredentials.from_files(token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    except GuardError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@_SERVER_OPTION
+@click.option("--requests", "requests_path", required=True, type=click.Path(exists=True),
+              help="Requests: JSON Lines (DESIGN section 2), or a corpus directory whose requests to send.")
+@k_option()
+@_credential_options
+@_JSON_OPTION
+@_QUIET_OPTION
+def query(server, requests_path, k, token, tls_ca, tls_cert, tls_key, as_json, quiet):
+    """Top-K eligible ads per request from a running server of either architecture (`andromeda serve
+    colocated` or `remote`), printed as `retrieve` prints them: a table, or with --json one line per
+    request {"request_id": .., "ads": [..], "scores": [..]}.
+
+    A request the server refuses is reported on stderr with its reason and the others are answered;
+    the exit code is 1 when no request was answered."""
+    import pyarrow.flight as flight
+
+    from andromeda_nb.answers import retrieve_json_lines, retrieve_table
+    from andromeda_nb.client import ServerUnreachable, query as ask, read_requests
+
+    try:
+        requests, unreadable = read_requests(requests_path)
+        _info(f"asking {server} for the top {k} of {len(requests)} request(s)", quiet)
+        result = ask(server, requests, k, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
+    except (ValueError, ServerUnreachable) as exc:
+        raise click.ClickException(str(exc)) from None
+    except flight.FlightError as exc:  # refused as a whole: no token, a wrong one, a limit
+        raise click.ClickException(f"{server} refused: {str(exc).splitlines()[0]}") from None
+    for reason in unreadable + result.rejected:  # reported even with --quiet
+        click.echo(f"  rejected request {reason}", err=True)
+    if as_json:
+        for line in retrieve_json_lines(result.request_ids, result.answers):
+            click.echo(line)
+    elif result.answers:
+        click.echo(retrieve_table(result.request_ids, result.answers))
+    if not result.answers:
+        raise click.ClickException(f"no request of {requests_path} was answered "
+                                   f"({len(unreadable) + len(result.rejected)} rejected)")
+
+
+@main.command()
+@_SERVER_OPTION
+@_credential_options
+@_JSON_OPTION
+@_QUIET_OPTION
+def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
+    """Ask a running server (any of `andromeda serve`) how it is: its `health` answer, as lines of
+    "key: value", or one JSON line with --json. Exits 1 when no server answers."""
+    import json
+
+    import pyarrow.flight as flight
+
+    from andromeda_nb.client import ServerUnreachable, health as ask
+
+    try:
+        answer = ask(server, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
+    except ServerUnreachable as exc:
+        raise click.ClickException(str(exc)) from None
+    except flight.FlightError as exc:
+        raise click.ClickException(f"{server} refused: {str(exc).splitlines()[0]}") from None
+    if as_json:
+        click.echo(json.dumps(answer))
+    else:
+        for key, value in answer.items():
+            click.echo(f"{key}: {value}")
+
+
 @bench.command("cpu")
 @click.option("--ads", "n_ads", default=200_000, show_default=True, help="Pool size (ads).")
 @click.option("--requests", "n_requests", default=64, show_default=True, help="Requests for match and end-to-end.")
@@ -591,8 +790,9 @@ def compact(data, log, as_json, quiet):
               help="Rows of the scorer's table (sized well past the last-level cache).")
 @click.option("--repeat", default=5, show_default=True, help="Repetitions per timing (median reported).")
 @_OUT_JSON_OPTION
+@_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows, repeat, out, quiet):
+def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows, repeat, out, as_json, quiet):
     """Remote-scoring baseline: CPU match (pool ads/s), CPU scorer (ads/s, GB/s against this machine's
     measured copy bandwidth) and end-to-end requests/s with p50/p99 latency over Flight."""
     from cpu_baseline.bench import format_table, run_cpu_bench
@@ -600,8 +800,10 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
     result = run_cpu_bench(n_ads=n_ads, n_requests=n_requests, k=k, seed=seed, precisions=precisions,
                            e2e_precision=e2e_precision, repeat=repeat, score_rows=score_rows,
                            log=lambda message: _info(message, quiet))
+    from andromeda_nb.bench import json_line
+
     _stamp(result, "cpu")
-    click.echo(format_table(result))
+    click.echo(json_line(result) if as_json else format_table(result))
     _write_json(result, out, quiet)
 
 
@@ -628,7 +830,7 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     """GPU targeting index: pool ads/s of every match kernel version for each pool size, device bytes
     per ad, updates/s applied while serving, and the CPU index beside it; the full-size answer is
     checked against the oracle before anything is timed."""
-    import json
+    from andromeda_nb.bench import json_line
 
     from migration.benches import bench_match as run_bench
 
@@ -642,7 +844,7 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     except (RuntimeError, ValueError, KeyError) as exc:
         raise click.ClickException(f"bench match: {exc}") from None
     _stamp(result, "match")
-    click.echo(json.dumps(result, indent=2, default=float) if as_json else bm.table(result))
+    click.echo(json_line(result) if as_json else bm.table(result))
     # rewritten with the command and environment (the partial files written during the run lack them)
     _write_json(result, out, quiet)
 
@@ -665,7 +867,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
     """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
     every version x {moe, dot} x precision x D, each checked against the float64 reference first;
     the unfused CuPy pipeline beside it. Needs a CUDA GPU and CuPy."""
-    import json
+    from andromeda_nb.bench import json_line
 
     try:
         from gpu import bench_score as bs
@@ -675,7 +877,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench score: {exc}") from None
     _stamp(result, "score")
-    click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.score_table(result))
+    click.echo(json_line(result) if as_json else bs.score_table(result))
     _write_json(result, out, quiet)
 
 
@@ -694,7 +896,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
 def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
-    import json
+    from andromeda_nb.bench import json_line
 
     try:
         from gpu import bench_score as bs
@@ -704,7 +906,7 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_jso
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")
-    click.echo(json.dumps(result, indent=2, default=float) if as_json else bs.pipeline_table(result))
+    click.echo(json_line(result) if as_json else bs.pipeline_table(result))
     _write_json(result, out, quiet)
 
 
@@ -793,18 +995,22 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
 @main.command()
 @_DATA_OPTION
 @k_option()
-@device_option("Where the co-located path and the GPU index run (auto: the GPU if usable, else the simulator "
-               "for the index and the CPU for scoring).")
+@device_option("Where the co-located path and the GPU index run. auto: the GPU when usable, else the co-located "
+               "path on the CPU and the GPU index skipped (it has no CPU form); sim: both under the CUDA simulator "
+               "(tiny corpora).")
 @_UPDATES_OPTION
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
               help="Use only the first N requests of the corpus.")
-@click.option("--oracle-requests", type=click.IntRange(0), default=16, show_default=True,
-              help="Requests whose eligible sets are also checked against the plain-Python oracle.")
+@click.option("--oracle-requests", type=click.IntRange(0), default=None,
+              help="Check only the first N requests against the plain-Python oracle (default: every request, "
+                   "one process per core); the reference then takes the rest's eligible sets from the CPU index.")
 @click.option("--traffic-requests", type=click.IntRange(1), default=16, show_default=True,
               help="Requests sent one at a time through the counting relays to measure bytes on the wire.")
+@click.option("--runs", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Timed runs of all requests per architecture (the median is reported, and the range).")
 @_JSON_OPTION
 @_QUIET_OPTION
-def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, as_json, quiet):
+def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, as_json, quiet):
     """Both architectures side by side on the same requests and update stream: eligible-set, score
     and top-K agreement (DESIGN section 4), bytes on the wire per request and hop, requests per
     second. With --json the last line is one object (eligible_equal, topk_equal, bytes_per_request,
@@ -816,7 +1022,7 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     dataset = _load_dataset(data, quiet)
     try:
         report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
-                                oracle_requests=oracle_requests, traffic_requests=traffic_requests,
+                                oracle_requests=oracle_requests, traffic_requests=traffic_requests, runs=runs,
                                 log=lambda m: _info(m, quiet))
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -80,12 +80,18 @@ def match_json_lines(requests: Sequence[Request], eligible: Sequence[np.ndarray]
                          separators=(", ", ": "))
 
 
-def retrieve_json_lines(requests: Sequence[Request], answers) -> Iterator[str]:
-    """`{"request_id": .., "ads": [..], "scores": [..]}` per request, in rank order. Scores are the
-    exact float32 values (written as the shortest decimal that reads back to the same float32)."""
+def _request_id(request) -> int:
+    """A `Request`'s id, or the id itself (a client that holds only ids renders answers the same way)."""
+    return int(getattr(request, "request_id", request))
+
+
+def retrieve_json_lines(requests: Sequence[Request | int], answers) -> Iterator[str]:
+    """`{"request_id": .., "ads": [..], "scores": [..]}` per request (a `Request` or its id), in rank
+    order. Scores are the exact float32 values (written as the shortest decimal that reads back to
+    the same float32)."""
     for req, (ids, scores) in zip(requests, answers):
         yield json.dumps({
-            "request_id": int(req.request_id),
+            "request_id": _request_id(req),
             "ads": ids.tolist(),
             "scores": [float(repr_float32(s)) for s in np.asarray(scores, np.float32)],
         }, separators=(", ", ": "))
@@ -100,16 +106,27 @@ def match_table(requests: Sequence[Request], eligible: Sequence[np.ndarray], poo
     lines = [f"{'request_id':>12}  {'eligible':>9}  {'of pool':>8}  first eligible ad ids"]
     for req, ids in zip(requests, eligible):
         frac = len(ids) / pool if pool else 0.0
-        head = " ".join(str(i) for i in ids[:show].tolist()) + (" ..." if len(ids) > show else "")
+        more = f" ... {len(ids) - show} more" if len(ids) > show else ""
+        head = " ".join(str(i) for i in ids[:show].tolist()) + more
         lines.append(f"{req.request_id:>12}  {len(ids):>9}  {frac:>8.2%}  {head}")
     return "\n".join(lines)
 
 
-def retrieve_table(requests: Sequence[Request], answers, show: int = 3) -> str:
-    lines = [f"{'request_id':>12}  {'returned':>8}  top ads (score)"]
+RETRIEVE_TABLE_SHOW = 10  # answers per row of the table; the rest are counted ("... 90 more")
+
+
+def retrieve_table(requests: Sequence[Request | int], answers, show: int = RETRIEVE_TABLE_SHOW) -> str:
+    """One row per request (a `Request` or its id): how many ads came back and the first `show` of
+    them with their scores, in rank order; a row that holds more says how many it hides."""
+    lines = [f"{'request_id':>12}  {'returned':>8}  ads in rank order (score)"]
+    hidden = False
     for req, (ids, scores) in zip(requests, answers):
         head = "  ".join(f"{a} ({s:.4f})" for a, s in zip(ids[:show].tolist(), scores[:show].tolist()))
-        lines.append(f"{req.request_id:>12}  {len(ids):>8}  {head}{'  ...' if len(ids) > show else ''}")
+        more = len(ids) - show
+        hidden |= more > 0
+        lines.append(f"{_request_id(req):>12}  {len(ids):>8}  {head}{f'  ... {more} more' if more > 0 else ''}")
+    if hidden:
+        lines.append(f"(the first {show} answers of each request are shown; --json prints them all)")
     return "\n".join(lines)
 
 

@@ -319,7 +319,12 @@ class ReferenceRetriever:
     def score_eligible(self, request: Request) -> tuple[np.ndarray, ScoreResult]:
         """(eligible ad ids ascending, their reference ScoreResult) for one request: what the
         comparison rules of DESIGN section 4 are checked against."""
-        ids = self.index.match([request])[0]
+        return self.score_ids(request, self.index.match([request])[0])
+
+    def score_ids(self, request: Request, ids) -> tuple[np.ndarray, ScoreResult]:
+        """`score_eligible` for eligible ids found elsewhere (int64 ascending): the harness scores the
+        oracle's sets of a corpus too large to hold parsed."""
+        ids = np.asarray(ids, np.int64)
         rows = self.rows_of(ids)
         if self.scorer == "two_tower":
             s = two_tower_scores(two_tower_vector(self.model, request), self.table, rows)

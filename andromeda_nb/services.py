@@ -1,9 +1,13 @@
 """Server processes and the client plumbing both architectures' retrievers share.
 
 * `ServiceProcess`: one server started as `python -m MODULE ARGS...` (`cpu_baseline.serve`,
-  `migration.serve`) with the project on `PYTHONPATH`. A server announces itself with one JSON line on
-  stdout once it listens (`announce`: `{"service": ..., "location": "grpc://HOST:PORT", ...}`), so a
-  parent that asked for port 0 learns the port. `stop()` sends SIGTERM, waits, then kills.
+  `migration.serve`) with the project on `PYTHONPATH` and without the CUDA simulator switch in its
+  environment (a server that needs a device is given it as an argument). A server announces itself
+  with one JSON line on stdout once it listens (`announce`: `{"service": ..., "location":
+  "grpc://HOST:PORT", ...}`), so a parent that asked for port 0 learns the port. `stop()` sends
+  SIGTERM, waits, then kills.
+* `DEFAULT_PORTS`, `banner`: what a server a person starts (`andromeda serve`) listens on and says on
+  stderr (a taken port is refused before the corpus loads: `andromeda_nb.serving.preflight`).
 * `dataset_args`: how a started server gets the corpus: the directory it was read from, or an
   in-memory dataset saved as a corpus directory in a temporary directory (never a pickle: a server
   reads only the corpus formats, which carry no code); `open_corpus` is the server's side of it,
@@ -33,8 +37,16 @@ from typing import Sequence
 
 import numpy as np
 
+from .devices import child_environment
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HOST = "127.0.0.1"  # servers listen on loopback unless told otherwise
+# the port each service listens on when a person starts it (`andromeda serve`); --port 0 asks for a free
+# one, and servers a command starts for itself always take a free one (docs/PROTOCOL.md)
+DEFAULT_PORTS = {"colocated": 8815, "remote": 8816, "scorer": 8817}
+SERVICE_NAMES = {"colocated": "the co-located server (match, fused scoring and top-K in one process)",
+                 "remote": "the remote-scoring index host (CPU match here, scoring on the scoring service)",
+                 "scorer": "the scoring service (scores candidate lists for the index host)"}
 START_TIMEOUT_S = 120.0  # a cold start compiles the numba kernels once
 STOP_TIMEOUT_S = 10.0
 
@@ -44,6 +56,19 @@ def announce(service: str, location: str, out=None, **extra) -> None:
     print(json.dumps({"service": service, "location": location, **extra}), file=out or sys.stdout, flush=True)
 
 
+def banner(service: str, location: str, serving: str) -> str:
+    """What a person starting a server reads on stderr: what is served, where, how to ask it, how to
+    stop it (the machine line, `announce`, goes to stdout)."""
+    lines = [f"serving {SERVICE_NAMES.get(service, service)}", f"  holds    {serving}", f"  at       {location}"]
+    if service == "scorer":
+        lines.append(f"  used by  andromeda serve remote --data DIR --scorer {location}")
+    else:
+        lines += [f"  ask it   andromeda query --server {location} --requests REQUESTS.jsonl --k 10",
+                  "           or from Python with pyarrow.flight (README, \"Asking a server\")"]
+    lines += [f"  health   andromeda health --server {location}", "  stop it  Ctrl-C or SIGTERM"]
+    return "\n".join(lines)
+
+
 class ServiceProcess:
     """`python -m module *args` as a subprocess; `location` is what it announced. `name` says which
     server it is in errors; `env`: further environment variables (tokens travel there, not in the
@@ -51,7 +76,7 @@ class ServiceProcess:
 
     def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, env: dict | None = None):
-        env = {**os.environ, **(env or {})}
+        env = {**child_environment(), **(env or {})}  # no simulator switch: a server is told its device
         paths = [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)  # the project first, whatever the caller's directory
         self.module = module
@@ -69,7 +94,8 @@ class ServiceProcess:
         if not line:
             code = self.proc.wait()
             raise RuntimeError(f"{self.name} exited with code {code} before listening (see its stderr)")
-        self.location = json.loads(line)["location"]
+        self.announced = json.loads(line)  # the whole line: location, and what else the server said
+        self.location = self.announced["location"]
 
     @property
     def port(self) -> int:
@@ -254,6 +280,9 @@ class ServedRetriever:
         self.close()
 
 
-__all__ = ["DEFAULT_HOST", "PROJECT_ROOT", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess",
-           "announce", "check_same_corpus", "child_args", "dataset_args", "fingerprint", "load_dataset_for_service",
-           "open_corpus", "relay_in_front", "stop_all"]
+__all__ = [
+    "DEFAULT_HOST", "DEFAULT_PORTS", "PROJECT_ROOT", "SERVICE_NAMES", "banner",
+    "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess", "announce", "check_same_corpus",
+    "child_args", "dataset_args", "fingerprint", "load_dataset_for_service", "open_corpus", "relay_in_front",
+    "stop_all",
+]

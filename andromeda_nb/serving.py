@@ -71,8 +71,8 @@ def preflight(host: str, port: int, guard: ServerGuard = OPEN) -> None:
     except GuardError as exc:
         raise ServeError(str(exc)) from None
     if port and _port_in_use(host, port):
-        raise ServeError(f"port {port} on {host} is already in use (another server?); choose another --port, "
-                         "or 0 for a free one")
+        raise ServeError(f"port {port} on {host} is not free (already in use: another server?); give --port N, "
+                         "or --port 0 for a free one")
 
 
 def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGuard = OPEN):
@@ -84,7 +84,7 @@ def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGua
         if type(exc).__name__ in ("ArrowException", "FlightInternalError", "FlightUnavailableError") \
                 and "start" in str(exc):
             if port and _port_in_use(host, port):
-                raise ServeError(f"port {port} on {host} is already in use (another server?)") from None
+                raise ServeError(f"port {port} on {host} is not free (already in use: another server?)") from None
             raise ServeError(f"cannot listen on {host}:{port} ({exc})") from None
         raise
 

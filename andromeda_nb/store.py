@@ -631,21 +631,74 @@ def _id_of(obj, key: str):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+class ImportFailed(StoreError):
+    """An import that wrote nothing: no valid ad, requests given but none valid, or `strict` with a
+    rejection. `summary` holds the counts and the first rejections, for the message."""
+
+    def __init__(self, message: str, summary: ImportSummary):
+        super().__init__(message)
+        self.summary = summary
+
+
+def refuse_existing_corpus(out_dir, force: bool) -> None:
+    """Raise `StoreError` when `out_dir` already holds a corpus (its meta.json) and `force` is off:
+    `generate` and `import` replace a corpus only when asked to."""
+    path = Path(out_dir) / META_FILE
+    if path.exists() and not force:
+        raise StoreError(f"{out_dir} already holds a corpus ({META_FILE}); give --force to replace it")
+
+
+def _looks_like(path, key: str, probe: int = 20) -> bool:
+    """The first decodable lines of a JSON Lines file are objects with `key` (an ads file given as
+    requests has `ad_id`, a requests file given as ads `request_id`)."""
+    seen = hits = 0
+    for _, obj, _ in _json_lines(path):
+        if obj is None:
+            continue
+        seen += 1
+        hits += isinstance(obj, dict) and key in obj
+        if seen >= probe:
+            break
+    return seen > 0 and hits == seen
+
+
+def import_problem(summary: ImportSummary, ads_path, requests_path, strict: bool) -> str | None:
+    """Why an import must write nothing, or None: no valid ad (an ads file with no lines included),
+    a requests file with lines none of which is valid, or `strict` with any rejection."""
+    swapped = ""
+    if _looks_like(ads_path, "request_id") or _looks_like(requests_path, "ad_id"):
+        swapped = "; its lines look like the other kind: are --ads and --requests swapped?"
+    if summary.ads == 0:
+        what = f"{summary.rejected_ads} line(s) rejected" if summary.rejected_ads else "it holds no ad"
+        return f"no valid ad in {ads_path} ({what}){swapped}"
+    if summary.requests == 0 and summary.rejected_requests:
+        return f"no valid request in {requests_path} ({summary.rejected_requests} line(s) rejected){swapped}"
+    if strict and (summary.rejected_ads or summary.rejected_requests):
+        return (f"--strict: {summary.rejected_ads + summary.rejected_requests} line(s) were rejected; nothing was "
+                "written")
+    return None
+
+
 def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 0, precision: str = "fp32",
-                 strict: bool = False, progress: Progress | None = None, dim: int | None = None) -> ImportSummary:
+                 strict: bool = False, progress: Progress | None = None, dim: int | None = None,
+                 force: bool = False) -> ImportSummary:
     """Load the JSON Lines forms of DESIGN section 2 into a corpus directory.
 
     Every valid ad loads; every rejected ad is written to OUT/rejected.jsonl as
     {"ad_id": .., "error": ".."} (the error names the offending field's JSON path; a line that is not
     JSON names its line number; a repeated ad_id is rejected after its first appearance). Rejected
     requests go to OUT/rejected_requests.jsonl as {"request_id": .., "error": ".."}. The weights come
-    from `model_path` or are made from `seed` (`MoeModel.init`, D = `dim` or 64). `strict` only
-    marks the summary; the caller decides what a rejection means (the CLI exits non-zero).
+    from `model_path` or are made from `seed` (`MoeModel.init`, D = `dim` or 64).
+
+    Nothing is written, and `ImportFailed` says why (`import_problem`), when no ad is valid, when the
+    requests file has lines and none is valid, or with `strict` when any line is rejected. An OUT
+    that already holds a corpus is replaced only with `force` (`refuse_existing_corpus`).
     """
     from .dataset import Dataset
     from .targeting import parse_ad, parse_request
 
     _check_precision(precision)
+    refuse_existing_corpus(out_dir, force)
     if model_path is not None:
         try:
             model = MoeModel.load(model_path)
@@ -656,17 +709,17 @@ def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 
     else:
         model = MoeModel.init(seed, **({"D": dim} if dim else {}))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     summary = ImportSummary(out_dir=str(out), rejected_path=str(out / REJECTED_FILE))
     ads: list[Ad] = []
+    ad_rejections: list[dict] = []
     first_line: dict[int, int] = {}
-    with open(out / REJECTED_FILE, "w") as rejected, paused_gc():
+    with paused_gc():
         def reject(ad_id, error: str) -> None:
             summary.rejected_ads += 1
             record = {"ad_id": ad_id, "error": error}
             if len(summary.rejections) < 20:
                 summary.rejections.append(record)
-            rejected.write(json.dumps(record) + "\n")
+            ad_rejections.append(record)
 
         for line_no, obj, error in _json_lines(ads_path):
             if progress is not None:
@@ -687,25 +740,36 @@ def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 
             first_line[ad.ad_id] = line_no
             ads.append(ad)
     requests: list[Request] = []
+    request_rejections: list[dict] = []
     seen_requests: set[int] = set()
-    with open(out / REJECTED_REQUESTS_FILE, "w") as rejected:
-        for line_no, obj, error in _json_lines(requests_path):
-            if progress is not None:
-                progress(1)
-            rid = _id_of(obj, "request_id")
-            if error is None:
-                try:
-                    req = parse_request(obj, seed=seed, experts=model.E, width=model.S, line=line_no)
-                    if req.request_id in seen_requests:
-                        error = f"line {line_no}: request {req.request_id}: request_id: repeats an earlier request"
-                    else:
-                        seen_requests.add(req.request_id)
-                        requests.append(req)
-                except TargetingError as exc:
-                    error = str(exc)
-            if error is not None:
-                summary.rejected_requests += 1
-                rejected.write(json.dumps({"request_id": rid, "error": error}) + "\n")
+    for line_no, obj, error in _json_lines(requests_path):
+        if progress is not None:
+            progress(1)
+        rid = _id_of(obj, "request_id")
+        if error is None:
+            try:
+                req = parse_request(obj, seed=seed, experts=model.E, width=model.S, line=line_no)
+                if req.request_id in seen_requests:
+                    error = f"line {line_no}: request {req.request_id}: request_id: repeats an earlier request"
+                else:
+                    seen_requests.add(req.request_id)
+                    requests.append(req)
+            except TargetingError as exc:
+                error = str(exc)
+        if error is not None:
+            summary.rejected_requests += 1
+            record = {"request_id": rid, "error": error}
+            if len(summary.rejections) < 20:
+                summary.rejections.append(record)
+            request_rejections.append(record)
+    summary.ads, summary.requests = len(ads), len(requests)
+    problem = import_problem(summary, ads_path, requests_path, strict)
+    if problem:
+        raise ImportFailed(problem, summary)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, records in ((REJECTED_FILE, ad_rejections), (REJECTED_REQUESTS_FILE, request_rejections)):
+        with open(out / name, "w") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in records)
     emb = np.empty((len(ads), model.D), np.float32)
     missing = [i for i, a in enumerate(ads) if a.embedding is None]
     for i, a in enumerate(ads):
@@ -720,7 +784,6 @@ def import_jsonl(ads_path, requests_path, out_dir, model_path=None, seed: int = 
         "model": None if model_path is None else os.fspath(model_path),
         "rejected_ads": summary.rejected_ads, "rejected_requests": summary.rejected_requests,
     })
-    summary.ads, summary.requests = len(ads), len(requests)
     return summary
 
 
@@ -746,7 +809,7 @@ def export_jsonl(dataset, out_dir) -> tuple[Path, Path]:
 
 __all__ = [
     "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
-    "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "export_jsonl", "file_sha256",
-    "import_jsonl", "load_dataset", "paused_gc", "read_meta", "read_targeting", "reindex", "save_dataset",
-    "write_meta", "write_requests", "write_targeting",
+    "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "export_jsonl",
+    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "paused_gc", "read_meta", "read_targeting",
+    "refuse_existing_corpus", "reindex", "save_dataset", "write_meta", "write_requests", "write_targeting",
 ]

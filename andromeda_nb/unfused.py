@@ -1,6 +1,7 @@
 """The unfused pipeline: DESIGN section 3's per-ad formula as separate array operations on NumPy or
 CuPy arrays (`xp`), each stage materialized (gather and dequantize, FiLM, gate logits, every expert
-product, routing by a full sort, softmax, weighted sum).
+product, routing by repeated argmax, softmax, weighted sum), written as a competent array
+programmer would.
 
 It is what array libraries do without a fused kernel, so the benchmarks time it beside the fused
 kernels (`andromeda_nb.budget.unfused_stages` counts its bytes); in float64 it is also the reference
@@ -30,16 +31,23 @@ def unfused_scores(xp, values, scale, formats, us, top_e: int, kind: str = "moe"
     g = (r @ xp.asarray(us.Q, dtype).T) / dtype(math.sqrt(D))  # gate logits
     x = r @ xp.asarray(us.U, dtype).T  # expert products (all E; the routed ones are taken below)
     E = g.shape[1]
-    # routing: the top_e largest logits, ties to the lower expert: sort by (-g, e)
-    order = xp.argsort(-g, axis=1, kind="stable") if xp.__name__ == "numpy" else xp.argsort(-g, axis=1)  # stable
-    top = order[:, :top_e]
+    # routing: the top_e largest logits by repeated argmax (the first maximum: ties to the lower
+    # expert), each chosen logit masked before the next; one more argmax finds the (k+1)-th for ties
+    rows = xp.arange(g.shape[0])
+    masked = g.copy()
+    chosen = []
+    for _ in range(min(top_e + 1, E)):
+        e = xp.argmax(masked, axis=1)
+        chosen.append(e)
+        masked[rows, e] = -xp.inf
+    top = xp.stack(chosen[:top_e], axis=1)
     gt = xp.take_along_axis(g, top, axis=1)
     w = xp.exp(gt - gt[:, :1])
     w = w / w.sum(axis=1, keepdims=True)
     s = (w * xp.take_along_axis(x, top, axis=1)).sum(axis=1)
     tie = None
     if top_e < E:
-        nxt = xp.take_along_axis(g, order[:, top_e : top_e + 1], axis=1)[:, 0]
+        nxt = g[rows, chosen[top_e]]
         tie = (gt[:, -1] - nxt) <= GATE_TIE_ATOL
     return s, tie
 

@@ -225,6 +225,17 @@ class UpdateLog:
         return None
 
 
+def nothing_applied(source, applied: int, rejections: Sequence[Rejection]) -> str | None:
+    """Why an update stream given to a command was of no use, or None: it held no update, or every
+    one of its lines was rejected (the command then exits non-zero instead of answering as if no
+    stream had been given)."""
+    if applied:
+        return None
+    if not rejections:
+        return f"{source} holds no update"
+    return f"no update of {source} applies: all {len(rejections)} were rejected (first: {rejections[0]})"
+
+
 def apply_update_file(lines_or_path, targets: Sequence[Any], ad_ids: Iterable[int], *, seed: int, dim: int,
                       formats: int = DEFAULT_F) -> tuple[int, list[Rejection]]:
     """Read a stream (what `--updates FILE` does) and apply it to every target, the live set starting

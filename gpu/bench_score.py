@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from andromeda_nb.bench import log, repeat_timed, write_json
+from andromeda_nb.numbers import rate
 from andromeda_nb.budget import fused_stages, total
 from andromeda_nb.constants import SCORE_ATOL, TOPK_TIE_ATOL
 from andromeda_nb.devices import resolve
@@ -507,8 +508,8 @@ def pipeline_table(result) -> str:
              "stages (median ms): " + "  ".join(f"{k} {v:.3f}" for k, v in result.get("stages_ms", {}).items()),
              "stages (p99 ms):    " + "  ".join(f"{k} {v:.3f}" for k, v in result.get("stages_p99_ms", {}).items())]
     for t in result["throughput"]:
-        lines.append(f"batch {t['batch']:>3}: {t['batch_ms']:8.2f} ms  {t['requests_per_s']:8.0f} req/s  "
-                     f"{t['pool_ads_per_s'] / 1e9:6.2f} G pool ads/s")
+        lines.append(f"batch {t['batch']:>3}: {t['batch_ms']:8.2f} ms  {rate(t['requests_per_s'], 'requests/s'):>16}  "
+                     f"{rate(t['pool_ads_per_s'], 'pool ads/s'):>18}")
     for name, t in result["targets"].items():
         lines.append(f"target {name}: {t['value']:.3g} (want {t['target']}): {'met' if t['met'] else 'NOT met'}")
     return "\n".join(lines)

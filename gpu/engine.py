@@ -27,12 +27,12 @@ MAX_BATCH = 64  # requests per device launch
 
 
 class GpuEngine(EngineBase):
-    """`device` 'gpu' or 'sim' ('auto': the GPU when usable, else the simulator); `version`: the scoring
+    """`device` 'gpu' or 'sim' ('auto': the GPU when usable, else `devices.NoKernelDevice`); `version`: the scoring
     kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped)."""
 
     def __init__(self, dataset, device: str = "auto", *, version=None):
         super().__init__(dataset)
-        self.device = resolve(device, kernels=True)
+        self.device = resolve(device, kernels=True, what="the GPU engine")
         from .fused import FusedScorer  # imports numba.cuda: only after the device choice
         from .index import GpuTargetingIndex
 

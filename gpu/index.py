@@ -38,7 +38,7 @@ from andromeda_nb.compiled import (
     encode_request,
 )
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
-from andromeda_nb.devices import resolve
+from andromeda_nb.devices import notice, resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb import jitcache
@@ -322,14 +322,15 @@ class GpuTargetingIndex:
 
     Device memory: per slot `resid` (uint32), `prog_ptr` (int64), `sched` (int64 x 2); the clause
     programs (uint32 words) and custom locations (float64 x 3), each with spare room for updates.
-    `device` is 'auto' (the GPU when usable, else the CUDA simulator), 'gpu' or 'sim'; `version`
+    `device` is 'gpu', 'sim' or 'auto' (the GPU when usable; without one `devices.NoKernelDevice`
+    says to ask for 'sim'); `version`
     picks the match kernel: a number of gpu/kernels/match.py's table or a `Version` of the kernel lab
     (gpu/lab/match.py); default: the shipped one. Under the simulator a GPU-only version gives way
     to the simulator fallback, which computes the same bits.
     """
 
     def __init__(self, *, device: str = "auto", version=None):
-        where = resolve(device, kernels=True)
+        where = resolve(device, kernels=True, what="the GPU index")
         self.device = where
         self._cuda = runtime.cuda()
         from .kernels import match as kernels
@@ -337,7 +338,10 @@ class GpuTargetingIndex:
         self._k = kernels
         chosen = kernels.version(version)
         if where == "sim" and chosen.gpu_only:
-            chosen = kernels.VERSIONS[kernels.SIMULATOR_FALLBACK]
+            fallback = kernels.VERSIONS[kernels.SIMULATOR_FALLBACK]
+            notice(f"the CUDA simulator runs match kernel v{fallback.number} in place of v{chosen.number}, which it "
+                   "cannot run (the same bits)")
+            chosen = fallback
         self.kernel_version = chosen
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()

@@ -4,7 +4,8 @@ and selects top-K next to the ads, and only the final candidates leave it.
 * `ColocatedRetriever`: `interfaces.Retriever`. In process by default, over the engine for the device
   (`migration.architectures.build_engine`: `gpu.engine.GpuEngine` on a GPU or the simulator,
   `cpu_baseline.engine.CpuEngine` on the CPU); with `served=True` or `traffic=True` it starts the
-  co-located server as a subprocess on 127.0.0.1 (`python -m migration.serve`) and talks Flight to it
+  co-located server as a subprocess on 127.0.0.1 (`python -m migration.serve --device D`, the device
+  resolved here and passed explicitly) and talks Flight to it
   (through a counting relay with `traffic=True`, so `retrieve_traffic` reports real bytes on the wire).
 * `make_server`: that server, `andromeda_nb.engine_server.EngineServer` around the device's engine.
 """
@@ -15,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from andromeda_nb.devices import resolve
 from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, child_args, dataset_args,
                                    relay_in_front, stop_all)
 from andromeda_nb.types import Request, Update
@@ -70,6 +72,7 @@ class ColocatedRetriever(ServedRetriever):
             raise TypeError(f"unknown option(s) for the co-located retriever: {', '.join(options)}")
         if not (served or traffic or host):
             return cls(build_engine(dataset, device, version=version))
+        device = resolve(device)  # here, so the server is told where it runs and decides nothing itself
         from andromeda_nb.flight import location_of, wait_until_healthy
 
         proc, tmp, relays = None, None, {}

@@ -26,7 +26,8 @@ from typing import Callable
 
 import numpy as np
 
-from andromeda_nb.bench import median_seconds
+from andromeda_nb.bench import spread_of, timed_runs
+from andromeda_nb.numbers import rate, spread_summary
 
 DEFAULT_ADS = 50_000
 DEFAULT_REQUESTS = 12
@@ -43,9 +44,11 @@ class DemoError(RuntimeError):
     """A fast path disagreed with the reference: the demo stops rather than time a wrong answer."""
 
 
-def _median_seconds(fn, repeat: int = REPEAT) -> float:
-    """Wall-clock median of `repeat` calls after one untimed call."""
-    return median_seconds(fn, repeat, warmup=1)
+def _timed(rows: int, fn, repeat: int = REPEAT) -> dict:
+    """`rows` / seconds of `repeat` calls after one untimed call: {"ads_per_s": the median, "runs": its
+    spread}, so the report can say how much the figure moved between runs."""
+    per_s = [rows / t for t in timed_runs(fn, repeat, warmup=1)]
+    return {"ads_per_s": float(np.median(per_s)), "runs": spread_of(per_s)}
 
 
 # --- kernel measurements ----------------------------------------------------------------------------------
@@ -82,27 +85,26 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
         got = scorer.score(sample, tab)
         if np.any(got < lo - 1e-4) or np.any(got > hi + 1e-4):
             raise DemoError(f"CPU fused scorer ({precision}) disagrees with the float64 reference")
-        t = _median_seconds(lambda: scorer.score(all_rows, tab))
+        fused = _timed(rows, lambda: scorer.score(all_rows, tab))
         nbytes = stored_ad_bytes(precision, model.D)
-        out["fused"][precision] = {"ads_per_s": rows / t, "GBps": rows * nbytes / t / 1e9}
+        out["fused"][precision] = {**fused, "GBps": fused["ads_per_s"] * nbytes / 1e9}
         values, scale = table.values, table.scale
 
         def unfused():
             s, _ = unfused_scores(np, values, scale, formats, us, model.top_k, "moe", dtype=np.float32)
             return np.argpartition(-s, DEFAULT_K - 1)[:DEFAULT_K]
 
-        t = _median_seconds(unfused, repeat=2)
-        out["unfused"][precision] = {"ads_per_s": rows / t}
+        out["unfused"][precision] = _timed(rows, unfused, repeat=2)
         if precision == "fp32":
             f32 = table.values
             dot_ref = two_tower_scores(u, table, sample)
             if np.max(np.abs(f32[sample] @ u.astype(np.float32) - dot_ref)) > 1e-4:
                 raise DemoError("CPU dot product disagrees with the float64 reference")
             u32 = u.astype(np.float32)
-            t = _median_seconds(lambda: f32 @ u32)
-            out["dot"]["fp32"] = {"ads_per_s": rows / t, "GBps": rows * nbytes / t / 1e9}
-        log(f"  {precision}: fused {out['fused'][precision]['ads_per_s'] / 1e6:.1f} M ads/s, "
-            f"unfused {out['unfused'][precision]['ads_per_s'] / 1e6:.1f} M ads/s")
+            dot = _timed(rows, lambda: f32 @ u32)
+            out["dot"]["fp32"] = {**dot, "GBps": dot["ads_per_s"] * nbytes / 1e9}
+        log(f"  {precision}: fused {rate(out['fused'][precision]['ads_per_s'], 'ads/s')}, "
+            f"unfused {rate(out['unfused'][precision]['ads_per_s'], 'ads/s')}")
     return out
 
 
@@ -129,11 +131,51 @@ def gpu_kernels(seed: int, log: Echo = lambda m: None) -> dict:
 # --- the walk ----------------------------------------------------------------------------------------------
 
 
-def _rate(x: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} "
+def _rate_text(x: float) -> str:
+    return rate(x)
+
+
+def _with_range(figure: dict) -> str:
+    """'9.24 M' with its range when it was measured more than once: '9.24 M (8.91 M to 9.40 M over 5 runs)'."""
+    runs = figure.get("runs")
+    return spread_summary(runs, _rate_text) if runs and runs["runs"] > 1 else _rate_text(figure["ads_per_s"])
+
+
+def _requests_per_second(report: dict, arch: str) -> str:
+    runs = report.get("requests_per_second_runs", {}).get(arch)
+    return spread_summary(runs, _rate_text) if runs else _rate_text(report["requests_per_second"][arch])
+
+
+def cpu_explanation(report: dict, kernels: dict, cores: int) -> list[str]:
+    """Why the side-by-side on a CPU looks as it does, and why co-location pays on a GPU server."""
+    q = report["requests_per_second"]
+    b = report["bytes_per_request"]
+    faster = q["colocated"] >= q["remote"]
+    score = kernels["fused"][kernels["compare_precision"]]["ads_per_s"]
+    lines = [
+        "\nWhat the CPU figures show",
+        f"   Both designs ran on the same {cores} CPU core(s), so the table shows what co-location saves in bytes, "
+        "not what it saves in time:",
+        f"   * bytes: the co-located server sent {b['colocated']:,.0f} B per request where the remote design sent "
+        f"{b['remote']:,.0f} B ({report['traffic_reduction']:.1f}x); on loopback those bytes cost little, across "
+        "a network they cost transfer time on every request.",
+        f"   * time: co-located answered {rate(q['colocated'])} requests/s against remote's "
+        f"{rate(q['remote'])}: "
+        + ("one process with no candidate hop is faster even here." if faster else
+           "slower here, because the remote design splits each request over two processes (index host and "
+           "scoring service), which on a few cores is parallelism the one co-located process lacks, while "
+           "loopback makes the hop it pays for nearly free."),
+        f"   Either way the per-ad formula runs at the CPU's scoring rate ({rate(score, 'ads/s')}, step 5), "
+        "the same in both designs.",
+        "   Co-location pays on a GPU server: there matching and scoring the whole pool run at memory bandwidth, "
+        "billions of pool ads per second (docs/BENCHMARKS.md has the H200 figures), so what is left of a "
+        "request's time is the network hop and the candidate list the remote design must ship, which "
+        "co-location removes.",
+        "   Timings on a shared machine move between runs (another process on the same cores can slow one run "
+        "several times over): each rate above is the median of its runs with the range beside it; trust a "
+        "difference between medians only when the ranges do not overlap.",
+    ]
+    return lines
 
 
 def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed: int = 0, k: int = DEFAULT_K,
@@ -149,16 +191,16 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     from .budget import build_budget
     from .harness import run_comparison
 
-    # 'gpu' when one is usable; otherwise the CUDA simulator is chosen before numba.cuda loads (the GPU
-    # index is then checked under it on small pools) and the co-located path runs on the CPU
-    where = device if device in ("cpu", "sim") else ("gpu" if resolve(device, kernels=True) == "gpu" else "cpu")
+    # 'gpu' when one is usable, else compiled CPU code (said once on stderr); the simulator only when
+    # asked for
+    where = resolve(device)
     kernel_device = "gpu" if where == "gpu" else "cpu"
     with tempfile.TemporaryDirectory(prefix="andromeda-demo-") as tmp:
         t0 = time.perf_counter()
         corpus.generate_corpus(tmp, n_ads, n_requests, seed)
         dataset = load_dataset(tmp)
         log(f"corpus: {n_ads:,} ads and {n_requests} requests generated and loaded in {time.perf_counter() - t0:.1f} s")
-        report = run_comparison(dataset, k=k, device=where, oracle_requests=min(8, n_requests),
+        report = run_comparison(dataset, k=k, device=device, oracle_requests=None,
                                 traffic_requests=min(8, n_requests), log=log)
     kernels = gpu_kernels(seed, log) if kernel_device == "gpu" else cpu_kernels(dataset, seed, kernel_rows, log=log)
     log("training the two-tower and the mixture of experts on synthetic clicks (quality --small)")
@@ -189,7 +231,7 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
         score_s = e["eligible_mean"] / score_rate
         rest = max(0.0, per_req - match_s - score_s)
         echo(f"   scoring its {e['eligible_mean']:,.0f} candidates takes {score_s * 1e3:.2f} ms at "
-             f"{_rate(score_rate)}ads/s; the other {rest * 1e3:.1f} ms ({100 * rest / per_req:.0f}%) go to moving "
+             f"{rate(score_rate, 'ads/s')}; the other {rest * 1e3:.1f} ms ({100 * rest / per_req:.0f}%) go to moving "
              f"candidate lists and scores between processes and to top-K")
     echo(f"   bytes on the wire per request: {hop.get('index host->scorer', 0):,.0f} between index host and "
          f"scorer, {hop.get('client->index host', 0):,.0f} between client and index host")
@@ -219,8 +261,8 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
          f"same stored bytes per ad")
     dot = kernels["dot"].get(cp)
     if dot:
-        echo(f"   scoring speed, {cp}, same bytes per ad: dot product {_rate(dot['ads_per_s'])}ads/s, gated MoE "
-             f"{_rate(ref['ads_per_s'])}ads/s (MoE time {dot['ads_per_s'] / ref['ads_per_s']:.2f}x the dot's)")
+        echo(f"   scoring speed, {cp}, same bytes per ad: dot product {rate(dot['ads_per_s'], 'ads/s')}, gated MoE "
+             f"{rate(ref['ads_per_s'], 'ads/s')} (MoE time {dot['ads_per_s'] / ref['ads_per_s']:.2f}x the dot's)")
 
     # 4 -------------------------------------------------------------------------------------------------
     echo("\n4. Co-location and its traffic")
@@ -239,9 +281,9 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
         if precision not in kernels["fused"]:
             continue
         fu, un = kernels["fused"][precision], kernels["unfused"].get(precision)
-        line = f"   {precision}: fused {_rate(fu['ads_per_s'])}ads/s"
+        line = f"   {precision}: fused {_with_range(fu)} ads/s"
         if un:
-            line += f", unfused {_rate(un['ads_per_s'])}ads/s ({fu['ads_per_s'] / un['ads_per_s']:.1f}x)"
+            line += f", unfused {_with_range(un)} ads/s ({fu['ads_per_s'] / un['ads_per_s']:.1f}x)"
         if fu.get("copy_fraction") is not None:
             line += f", {100 * fu['copy_fraction']:.0f}% of copy bandwidth"
         echo(line)
@@ -254,14 +296,19 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
         ("answers vs reference", "equal" if report["remote"]["topk"]["ok"] else "DIFFERENT",
          "equal" if report["colocated"]["topk"]["ok"] else "DIFFERENT"),
         ("bytes on the wire / request", f"{b['remote']:,.0f}", f"{b['colocated']:,.0f}"),
-        ("requests / second", f"{report['requests_per_second']['remote']:,.1f}",
-         f"{report['requests_per_second']['colocated']:,.1f}"),
-        ("pool ads / second", _rate(report["pool_ads_per_second"]["remote"]),
-         _rate(report["pool_ads_per_second"]["colocated"])),
+        ("requests / second", _requests_per_second(report, "remote"), _requests_per_second(report, "colocated")),
+        ("pool ads / second", rate(report["pool_ads_per_second"]["remote"]),
+         rate(report["pool_ads_per_second"]["colocated"])),
     ]
-    echo(f"   {'':<30}{'remote scoring':>30}{'co-located':>24}")
+    echo(f"   {'':<30}{'remote scoring':>34}{'co-located':>34}")
     for name, a, c in rows:
-        echo(f"   {name:<30}{a:>30}{c:>24}")
+        echo(f"   {name:<30}{a:>34}{c:>34}")
+    if where != "gpu":
+        import os
+
+        for line in cpu_explanation(report, kernels, os.cpu_count() or 1):
+            echo(line)
     if not ok:
         raise DemoError("the two architectures disagree: see the comparison above")
     return figures
+

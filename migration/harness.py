@@ -2,10 +2,12 @@
 same update stream, proven equal and measured.
 
 What it checks (DESIGN section 4):
-* eligible sets: the CPU inverted index and the GPU index against the oracle (on the first
-  `oracle_requests` requests: the oracle is plain Python), and against each other on every request;
+* eligible sets: the CPU inverted index and the GPU index against the oracle on every request (or
+  the first `oracle_requests`), with the update stream applied, and against each other; the oracle
+  is plain Python, run over the corpus's row groups in one process per core;
 * scores and top-K: the remote-scoring and the co-located answers against the float64 reference,
-  with the tie and routing rules of `andromeda_nb.compare`.
+  with the tie and routing rules of `andromeda_nb.compare`; the reference scores the oracle's
+  eligible sets (and says so where a limit left requests to the CPU index, an index under test).
 
 What it measures: real bytes on the wire per request and per hop (a counting relay in front of every
 server, `andromeda_nb.relay`), and requests per second through each architecture's Flight service.
@@ -13,22 +15,24 @@ server, `andromeda_nb.relay`), and requests per second through each architecture
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
+from andromeda_nb.bench import spread_of
 from andromeda_nb.budget import network_payload, payload_total
 from andromeda_nb.compare import compare_eligible, compare_scores, compare_topk
 from andromeda_nb.constants import DEFAULT_K
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.devices import resolve
 from andromeda_nb.flight import request_text
-from andromeda_nb.updates import LiveAds, Rejection, apply_updates, read_updates
+from andromeda_nb.numbers import rate
+from andromeda_nb.updates import LiveAds, Rejection, apply_updates, nothing_applied, read_updates
 
 Log = Callable[[str], None]
-ORACLE_FULL_POOL = 200_000  # above this the reference takes eligibility from the (checked) CPU index
 SIMULATOR_MAX_ADS = 20_000  # the GPU index under the CUDA simulator costs ~0.1 ms per thread
 
 
@@ -38,6 +42,7 @@ class ArchMeasurement:
     seconds: float
     traffic: list[dict]  # per request: hop -> {"upstream", "downstream", "total", ...}
     latencies: list[float] = field(default_factory=list)  # seconds, one request per exchange
+    run_seconds: list[float] = field(default_factory=list)  # each timed run of all requests (`seconds`: the median)
 
     def latency_ms(self) -> dict[str, float]:
         if not self.latencies:
@@ -85,27 +90,39 @@ def apply_stream(updates, targets: Sequence, dataset: Dataset) -> list[Rejection
     return apply_updates(updates, targets, LiveAds(dataset.ad_ids.tolist()))
 
 
-def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int,
-                        log: Log = _quiet) -> tuple[dict, list[np.ndarray]]:
-    from andromeda_nb.oracle import match_stream
+def gpu_index_device(device: str, n_ads: int) -> tuple[str | None, str | None]:
+    """Where the harness checks the GPU index for `--device device`: ('gpu' or 'sim', None), or
+    (None, the reason it is skipped). The index exists only as CUDA kernels: without a usable GPU it
+    runs under the simulator only when 'sim' was asked for, and then only on small corpora."""
+    try:
+        where = resolve(device, kernels=True, what="the GPU index")
+    except RuntimeError as exc:  # NoKernelDevice; 'gpu' without one; the simulator chosen too late
+        return None, str(exc)
+    if where == "sim" and n_ads > SIMULATOR_MAX_ADS:
+        return None, (f"{n_ads:,} ads is more than the CUDA simulator is run on ({SIMULATOR_MAX_ADS:,}: about "
+                      "0.1 ms per ad and request)")
+    return where, None
+
+
+def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int | None,
+                        log: Log = _quiet) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    """The CPU and GPU indexes against the oracle, with the update stream applied. The oracle checks
+    the first `oracle_requests` requests (None: every one) over the whole corpus, in as many processes
+    as there are cores (`oracle.match_corpus`). Returns (summary, CPU index sets, oracle sets)."""
+    from andromeda_nb.oracle import match_corpus
     from cpu_baseline.index import CpuTargetingIndex
     from gpu.index import GpuTargetingIndex
 
-    n_oracle = min(oracle_requests, len(requests))
-    gpu_skipped = None
-    try:
-        gpu_where = resolve("sim" if device == "sim" else "auto", kernels=True)
-    except RuntimeError as exc:  # no GPU, and numba.cuda was loaded before the simulator could be chosen
-        gpu_where, gpu_skipped = "none", f"no usable GPU ({exc})"
-    if gpu_where == "sim" and dataset.n_ads > SIMULATOR_MAX_ADS:
-        gpu_skipped = (f"no usable GPU, and {dataset.n_ads:,} ads is more than the CUDA simulator "
-                       f"is run on ({SIMULATOR_MAX_ADS:,})")
-    log(f"building the oracle, the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
+    n_oracle = len(requests) if oracle_requests is None else min(oracle_requests, len(requests))
+    gpu_where, gpu_skipped = gpu_index_device(device, dataset.n_ads)
+    if gpu_skipped:
+        log(f"GPU index skipped: {gpu_skipped}")
+    log(f"building the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
         f"over {dataset.n_ads:,} ads")
     cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
     gpu = None if gpu_skipped else GpuTargetingIndex.from_compiled(dataset.compiled, device=gpu_where)
     rejected = {r.line_no for r in apply_stream(updates, [x for x in (cpu, gpu) if x is not None], dataset)}
-    log(f"matching {len(requests)} requests (oracle on {n_oracle})")
+    log(f"matching {len(requests)} requests")
     cpu.match(requests[:1])  # warm-up: compiled code, scratch buffers
     if gpu is not None:
         gpu.match(requests[:1])
@@ -115,9 +132,12 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     t0 = time.perf_counter()
     gpu_sets = gpu.match(requests) if gpu is not None else None
     gpu_s = time.perf_counter() - t0
-    # the oracle over the ads parsed a chunk at a time (a million parsed ads would take ~8 GB)
-    oracle_sets = match_stream(dataset.ad_chunks(), requests[:n_oracle],
-                               [u for line, u in updates if line not in rejected])
+    workers = os.cpu_count() or 1
+    log(f"the oracle on {n_oracle} requests over {dataset.n_ads:,} ads ({workers} processes)")
+    t0 = time.perf_counter()
+    oracle_sets = match_corpus(dataset, requests[:n_oracle], [u for line, u in updates if line not in rejected],
+                               workers=workers) if n_oracle else []
+    oracle_s = time.perf_counter() - t0
     result = {"cpu_vs_oracle": Agreement(), "gpu_vs_oracle": Agreement(), "cpu_vs_gpu": Agreement()}
     for i, req in enumerate(requests):
         label = f"request {req.request_id}"
@@ -134,49 +154,68 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     summary["gpu_index"] = gpu_skipped or gpu_where
     summary["eligible_mean"] = float(sizes.mean()) if len(sizes) else 0.0
     summary["eligible_fraction_mean"] = float(sizes.mean() / max(1, len(cpu))) if len(sizes) else 0.0
-    summary["match_seconds"] = {"cpu": cpu_s, "gpu": None if gpu is None else gpu_s}
+    summary["match_seconds"] = {"cpu": cpu_s, "gpu": None if gpu is None else gpu_s, "oracle": oracle_s}
     for index in (cpu, gpu):
         close = getattr(index, "close", None)
         if close:
             close()
-    return summary, cpu_sets
+    return summary, cpu_sets, oracle_sets
 
 
-def reference_answers(dataset: Dataset, requests, updates, k: int, log: Log = _quiet):
-    """Per request: (eligible ids, ScoreResult, top-K ids, top-K scores) from the float64 reference."""
+class _NoIndex:
+    """The reference retriever's index when the harness brings the eligible sets itself: updates are
+    already in those sets, so applying them here does nothing."""
+
+    @classmethod
+    def from_compiled(cls, _compiled):
+        return cls()
+
+    def apply(self, _update) -> None:
+        pass
+
+    def match(self, _requests):
+        raise RuntimeError("the harness gives the reference its eligible sets")
+
+
+def reference_answers(dataset: Dataset, requests, updates, k: int, oracle_sets, index_sets,
+                      log: Log = _quiet):
+    """Per request: (eligible ids, ScoreResult, top-K ids, top-K scores) from the float64 reference,
+    scoring the oracle's eligible sets where the oracle checked the request and the CPU index's (an
+    index under test) beyond them. Returns (answers, where the eligible sets came from: counts)."""
     from andromeda_nb.reference import ReferenceRetriever, reference_topk
 
-    matcher = None
-    if dataset.n_ads > ORACLE_FULL_POOL:
-        from cpu_baseline.index import CpuTargetingIndex
-
-        matcher = CpuTargetingIndex
-    ref = ReferenceRetriever.build(dataset, matcher=matcher)
+    ref = ReferenceRetriever.build(dataset, matcher=_NoIndex)
     apply_stream(updates, [ref], dataset)
     log(f"reference scores (float64) for {len(requests)} requests")
     out = []
-    for req in requests:
-        ids, scores = ref.score_eligible(req)
+    for i, req in enumerate(requests):
+        ids, scores = ref.score_ids(req, oracle_sets[i] if i < len(oracle_sets) else index_sets[i])
         top_ids, top_scores = reference_topk(ids, scores.scores, k)
         out.append((ids, scores, top_ids, top_scores))
     ref.close()
-    return out, ("oracle" if matcher is None else "cpu index (checked against the oracle above)")
+    source = {"oracle": len(oracle_sets), "cpu index (under test)": len(requests) - len(oracle_sets)}
+    return out, source
 
 
-def measure(retriever, requests, k: int, traffic_requests: int) -> ArchMeasurement:
-    """Time all requests in one exchange, time single-request exchanges (latency), then count bytes
-    one request at a time."""
+TIMED_RUNS = 3  # timed runs of all requests per architecture: the median is reported, and the range
+
+
+def measure(retriever, requests, k: int, traffic_requests: int, runs: int = TIMED_RUNS) -> ArchMeasurement:
+    """Time all requests in one exchange `runs` times (the median, and each run for the spread), time
+    single-request exchanges (latency), then count bytes one request at a time."""
     retriever.retrieve(requests[:1], k)  # warm-up: connections, compiled code
-    t0 = time.perf_counter()
-    answers = retriever.retrieve(requests, k)
-    seconds = time.perf_counter() - t0
+    run_seconds = []
+    for _ in range(max(1, runs)):
+        t0 = time.perf_counter()
+        answers = retriever.retrieve(requests, k)
+        run_seconds.append(time.perf_counter() - t0)
     latencies = []
     for request in requests[:traffic_requests]:
         t0 = time.perf_counter()
         retriever.retrieve([request], k)
         latencies.append(time.perf_counter() - t0)
     _, traffic = retriever.retrieve_traffic(requests[:traffic_requests], k)
-    return ArchMeasurement(answers, seconds, traffic, latencies)
+    return ArchMeasurement(answers, float(np.median(run_seconds)), traffic, latencies, run_seconds)
 
 
 def check_answers(reference, answers, k: int, label: str) -> dict:
@@ -200,8 +239,8 @@ def _missing(got_ids, ids) -> _Missing:
 
 
 def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
-                   requests: int | None = None, oracle_requests: int = 16, traffic_requests: int = 16,
-                   log: Log = _quiet) -> dict:
+                   requests: int | None = None, oracle_requests: int | None = None, traffic_requests: int = 16,
+                   runs: int = TIMED_RUNS, log: Log = _quiet) -> dict:
     """Everything `andromeda compare` reports, as one JSON-ready dict."""
     from cpu_baseline.remote import RemoteRetriever
 
@@ -216,34 +255,39 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     rejected_lines = {r.line_no for r in live_rejected}
     updates = [(line, u) for line, u in updates if line not in rejected_lines]
     rejected = sorted(rejected + live_rejected, key=lambda r: r.line_no or 0)
+    problem = nothing_applied(updates_path, len(updates), rejected) if updates_path is not None else None
+    if problem:
+        raise ValueError(problem)
     report: dict = {
         "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision,
         "updates": {"applied": len(updates), "rejected": [str(r) for r in rejected]},
     }
-    eligibility, _ = compare_eligibility(dataset, reqs, updates, device=device,
-                                         oracle_requests=oracle_requests, log=log)
+    eligibility, index_sets, oracle_sets = compare_eligibility(dataset, reqs, updates, device=device,
+                                                               oracle_requests=oracle_requests, log=log)
     report["eligibility"] = eligibility
-    reference, source = reference_answers(dataset, reqs, updates, k, log)
+    reference, source = reference_answers(dataset, reqs, updates, k, oracle_sets, index_sets, log)
     report["reference_eligibility"] = source
 
-    runs: dict[str, ArchMeasurement] = {}
+    measured: dict[str, ArchMeasurement] = {}
     for name, cls, options in (("remote", RemoteRetriever, {}), ("colocated", ColocatedRetriever, {"device": device})):
         log(f"{name}: starting its services on 127.0.0.1")
         with cls.build(dataset, traffic=True, served=True, **options) as retriever:
             apply_stream(updates, [retriever], dataset)
             log(f"{name}: {len(reqs)} requests")
-            runs[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)))
-            report[name] = check_answers(reference, runs[name].answers, k, name)
+            measured[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)), runs)
+            report[name] = check_answers(reference, measured[name].answers, k, name)
             report[name]["device"] = getattr(retriever, "device", "cpu")
     report["eligible_equal"] = bool(eligibility["equal"])
-    report["scores_equal"] = all(report[n]["scores"]["ok"] for n in runs)
-    report["topk_equal"] = all(report[n]["topk"]["ok"] for n in runs)
-    report["bytes_per_hop"] = {n: m.bytes_per_hop() for n, m in runs.items()}
-    report["bytes_per_request"] = {n: m.bytes_per_request() for n, m in runs.items()}
+    report["scores_equal"] = all(report[n]["scores"]["ok"] for n in measured)
+    report["topk_equal"] = all(report[n]["topk"]["ok"] for n in measured)
+    report["bytes_per_hop"] = {n: m.bytes_per_hop() for n, m in measured.items()}
+    report["bytes_per_request"] = {n: m.bytes_per_request() for n, m in measured.items()}
     report["traffic_reduction"] = report["bytes_per_request"]["remote"] / max(1.0, report["bytes_per_request"]["colocated"])
-    report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in runs.items()}
-    report["latency_ms"] = {n: m.latency_ms() for n, m in runs.items()}
-    report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in runs.items()}
+    report["requests_per_second"] = {n: len(reqs) / m.seconds for n, m in measured.items()}
+    report["requests_per_second_runs"] = {n: spread_of(len(reqs) / t for t in m.run_seconds)
+                                          for n, m in measured.items()}
+    report["latency_ms"] = {n: m.latency_ms() for n, m in measured.items()}
+    report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in measured.items()}
     # the payload model of `andromeda budget` for the requests whose bytes were counted
     counted = min(traffic_requests, len(reqs))
     request_bytes = np.mean([len(request_text(r).encode()) for r in reqs[:counted]])
@@ -269,7 +313,8 @@ def format_report(report: dict) -> str:
         + (f"GPU index ({e['gpu_index']}) vs oracle {mark(e['gpu_vs_oracle']['ok'])}, CPU vs GPU "
            f"{mark(e['cpu_vs_gpu']['ok'])} ({e['cpu_vs_gpu']['checked']} requests)"
            if e["gpu_index"] in ("gpu", "sim") else f"GPU index skipped: {e['gpu_index']}"),
-        f"reference eligibility from the {report['reference_eligibility']}",
+        "reference eligibility: " + ", ".join(f"{where} on {n} requests"
+                                             for where, n in report["reference_eligibility"].items() if n),
         "",
         f"{'':<28}{'remote scoring':>18}{'co-located':>18}",
     ]
@@ -287,9 +332,13 @@ def format_report(report: dict) -> str:
         lines.append(f"{'latency p50 / p99 (ms)':<28}{lat['remote']['p50']:>11.2f} / {lat['remote']['p99']:<5.2f}"
                      f"{lat['colocated']['p50']:>11.2f} / {lat['colocated']['p99']:<5.2f}")
     q = report["requests_per_second"]
-    lines.append(f"{'requests / second':<28}{q['remote']:>18,.1f}{q['colocated']:>18,.1f}")
+    lines.append(f"{'requests / second':<28}{rate(q['remote']):>18}{rate(q['colocated']):>18}")
     p = report["pool_ads_per_second"]
-    lines.append(f"{'pool ads / second':<28}{p['remote']:>18,.3g}{p['colocated']:>18,.3g}")
+    lines.append(f"{'pool ads / second':<28}{rate(p['remote']):>18}{rate(p['colocated']):>18}")
+    runs = report.get("requests_per_second_runs")
+    if runs:  # the median above, the range of the timed runs here
+        lines.append(f"{'  range over ' + str(runs['remote']['runs']) + ' runs':<28}" + "".join(
+            f"{rate(runs[n]['min']) + ' to ' + rate(runs[n]['max']):>18}" for n in ("remote", "colocated")))
     lines.append(f"traffic reduction (remote / co-located bytes on the wire): {report['traffic_reduction']:,.1f}x")
     model = report.get("payload_estimate")
     if model:

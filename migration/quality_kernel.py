@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from andromeda_nb.compare import compare_topk
-from andromeda_nb.devices import resolve
+from andromeda_nb.devices import gpu_usable, resolve, simulator_enabled
 from andromeda_nb.model import MoeModel, quantize, two_tower_vector, user_side
 from andromeda_nb.reference import reference_scores, two_tower_scores
 from andromeda_nb.scoring import dot_table, fold_user_side
@@ -73,14 +73,16 @@ def kernel_throughput(models: dict[str, MoeModel], embedding: np.ndarray, format
     """Ads per second of the fused kernel per model (name -> MoeModel; "two_tower" runs the dot
     kernel). Returns {"skipped": reason} when no CUDA GPU is usable (device "auto" or "gpu") or
     device is "cpu"; "sim" runs the path under the simulator (slots and repeats should be tiny)."""
+    if device == "cpu":
+        return {"skipped": "--device cpu: the fused kernel is measured on a CUDA GPU"}
+    if device == "auto" and simulator_enabled():
+        return {"skipped": "the CUDA simulator is on (a check of the path, not a speed)"}
+    if device == "auto" and not gpu_usable():
+        return {"skipped": "no usable CUDA GPU"}  # not a fallback: nothing runs in its place
     try:
-        where = resolve(device)
+        where = resolve(device, kernels=True, what="the fused kernel's measurement")
     except RuntimeError as exc:
         return {"skipped": str(exc)}
-    if where == "cpu":
-        return {"skipped": "no usable CUDA GPU"}
-    if where == "sim" and device == "auto":
-        return {"skipped": "the CUDA simulator is on (a check of the path, not a speed)"}
     from gpu import runtime
     from gpu.fused import FusedScorer  # imports numba.cuda: only after the device choice
 

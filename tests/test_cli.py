@@ -143,6 +143,59 @@ def test_import_counts_rejections_and_strict_fails(tmp_path):
     assert len((tmp_path / "a" / "rejected.jsonl").read_text().splitlines()) == 10
     strict = _runner().invoke(main, [str(a) for a in args] + ["--out", str(tmp_path / "b"), "--strict"])
     assert strict.exit_code == 1 and "--strict" in strict.stderr and "Traceback" not in strict.stderr
+    assert "nothing was written" in strict.stderr and not (tmp_path / "b").exists(), "--strict writes nothing"
+    assert strict.stdout == ""
+
+
+def test_import_of_swapped_files_loads_nothing_and_says_why(tmp_path):
+    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "requests.jsonl"), "--requests",
+                                     str(SAMPLE / "ads.jsonl"), "--out", str(tmp_path / "c"), "--quiet"])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert "no valid ad in" in result.stderr and "swapped?" in result.stderr
+    assert "rejected 20 ad(s)" in result.stderr and not (tmp_path / "c").exists()
+
+
+def test_import_of_requests_that_are_all_rejected_fails(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"request_id": 1, "user": {"age": "old"}}\n{"request_id": 2}\n')
+    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "ads.jsonl"), "--requests", str(bad),
+                                     "--out", str(tmp_path / "c"), "--quiet"])
+    assert result.exit_code == 1 and "no valid request in" in result.stderr and "2 line(s) rejected" in result.stderr
+    assert not (tmp_path / "c").exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = _runner().invoke(main, ["import", "--ads", str(empty), "--requests", str(SAMPLE / "requests.jsonl"),
+                                     "--out", str(tmp_path / "d"), "--quiet"])
+    assert result.exit_code == 1 and "it holds no ad" in result.stderr
+
+
+def test_an_existing_corpus_is_replaced_only_with_force(tmp_path):
+    out = tmp_path / "c"
+    _run("generate", "--ads", 50, "--requests", 2, "--seed", 1, "--out", out, "--quiet")
+    before = (out / "ads.parquet").read_bytes()
+    for command in (["generate", "--ads", 60, "--requests", 2, "--seed", 2],
+                    ["import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7]):
+        result = _runner().invoke(main, [str(a) for a in command] + ["--out", str(out), "--quiet"])
+        assert result.exit_code == 1 and "already holds a corpus" in result.stderr and "--force" in result.stderr
+        assert (out / "ads.parquet").read_bytes() == before, "nothing of the corpus changed"
+    _run("generate", "--ads", 60, "--requests", 2, "--seed", 2, "--out", out, "--quiet", "--force")
+    assert store.load_dataset(out).n_ads == 60
+    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7,
+         "--out", out, "--quiet", "--force")
+    assert store.load_dataset(out).n_ads == 190
+
+
+def test_an_update_stream_of_which_nothing_applies_fails(corpus_dir, tmp_path):
+    rejected = tmp_path / "rejected.jsonl"
+    rejected.write_text("".join(f'{{"op": "retire", "ad_id": {900000 + i}}}\n' for i in range(200)))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for command in (["match"], ["retrieve", "--k", 3]):
+        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates", str(rejected), "--quiet"])
+        assert result.exit_code == 1 and "no update of" in result.stderr and "all 200 were rejected" in result.stderr
+        assert result.stdout == "" and "Traceback" not in result.stderr
+        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates", str(empty), "--quiet"])
+        assert result.exit_code == 1 and "holds no update" in result.stderr
 
 
 def test_user_errors_are_clean(tmp_path, corpus_dir, monkeypatch):

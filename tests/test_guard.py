@@ -137,7 +137,7 @@ def test_serve_commands_say_what_is_wrong_without_a_traceback(corpus, tmp_path):
         cases = {
             "refusing to listen on 0.0.0.0 without authentication": ["--host", "0.0.0.0"],
             "host 'no-such-host.invalid' does not resolve": ["--host", "no-such-host.invalid"],
-            f"port {busy.port} on 127.0.0.1 is already in use": ["--port", str(busy.port)],
+            f"port {busy.port} on 127.0.0.1 is not free": ["--port", str(busy.port)],
             "TLS certificate": ["--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "k.pem")],
         }
         for expected, extra in cases.items():

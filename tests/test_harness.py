@@ -9,7 +9,8 @@ import pytest
 
 from andromeda_nb.corpus import generate_corpus
 from andromeda_nb.budget import payload_total
-from migration.harness import check_answers, format_report, reference_answers, run_comparison
+from migration.harness import (check_answers, compare_eligibility, format_report, load_updates, reference_answers,
+                               run_comparison)
 from andromeda_nb.store import load_dataset
 from andromeda_nb.testing import random_updates, update_to_json
 
@@ -35,18 +36,46 @@ def updates_file(dataset, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(dataset, updates_file):
-    return run_comparison(dataset, k=20, device="cpu", updates_path=updates_file, oracle_requests=5,
-                          traffic_requests=3)
+    return run_comparison(dataset, k=20, device="cpu", updates_path=updates_file, traffic_requests=3)
 
 
 def test_architectures_agree_after_updates(report):
     print(f"seed {SEED}, 1500 ads, 5 requests, k 20")
     assert report["eligible_equal"], report["eligibility"]
-    assert report["eligibility"]["cpu_vs_oracle"]["checked"] == 5
-    assert report["eligibility"]["gpu_index"] == "sim"  # no GPU here: the index ran under the simulator
-    assert report["eligibility"]["cpu_vs_gpu"]["checked"] == 5
+    assert report["eligibility"]["cpu_vs_oracle"]["checked"] == 5  # every request, updates applied
+    assert report["reference_eligibility"] == {"oracle": 5, "cpu index (under test)": 0}
+    assert "reference eligibility: oracle on 5 requests" in format_report(report)
+    # --device cpu: the GPU index has no CPU form, so it is skipped with the reason (the simulator runs
+    # only when asked for: test_the_gpu_index_is_checked_under_the_simulator_when_asked)
+    assert report["eligibility"]["gpu_index"].startswith("the GPU index runs only as CUDA kernels")
+    assert "--device sim" in report["eligibility"]["gpu_index"]
+    assert report["eligibility"]["cpu_vs_gpu"]["checked"] == 0
+    assert report["colocated"]["device"] == "cpu"
     assert report["scores_equal"] and report["topk_equal"], (report["remote"], report["colocated"])
     assert any("999999999" in r for r in report["updates"]["rejected"])
+
+
+def test_the_gpu_index_is_checked_under_the_simulator_when_asked(dataset, updates_file):
+    updates, _ = load_updates(dataset, updates_file)
+    summary, cpu_sets, _ = compare_eligibility(dataset, dataset.requests, updates, device="sim", oracle_requests=5)
+    assert summary["gpu_index"] == "sim" and summary["equal"], summary
+    assert summary["gpu_vs_oracle"]["checked"] == 5 and summary["cpu_vs_gpu"]["checked"] == len(dataset.requests)
+    assert sum(len(s) for s in cpu_sets) > 0
+
+
+def test_an_update_stream_of_which_nothing_applies_stops_the_comparison(dataset, tmp_path):
+    path = tmp_path / "updates.jsonl"
+    path.write_text('{"op": "retire", "ad_id": 999999999}\n{"op": "oops"}\n')
+    with pytest.raises(ValueError, match="no update of .* applies: all 2 were rejected"):
+        run_comparison(dataset, k=5, device="cpu", updates_path=path)
+
+
+def test_throughput_is_the_median_of_timed_runs_with_their_range(report):
+    for arch in ("remote", "colocated"):
+        runs = report["requests_per_second_runs"][arch]
+        assert runs["runs"] == 3 and 0 < runs["min"] <= runs["median"] <= runs["max"]
+        assert runs["median"] == pytest.approx(report["requests_per_second"][arch])
+    assert "range over 3 runs" in format_report(report) and "e+" not in format_report(report)
 
 
 def test_bytes_are_measured_per_hop(report):
@@ -69,8 +98,21 @@ def test_bytes_are_measured_per_hop(report):
     assert "bytes on the wire / request" in text and "traffic reduction" in text and "payload model" in text
 
 
+def test_a_limited_oracle_says_where_the_reference_eligibility_came_from(dataset):
+    """With --oracle-requests 2 the other three requests' reference sets come from the CPU index, an
+    index under test, and the report says so."""
+    summary, index_sets, oracle_sets = compare_eligibility(dataset, dataset.requests, [], device="cpu",
+                                                           oracle_requests=2)
+    assert summary["oracle_requests"] == 2 and len(oracle_sets) == 2 and summary["equal"]
+    _, source = reference_answers(dataset, dataset.requests, [], 10, oracle_sets, index_sets)
+    assert source == {"oracle": 2, "cpu index (under test)": 3}
+
+
 def test_a_wrong_answer_is_caught(dataset):
-    reference, _ = reference_answers(dataset, dataset.requests, [], 10)
+    from andromeda_nb.oracle import OracleIndex
+
+    sets = OracleIndex.build(dataset.ads).match(dataset.requests)
+    reference, _ = reference_answers(dataset, dataset.requests, [], 10, sets, sets)
     good = [(top_ids, top_scores.astype(np.float32)) for _, _, top_ids, top_scores in reference]
     assert check_answers(reference, good, 10, "good")["topk"]["ok"]
     i = next(j for j, (ids, _) in enumerate(good) if len(ids) >= 3)

@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from andromeda_nb.model import MoeModel, context_vector, quantize, two_tower_vector, user_side
 from andromeda_nb.quality import train as tr
-from andromeda_nb.quality._blas import _openblas, blas_threads
 from andromeda_nb.quality.experiment import (
     MODEL_NAMES,
     QualityConfig,
@@ -267,14 +266,22 @@ def test_training_beats_the_untrained_models(tiny_run):
         assert tiny_run.train_loss[name][-1] < tiny_run.train_loss[name][0], name
 
 
-def test_blas_threads_restores_the_count():
-    found = _openblas()
-    if found is None:
-        pytest.skip("numpy is not linked against a prefixed OpenBLAS here")
-    before = found[1]()
-    with blas_threads(1):
-        assert found[1]() == 1
-    assert found[1]() == before
+def test_training_holds_blas_to_one_thread_and_restores_it(monkeypatch):
+    from threadpoolctl import threadpool_info
+
+    from andromeda_nb.quality import experiment
+
+    def blas_threads() -> list[int]:
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas_threads()
+    if not before:
+        pytest.skip("numpy links no BLAS that threadpoolctl can see here")
+    seen = []
+    monkeypatch.setattr(experiment, "_run_quality", lambda config, progress: seen.append(blas_threads()))
+    experiment.run_quality(QualityConfig.small(0))
+    assert seen == [[1] * len(before)]
+    assert blas_threads() == before
 
 
 # --- kernel path --------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from ..constants import CONTEXT_WIDTH, PRECISIONS
 from ..model import MoeModel, quantize, two_tower_vector, user_side
 from ..reference import reference_scores, reference_topk, two_tower_scores
 from . import train as tr
-from ._blas import blas_threads
 from .truth import TruthConfig, Users, World, eligible_rows
 
 MODEL_NAMES = ("two_tower", "moe_k1", "moe_k2", "moe_k4", "dense")
@@ -302,8 +301,12 @@ def held_out_loss(params: dict, data: tr.TrainData, experts: int) -> dict[str, f
 def run_quality(config: QualityConfig = QualityConfig(),
                 progress: Callable[[str], None] | None = None) -> QualityResult:
     """The whole experiment, seeded by `config.seed`; the same config on the same machine gives the
-    same figures (numpy's BLAS is held to one thread while it runs)."""
-    with blas_threads(1):
+    same figures. numpy's BLAS is held to one thread while it runs (threadpoolctl): the trainers
+    multiply many small matrices, where BLAS threads on a shared 2-core machine spin and wait (up to 10x
+    slower per step), and one thread also fixes the summation order, so a run repeats bit for bit."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
         return _run_quality(config, progress)
 
 

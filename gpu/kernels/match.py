@@ -1,7 +1,8 @@
 """Targeting match kernel, as shipped: DESIGN section 2 evaluated for every ad slot of the pool, on the device.
 
-The index (`gpu.index.GpuTargetingIndex`) runs `SHIPPED` (v6) on a GPU and `SIMULATOR_FALLBACK`
-(v4), which computes the same bits without warp intrinsics, under the CUDA simulator:
+The index (`gpu.index.GpuTargetingIndex`) runs `SHIPPED` (v6), on a GPU and under the CUDA simulator
+alike (there its warp shuffles are emulated by `gpu.kernels.warp`, and the register cap means
+nothing); v4 is kept beside it as `SIMULATOR_FALLBACK` for versions marked GPU only:
 
     v4 wide       one thread per slot serves a group of up to 64 requests in one pass over the
                   per-ad columns: bit r of a 64-bit mask is request r of the group. Residual rules
@@ -13,7 +14,7 @@ The index (`gpu.index.GpuTargetingIndex`) runs `SHIPPED` (v6) on a GPU and `SIMU
                   once, with no atomics.
     v6 wide+shfl, 64 regs   v4 with the transpose done by warp shuffles (`shfl_xor_sync`) instead of
                   shared memory and barriers, compiled with at most 64 registers per thread (4 blocks
-                  per SM instead of 3). GPU only: the simulator has no warp intrinsics or registers.
+                  per SM instead of 3).
 
 Both come from `batched_kernel`, the one generator of the batched kernels, parameterised by the request
 group (its width, how it reaches shared memory, how a slot is evaluated and where custom locations
@@ -76,6 +77,8 @@ from .. import runtime
 
 cuda = runtime.cuda()
 from numba import float64, int32, int64, uint32, uint64  # noqa: E402  (after the simulator choice)
+
+from . import warp  # noqa: E402
 
 # --- launch configuration ----------------------------------------------------------------------------
 THREADS_PER_BLOCK = 256  # = slots.CHUNK_SLOTS: one block covers one chunk, so one format
@@ -153,7 +156,7 @@ def _transpose_stage_shared(x, tr, tid, s, m):
 @cuda.jit(device=True, cache=True)
 def _transpose_stage_shuffle(x, lane, s, m):
     """The same stage with a warp shuffle."""
-    y = int64(cuda.shfl_xor_sync(FULL_MASK, int32(x), s)) & FULL_MASK  # int32: the shuffle's type
+    y = int64(warp.shfl_xor_i32(int32(x), s)) & FULL_MASK  # int32: the shuffle's type
     if (lane & s) == 0:
         return (x & m) | ((y & m) << s) & FULL_MASK
     return (x & ~m & FULL_MASK) | ((y >> s) & m)
@@ -248,7 +251,7 @@ def _transpose_shared(x, tid):
 
 @cuda.jit(device=True, cache=True)
 def _transpose_shuffle(x, tid):
-    """The same transpose by warp shuffles (GPU only)."""
+    """The same transpose by warp shuffles (emulated under the simulator: `gpu.kernels.warp`)."""
     lane = tid & 31
     x = _transpose_stage_shuffle(x, lane, 16, 0x0000FFFF)
     x = _transpose_stage_shuffle(x, lane, 8, 0x00FF00FF)
@@ -384,11 +387,10 @@ match_v4, match_v6 = _V4.kernel, _V6.kernel
 
 VERSIONS = version_table(
     Version(4, "v4 wide", "64-request groups, four table loads per early-exit test, shared-memory transpose", _V4),
-    Version(6, "v6 wide+shfl, 64 regs", "v4 with the warp-shuffle transpose, at most 64 registers per thread", _V6,
-            gpu_only=True),
+    Version(6, "v6 wide+shfl, 64 regs", "v4 with the warp-shuffle transpose, at most 64 registers per thread", _V6),
 )
 SHIPPED = 6  # fastest measured (docs/GPU_INDEX.md)
-SIMULATOR_FALLBACK = 4  # the same bits as SHIPPED, without warp intrinsics
+SIMULATOR_FALLBACK = 4  # for a version marked GPU only: the same bits without warp intrinsics
 
 
 def version(v=None) -> Version:

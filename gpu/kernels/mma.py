@@ -13,9 +13,6 @@ On the GPU each is one or a few PTX instructions, emitted as inline assembly fro
                                word ^ 0x80808080; `sel` = I8_LO (bytes 0, 1) or I8_HI (bytes 2, 3);
                                one byte permute builds 1024 + (byte + 128) in each half, one packed
                                subtract removes 1152
-    shfl_idx_f32(x, lane)      the value `x` of another lane of the warp (`shfl.sync.idx`)
-    shfl_xor_f32(x, mask)      the value of lane ^ mask (`shfl.sync.bfly`)
-    sync_warp()                a barrier for the lanes of the warp (`bar.warp.sync`)
 
 Fragment layout of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane >> 2 (the
 group) and q = lane & 3 (the thread in the group); each register holds two fp16 values, the lower
@@ -124,26 +121,6 @@ if runtime.simulator_enabled():
         cuda.syncthreads()
         return d0, d1, d2, d3
 
-    @cuda.jit(device=True)
-    def _shuffle(x, source):
-        buf = cuda.shared.array(SCRATCH_THREADS, np.float32)
-        t = _tid()
-        buf[t] = x
-        cuda.syncthreads()
-        y = buf[t - t % WARP + source]
-        cuda.syncthreads()
-        return np.float32(y)
-
-    def shfl_idx_f32(x, lane):
-        return _shuffle(x, int(lane) % WARP)
-
-    @cuda.jit(device=True)
-    def sync_warp():
-        cuda.syncthreads()  # the simulator has no warp barrier: the block's (block-uniform callers)
-
-    def shfl_xor_f32(x, mask):
-        return _shuffle(x, (_tid() % WARP) ^ int(mask))
-
     def pack_f16x2(x0, x1):
         return np.uint32(f16_words(np.float32(x0), np.float32(x1)))
 
@@ -239,28 +216,6 @@ else:
 
         return sig, codegen
 
-    @intrinsic
-    def _shfl_idx(typingctx, x, lane):
-        sig = types.float32(types.float32, types.int32)
-
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(_f32, [_f32, _i32])
-            asm = ir.InlineAsm(fnty, "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r")
-            return builder.call(asm, args)
-
-        return sig, codegen
-
-    @intrinsic
-    def _shfl_xor(typingctx, x, mask):
-        sig = types.float32(types.float32, types.int32)
-
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(_f32, [_f32, _i32])
-            asm = ir.InlineAsm(fnty, "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r")
-            return builder.call(asm, args)
-
-        return sig, codegen
-
     @cuda.jit(device=True, inline=True)
     def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         return _mma(types.uint32(a0), types.uint32(a1), types.uint32(a2), types.uint32(a3), types.uint32(b0),
@@ -278,18 +233,6 @@ else:
     def i8x2_to_f16x2(wx, sel):
         return _i8x2(types.uint32(wx), types.uint32(sel))
 
-    @cuda.jit(device=True, inline=True)
-    def shfl_idx_f32(x, lane):
-        return _shfl_idx(types.float32(x), types.int32(lane))
-
-    @cuda.jit(device=True, inline=True)
-    def shfl_xor_f32(x, mask):
-        return _shfl_xor(types.float32(x), types.int32(mask))
-
-    @cuda.jit(device=True, inline=True)
-    def sync_warp():
-        cuda.syncwarp()
-
 
 __all__ = ["I8_FLIP", "I8_HI", "I8_LO", "f16_halves", "f16_words", "i8x2_to_f16x2", "mma_f16", "pack_f16x2",
-           "shfl_idx_f32", "shfl_xor_f32", "split_f16x2", "split_host", "sync_warp"]
+           "split_f16x2", "split_host"]

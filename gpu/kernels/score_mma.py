@@ -47,8 +47,8 @@ Kernel arguments (the CUDA-core kernels' plus the prepared table):
     fscale       float32[R, F]               the inverse of each table's power-of-two scale
     cap, out_key, out_slot                   as `score.py`: the block's top `cap` keys and slots
 
-The simulator has no tensor cores or shuffles: `gpu.kernels.mma` emulates them there with shared
-memory and block barriers, so the same generated kernel (with its tile skip made block-uniform) runs
+The simulator has no tensor cores or warp barrier: `gpu.kernels.mma` and `gpu.kernels.warp` emulate them
+there with shared memory and block barriers, so the same generated kernel (with its tile skip made block-uniform) runs
 under the simulator in the tests, on tiny pools.
 """
 
@@ -65,7 +65,7 @@ from andromeda_nb.scoring import table_width
 from andromeda_nb.slots import CHUNK_SLOTS
 
 from .. import runtime
-from . import _bits, mma
+from . import _bits, mma, warp
 from andromeda_nb.constants import PRECISION_BYTES as BYTES
 
 from .score import HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, block_topk_emit, words_per_ad
@@ -408,7 +408,7 @@ def _namespace() -> dict:
         "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
         "block_topk_emit": block_topk_emit, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
         "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16, "split_f16x2": mma.split_f16x2,
-        "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": mma.sync_warp,
+        "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": warp.sync_warp,
     }
 
 

@@ -12,20 +12,20 @@ Versions (`VERSIONS`, every one; the index ships `gpu.kernels.match.SHIPPED`):
                   as the answer is known. The 32x32 bit matrix (slots x requests) of a warp is
                   transposed in shared memory, so each output word is written once, with no atomics.
     v3 shuffled   v2 with the transpose done by warp shuffles (`shfl_xor_sync`) instead of shared
-                  memory and barriers. GPU only: the CUDA simulator has no warp intrinsics.
+                  memory and barriers. Under the CUDA simulator the shuffles are emulated (`gpu.kernels.warp`).
     v4 wide       groups of 64 requests (the masks were 64-bit integers already, so a pass serves
                   twice the requests for the same instructions), and the term loop issues four
                   independent table loads before it tests for an early exit (v2 waited for each
                   load); shared-memory transpose of both 32-bit halves. Shipped as the simulator's
                   fallback.
-    v5 wide+shfl  v4 with the shuffle transpose (GPU only).
+    v5 wide+shfl  v4 with the shuffle transpose (emulated under the simulator).
     v6 v5, 64 regs the same code compiled with at most 64 registers per thread, for 4 blocks per SM
-                  instead of 3 (GPU only). Shipped.
+                  instead of 3 (emulated under the simulator). Shipped.
     v7 circle table  v4 with custom locations decided on the host: `ctab[g, q]` holds the requests of
                   group g inside circle q (float64 great-circle distance, the oracle's function,
                   tested only for circles in a latitude band around each user), OR-ed like terms, so
                   the kernel has no float64 math and no trigonometry.
-    v8 table+shfl v7 with the shuffle transpose (GPU only).
+    v8 table+shfl v7 with the shuffle transpose (emulated under the simulator).
 
 v2 to v8 come from the one generator of the shipped file, `batched_kernel`: the request groups of
 32 (`NARROW`) and with the host's circle table (`CIRCLE_TABLE`) are defined here, the one of 64 with
@@ -286,10 +286,10 @@ VERSIONS = version_table(
     Version(1, "v1 naive", "one thread per (slot, request), binary search of the user's terms, atomic OR",
             NaiveKernel()),
     Version(2, "v2 batched", "32-request groups, shared-memory transpose", _V2),
-    Version(3, "v3 shuffled", "v2 with the warp-shuffle transpose", _V3, gpu_only=True),
-    Version(5, "v5 wide+shfl", "v4 with the warp-shuffle transpose", _V5, gpu_only=True),
+    Version(3, "v3 shuffled", "v2 with the warp-shuffle transpose", _V3),
+    Version(5, "v5 wide+shfl", "v4 with the warp-shuffle transpose", _V5),
     Version(7, "v7 circle table", "v4 with custom locations decided on the host", _V7),
-    Version(8, "v8 table+shfl", "v7 with the warp-shuffle transpose", _V8, gpu_only=True),
+    Version(8, "v8 table+shfl", "v7 with the warp-shuffle transpose", _V8),
     *shipped.VERSIONS.values(),
 )
 SHIPPED = shipped.SHIPPED
