@@ -163,10 +163,13 @@ _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), defaul
 @click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dimension D.")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
               help="Processes that make ads (default: up to 2; the files do not depend on it).")
+@click.option("--updates", "n_updates", type=click.IntRange(0), default=0, show_default=True,
+              help="Also write OUT/updates.jsonl: this many seeded, valid updates (creates, replacements, "
+                   "status changes, retirements) for --updates of match, retrieve and compare.")
 @_FORCE_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def generate(n_ads, n_requests, seed, out, precision, dim, workers, force, as_json, quiet):
+def generate(n_ads, n_requests, seed, out, precision, dim, workers, n_updates, force, as_json, quiet):
     """Write a seeded synthetic corpus: Parquet ads and requests, model.npz and meta.json.
 
     Prints how much of the pool a request finds eligible (min / p10 / median / p90 / max over
@@ -192,10 +195,13 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, force, as_js
                                          workers=workers, progress=bar)
     seconds = time.perf_counter() - start
     _info(f"wrote {n_ads} ads and {n_requests} requests to {out} in {seconds:.1f} s (seed {seed})", quiet)
+    if n_updates:
+        path = corpus.write_update_stream(out, n_updates, seed, dim=dim)
+        _info(f"wrote {n_updates} updates to {path}", quiet)
     fractions = corpus.eligible_fractions(summary.sample_ads, summary.request_objects, seed, dim=dim)
     dist = fraction_summary(fractions)
     report = {"out": out, "ads": n_ads, "requests": n_requests, "seed": seed, "precision": precision, "dim": dim,
-              "seconds": round(seconds, 3), "eligible_fraction": dist,
+              "seconds": round(seconds, 3), "eligible_fraction": dist, "updates": n_updates,
               "eligible_sample": {"ads": len(summary.sample_ads), "requests": len(fractions)}}
     if as_json:
         click.echo(json.dumps(report))

@@ -771,3 +771,24 @@ def eligible_fractions(ad_objects: list[dict], request_objects: list[dict], seed
     if not ads:
         return np.zeros(0)
     return np.array([sum(eligible(a, r) for a in ads) / len(ads) for r in requests], np.float64)
+
+
+UPDATES_FILE = "updates.jsonl"
+
+
+def write_update_stream(out_dir, n: int, seed: int, *, dim: int = DEFAULT_D, formats: int = DEFAULT_F):
+    """Write `n` seeded, valid updates against the corpus in `out_dir` (`testing.random_update_stream`
+    over its ad ids) to `out_dir/updates.jsonl`, one JSON line each (DESIGN section 6). Returns the path."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from .testing import random_update_stream, update_to_json
+
+    out = Path(out_dir)
+    ad_ids = pq.read_table(out / "ads.parquet", columns=["ad_id"]).column("ad_id").to_numpy()
+    path = out / UPDATES_FILE
+    with open(path, "w") as f:
+        for update in random_update_stream(seed, ad_ids.tolist(), n, dim=dim, formats=formats):
+            f.write(json.dumps(update_to_json(update)) + "\n")
+    return path

@@ -258,8 +258,8 @@ def random_requests(rng: np.random.Generator, m: int, *, experts: int = DEFAULT_
     return out
 
 
-def _updates(src, ads: Sequence[Ad], n: int, invalid: float, make_ad) -> list[Update]:
-    live = {a.ad_id for a in ads}
+def _updates(src, live_ids, n: int, invalid: float, make_ad) -> list[Update]:
+    live = {int(i) for i in live_ids}
     retired: set[int] = set()
     next_id = max(live, default=-1) + 1
     out: list[Update] = []
@@ -294,13 +294,23 @@ def random_updates(rng: np.random.Generator, ads: Sequence[Ad], n: int, *, inval
     """`n` updates against the live set `ads`, in order: creates, replacements, status changes,
     retirements, re-creations of retired ids; with `invalid` > 0 that fraction are status/retire
     updates for ids that are not live (a checked stream must reject them)."""
+    return _random_updates(rng, (a.ad_id for a in ads), n, invalid, dim, formats)
+
+
+def random_update_stream(seed: int, ad_ids, n: int, *, dim: int = DEFAULT_D,
+                         formats: int = DEFAULT_F) -> list[Update]:
+    """`n` seeded, valid updates against a corpus holding `ad_ids`: the stream of `generate --updates`."""
+    return _random_updates(np.random.default_rng([seed, 0x5EED0DA7]), ad_ids, n, 0.0, dim, formats)
+
+
+def _random_updates(rng, live_ids, n: int, invalid: float, dim: int, formats: int) -> list[Update]:
     src = _RngSource(rng)
 
     def make_ad(ad_id: int) -> Ad:
         ad = parse_ad(_ad_json(src, ad_id, formats), seed=0, dim=dim, formats=formats, derive_embedding=False)
         return dataclasses.replace(ad, embedding=(rng.standard_normal(dim) / np.sqrt(dim)).astype(np.float32))
 
-    return _updates(src, ads, n, invalid, make_ad)
+    return _updates(src, live_ids, n, invalid, make_ad)
 
 
 def update_to_json(update: Update) -> dict:
@@ -470,13 +480,13 @@ def ads_and_updates(max_ads: int = 10, max_updates: int = 15, *, invalid: float 
         initial = draw(ad_lists(0, max_ads, dim=dim, formats=formats))
         n = draw(st.integers(0, max_updates))
         make_ad = lambda i: _seeded_ad(i, draw(st.integers(0, 2**32 - 1)), dim, formats)  # noqa: E731
-        return initial, _updates(src, initial, n, invalid, make_ad)
+        return initial, _updates(src, (a.ad_id for a in initial), n, invalid, make_ad)
 
     return st.composite(build)()
 
 
 __all__ = [
-    "random_ads", "random_requests", "random_updates", "random_ad_json", "random_request_json",
+    "random_ads", "random_requests", "random_updates", "random_update_stream", "random_ad_json", "random_request_json",
     "update_to_json", "targeting_jsons", "specs", "ads", "ad_lists", "requests", "request_lists",
     "ads_and_updates", "deep_spec_pair", "T0", "DAY",
 ]

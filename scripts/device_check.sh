@@ -6,7 +6,9 @@
 #   tests     the GPU index, co-located, top-K and scoring-kernel tests on the real device
 #   match     `bench match` of the shipped match kernel against the circle-table versions (10M, 100M)
 #   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size)
-#   compare   `compare` on a generated 1M-ad corpus (oracle, CPU index, GPU index, both architectures)
+#   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
+#             the oracle, the CPU index, the GPU index, both architectures
+#   score     `bench score` (D = 64, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
 set -uo pipefail
 OUT=${OUT:-out/device}
@@ -25,7 +27,8 @@ for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
       ANDROMEDA_TEST_GPU=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -W ignore \
-        tests/test_gpu_index.py tests/test_colocated.py tests/test_topk.py tests/test_score_kernels.py 2>&1 \
+        tests/test_gpu_index.py tests/test_colocated.py tests/test_topk.py tests/test_score_kernels.py \
+        tests/test_score_mma.py tests/test_candidates.py tests/test_deep_specs.py tests/test_unfused.py 2>&1 \
         | tail -15 | tee "$OUT/gpu_tests.txt" ;;
     match)
       timeout ${MATCH_TIMEOUT:-400} $A bench match --pools 10000000,100000000 --versions ${MATCH_VERSIONS:-6,7,8} \
@@ -35,10 +38,18 @@ for stage in "${stages[@]}"; do
       timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline --out "$OUT/pipeline.json" > "$OUT/pipeline.log" 2>&1
       echo "pipeline rc=$?"; tail -11 "$OUT/pipeline.log" ;;
     compare)
-      timeout 150 $A generate --ads 1000000 --requests 32 --seed 1 --workers 14 --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
-      timeout ${COMPARE_TIMEOUT:-300} $A compare --data /tmp/c1m --device gpu --oracle-requests 4 --json --quiet \
+      timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
+        --updates ${COMPARE_UPDATES:-2000} --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
+      timeout ${COMPARE_TIMEOUT:-400} $A compare --data /tmp/c1m --device gpu --updates /tmp/c1m/updates.jsonl --json --quiet \
         > "$OUT/compare_1m_gpu.json" 2> "$OUT/compare_1m_gpu.err"; echo "compare rc=$?"
       tail -c 600 "$OUT/compare_1m_gpu.json"; tail -3 "$OUT/compare_1m_gpu.err" ;;
+    score)
+      timeout ${SCORE_TIMEOUT:-300} $A bench score --dims 64 --precision fp16 --precision int8 --versions 4,6 \
+        --out "$OUT/bench_score.json" > "$OUT/bench_score.log" 2>&1
+      echo "score rc=$?"; grep -E "G ads/s|peer|copy" "$OUT/bench_score.log" | cut -c1-200 | tail -20
+      timeout 120 ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \
+        python3 scripts/probe_score_mma.py --version 6 --ads 16777216 > "$OUT/ncu_score_v6.txt" 2>&1
+      echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Issue Slots|Registers Per|Achieved Occupancy|Theoretical Occupancy" "$OUT/ncu_score_v6.txt" | head ;;
     demo)
       timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
       tail -c 400 "$OUT/demo_gpu.json"; echo

@@ -75,6 +75,21 @@ def test_generate_prints_the_eligible_distribution(tmp_path):
     assert result.stderr == ""  # --quiet
 
 
+def test_generate_writes_an_update_stream_that_match_applies_whole(tmp_path):
+    out = tmp_path / "c"
+    _run("generate", "--ads", 400, "--requests", 6, "--seed", 3, "--out", out, "--updates", 60, "--quiet")
+    lines = (out / "updates.jsonl").read_text().splitlines()
+    assert len(lines) == 60 and {json.loads(x)["op"] for x in lines} == {"upsert", "status", "retire"}
+    before = [json.loads(x)["eligible"] for x in _run("match", "--data", out, "--arch", "oracle", "--json",
+                                                      "--quiet").stdout.splitlines()]
+    after = _run("match", "--data", out, "--arch", "cpu", "--updates", out / "updates.jsonl", "--json", "--quiet")
+    oracle = _run("match", "--data", out, "--arch", "oracle", "--updates", out / "updates.jsonl", "--json", "--quiet")
+    assert "rejected" not in after.stderr
+    after_sets = [json.loads(x)["eligible"] for x in after.stdout.splitlines()]
+    assert after_sets == [json.loads(x)["eligible"] for x in oracle.stdout.splitlines()]
+    assert after_sets != before  # the stream changes what requests find
+
+
 def test_match_json_equals_the_oracle(corpus_dir):
     result = _run("match", "--data", corpus_dir, "--arch", "oracle", "--json", "--quiet")
     lines = [json.loads(x) for x in result.stdout.splitlines()]
