@@ -1,6 +1,6 @@
 """Retrieval latency while one large `update` call is applied (issue 15, point 6; docs/RELIABILITY.md).
 
-For each server (the co-located server on the CPU engine, and the remote pair: index host and scoring
+For each server (the co-located server on the engine of `--device`, the CPU by default, and the remote pair: index host and scoring
 service), started as processes on loopback over a generated corpus with its update log on disk:
 
 1. a probe thread sends one request per exchange (k = 100), back to back, and times each answer;
@@ -122,6 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--idle-s", type=float, default=8.0)
     parser.add_argument("--slice", type=int, default=None, help="updates applied between looks at retrieval")
     parser.add_argument("--servers", default="colocated,remote")
+    parser.add_argument("--device", default="cpu", help="the co-located server's device (cpu, gpu, auto)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -140,12 +141,13 @@ def main(argv=None) -> int:
             procs = []
             try:
                 if name == "colocated":
-                    procs.append(ServiceProcess("migration.serve", ["--data", str(root), "--device", "cpu", *extra]))
+                    procs.append(ServiceProcess("migration.serve", ["--data", str(root), "--device", args.device, *extra],
+                                                start_timeout_s=600))
                 else:
                     procs.append(ServiceProcess("cpu_baseline.serve", ["scorer", "--data", str(root), *extra]))
                     procs.append(ServiceProcess("cpu_baseline.serve", ["remote", "--data", str(root), "--scorer",
                                                                        procs[0].location, *extra]))
-                results.append(measure(name, procs[-1].location, dataset, body, args.idle_s, True))
+                results.append(measure(name if name == "remote" else f"colocated ({args.device})", procs[-1].location, dataset, body, args.idle_s, True))
             finally:
                 for proc in reversed(procs):
                     proc.stop()

@@ -4,6 +4,8 @@ point 7; docs/RELIABILITY.md has the results).
 For each server (`colocated`: the co-located server on the CPU engine; `remote`: the index host and the
 scoring service), started as processes on loopback over a generated corpus, their update log on disk:
 
+The co-located server runs on `--device` (the CPU engine by default).
+
 * `--clients` threads (32) each send batches of 1-8 requests (k = 10 or 100) back to back; every answer
   batch carries the update sequence number it reflects (`answer_seq`). Each answer must reflect at
   least every update acknowledged before its request was sent (visibility), and a sample of them
@@ -116,7 +118,8 @@ class Soak:
     def start(self, which: str) -> None:
         port = ["--port", str(self.ports[which])] if which in self.ports else []
         if which == "colocated":
-            proc = ServiceProcess("migration.serve", ["--data", str(self.root), "--device", "cpu", *port])
+            proc = ServiceProcess("migration.serve", ["--data", str(self.root), "--device", self.args.device, *port],
+                                  start_timeout_s=600)
         elif which == "scorer":
             proc = ServiceProcess("cpu_baseline.serve", ["scorer", "--data", str(self.root), *port], name="scorer")
         else:
@@ -248,7 +251,8 @@ class Soak:
         wrong, checked = self.check(final, final_seqs[0] if final_seqs else None)
         lat = np.asarray(self.latencies) * 1e3
         rss = {which: summarize_rss(series) for which, series in self.rss.items()}
-        return {"server": self.name, "minutes": self.args.minutes, "clients": self.args.clients,
+        return {"server": self.name, **({"device": self.args.device} if self.name == "colocated" else {}),
+                "minutes": self.args.minutes, "clients": self.args.clients,
                 **self.counts, "updates_acknowledged": self.acked, "final_seq": final_health["seq"],
                 "final_status": final_health["status"], "lost_acknowledged_updates": self.restart_check.get("lost", 0)
                 + max(0, self.acked - final_health["seq"]),
@@ -304,6 +308,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ads", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--check-every", type=int, default=8, help="compare every Nth answer of each client")
+    parser.add_argument("--device", default="cpu", help="the co-located server's device (cpu, gpu, auto)")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
