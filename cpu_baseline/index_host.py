@@ -232,7 +232,7 @@ class IndexHostServer(RetrieveServer):
         while not self._monitor_stop.wait(interval_s):
             try:
                 health = self.scorer.action("health", timeout_s=min(2.0, self.scorer.timeout_s))
-            except flight.FlightError as exc:
+            except Exception as exc:  # whatever it is, the monitor goes on (it is what catches the scorer up)
                 self._scorer_problem = (f"scoring service at {self.scorer_location} is unreachable "
                                         f"({str(exc).split('. Detail:')[0]})")
                 self._scorer_seq = None
@@ -247,7 +247,7 @@ class IndexHostServer(RetrieveServer):
                 self._scorer_seq = seq
                 try:
                     self._ensure_caught_up()
-                except flight.FlightError:
+                except Exception:  # said by health (`_scorer_problem`); the next round tries again
                     pass
 
     # --- retrieval -------------------------------------------------------------------------------------

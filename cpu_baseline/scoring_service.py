@@ -303,19 +303,27 @@ class ScorerClient:
         self.credentials = credentials
         self.client = connect(location, credentials)
         self.calls = 0
+        self._lock = threading.Lock()
 
-    def _reconnect(self) -> None:
-        """A fresh channel: gRPC backs a failed channel off for up to two minutes, while a service that
-        restarted on the same address is usually back within a second."""
-        try:
-            self.client.close()
-        except Exception:
-            pass
-        self.client = connect(self.location, self.credentials)
+    def _reconnect(self, failed: flight.FlightClient) -> None:
+        """A fresh channel in place of `failed`: gRPC backs a failed channel off for up to two minutes,
+        while a service that restarted on the same address is usually back within a second. Other
+        threads may still be in calls on the old client (the retrievals and the monitor share it): it
+        is closed only once their deadline has passed, and only the first thread to see it fail
+        replaces it."""
+        with self._lock:
+            if self.client is not failed:
+                return
+            self.client = connect(self.location, self.credentials)
+        closer = threading.Timer(self.timeout_s + 1.0, _close_quietly, args=(failed,))
+        closer.daemon = True
+        closer.start()
 
-    def _error(self, exc: Exception, what: str) -> Exception:
+    def _error(self, exc: Exception, what: str, client: flight.FlightClient) -> Exception:
+        if isinstance(exc, pa.ArrowInvalid) and "closed" in str(exc):  # closed by close(): stopping
+            exc = flight.FlightUnavailableError(str(exc))
         if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError)):
-            self._reconnect()
+            self._reconnect(client)
         if isinstance(exc, flight.FlightTimedOutError):
             return flight.FlightTimedOutError(
                 f"scoring service at {self.location} did not answer {what} within {self.timeout_s:g} s")
@@ -329,11 +337,12 @@ class ScorerClient:
         return exc
 
     def action(self, name: str, body: bytes = b"", timeout_s: float | None = None) -> dict:
+        client = self.client
         try:
-            results = list(self.client.do_action(flight.Action(name, body),
-                                                 options=flight.FlightCallOptions(timeout=timeout_s or self.timeout_s)))
+            results = list(client.do_action(flight.Action(name, body),
+                                            options=flight.FlightCallOptions(timeout=timeout_s or self.timeout_s)))
         except Exception as exc:
-            raise self._error(exc, f"action {name!r}") from None
+            raise self._error(exc, f"action {name!r}", client) from None
         return json.loads(results[0].body.to_pybytes())
 
     def deliver(self, records: list[LogRecord]) -> int:
@@ -349,8 +358,9 @@ class ScorerClient:
         self.calls += 1
         out = []
         path = SCORE_PATH if seq is None else (*SCORE_PATH, str(seq))
+        client = self.client
         try:
-            writer, reader = self.client.do_exchange(flight.FlightDescriptor.for_path(*path),
+            writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*path),
                                                      options=flight.FlightCallOptions(timeout=self.timeout_s))
             with writer:
                 writer.begin(CANDIDATE_SCHEMA)
@@ -365,14 +375,22 @@ class ScorerClient:
         except Exception as exc:
             if isinstance(exc, flight.FlightServerError) and STALE in str(exc):
                 raise ScorerBehind(str(exc).split(". Detail")[0]) from None
-            raise self._error(exc, f"{len(work)} candidate lists") from None
+            raise self._error(exc, f"{len(work)} candidate lists", client) from None
         if len(out) != len(work) or any(len(s) != len(r) for s, (r, _) in zip(out, work)):
             raise flight.FlightInternalError(f"scoring service at {self.location} answered "
                                              f"{len(out)} score lists for {len(work)} requests")
         return out
 
     def close(self) -> None:
-        self.client.close()
+        with self._lock:
+            _close_quietly(self.client)
+
+
+def _close_quietly(client: flight.FlightClient) -> None:
+    try:
+        client.close()
+    except Exception:
+        pass
 
 
 __all__ = ["CANDIDATE_SCHEMA", "SCORE_PATH", "SCORE_SCHEMA", "STALE", "ScorerBehind", "ScorerClient", "ScoringServer",

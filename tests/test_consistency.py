@@ -166,3 +166,44 @@ def test_processes_scorer_killed_and_restarted_on_the_same_port(tmp_path):
         if host is not None:
             host.stop()
         scorer.stop()
+
+
+def test_a_reconnect_leaves_calls_in_flight_on_the_old_channel_alone(pair):
+    """Retrievals and the monitor share the index host's scorer client: the first to see the channel
+    fail replaces it, and the old one is closed only after the call deadline, so a call still on it
+    never fails with "FlightClient is closed" (the soak saw that, and the monitor thread died of it)."""
+    servers, dataset = pair
+    client = ScorerClient(_loc(servers["scorer"]), timeout_s=0.5)
+    try:
+        old = client.client
+        client._reconnect(old)
+        fresh = client.client
+        assert fresh is not old
+        client._reconnect(old)  # a second thread that saw the same failure: nothing more to do
+        assert client.client is fresh
+        assert list(old.do_action(flight.Action("health", b"")))  # still open for a call in flight on it
+        time.sleep(0.5 + 1.0 + 0.3)
+        with pytest.raises(Exception, match="closed"):
+            list(old.do_action(flight.Action("health", b"")))  # closed once the deadline has passed
+        assert client.action("health")["status"] == "ok"
+    finally:
+        client.close()
+
+
+def test_the_monitor_outlives_any_error_of_a_health_call(pair, monkeypatch):
+    servers, dataset = pair
+    host = servers["host"]
+    real = host.scorer.action
+    failures = []
+
+    def flaky(name, *args, **kw):
+        if name == "health" and len(failures) < 3:
+            failures.append(name)
+            raise ValueError("not a Flight error")
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(host.scorer, "action", flaky)
+    _wait_for(lambda: len(failures) == 3, what="three failed health calls")
+    assert host._monitor.is_alive(), "the monitor thread died"
+    assert fl.flight_action(_loc(host), "update", lines_of(update_stream(dataset, 5, 9)))["seq"] == 5
+    _wait_for(lambda: fl.flight_action(_loc(host), "health")["status"] == "ok", what="health ok again")
