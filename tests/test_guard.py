@@ -148,3 +148,28 @@ def test_serve_commands_say_what_is_wrong_without_a_traceback(corpus, tmp_path):
     finally:
         stop(busy)
     assert not (root / "updates.log").exists()  # refused before the corpus's log was touched
+
+
+def test_query_and_health_present_a_token_and_say_when_refused(corpus, tmp_path):
+    """The client commands of a person (`andromeda query`, `andromeda health`) take --token (or
+    $ANDROMEDA_TOKEN); without it a guarded server's refusal is one line, exit code 1."""
+    from cli import main
+
+    root, dataset = corpus
+    server = colocated_server(dataset, guard=ServerGuard(reader_token=READER, admin_token=ADMIN))
+    loc = f"grpc://127.0.0.1:{server.port}"
+    runner = CliRunner()
+    try:
+        for command in (["health", "--server", loc], ["query", "--server", loc, "--requests", str(root), "--k", "3"]):
+            refused = runner.invoke(main, [*command, "--quiet"])
+            assert refused.exit_code == 1 and "refused" in refused.output and "needs a token" in refused.output
+            assert "Traceback" not in refused.output
+            answered = runner.invoke(main, [*command, "--json", "--quiet", "--token", READER])
+            assert answered.exit_code == 0, answered.output
+            from_env = runner.invoke(main, [*command, "--json", "--quiet"], env={"ANDROMEDA_TOKEN": READER})
+            assert from_env.exit_code == 0 and from_env.output == answered.output
+        lines = runner.invoke(main, ["query", "--server", loc, "--requests", str(root), "--k", "3", "--json",
+                                     "--quiet", "--token", READER]).output.splitlines()
+        assert [json.loads(x)["request_id"] for x in lines] == [int(r.request_id) for r in dataset.requests]
+    finally:
+        stop(server)
