@@ -500,22 +500,78 @@ def _service_dataset(data: str, quiet: bool = False):
         raise click.ClickException(f"cannot load corpus {data}: {exc}") from None
 
 
-def _check_port(host: str, port: int) -> None:
-    from andromeda_nb.services import check_port_free
+def _server_options(service: str, log: bool = True):
+    """The options every `serve` command shares (`andromeda_nb.serving.ServerSettings`): address (the
+    service's default port), tokens and TLS (`andromeda_nb.guard`), limits (`andromeda_nb.limits`),
+    update log, stop deadline; and --quiet, which only the command reads."""
+    from andromeda_nb.limits import DEFAULT_LIMITS as L
+    from andromeda_nb.services import DEFAULT_PORTS
+
+    options = [
+        click.option("--host", default="127.0.0.1", show_default=True,
+                     help="Address to listen on; anything but loopback needs tokens or mutual TLS, or --insecure."),
+        click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORTS[service], show_default=True,
+                     help="Port to listen on (0: a free one; the address is printed on stdout)."),
+        click.option("--token", envvar="ANDROMEDA_TOKEN", default=None,
+                     help="Reader token: once a token is set, retrieve, health and stats need one ($ANDROMEDA_TOKEN)."),
+        click.option("--admin-token", envvar="ANDROMEDA_ADMIN_TOKEN", default=None,
+                     help="Admin token: update and compact need it ($ANDROMEDA_ADMIN_TOKEN)."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="Server certificate (PEM): TLS."),
+        click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM)."),
+        click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
+                     help="Mutual TLS: clients need a certificate this CA (PEM) signed."),
+        click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without authentication."),
+        click.option("--max-request-bytes", type=click.IntRange(1), default=None,
+                     help=f"Bytes of one request batch [default: {L.max_request_bytes}]."),
+        click.option("--max-batch-requests", type=click.IntRange(1), default=None,
+                     help=f"Requests in one batch [default: {L.max_batch_requests}]."),
+        click.option("--max-k", type=click.IntRange(1, MAX_K), default=None, help=f"Answers per request [default: {MAX_K}]."),
+        click.option("--max-updates", type=click.IntRange(1), default=None,
+                     help=f"Update lines in one call [default: {L.max_updates}]."),
+        click.option("--max-update-bytes", type=click.IntRange(1), default=None,
+                     help=f"Bytes of one update call [default: {L.max_update_bytes}]."),
+        click.option("--max-json-depth", type=click.IntRange(1), default=None,
+                     help=f"Nesting of any JSON text [default: {L.max_json_depth}]."),
+        click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help=f"Seconds one call may take [default: {L.deadline_s:g}]."),
+        click.option("--stop-deadline", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+                     help="Seconds from SIGTERM to exit, whatever clients do (batches in flight finish)."),
+        _QUIET_OPTION,
+    ]
+    if log:
+        options.append(click.option("--log", "log", default=None,
+                                    help="Update log: a path, or 'off' for none (updates in memory only) "
+                                         "[default: DIR/updates.log]."))
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _serve(run, **options):
+    """Build the settings from the options, refuse an address that cannot be used (a taken port, an
+    exposed host without authentication) before anything loads, and run `run(settings)`; what the user
+    must fix is a message, never a traceback."""
+    from andromeda_nb.serving import ServerSettings, preflight, startup_errors
 
     try:
-        check_port_free(host, port)
-    except OSError as exc:
+        settings = ServerSettings.from_options(**options)
+        preflight(settings.host, settings.port, settings.guard)
+        run(settings)
+    except startup_errors() as exc:
         raise click.ClickException(str(exc)) from None
 
 
-def _on_listening(service: str, host: str, quiet: bool, holds):
+def _on_listening(service: str, settings, quiet: bool, holds):
     """When the server listens: the machine line on stdout (`announce`), and unless --quiet the banner
     on stderr; `holds(server)` says what it serves."""
     from andromeda_nb.services import announce, banner
 
     def ready(server):
-        location = f"grpc://{host}:{server.port}"
+        location = settings.guard.location(settings.host, server.port)
         engine = getattr(server, "engine", None) or getattr(server, "cluster", None)
         announce(service, location, **({"device": engine.device} if engine is not None else {}))
         if not quiet:
@@ -524,101 +580,129 @@ def _on_listening(service: str, host: str, quiet: bool, holds):
     return ready
 
 
-def _port_option(service: str):
-    from andromeda_nb.services import DEFAULT_PORTS
+def _holds(data: str, info: dict, device: str | None = None) -> str:
+    """What a server holds, from its health answer: ads, precision and D, and its update log."""
+    where = f", on {device}" if device else ""
+    text = f"{info['ads']:,} ads of {data}"
+    if "precision" in info:
+        text += f" ({info['precision']}, D = {info['D']}{where})"
+    log = info.get("log")
+    if log is not None:
+        text += (f"; {info.get('replayed', 0)} logged update(s) replayed from {log['path']}" if log.get("path")
+                 else "; updates in memory only (--log off)")
+    return text
 
-    return click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORTS[service], show_default=True,
-                        help="Port to listen on (0: a free one; the address is printed on stdout).")
 
-
-_HOST_OPTION = click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
                                   help="Corpus directory.")
 
 
-def _holds(dataset, data: str, device: str | None = None) -> str:
-    where = f", on {device}" if device else ""
-    return f"{dataset.n_ads:,} ads of {data} ({dataset.precision}, D = {dataset.model.D}{where})"
-
-
 @serve.command("scorer")
 @_SERVE_DATA_OPTION
-@_HOST_OPTION
-@_port_option("scorer")
 @click.option("--threads", type=int, default=None, help="Scoring threads (default: all cores).")
-@_QUIET_OPTION
-def serve_scorer(data, host, port, threads, quiet):
+@_server_options("scorer", log=False)
+def serve_scorer(data, threads, quiet, **options):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
+    Its index host delivers every update to it from its log, and catches it up after a restart.
 
     Prints {"service": "scorer", "location": ...} on stdout once listening, and a banner saying how to
     use it on stderr; SIGTERM or Ctrl-C stops it."""
     from cpu_baseline.serve import run_scorer
 
-    _check_port(host, port)
-    dataset = _service_dataset(data, quiet)
-    run_scorer(dataset, host=host, port=port, threads=threads,
-               on_ready=_on_listening("scorer", host, quiet, lambda srv: _holds(dataset, data)))
+    def run(settings):
+        dataset = _service_dataset(data, quiet)
+        run_scorer(dataset, settings, threads=threads,
+                   on_ready=_on_listening("scorer", settings, quiet, lambda srv: _holds(data, srv.health())))
+
+    _serve(run, **options)
 
 
 @serve.command("remote")
 @_SERVE_DATA_OPTION
 @click.option("--scorer", "scorer_address", default=None,
               help="Scoring service address (host:port; default: the scoring service's default port on 127.0.0.1).")
-@_HOST_OPTION
-@_port_option("remote")
 @click.option("--threads", type=int, default=None, help="Matching threads (default: all cores).")
 @click.option("--scorer-timeout", default=10.0, show_default=True, help="Seconds to wait for the scorer.")
-@_QUIET_OPTION
-def serve_remote(data, scorer_address, host, port, threads, scorer_timeout, quiet):
+@click.option("--scorer-token", envvar="ANDROMEDA_SCORER_TOKEN", default=None,
+              help="Token for the scoring service (default: --admin-token) ($ANDROMEDA_SCORER_TOKEN).")
+@click.option("--scorer-ca", type=click.Path(dir_okay=False), default=None, help="CA of the scorer's TLS certificate.")
+@click.option("--scorer-cert", type=click.Path(dir_okay=False), default=None, help="Client certificate for the scorer.")
+@click.option("--scorer-key", type=click.Path(dir_okay=False), default=None, help="Its private key.")
+@_server_options("remote")
+def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, scorer_ca, scorer_cert, scorer_key,
+                 quiet, **options):
     """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely (start
-    `andromeda serve scorer` first).
+    `andromeda serve scorer` first). Keeps the update log (acknowledged updates survive restarts) and
+    the scorer in step with it.
 
     Prints {"service": "remote", "location": ...} on stdout once listening, and a banner saying how to
     ask it on stderr; SIGTERM or Ctrl-C stops it."""
-    import pyarrow.flight as flight
-
     from andromeda_nb.services import DEFAULT_HOST, DEFAULT_PORTS
-    from cpu_baseline.serve import run_index_host
+    from cpu_baseline.serve import run_index_host, scorer_credentials
 
     scorer_address = scorer_address or f"grpc://{DEFAULT_HOST}:{DEFAULT_PORTS['scorer']}"
-    _check_port(host, port)
-    dataset = _service_dataset(data, quiet)
-    try:
-        run_index_host(dataset, scorer_address, host=host, port=port, threads=threads,
-                       scorer_timeout_s=scorer_timeout,
-                       on_ready=_on_listening("remote", host, quiet, lambda srv: _holds(dataset, data)
+
+    def run(settings):
+        credentials = scorer_credentials(settings, token=scorer_token, ca=scorer_ca, cert=scorer_cert, key=scorer_key)
+        _info(f"loading {data}", quiet)
+        run_index_host(data, scorer_address, settings, threads=threads, scorer_timeout_s=scorer_timeout,
+                       credentials=credentials,
+                       on_ready=_on_listening("remote", settings, quiet, lambda srv: _holds(data, srv.health_info())
                                               + f"; scores on {scorer_address}"))
-    except (RuntimeError, flight.FlightError) as exc:
-        raise click.ClickException(str(exc)) from None
+
+    _serve(run, **options)
 
 
 @serve.command("colocated")
 @_SERVE_DATA_OPTION
 @device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
-@_HOST_OPTION
-@_port_option("colocated")
 @click.option("--kernel-version", "version", type=int, default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one).")
-@_QUIET_OPTION
-def serve_colocated(data, device, host, port, version, quiet):
+@_server_options("colocated")
+def serve_colocated(data, device, version, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
-    the ads; health, stats and update actions.
+    the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
     Prints {"service": "colocated", "location": ...} on stdout once listening, and a banner saying how
     to ask it on stderr; SIGTERM or Ctrl-C stops it."""
     from andromeda_nb.devices import resolve
 
-    _check_port(host, port)
-    try:
+    def run(settings):
         where = resolve(device)
         from migration.serve import run_colocated
 
-        dataset = _service_dataset(data, quiet)
-        run_colocated(dataset, host=host, port=port, device=where, version=version,
-                      on_ready=_on_listening("colocated", host, quiet,
-                                             lambda srv: _holds(dataset, data, srv.engine.device)))
-    except (RuntimeError, ValueError) as exc:
+        _info(f"loading {data}", quiet)
+        run_colocated(data, settings, device=where, version=version,
+                      on_ready=_on_listening("colocated", settings, quiet,
+                                             lambda srv: _holds(data, srv.health_info(), srv.engine.device)))
+
+    _serve(run, **options)
+
+
+@main.command()
+@_DATA_OPTION
+@click.option("--log", "log", type=click.Path(dir_okay=False), default=None,
+              help="The update log [default: DIR/updates.log].")
+@_JSON_OPTION
+@_QUIET_OPTION
+def compact(data, log, as_json, quiet):
+    """Fold a corpus's update log into a new snapshot of it, atomically, and start the log afresh.
+
+    For a corpus no server is running on (a running server holds its log: use its compact action)."""
+    import json
+
+    from andromeda_nb.compaction import compact_corpus
+    from andromeda_nb.serving import startup_errors
+
+    try:
+        result = compact_corpus(data, log)
+    except startup_errors() as exc:
         raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"folded {result['compacted']} updates into {data} (snapshot at update {result['seq']}, "
+                   f"{result['ads']} ads); log {result['log']} starts afresh")
 
 
 def _require_ray() -> None:
@@ -639,31 +723,31 @@ def _require_ray() -> None:
 @device_option("Where every shard's engine runs (auto: the GPU if usable, else the CPU; sim is refused).",
                choices=("auto", "gpu", "cpu"))
 @_ADDRESS_OPTION
-@_HOST_OPTION
-@_port_option("cluster")
-@_QUIET_OPTION
-def serve_cluster(data, shards, replicas, device, address, host, port, quiet):
+@_server_options("cluster", log=False)
+def serve_cluster(data, shards, replicas, device, address, quiet, **options):
     """Shards with replicas on Ray behind one front: the co-located server's ["retrieve"] exchange,
     health, stats and update (a client of `serve colocated` asks it unchanged). Starts a local Ray
-    instance unless --address names one to join.
+    instance unless --address names one to join. Updates live in the front's memory (a per-shard log
+    that restarted replicas catch up from): a restarted front starts from the corpus.
 
     Prints {"service": "cluster", "location": ...} on stdout once listening, and a banner saying how
     to ask it on stderr; SIGTERM or Ctrl-C stops the front, the replicas, and Ray when it started it."""
     from andromeda_nb.devices import resolve
 
     _require_ray()
-    _check_port(host, port)
-    try:
+
+    def run(settings):
         where = resolve(device)
         from cluster.serve import run_cluster
 
         dataset = _service_dataset(data, quiet)
-        run_cluster(dataset, shards=shards, replicas=replicas, device=where, address=address, host=host, port=port,
+        run_cluster(dataset, settings, shards=shards, replicas=replicas, device=where, address=address,
                     progress=lambda message: _info(message, quiet),
-                    on_ready=_on_listening("cluster", host, quiet, lambda srv: _holds(dataset, data, where)
+                    on_ready=_on_listening("cluster", settings, quiet,
+                                           lambda srv: _holds(data, srv.health_info(), where)
                                            + f"; {shards} shard(s) x {replicas} replica(s) on Ray"))
-    except (RuntimeError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+
+    _serve(run, **options)
 
 
 # --- the client of a running server (andromeda_nb.client) ---------------------------------------------
@@ -673,29 +757,60 @@ _SERVER_OPTION = click.option("--server", "server", required=True,
                               help="The server's address, grpc://HOST:PORT (as `andromeda serve` prints it).")
 
 
+def _credential_options(command):
+    """What a client presents to a guarded server (`andromeda_nb.guard.ClientCredentials`): a token and
+    TLS material; a server on loopback without tokens needs none."""
+    options = [
+        click.option("--token", envvar="ANDROMEDA_TOKEN", default=None,
+                     help="Token the server asks for: a reader token ($ANDROMEDA_TOKEN)."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+                     help="CA of the server's TLS certificate (PEM); the address becomes grpc+tls://."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+                     help="Client certificate (PEM), for a server that asks for mutual TLS."),
+        click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _credentials(token, tls_ca, tls_cert, tls_key):
+    from andromeda_nb.guard import ClientCredentials, GuardError
+
+    try:
+        return ClientCredentials.from_files(token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    except GuardError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @main.command()
 @_SERVER_OPTION
 @click.option("--requests", "requests_path", required=True, type=click.Path(exists=True),
               help="Requests: JSON Lines (DESIGN section 2), or a corpus directory whose requests to send.")
 @k_option()
+@_credential_options
 @_JSON_OPTION
 @_QUIET_OPTION
-def query(server, requests_path, k, as_json, quiet):
+def query(server, requests_path, k, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     """Top-K eligible ads per request from a running server of either architecture (`andromeda serve
     colocated` or `remote`), printed as `retrieve` prints them: a table, or with --json one line per
     request {"request_id": .., "ads": [..], "scores": [..]}.
 
     A request the server refuses is reported on stderr with its reason and the others are answered;
     the exit code is 1 when no request was answered."""
+    import pyarrow.flight as flight
+
     from andromeda_nb.answers import retrieve_json_lines, retrieve_table
     from andromeda_nb.client import ServerUnreachable, query as ask, read_requests
 
     try:
         requests, unreadable = read_requests(requests_path)
         _info(f"asking {server} for the top {k} of {len(requests)} request(s)", quiet)
-        result = ask(server, requests, k)
+        result = ask(server, requests, k, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
     except (ValueError, ServerUnreachable) as exc:
         raise click.ClickException(str(exc)) from None
+    except flight.FlightError as exc:  # refused as a whole: no token, a wrong one, a limit
+        raise click.ClickException(f"{server} refused: {str(exc).splitlines()[0]}") from None
     for reason in unreadable + result.rejected:  # reported even with --quiet
         click.echo(f"  rejected request {reason}", err=True)
     if as_json:
@@ -710,19 +825,24 @@ def query(server, requests_path, k, as_json, quiet):
 
 @main.command()
 @_SERVER_OPTION
+@_credential_options
 @_JSON_OPTION
 @_QUIET_OPTION
-def health(server, as_json, quiet):
+def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     """Ask a running server (any of `andromeda serve`) how it is: its `health` answer, as lines of
     "key: value", or one JSON line with --json. Exits 1 when no server answers."""
     import json
 
+    import pyarrow.flight as flight
+
     from andromeda_nb.client import ServerUnreachable, health as ask
 
     try:
-        answer = ask(server)
+        answer = ask(server, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
     except ServerUnreachable as exc:
         raise click.ClickException(str(exc)) from None
+    except flight.FlightError as exc:
+        raise click.ClickException(f"{server} refused: {str(exc).splitlines()[0]}") from None
     if as_json:
         click.echo(json.dumps(answer))
     else:
@@ -769,7 +889,7 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
 @click.option("--requests", "n_requests", default=256, show_default=True, help="Requests generated.")
 @click.option("--seed", default=7, show_default=True, help="Corpus seed.")
 @click.option("--base", "base_path", type=click.Path(dir_okay=False), default=None,
-              help="Base corpus cache (gzip pickle): read when present, else generated and written there.")
+              help="Base corpus cache (Parquet): read when present, else generated and written there.")
 @click.option("--updates/--no-updates", default=True, show_default=True,
               help="Measure updates per second applied while serving (on the first pool).")
 @click.option("--cpu-pool", default=1_000_000, show_default=True,

@@ -6,6 +6,9 @@ architecture, and the server's `health`.
     result = query("grpc://127.0.0.1:8815", requests, k=10)         # QueryResult
     health("grpc://127.0.0.1:8815")                                 # {"status": "ok", ...}
 
+A server that asks for a token or TLS (`andromeda_nb.guard`) is given `credentials`
+(`ClientCredentials`: a reader token, the CA of its certificate, a client certificate).
+
 The server validates every request (DESIGN section 2, the same parser as `import`); a batch it
 refuses as invalid is sent again one request at a time, so each bad request is reported with the
 server's reason and every valid one is still answered.
@@ -13,14 +16,15 @@ server's reason and every valid one is still answered.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from . import jsontext
 from .flight import DEFAULT_CLIENT_BATCH, flight_action, location_of, retrieve_over_flight
+from .guard import ClientCredentials, connect
 
 
 class ServerUnreachable(RuntimeError):
@@ -36,8 +40,9 @@ class QueryResult:
 
 def read_requests(source) -> tuple[list[dict], list[str]]:
     """Request objects (each with an int `request_id`) from a JSON Lines file, or from a corpus
-    directory's requests; and the lines that cannot be sent ("line N: why": not JSON, not an object,
-    no int request_id, a request id seen before). What the server checks is left to it."""
+    directory's requests; and the lines that cannot be sent ("line N: why": not UTF-8, not JSON,
+    nested too deep, a repeated key, not an object, no int request_id, a request id seen before; read
+    by `andromeda_nb.jsontext`). What the server checks is left to it."""
     path = Path(source)
     if path.is_dir():
         return _corpus_requests(path), []
@@ -51,9 +56,9 @@ def read_requests(source) -> tuple[list[dict], list[str]]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = jsontext.loads(raw)
             except ValueError as exc:
-                rejected.append(f"line {line_no}: not valid JSON ({exc})")
+                rejected.append(f"line {line_no}: {exc}")
                 continue
             rid = obj.get("request_id") if isinstance(obj, dict) else None
             if not isinstance(obj, dict):
@@ -78,7 +83,7 @@ def _corpus_requests(root: Path) -> list[dict]:
         raise ValueError(str(exc)) from None
     ids = table.column("request_id").to_pylist()
     texts = table.column("request").to_pylist()
-    return [{"request_id": int(rid), **json.loads(text)} for rid, text in zip(ids, texts)]
+    return [{**jsontext.loads(text), "request_id": int(rid)} for rid, text in zip(ids, texts)]
 
 
 def _unreachable(location: str, exc: Exception) -> ServerUnreachable:
@@ -96,7 +101,7 @@ def _invalid(exc: Exception) -> str | None:
 
 
 def query(location, requests: Sequence[dict], k: int, *, batch_size: int = DEFAULT_CLIENT_BATCH,
-          timeout: float | None = 60.0) -> QueryResult:
+          timeout: float | None = 60.0, credentials: ClientCredentials | None = None) -> QueryResult:
     """Top-K of each request from the server at `location` (either architecture). A batch refused as
     invalid is asked again one request at a time: each refused request goes to `rejected` with the
     server's reason, the others are answered."""
@@ -105,7 +110,7 @@ def query(location, requests: Sequence[dict], k: int, *, batch_size: int = DEFAU
     location = location_of(location)
     result = QueryResult()
     try:
-        client = flight.connect(location)
+        client = connect(location, credentials)
     except flight.FlightError as exc:
         raise _unreachable(location, exc) from None
 
@@ -143,13 +148,13 @@ def query(location, requests: Sequence[dict], k: int, *, batch_size: int = DEFAU
     return result
 
 
-def health(location, timeout: float = 10.0) -> dict:
-    """The server's `health` answer ({"status": "ok", "server": ..., ...})."""
+def health(location, timeout: float = 10.0, credentials: ClientCredentials | None = None) -> dict:
+    """The server's `health` answer ({"status": "ok" | "degraded", "server": ..., ...})."""
     import pyarrow.flight as flight
 
     location = location_of(location)
     try:
-        return flight_action(location, "health", timeout=timeout)
+        return flight_action(location, "health", timeout=timeout, credentials=credentials)
     except (flight.FlightUnavailableError, flight.FlightTimedOutError) as exc:
         raise _unreachable(location, exc) from None
 

@@ -42,8 +42,12 @@ from numba import njit
 from .constants import (
     ACTIVE,
     AGE_HIGHEST,
+    AGE_LOWEST,
     DEVICE_PLATFORMS,
     FLEX_KEYS,
+    KM_PER_MILE,
+    MAX_RADIUS_KM,
+    MAX_RADIUS_MILES,
     PUBLISHER_PLATFORMS,
     STATUS_CODE,
     USER_OS,
@@ -294,6 +298,72 @@ def check_compiled(ct: CompiledTargeting) -> None:
         want = (local >= np.repeat(ct.n_positive, n_clauses)).astype(np.uint8)
         if not np.array_equal(want, ct.clause_negative):
             raise ValueError("clause_negative: disagrees with n_positive (negative clause last)")
+
+
+_MAX_ABS_TIME = 1 << 62  # DESIGN section 2: times are ints with |t| <= 2**62
+_MAX_RADIUS_KM = max(MAX_RADIUS_KM, MAX_RADIUS_MILES * KM_PER_MILE) * (1 + 1e-9)
+
+
+def check_values(ct: CompiledTargeting, formats: int) -> None:
+    """Value checks of a stored compiled form (after `check_compiled`): every value one that
+    `compile_ads` of a valid ad can produce, so an edited file can never index past a table (a
+    format of 30000 read the scorer's per-format tables out of bounds). `formats` is the model's F.
+    Raises ValueError naming the array, the row and its ad id, and the allowed range."""
+    n_clauses = np.diff(ct.clause_ptr)
+
+    def fail(name: str, bad: np.ndarray, allowed: str, per_ad: np.ndarray | None = None) -> None:
+        i = int(np.flatnonzero(bad)[0])
+        row = i if per_ad is None else int(per_ad[i])
+        value = getattr(ct, name)[i]
+        raise ValueError(f"{name}: row {row} (ad {int(ct.ad_id[row])}) holds {value.tolist()!r}; "
+                         f"expected {allowed}")
+
+    per_ad_checks = (
+        ("ad_id", ct.ad_id < 0, "an ad id in 0..2**63-1"),
+        ("status", (ct.status < 0) | (ct.status >= len(STATUS_CODE)),
+         f"a status code in 0..{len(STATUS_CODE) - 1}"),
+        ("format", (ct.format < 0) | (ct.format >= formats), f"a format in 0..{formats - 1}"),
+        ("start_time", (ct.start_time != NULL_START) & (np.abs(ct.start_time) > _MAX_ABS_TIME),
+         "a time with |t| <= 2**62, or open"),
+        ("end_time", (ct.end_time != NULL_END) & (np.abs(ct.end_time) > _MAX_ABS_TIME),
+         "a time with |t| <= 2**62, or open"),
+        ("age_min", (ct.age_min < AGE_LOWEST) | (ct.age_min > AGE_HIGHEST), f"an age in {AGE_LOWEST}..{AGE_HIGHEST}"),
+        ("age_max", ((ct.age_max < ct.age_min) | (ct.age_max >= AGE_HIGHEST)) & (ct.age_max != AGE_UNBOUNDED),
+         f"an age in age_min..{AGE_HIGHEST - 1}, or {AGE_UNBOUNDED} for {AGE_HIGHEST} and older"),
+        ("gender_mask", (ct.gender_mask == 0) | (ct.gender_mask > ALL_GENDERS), f"a mask in 1..{ALL_GENDERS}"),
+        ("publisher_mask", (ct.publisher_mask == 0) | (ct.publisher_mask >= 1 << len(PUBLISHER_PLATFORMS)),
+         f"a non-empty mask of {len(PUBLISHER_PLATFORMS)} bits"),
+        ("device_mask", (ct.device_mask == 0) | (ct.device_mask >= 1 << len(DEVICE_PLATFORMS)),
+         f"a non-empty mask of {len(DEVICE_PLATFORMS)} bits"),
+        ("os_mask", (ct.os_mask == 0) | (ct.os_mask >= 1 << len(USER_OS)), f"a non-empty mask of {len(USER_OS)} bits"),
+    )
+    for name, bad, allowed in per_ad_checks:
+        if np.any(bad):
+            fail(name, bad, allowed)
+    ad_of_clause = np.repeat(np.arange(len(ct)), n_clauses)
+    ad_of_term = ad_of_clause[np.repeat(np.arange(len(ct.clause_negative)), np.diff(ct.term_ptr))]
+    namespace = ct.terms >> TERM_SHIFT
+    bad = (ct.terms < 0) | (namespace > NS_CUSTOM_AUDIENCE)
+    if np.any(bad):
+        fail("terms", bad, f"a term of namespace 0..{NS_CUSTOM_AUDIENCE} with an id in 0..2**40-1", ad_of_term)
+    if len(ct.terms) > 1:  # ascending and unique within each clause (the indexes search them)
+        step_ok = np.diff(ct.terms) > 0
+        starts = np.zeros(len(ct.terms), bool)
+        starts[ct.term_ptr[:-1][np.diff(ct.term_ptr) > 0]] = True
+        bad = np.r_[False, ~step_ok & ~starts[1:]]
+        if np.any(bad):
+            fail("terms", bad, "terms ascending and unique within each clause", ad_of_term)
+    if len(ct.circles):
+        ad_of_circle = ad_of_clause[np.repeat(np.arange(len(ct.clause_negative)), np.diff(ct.circle_ptr))]
+        lat, lon, radius = ct.circles[:, 0], ct.circles[:, 1], ct.circles[:, 2]
+        with np.errstate(invalid="ignore"):
+            bad = ~((np.abs(lat) <= 90) & (np.abs(lon) <= 180) & (radius > 0) & (radius <= _MAX_RADIUS_KM))
+        if np.any(bad):
+            i = int(np.flatnonzero(bad)[0])
+            row = int(ad_of_circle[i])
+            raise ValueError(f"circles: row {row} (ad {int(ct.ad_id[row])}) holds {ct.circles[i].tolist()!r}; "
+                             f"expected latitude -90..90, longitude -180..180, radius in (0, "
+                             f"{_MAX_RADIUS_KM:.3f}] km")
 
 
 @dataclass(frozen=True)

@@ -1,53 +1,102 @@
 """The co-located server: the `["retrieve"]` exchange of DESIGN section 5 (`andromeda_nb.flight`), with
-`health`, `stats` and `update`, around any `andromeda_nb.interfaces.Engine`: the engine matches,
-scores and selects next to the ads, and only the final candidates leave the process.
+`health`, `stats`, `update` and `compact`, around any `andromeda_nb.interfaces.Engine`: the engine
+matches, scores and selects next to the ads, and only the final candidates leave the process.
 
-One batch is on the engine at a time; updates apply between batches, so an update acknowledged
-before a request starts is visible to it (DESIGN section 6).
+Updates are durable (`andromeda_nb.durable`): an `update` call is acknowledged once its accepted
+updates are in the write-ahead log on disk (`andromeda_nb.wal`, by default `DIR/updates.log` beside
+the corpus), then applied to the engine in slices, between batches: one batch is on the engine at
+a time, so an update acknowledged before a request starts is visible to it (DESIGN section 6) and
+no request sees half an update. On start the server replays the log's records after its snapshot
+before it listens, so the same command started again serves exactly what it acknowledged. Every
+answer batch carries the sequence number of the last update it reflects (`{"seq": n}` as
+app_metadata).
 """
 
 from __future__ import annotations
 
 import threading
 
+from . import rows
+from .durable import ReadGate, UpdateJournal
 from .flight import RetrieveServer
+from .limits import DEFAULT_LIMITS
 from .services import fingerprint
-from .updates import IndexLiveIds, apply_updates, read_updates, update_answer
+from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
 
 class EngineServer(RetrieveServer):
     name = "colocated"
 
-    def __init__(self, engine, dataset, location: str = "grpc://127.0.0.1:0"):
+    def __init__(self, engine, dataset, location: str = "grpc://127.0.0.1:0", *, log: WriteAheadLog | None = None,
+                 limits=None, guard=None, data_dir=None):
         model = dataset.model
-        super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S)
+        limits = limits or DEFAULT_LIMITS
         self.engine = engine
         self.dim, self.formats = model.D, model.F
-        self.fingerprint = fingerprint(dataset.ad_ids)  # the ad id of each row at start, as the remote services
-        self._lock = threading.Lock()  # one batch on the engine at a time; updates between batches
+        self.fingerprint = fingerprint(dataset.ad_ids)  # the ad id of each row of the snapshot, as the remote services
+        self.lineage = corpus_lineage(dataset)
+        self.data_dir = data_dir if data_dir is not None else getattr(dataset, "source_dir", None)
+        self._lock = threading.Lock()  # one batch on the engine at a time; update slices between batches
+        self.gate = ReadGate()
+        self.log = log if log is not None else WriteAheadLog.memory(self.lineage, snapshot_seq(dataset))
+        self.seq = snapshot_seq(dataset)
+        self.journal = UpdateJournal(self.log, seed=dataset.seed, dim=model.D, formats=model.F, limits=limits,
+                                     gate=self.gate)
+        self.replayed = self.journal.replay(self._apply, engine.__contains__)  # before anyone can call
         if dataset.requests:  # compile / load every kernel before the first client
             self.engine.retrieve(dataset.requests[:1], 1)
+        rows.warm_up()  # ... and what the first update needs
+        super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
-    def retrieve(self, requests, ks):
+    def _apply(self, items) -> int:
+        """Apply a slice to the engine; a request waiting for the engine cuts it short after the
+        update in hand (the journal hands over the rest after the request). Returns how many."""
+        with self._lock:
+            done = 0
+            for record, update in items:
+                self.engine.apply(update)
+                done += 1
+                if self.gate.busy:
+                    break
+            prepare = getattr(self.engine, "prepare", None)
+            if prepare is not None:  # the slice's cost is paid here, not by the next request
+                prepare()
+            self.seq = items[done - 1][0].seq
+        return done
+
+    def retrieve_at(self, requests, ks):
         if not requests:
-            return []
+            return [], self.seq
         with self._lock:
             answers = self.engine.retrieve(requests, max(ks))
-        return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)]
+            seq = self.seq
+        return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)], seq
 
-    def apply_updates(self, text: str) -> dict:
-        updates, rejections = read_updates(text.splitlines(), seed=self.seed, dim=self.dim, formats=self.formats)
-        with self._lock:
-            not_live = apply_updates(updates, [self.engine], IndexLiveIds(self.engine))
-        applied = len(updates) - len(not_live)
-        self.stats.add(updates=applied)
-        return update_answer(applied, rejections + not_live)
+    def retrieve(self, requests, ks):
+        return self.retrieve_at(requests, ks)[0]
+
+    def current_seq(self) -> int:
+        return self.seq
+
+    def apply_updates(self, body: bytes, started: float) -> dict:
+        ack = self.journal.submit(body, live=self.engine.__contains__, apply=self._apply, started=started)
+        self.stats.add(updates=ack["applied"])
+        return ack
+
+    def compact(self) -> dict:
+        return self.journal.compact(self.data_dir)
+
+    @property
+    def busy(self) -> bool:
+        return self.gate.busy or self.journal.lock.locked()
 
     def health_info(self) -> dict:
-        return {**self.engine.describe(), "fingerprint": self.fingerprint}
+        return {**self.engine.describe(), "fingerprint": self.fingerprint, "lineage": self.lineage,
+                "log": self.log.describe(), "replayed": self.replayed}
 
     def close_resources(self) -> None:
         self.engine.close()
+        self.log.close()
 
 
 __all__ = ["EngineServer"]

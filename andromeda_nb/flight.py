@@ -1,18 +1,21 @@
 """The `["retrieve"]` Flight exchange of DESIGN section 5, written once for every server and client.
 
 Both retrieval servers (the remote-scoring index host in `cpu_baseline/` and the co-located server in
-`gpu/`) subclass `RetrieveServer` and implement three methods; everything else (schemas, parsing the
-request batches, k limits, answer batches, the `health` / `stats` / `update` actions, counters, error
-mapping, clean shutdown on SIGTERM) lives here, so a client cannot tell the two apart except by speed.
+`andromeda_nb.engine_server`) subclass `RetrieveServer` and implement a few methods; everything else
+(schemas, parsing the request batches within the server's limits, answer batches and the update
+sequence number each carries, the `health` / `stats` / `update` / `compact` actions, tokens per call,
+counters, error mapping, a bounded shutdown on SIGTERM) lives here, so a client cannot tell the two
+apart except by speed.
 
 Server side::
 
     class MyServer(RetrieveServer):
-        def retrieve(self, requests, ks):      # list[Request], list[int] -> list[(ids int64, scores float32)]
-        def apply_updates(self, text):         # JSON Lines of DESIGN section 6 -> dict (JSON-ready ack)
+        def retrieve_at(self, requests, ks):   # -> ([(ids int64, scores float32)], seq of the state answered)
+        def apply_updates(self, body, started):  # JSON Lines of DESIGN section 6 (bytes) -> dict (JSON-ready ack)
         def health_info(self):                 # -> dict merged into the `health` answer
+        def health_state(self):                # -> ("ok" | "degraded", [reasons])
 
-    server = MyServer("grpc://127.0.0.1:0", seed=..., experts=..., width=...)
+    server = MyServer("grpc://127.0.0.1:0", seed=..., experts=..., width=..., limits=..., guard=...)
     server.serve_until_stopped()               # SIGTERM / SIGINT: stop taking calls, finish, return
 
 Client side::
@@ -26,21 +29,24 @@ Wire format (see docs/PROTOCOL.md):
   `REQUEST_SCHEMA` (`request_id` int64, `request` utf8 JSON with `user`, `context` and optionally
   `signals`, `k` int32 in 1..MAX_K). For every batch it writes, the server writes one batch of
   `ANSWER_SCHEMA` (`request_id` int64, `ad_id` int64, `score` float32): each request's rows in rank
-  order (score descending, ties by ad id ascending), requests in the order they came.
-* `DoAction("health")` -> one JSON result `{"status": "ok", ...}`; `DoAction("stats")` -> JSON counters
-  (requests, batches, bytes_in, bytes_out, errors, updates, uptime_s); `DoAction("update")` with a
-  JSON Lines body of updates (DESIGN section 6) -> JSON acknowledgement from `apply_updates`.
+  order (score descending, ties by ad id ascending), requests in the order they came; its
+  app_metadata is `{"seq": n}`, the last update the answers reflect (`answer_seq`).
+* `DoAction("health")` -> one JSON result `{"status": "ok" | "degraded", ...}`; `DoAction("stats")` ->
+  JSON counters (requests, batches, bytes_in, bytes_out, errors, updates, uptime_s);
+  `DoAction("update")` with a JSON Lines body of updates (DESIGN section 6) -> JSON acknowledgement
+  from `apply_updates`, once the updates are logged on disk; `DoAction("compact")`.
 
-Errors: a malformed request or update is a `FlightServerError` whose message starts with
-"invalid request:" (or "invalid update:") and names the request id and the problem; a dependency that
-is down is `FlightUnavailableError`, one that is too slow `FlightTimedOutError`; anything else is a
+Errors: a malformed request or update, or one over a limit, is a `FlightServerError` whose message
+starts with "invalid request:" (or "invalid update:") and names the request id and the problem or
+the limit; a dependency that is down is `FlightUnavailableError`, one that is too slow (or a call past
+the deadline) `FlightTimedOutError`; a missing or wrong token `FlightUnauthenticatedError`, a reader
+token where the admin token is needed `FlightUnauthorizedError`; anything else is a
 `FlightInternalError`. Every error is counted in `stats`, and the server keeps serving.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,18 +56,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from . import answers
+from . import answers, jsontext
 from .constants import MAX_K
+from .durable import DeadlineExceeded, ReadGate
+from .guard import ADMIN, OPEN, READER, ClientCredentials, ServerGuard, connect
+from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
+from .serving import serve_until_stopped
 from .types import Request, TargetingError
+from .wal import LogError
 
 RETRIEVE_PATH = ("retrieve",)
 REQUEST_SCHEMA = pa.schema([("request_id", pa.int64()), ("request", pa.utf8()), ("k", pa.int32())])
 ANSWER_SCHEMA = pa.schema([("request_id", pa.int64()), ("ad_id", pa.int64()), ("score", pa.float32())])
 ACTIONS = {
-    "health": "liveness and what the server holds (JSON)",
+    "health": "liveness, state (ok or degraded, with reasons) and what the server holds (JSON)",
     "stats": "counters: requests, batches, bytes_in, bytes_out, errors, updates, uptime_s (JSON)",
-    "update": "body: JSON Lines updates (DESIGN section 6); answer: JSON acknowledgement",
+    "update": "body: JSON Lines updates (DESIGN section 6); answer: JSON acknowledgement, once logged on disk",
+    "compact": "fold the update log into a new snapshot of the corpus directory (JSON summary)",
 }
+ACTION_ROLES = {"health": READER, "stats": READER, "update": ADMIN, "compact": ADMIN}
 DEFAULT_CLIENT_BATCH = 64  # requests per record batch a client sends
 
 
@@ -109,14 +122,15 @@ class ServiceStats:
 
 def request_text(request) -> str:
     """The `request` column's text for a `Request`, a JSON-ready dict or a JSON string (kept as is):
-    compact JSON, signals as the shortest float32 text that reads back exactly."""
+    compact JSON, signals as the shortest float32 text that reads back exactly. The request id
+    travels in its own column only (one source), so it is left out of the text."""
     if isinstance(request, str):
         return request
     if isinstance(request, Request):
         from .targeting import request_to_json
 
-        return json.dumps(request_to_json(request), separators=(",", ":"))
-    return json.dumps(request, separators=(",", ":"))
+        return json.dumps(request_to_json(request, with_id=False), separators=(",", ":"))
+    return json.dumps({k: v for k, v in request.items() if k != "request_id"}, separators=(",", ":"))
 
 
 def _request_id(request) -> int:
@@ -141,49 +155,81 @@ def request_batch(requests: Sequence, k: int | Sequence[int]) -> pa.RecordBatch:
     )
 
 
-def check_k(k: int, request_id=None) -> int:
-    """`andromeda_nb.answers.check_k` as an `InvalidInput` that names the request."""
+def check_k(k: int, request_id=None, max_k: int = MAX_K) -> int:
+    """`andromeda_nb.answers.check_k` as an `InvalidInput` that names the request; `max_k`: a
+    server's own lower limit."""
     try:
-        return answers.check_k(int(k))
+        k = answers.check_k(int(k))
     except ValueError:
         raise InvalidInput(f"request {request_id}: k = {k} is outside 1..{MAX_K}") from None
+    if k > max_k:
+        raise LimitExceeded(f"request {request_id}: k = {k} is over the server's limit of {max_k} (--max-k)")
+    return k
 
 
-def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, width: int
-                         ) -> tuple[list[Request], list[int]]:
-    """Parse and validate one client batch: (requests, ks). Raises `InvalidInput` naming the
-    offending request id and field."""
+def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, width: int,
+                         limits: ServiceLimits = DEFAULT_LIMITS) -> tuple[list[Request], list[int]]:
+    """Parse and validate one client batch: (requests, ks). The batch's size is checked against
+    `limits` before anything in it is decoded. Raises `InvalidInput` or `LimitExceeded` naming the
+    offending request id and field, or the limit."""
     missing = [f.name for f in REQUEST_SCHEMA if f.name not in batch.schema.names]
     if missing:
         raise InvalidInput(f"batch lacks column(s) {', '.join(missing)}; expected {REQUEST_SCHEMA}")
+    if batch.num_rows > limits.max_batch_requests:
+        raise limits.over("max_batch_requests", batch.num_rows, "batch of requests")
+    if batch.nbytes > limits.max_request_bytes:
+        raise limits.over("max_request_bytes", batch.nbytes, "request batch of bytes")
     from .targeting import parse_request
 
     try:
         ids = batch.column("request_id").cast(pa.int64()).to_pylist()
         ks = batch.column("k").cast(pa.int32()).to_pylist()
         texts = batch.column("request").cast(pa.utf8()).to_pylist()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise InvalidInput(f"batch columns have the wrong types ({exc}); expected {REQUEST_SCHEMA}") from None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"batch columns have the wrong types or encoding ({exc}); expected {REQUEST_SCHEMA}") from None
+    if len(set(ids)) != len(ids):
+        seen: set = set()
+        twice = next(r for r in ids if r in seen or seen.add(r))
+        raise InvalidInput(f"request {twice}: request_id appears more than once in the batch (its answer rows "
+                           "would be ambiguous)")
     requests = []
     for rid, text, k in zip(ids, texts, ks):
         if rid is None or text is None or k is None:
             raise InvalidInput(f"request {rid}: null request_id, request or k")
-        check_k(k, rid)
+        check_k(k, rid, limits.max_k)
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"request {rid}: request is not valid JSON ({exc})") from None
+            obj = jsontext.loads(text, max_depth=limits.max_json_depth)
+        except jsontext.JsonInputError as exc:
+            if exc.path:
+                raise InvalidInput(f"request {rid}: {exc.path}: {exc.message}") from None
+            raise InvalidInput(f"request {rid}: request is {exc}" if exc.message.startswith("not valid")
+                               else f"request {rid}: request: {exc}") from None
         if not isinstance(obj, dict):
             raise InvalidInput(f"request {rid}: request must be a JSON object")
-        obj.setdefault("request_id", rid)
-        try:
-            requests.append(parse_request(obj, seed=seed, experts=experts, width=width))
+        try:  # the request_id column is the request's id; a request_id in the text must agree with it
+            requests.append(parse_request(obj, seed=seed, experts=experts, width=width, request_id=rid))
         except TargetingError as exc:
             raise InvalidInput(f"request {rid}: {exc.path}: {exc.message}" if exc.path
                                else f"request {rid}: {exc.message}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"request {rid}: {exc}") from None
     return requests, ks
+
+
+def answer_metadata(seq: int | None) -> pa.Buffer | None:
+    """An answer batch's app_metadata: `{"seq": n}`, the last update the answers reflect."""
+    return None if seq is None else pa.py_buffer(json.dumps({"seq": int(seq)}).encode())
+
+
+def answer_seq(chunk) -> int | None:
+    """The update sequence number an answer chunk (a `FlightStreamChunk`) was computed at, if sent."""
+    meta = getattr(chunk, "app_metadata", None)
+    if meta is None:
+        return None
+    try:
+        return int(json.loads(meta.to_pybytes())["seq"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def answer_batch(request_ids: Sequence[int], answers: Sequence[tuple[np.ndarray, np.ndarray]]) -> pa.RecordBatch:
@@ -222,94 +268,147 @@ def split_answers(batch: pa.RecordBatch | pa.Table, request_ids: Sequence[int]
 # --- the server base ----------------------------------------------------------------------------------
 
 
-def to_flight_error(exc: BaseException) -> Exception:
-    """Map a handler exception to the Flight error a client sees."""
+def to_flight_error(exc: BaseException, what: str = "request") -> Exception:
+    """Map a handler exception to the Flight error a client sees (`what`: "request" or "update", the
+    word after "invalid")."""
     if isinstance(exc, flight.FlightError):
         return exc
-    if isinstance(exc, InvalidInput):
-        return flight.FlightServerError(f"invalid request: {exc}")
-    if isinstance(exc, TargetingError):
-        return flight.FlightServerError(f"invalid request: {exc}")
+    if isinstance(exc, (InvalidInput, TargetingError, LimitExceeded, jsontext.JsonInputError)):
+        return flight.FlightServerError(f"invalid {what}: {exc}")
+    if isinstance(exc, DeadlineExceeded):
+        return flight.FlightTimedOutError(str(exc))
+    if isinstance(exc, LogError):
+        return flight.FlightInternalError(f"update log: {exc}")
     return flight.FlightInternalError(f"internal error: {type(exc).__name__}: {exc}")
 
 
 class RetrieveServer(flight.FlightServerBase):
     """Base of both retrieval servers: the `["retrieve"]` exchange and the actions of DESIGN section 5.
 
-    `seed`, `experts` and `width` are what `parse_request` needs to fill in missing signals.
-    Subclasses implement `retrieve`, and may override `apply_updates`, `health_info` and
-    `handle_action` (for further actions; return None when the name is not theirs).
+    `seed`, `experts` and `width` are what `parse_request` needs to fill in missing signals;
+    `limits` bound each call (`andromeda_nb.limits`), `guard` admits callers (`andromeda_nb.guard`).
+    Subclasses prepare everything they serve (load, replay their log, warm up) *before* calling this
+    constructor, which starts listening. They implement `retrieve_at` (or `retrieve`), and may
+    override `apply_updates`, `compact`, `health_info`, `health_state`, `handle_action` (for further
+    actions; return None when the name is not theirs) and `action_role`.
     """
 
     name = "retrieve"
 
-    def __init__(self, location: str = "grpc://127.0.0.1:0", *, seed: int, experts: int, width: int, **kwargs):
-        super().__init__(location, **kwargs)
+    def __init__(self, location: str = "grpc://127.0.0.1:0", *, seed: int, experts: int, width: int,
+                 limits: ServiceLimits | None = None, guard: ServerGuard | None = None, **kwargs):
         self.seed, self.experts, self.width = seed, experts, width
+        self.limits = limits or DEFAULT_LIMITS
+        self.guard = guard or OPEN
         self.stats = ServiceStats()
+        self.gate = getattr(self, "gate", None) or ReadGate()  # retrieval batches in flight
         self._stopping = threading.Event()
+        super().__init__(self.guard.server_location(location), **self.guard.server_kwargs(), **kwargs)
 
     # --- what subclasses implement -------------------------------------------------------------------
     def retrieve(self, requests: list[Request], ks: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
         raise NotImplementedError
 
-    def apply_updates(self, text: str) -> dict:
-        raise flight.FlightServerError("invalid update: this server takes no updates")
+    def retrieve_at(self, requests: list[Request], ks: list[int]) -> tuple[list, int | None]:
+        """The answers and the sequence number of the last update they reflect (None: untracked)."""
+        return self.retrieve(requests, ks), None
+
+    def current_seq(self) -> int | None:
+        """The sequence number of the last update applied (None: untracked)."""
+        return None
+
+    def apply_updates(self, body: bytes, started: float) -> dict:
+        raise InvalidInput("this server takes no updates")
+
+    def compact(self) -> dict:
+        raise InvalidInput("this server has no update log to compact")
 
     def health_info(self) -> dict:
         return {}
+
+    def health_state(self) -> tuple[str, list[str]]:
+        """("ok", []) or ("degraded", [reasons]): whether this server can answer correctly now."""
+        return "ok", []
 
     def handle_action(self, name: str, body: bytes):
         """Further actions: return a JSON-ready object, or None when `name` is unknown here."""
         return None
 
+    def action_role(self, name: str) -> str:
+        """The token an action needs (`andromeda_nb.guard`): READER or ADMIN."""
+        return ACTION_ROLES.get(name, READER)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a batch or an update is being worked on (shutdown lets it finish)."""
+        return self.gate.busy
+
     # --- Flight handlers -----------------------------------------------------------------------------
     def do_exchange(self, context, descriptor, reader, writer):
+        started = time.monotonic()
         try:
+            self.guard.require(context, READER, "retrieve")
             if descriptor.descriptor_type != flight.DescriptorType.PATH or tuple(
                 p.decode() if isinstance(p, bytes) else p for p in descriptor.path
             ) != RETRIEVE_PATH:
                 raise InvalidInput(f"unknown exchange {descriptor}; this server serves path {list(RETRIEVE_PATH)}")
-            started = False
+            began = False
             for chunk in reader:
                 batch = chunk.data
                 if batch is None:
                     continue
-                requests, ks = decode_request_batch(batch, seed=self.seed, experts=self.experts, width=self.width)
-                answers = self.retrieve(requests, ks) if requests else []
-                out = answer_batch([r.request_id for r in requests], answers)
-                if not started:
-                    writer.begin(ANSWER_SCHEMA)
-                    started = True
-                writer.write_batch(out)
+                if self._stopping.is_set():
+                    raise flight.FlightUnavailableError("the server is shutting down; retry on another")
+                if time.monotonic() - started > self.limits.deadline_s:
+                    raise flight.FlightTimedOutError(
+                        f"the exchange is older than the server's deadline of {self.limits.deadline_s:g} s "
+                        "(--deadline); open a new one")
+                with self.gate.reading():
+                    requests, ks = decode_request_batch(batch, seed=self.seed, experts=self.experts,
+                                                        width=self.width, limits=self.limits)
+                    answers, seq = self.retrieve_at(requests, ks) if requests else ([], self.current_seq())
+                    out = answer_batch([r.request_id for r in requests], answers)
+                    if not began:
+                        writer.begin(ANSWER_SCHEMA)
+                        began = True
+                    meta = answer_metadata(seq)
+                    if meta is None:
+                        writer.write_batch(out)
+                    else:
+                        writer.write_with_metadata(out, meta)
                 self.stats.add(requests=len(requests), batches=1, bytes_in=batch.nbytes, bytes_out=out.nbytes)
-            if not started:
+            if not began:
                 writer.begin(ANSWER_SCHEMA)
         except Exception as exc:  # every failure reaches the client as a Flight error
             self.stats.add(errors=1)
             raise to_flight_error(exc) from None
 
     def do_action(self, context, action):
+        started = time.monotonic()
         name = action.type
         body = action.body.to_pybytes() if action.body is not None else b""
+        what = "update" if name == "update" else "request"
         try:
+            self.guard.require(context, self.action_role(name), f"action {name!r}")
             if name == "health":
-                result = {"status": "ok", "server": self.name, **self.health_info()}
+                status, reasons = self.health_state()
+                result = {"status": status, **({"reasons": reasons} if reasons else {}), "server": self.name,
+                          "seq": self.current_seq(), **self.health_info(), "guard": self.guard.describe()}
             elif name == "stats":
                 result = {"server": self.name, **self.stats.snapshot(), **self.extra_stats()}
             elif name == "update":
-                try:
-                    text = body.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise InvalidInput(f"update body is not UTF-8 ({exc})") from None
-                result = self.apply_updates(text)
+                if self._stopping.is_set():
+                    raise flight.FlightUnavailableError("the server is shutting down; send the update again later")
+                result = self.apply_updates(body, started)
+            elif name == "compact":
+                result = self.compact()
             else:
                 result = self.handle_action(name, body)
                 if result is None:
                     raise InvalidInput(f"unknown action {name!r}; actions: {', '.join(self.action_names())}")
         except Exception as exc:
             self.stats.add(errors=1)
-            raise to_flight_error(exc) from None
+            raise to_flight_error(exc, what) from None
         yield flight.Result(json.dumps(result).encode())
 
     def extra_stats(self) -> dict:
@@ -322,37 +421,23 @@ class RetrieveServer(flight.FlightServerBase):
         return [(name, ACTIONS.get(name, "")) for name in self.action_names()]
 
     # --- lifecycle -----------------------------------------------------------------------------------
-    def serve_until_stopped(self, on_ready=None) -> None:
-        """Serve until SIGTERM or SIGINT (or `stop()`), then shut down cleanly: stop accepting calls,
-        let running calls finish, return. Must run in the main thread (signal handlers)."""
-        serve_until_stopped(self, self._stopping, on_ready)
-        self.close_resources()
+    def serve_until_stopped(self, on_ready=None, *, deadline_s: float = 5.0, parent_pid: int | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (or `stop()`, or the end of `parent_pid`), then shut down
+        within `deadline_s`: no new calls or batches, the ones in flight finish
+        (`andromeda_nb.serving`). Must run in the main thread (signal handlers)."""
+        clean = serve_until_stopped(self, self._stopping, on_ready, deadline_s=deadline_s, parent_pid=parent_pid,
+                                    busy=lambda: self.busy, before_exit=self.release_for_exit)
+        if clean:
+            self.close_resources()
 
     def stop(self) -> None:
         self._stopping.set()
 
     def close_resources(self) -> None:
-        """Release what the server holds (connections to other services); called after shutdown."""
+        """Release what the server holds (connections to other services, its log); after shutdown."""
 
-
-def serve_until_stopped(server: flight.FlightServerBase, stopping: threading.Event, on_ready=None) -> None:
-    """Run `server` (already listening) until SIGTERM/SIGINT or `stopping` is set; then shut it down
-    (no new calls, running calls finish). Call from the main thread."""
-
-    def _stop(signum, frame):
-        stopping.set()
-
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        if on_ready is not None:
-            on_ready(server)
-        while not stopping.wait(0.2):
-            pass
-        server.shutdown()
-        server.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    def release_for_exit(self) -> None:
+        """What must happen before the process exits with calls still open (close the log)."""
 
 
 # --- client side --------------------------------------------------------------------------------------
@@ -371,10 +456,11 @@ def _options(timeout: float | None) -> flight.FlightCallOptions:
 
 
 def flight_action(location, name: str, body: bytes | str = b"", *, timeout: float | None = 10.0,
-                  client: flight.FlightClient | None = None):
-    """Run one DoAction and decode its JSON answer."""
+                  client: flight.FlightClient | None = None, credentials: ClientCredentials | None = None):
+    """Run one DoAction and decode its JSON answer (`credentials`: token and TLS material, when the
+    server asks for them; ignored with a `client` already connected)."""
     own = client is None
-    client = client or flight.connect(location_of(location))
+    client = client or connect(location_of(location), credentials)
     try:
         if isinstance(body, str):
             body = body.encode()
@@ -385,16 +471,17 @@ def flight_action(location, name: str, body: bytes | str = b"", *, timeout: floa
             client.close()
 
 
-def wait_until_healthy(location, timeout: float = 30.0, process=None) -> dict:
-    """Poll `health` until it answers; raise RuntimeError after `timeout` seconds, or at once when
-    `process` (a subprocess.Popen) has exited."""
+def wait_until_healthy(location, timeout: float = 30.0, process=None,
+                       credentials: ClientCredentials | None = None) -> dict:
+    """Poll `health` until it answers (ok or degraded: the server is up); raise RuntimeError after
+    `timeout` seconds, or at once when `process` (a subprocess.Popen) has exited."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"server process exited with code {process.returncode} before it was healthy")
         try:
-            return flight_action(location, "health", timeout=2.0)
+            return flight_action(location, "health", timeout=2.0, credentials=credentials)
         except flight.FlightError as exc:
             last = exc
             time.sleep(0.05)
@@ -402,15 +489,19 @@ def wait_until_healthy(location, timeout: float = 30.0, process=None) -> dict:
 
 
 def exchange_batches(client: flight.FlightClient, batches: Iterable[pa.RecordBatch], *,
-                     timeout: float | None = None) -> list[pa.RecordBatch]:
-    """Send request batches over one `["retrieve"]` exchange; one answer batch per request batch."""
+                     timeout: float | None = None, seqs: list | None = None) -> list[pa.RecordBatch]:
+    """Send request batches over one `["retrieve"]` exchange; one answer batch per request batch.
+    `seqs`: a list to which each answer's update sequence number (`answer_seq`) is appended."""
     writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*RETRIEVE_PATH), options=_options(timeout))
     out = []
     with writer:
         writer.begin(REQUEST_SCHEMA)
         for batch in batches:
             writer.write_batch(batch)
-            out.append(reader.read_chunk().data)
+            chunk = reader.read_chunk()
+            out.append(chunk.data)
+            if seqs is not None:
+                seqs.append(answer_seq(chunk))
         writer.done_writing()
         for chunk in reader:  # drain the end of stream
             if chunk.data is not None:
@@ -419,17 +510,19 @@ def exchange_batches(client: flight.FlightClient, batches: Iterable[pa.RecordBat
 
 
 def retrieve_over_flight(location, requests: Sequence, k: int, *, timeout: float | None = 60.0,
-                         batch_size: int = DEFAULT_CLIENT_BATCH, client: flight.FlightClient | None = None
+                         batch_size: int = DEFAULT_CLIENT_BATCH, client: flight.FlightClient | None = None,
+                         credentials: ClientCredentials | None = None, seqs: list | None = None
                          ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Top-K answers from any `["retrieve"]` server: one (ad ids int64, scores float32) per request, in
-    rank order. `requests` are `Request` objects, JSON-ready dicts or JSON strings."""
+    rank order. `requests` are `Request` objects, JSON-ready dicts or JSON strings. `seqs`: see
+    `exchange_batches`."""
     check_k(k)
     requests = list(requests)
     own = client is None
-    client = client or flight.connect(location_of(location))
+    client = client or connect(location_of(location), credentials)
     try:
         batches = [request_batch(requests[i : i + batch_size], k) for i in range(0, len(requests), batch_size)]
-        answers = exchange_batches(client, batches, timeout=timeout) if batches else []
+        answers = exchange_batches(client, batches, timeout=timeout, seqs=seqs) if batches else []
         ids = [_request_id(r) for r in requests]
         table = pa.Table.from_batches(answers, schema=ANSWER_SCHEMA)
         return split_answers(table.combine_chunks(), ids)
@@ -439,6 +532,7 @@ def retrieve_over_flight(location, requests: Sequence, k: int, *, timeout: float
 
 
 __all__ = [
+    "ACTION_ROLES",
     "ANSWER_SCHEMA",
     "InvalidInput",
     "REQUEST_SCHEMA",
@@ -446,6 +540,8 @@ __all__ = [
     "RetrieveServer",
     "ServiceStats",
     "answer_batch",
+    "answer_metadata",
+    "answer_seq",
     "check_k",
     "decode_request_batch",
     "exchange_batches",

@@ -136,4 +136,16 @@ class RowMap:
         return row
 
 
-__all__ = ["FREE", "RowMap", "fit_rows"]
+def warm_up() -> None:
+    """Compile now the typed-dict operations `RowMap` calls from Python (membership, lookup, insert,
+    removal): numba compiles each on its first use in a process, about half a second apiece, and
+    caches none of them. A server calls this before it listens, so that its first update does not
+    stall every request behind it."""
+    scratch = RowMap(np.array([1], np.int64))
+    row, _ = scratch.assign(2)
+    assert 2 in scratch and scratch.row_of(2) == row and scratch.row_of(5) is None
+    scratch.release(2)
+    scratch.assign(3)
+
+
+__all__ = ["FREE", "RowMap", "fit_rows", "warm_up"]

@@ -6,11 +6,12 @@
   with one JSON line on stdout once it listens (`announce`: `{"service": ..., "location":
   "grpc://HOST:PORT", ...}`), so a parent that asked for port 0 learns the port. `stop()` sends
   SIGTERM, waits, then kills.
-* `DEFAULT_PORTS`, `check_port_free`, `banner`: what a server a person starts (`andromeda serve`)
-  listens on, refuses, and says on stderr.
-* `dataset_args`: how a started server gets the corpus: the directory it was read from, or a pickle
-  of an in-memory dataset written to a temporary directory; `load_dataset_for_service` is the
-  server's side of it.
+* `DEFAULT_PORTS`, `banner`: what a server a person starts (`andromeda serve`) listens on and says on
+  stderr (a taken port is refused before the corpus loads: `andromeda_nb.serving.preflight`).
+* `dataset_args`: how a started server gets the corpus: the directory it was read from, or an
+  in-memory dataset saved as a corpus directory in a temporary directory (never a pickle: a server
+  reads only the corpus formats, which carry no code); `open_corpus` is the server's side of it,
+  with the corpus's update log (`andromeda_nb.wal`) when the server keeps one.
 * `fingerprint` / `check_same_corpus`: a hash of the ad id in each row, so a started server (or
   another service) can be checked to hold the dataset's ads, row for row.
 * `relay_in_front`: a counting relay (`andromeda_nb.relay`) that forwards to a server, for real
@@ -25,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import queue
 import signal
 import subprocess
@@ -57,21 +57,6 @@ def announce(service: str, location: str, out=None, **extra) -> None:
     print(json.dumps({"service": service, "location": location, **extra}), file=out or sys.stdout, flush=True)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Raise OSError naming the port when something already listens on `host:port` (port 0 is always
-    free), so a server refuses before it loads a corpus rather than after."""
-    import socket
-
-    if port == 0:
-        return
-    try:
-        with socket.create_server((host, port), reuse_port=False):
-            pass
-    except OSError as exc:
-        raise OSError(f"port {port} on {host} is not free ({exc.strerror}; another server?); give --port N, "
-                      "or --port 0 for a free one") from None
-
-
 def banner(service: str, location: str, serving: str) -> str:
     """What a person starting a server reads on stderr: what is served, where, how to ask it, how to
     stop it (the machine line, `announce`, goes to stdout)."""
@@ -87,11 +72,12 @@ def banner(service: str, location: str, serving: str) -> str:
 
 class ServiceProcess:
     """`python -m module *args` as a subprocess; `location` is what it announced. `name` says which
-    server it is in errors."""
+    server it is in errors; `env`: further environment variables (tokens travel there, not in the
+    arguments every user of the machine can list)."""
 
     def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S):
-        env = child_environment()  # no simulator switch: a server is told its device as an argument
+                 start_timeout_s: float = START_TIMEOUT_S, env: dict | None = None):
+        env = {**child_environment(), **(env or {})}  # no simulator switch: a server is told its device
         paths = [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)  # the project first, whatever the caller's directory
         self.module = module
@@ -133,23 +119,30 @@ class ServiceProcess:
 def dataset_args(dataset, data_dir=None, *, prefix: str = "andromeda-"
                  ) -> tuple[list[str], tempfile.TemporaryDirectory | None]:
     """Server arguments that load the corpus: `--data DIR` when there is a directory, else
-    `--dataset-pickle PATH` with the dataset pickled into a new temporary directory, returned for
-    the caller to clean up (None otherwise)."""
+    `--data TMP/corpus` with the dataset saved there (`andromeda_nb.store.save_dataset`) in a new
+    temporary directory, returned for the caller to clean up (None otherwise)."""
     if data_dir is not None:
         return ["--data", str(data_dir)], None
+    from .store import save_dataset
+
     tmp = tempfile.TemporaryDirectory(prefix=prefix)
-    path = Path(tmp.name) / "dataset.pkl"
-    with open(path, "wb") as f:
-        pickle.dump(dataset, f, protocol=pickle.HIGHEST_PROTOCOL)
-    return ["--dataset-pickle", str(path)], tmp
+    try:
+        path = save_dataset(dataset, Path(tmp.name) / "corpus", source={"kind": "saved for a service"})
+    except BaseException:
+        tmp.cleanup()
+        raise
+    return ["--data", str(path)], tmp
 
 
-def load_dataset_for_service(data: str | None = None, dataset_pickle: str | None = None):
-    """A server's corpus: a `Dataset` from a corpus directory (`andromeda_nb.store`) or from the
-    pickle a parent wrote (`dataset_args`)."""
-    if dataset_pickle:
-        with open(dataset_pickle, "rb") as f:
-            return pickle.load(f)
+def child_args(log: str = "off") -> list[str]:
+    """Arguments every server started for one command gets: it ends with this process
+    (`--parent-pid`), and keeps its updates where the command says (`--log`; off by default: a
+    command's own servers never write into the corpus directory it reads)."""
+    return ["--parent-pid", str(os.getpid()), "--log", log]
+
+
+def load_dataset_for_service(data: str | None = None):
+    """A server's corpus: a `Dataset` from a corpus directory (`andromeda_nb.store`)."""
     if not data:
         raise ValueError("give a corpus directory (--data DIR)")
     from .store import load_dataset
@@ -157,17 +150,45 @@ def load_dataset_for_service(data: str | None = None, dataset_pickle: str | None
     return load_dataset(data)
 
 
+def open_corpus(data, log: str | None = None):
+    """A server's corpus and its update log: (dataset, WriteAheadLog or None).
+
+    `log`: None for the default, `DIR/updates.log`; "off" for none (updates in memory only); else a
+    path. The log's lock is taken first, so that a second server on the same log is refused before it
+    loads anything; then an interrupted compaction is finished (`andromeda_nb.compaction.recover`),
+    the snapshot loaded and the log opened (its torn tail cut, its records kept for replay)."""
+    if not data:
+        raise ValueError("give a corpus directory (--data DIR)")
+    from .store import load_dataset
+
+    if log == "off":
+        return load_dataset(data), None
+    from .compaction import recover
+    from .wal import LOG_FILE, LogLock, WriteAheadLog, corpus_lineage, snapshot_seq
+
+    path = Path(data) / LOG_FILE if log is None else Path(log)
+    lock = LogLock(path).acquire()
+    try:
+        recover(data)
+        dataset = load_dataset(data)
+        wal = WriteAheadLog.open(path, lineage=corpus_lineage(dataset), snapshot_seq=snapshot_seq(dataset), lock=lock)
+    except BaseException:
+        lock.release()
+        raise
+    return dataset, wal
+
+
 def fingerprint(ad_ids: np.ndarray) -> str:
     """Hash of the ad id in each row (int64), as every service computes it from the corpus."""
     return hashlib.sha256(np.ascontiguousarray(ad_ids, np.int64).tobytes()).hexdigest()[:16]
 
 
-def check_same_corpus(location: str, dataset, data_dir, who: str) -> None:
+def check_same_corpus(location: str, dataset, data_dir, who: str, credentials=None) -> None:
     """The server at `location` (`who`, for the error) loaded `data_dir`: its `health` fingerprint
     must be the dataset's."""
     from .flight import flight_action
 
-    got = flight_action(location, "health").get("fingerprint")
+    got = flight_action(location, "health", credentials=credentials).get("fingerprint")
     if got != fingerprint(dataset.ad_ids):
         raise RuntimeError(f"{who} loaded {data_dir}, whose ads differ from the dataset's "
                            f"(fingerprint {got}, expected {fingerprint(dataset.ad_ids)})")
@@ -261,7 +282,8 @@ class ServedRetriever:
 
 
 __all__ = [
-    "DEFAULT_HOST", "DEFAULT_PORTS", "PROJECT_ROOT", "SERVICE_NAMES", "banner", "check_port_free",
+    "DEFAULT_HOST", "DEFAULT_PORTS", "PROJECT_ROOT", "SERVICE_NAMES", "banner",
     "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess", "announce", "check_same_corpus",
-    "dataset_args", "fingerprint", "load_dataset_for_service", "relay_in_front", "stop_all",
+    "child_args", "dataset_args", "fingerprint", "load_dataset_for_service", "open_corpus", "relay_in_front",
+    "stop_all",
 ]

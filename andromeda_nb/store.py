@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__, derive
-from .compiled import COMPILED_ARRAYS, CompiledTargeting, check_compiled
+from . import __version__, derive, jsontext
+from .compiled import COMPILED_ARRAYS, CompiledTargeting, check_compiled, check_values
 from .constants import PRECISIONS, SCHEMA_VERSION
 from .model import STORED_DTYPES, EmbeddingTable, ModelError, MoeModel, quantize
 from .types import Ad, Request, TargetingError
@@ -268,9 +268,9 @@ def read_meta(data_dir) -> dict:
     if not path.is_file():
         raise StoreError(f"{path}: missing (not a corpus directory made by `andromeda generate` or `import`)")
     try:
-        meta = json.loads(path.read_text())
-    except ValueError as exc:
-        raise StoreError(f"{path}: not valid JSON ({exc})") from None
+        meta = jsontext.loads(path.read_bytes())
+    except (OSError, jsontext.JsonInputError) as exc:
+        raise StoreError(f"{path}: {exc}") from None
     if not isinstance(meta, dict) or "schema_version" not in meta:
         raise StoreError(f"{path}: has no schema_version")
     if meta["schema_version"] != SCHEMA_VERSION:
@@ -280,6 +280,7 @@ def read_meta(data_dir) -> dict:
     for key in ("seed", "precision", "sizes", "counts"):
         if key not in meta:
             raise StoreError(f"{path}: missing {key!r}")
+    _check_meta_values(path, meta)
     if meta["precision"] not in PRECISIONS:
         raise StoreError(f"{path}: precision must be one of {', '.join(PRECISIONS)}, got {meta['precision']!r}")
     for name in (ADS_FILE, REQUESTS_FILE, MODEL_FILE):
@@ -293,6 +294,37 @@ def read_meta(data_dir) -> dict:
             raise StoreError(f"{root / TARGETING_FILE}: missing (meta.json lists it); run "
                              f"`andromeda reindex --data {root}` to rebuild it from ads.parquet")
     return meta
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_meta_values(path: Path, meta: dict) -> None:
+    """The types and ranges of meta.json's entries (an edited file says which entry is wrong)."""
+    if not _is_int(meta["seed"]):
+        raise StoreError(f"{path}: seed: expected an integer, got {meta['seed']!r}")
+    for key, lo in (("sizes", 1), ("counts", 0)):
+        entry = meta[key]
+        if not isinstance(entry, dict):
+            raise StoreError(f"{path}: {key}: expected an object, got {entry!r}")
+        for name, value in entry.items():
+            if not _is_int(value) or value < lo:
+                raise StoreError(f"{path}: {key}.{name}: expected an integer >= {lo}, got {value!r}")
+    for name in ("ads", "requests"):
+        if name not in meta["counts"]:
+            raise StoreError(f"{path}: counts.{name}: missing")
+    log_seq = meta.get("log_seq", 0)
+    if not _is_int(log_seq) or log_seq < 0:
+        raise StoreError(f"{path}: log_seq: expected an integer >= 0, got {log_seq!r}")
+
+
+def _check_sizes(path: Path, meta: dict, model: MoeModel) -> None:
+    """meta.json's sizes are the model's (a mismatch means one of the two files was replaced)."""
+    have = {"D": model.D, "E": model.E, "k": model.top_k, "F": model.F, "S": model.S}
+    for name, value in meta["sizes"].items():
+        if name in have and value != have[name]:
+            raise StoreError(f"{path}: sizes.{name} is {value}, but {MODEL_FILE} has {name} = {have[name]}")
 
 
 def _check_parquet_schema(path: Path, schema: pa.Schema) -> int:
@@ -387,7 +419,7 @@ class ParquetAds:
             for i in range(len(cols["ad_id"])):
                 obj = {name: cols[name][i] for name in _AD_COLUMNS[:5]}
                 try:
-                    obj["targeting"] = json.loads(cols["targeting"][i])
+                    obj["targeting"] = jsontext.loads(cols["targeting"][i])
                     ads.append(parse_ad(obj, seed=self.seed, dim=self.dim, formats=self.formats,
                                         derive_embedding=False, copy_targeting=False))
                 except (ValueError, TargetingError) as exc:
@@ -405,7 +437,7 @@ class ParquetAds:
         if self.ads_sha256 is not None and file_sha256(path) != self.ads_sha256:
             raise StoreError(f"{path}: has changed since the corpus was loaded; load it again")
         _check_parquet_schema(path, ads_schema_without_embedding())
-        loads = json.loads
+        loads = jsontext.loads
         lo = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=list(_AD_COLUMNS)):
             cols = {name: batch.column(name).to_pylist() for name in _AD_COLUMNS}
@@ -435,9 +467,11 @@ def ads_schema_without_embedding() -> pa.Schema:
     return pa.schema([f for f in ads_schema("fp32", 1) if f.name in _AD_COLUMNS])
 
 
-def read_targeting(root, meta: dict, n_ads: int) -> CompiledTargeting:
+def read_targeting(root, meta: dict, n_ads: int, formats: int | None = None) -> CompiledTargeting:
     """DIR/targeting.npz, after checking that it is the file meta.json recorded and that it was
-    compiled from the ads.parquet beside it (sha256 of both files)."""
+    compiled from the ads.parquet beside it (sha256 of both files), its arrays' shapes, and, with
+    the model's number of `formats`, every value's range (`compiled.check_values`): a file edited
+    with its hashes recomputed is still refused, naming the row."""
     root = Path(root)
     entry = meta["targeting"]
     path = root / TARGETING_FILE
@@ -458,6 +492,8 @@ def read_targeting(root, meta: dict, n_ads: int) -> CompiledTargeting:
                 raise ValueError(f"missing arrays {', '.join(missing)}")
             ct = CompiledTargeting(**{name: npz[name] for name in COMPILED_ARRAYS})
         check_compiled(ct)
+        if formats is not None:
+            check_values(ct, formats)
     except (OSError, ValueError) as exc:
         raise StoreError(f"{path}: {exc}; {fix}") from None
     if len(ct) != n_ads:
@@ -481,6 +517,7 @@ def load_dataset(data_dir, progress: Progress | None = None):
         model = MoeModel.load(root / MODEL_FILE)
     except ModelError as exc:
         raise StoreError(str(exc)) from None
+    _check_sizes(root / META_FILE, meta, model)
     precision, seed = meta["precision"], int(meta["seed"])
     schema = ads_schema(precision, model.D)
     n_rows = {"ads": _check_parquet_schema(root / ADS_FILE, schema),
@@ -492,7 +529,7 @@ def load_dataset(data_dir, progress: Progress | None = None):
     loader = ParquetAds(root, seed, model.D, model.F, progress)
     compiled, ads = None, None
     if "targeting" in meta:
-        compiled = read_targeting(root, meta, n_rows["ads"])
+        compiled = read_targeting(root, meta, n_rows["ads"], model.F)
         loader.ads_sha256, loader.ad_ids = meta["targeting"]["ads_sha256"], compiled.ad_id
         ads_table = _read_parquet(root / ADS_FILE, schema, ["ad_id", "format", "embedding", "scale"])
         for name in ("ad_id", "format"):
@@ -510,12 +547,17 @@ def load_dataset(data_dir, progress: Progress | None = None):
     if not np.all(np.isfinite(embeddings.values)):
         row = int(np.flatnonzero(~np.all(np.isfinite(embeddings.values), axis=1))[0])
         raise StoreError(f"{root / ADS_FILE}: row {row}: embedding has a NaN or infinite value")
+    bad_scale = ~(np.isfinite(embeddings.scale) & (embeddings.scale >= 0))
+    if np.any(bad_scale):
+        row = int(np.flatnonzero(bad_scale)[0])
+        raise StoreError(f"{root / ADS_FILE}: row {row}: scale {float(embeddings.scale[row])!r} is not a finite "
+                         "number >= 0")
     req_table = _read_parquet(root / REQUESTS_FILE, REQUESTS_SCHEMA)
     requests: list[Request] = []
     rids, texts = req_table.column("request_id").to_pylist(), req_table.column("request").to_pylist()
     for i in _progress_chunks(range(len(rids)), progress):
         try:
-            requests.append(parse_request(json.loads(texts[i]), seed=seed, experts=model.E, width=model.S,
+            requests.append(parse_request(jsontext.loads(texts[i]), seed=seed, experts=model.E, width=model.S,
                                           request_id=rids[i]))
         except (ValueError, TargetingError) as exc:
             raise StoreError(f"{root / REQUESTS_FILE}: row {i}: {exc}") from None
@@ -576,19 +618,12 @@ def _json_lines(path) -> Iterator[tuple[int, object | None, str | None]]:
         raise StoreError(f"{path}: cannot be read ({exc.strerror})") from None
     with fh:
         for line_no, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield line_no, None, f"line {line_no}: not valid UTF-8 (byte {exc.start + 1})"
+            if not raw.strip():
                 continue
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line), None
-            except json.JSONDecodeError as exc:
-                yield line_no, None, f"line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})"
-            except ValueError as exc:
-                yield line_no, None, f"line {line_no}: not valid JSON ({exc})"
+            try:  # `jsontext`: a byte-order mark skipped; bad UTF-8, deep nesting, repeated keys named
+                yield line_no, jsontext.loads(raw), None
+            except jsontext.JsonInputError as exc:
+                yield line_no, None, f"line {line_no}: {exc}"
 
 
 def _id_of(obj, key: str):

@@ -10,12 +10,13 @@ directly (`gpu.bench_match.build_tiled_index`), the CPU one builds its index fro
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import pickle
+import json
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .bench import log
 from .compiled import CompiledTargeting, compile_ads
@@ -37,15 +38,57 @@ class BaseCorpus:
         return {a.ad_id: a for a in self.ads}
 
     def save(self, path: str) -> None:
-        ads = [dataclasses.replace(a, embedding=None) for a in self.ads]  # targeting only
-        with gzip.open(path, "wb", compresslevel=3) as f:
-            pickle.dump({"ads": ads, "requests": self.requests, "seed": self.seed}, f, protocol=5)
+        """A Parquet cache: one row per ad and per request (kind, id, JSON text), the seed in the
+        file's metadata. Data only: reading it back parses and validates every row, runs no code."""
+        from .targeting import ad_to_json, request_to_json
+
+        encode = json.JSONEncoder(separators=(",", ":")).encode
+        texts = [encode({**ad_to_json(a), "embedding": None}) for a in self.ads]
+        texts += [encode(request_to_json(r)) for r in self.requests]
+        table = pa.table({"kind": pa.array(["ad"] * len(self.ads) + ["request"] * len(self.requests), pa.string()),
+                          "id": pa.array([a.ad_id for a in self.ads] + [r.request_id for r in self.requests], pa.int64()),
+                          "json": pa.array(texts, pa.string())})
+        table = table.replace_schema_metadata({BASE_MARK: str(BASE_FORMAT), "seed": str(self.seed)})
+        pq.write_table(table, path, compression="zstd")
 
     @classmethod
     def load(cls, path: str) -> "BaseCorpus":
-        with gzip.open(path, "rb") as f:
-            d = pickle.load(f)
-        return cls(ads=d["ads"], requests=d["requests"], seed=d["seed"])
+        """Read a cache `save` wrote; BaseCorpusError naming the file and the problem otherwise."""
+        from .jsontext import JsonInputError, loads
+        from .targeting import parse_ad, parse_request
+        from .types import TargetingError
+
+        try:
+            table = pq.read_table(path)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise BaseCorpusError(f"{path}: not a base corpus cache ({exc}); delete it to generate it again") from None
+        meta = table.schema.metadata or {}
+        if meta.get(BASE_MARK.encode()) != str(BASE_FORMAT).encode() or table.schema.names != ["kind", "id", "json"]:
+            raise BaseCorpusError(f"{path}: not a base corpus cache of format {BASE_FORMAT}; delete it to generate "
+                                  "it again")
+        try:
+            seed = int(meta[b"seed"])
+            ads, requests = [], []
+            for kind, text in zip(table.column("kind").to_pylist(), table.column("json").to_pylist()):
+                obj = loads(text)
+                if kind == "ad":
+                    obj.pop("embedding", None)
+                    ads.append(dataclasses.replace(parse_ad(obj, seed=seed, dim=4), embedding=None))
+                else:
+                    requests.append(parse_request(obj, seed=seed, experts=1, width=1))
+        except (KeyError, ValueError, TypeError, JsonInputError, TargetingError) as exc:
+            raise BaseCorpusError(f"{path}: a row does not read back ({exc}); delete it to generate it again") from None
+        return cls(ads=ads, requests=requests, seed=seed)
+
+
+BASE_MARK = "andromeda-base-corpus"
+BASE_FORMAT = 1
+
+
+class BaseCorpusError(ValueError):
+    """A base corpus cache that cannot be read."""
 
 
 def generate_base(n_ads: int, n_requests: int, seed: int, progress: bool = False) -> BaseCorpus:
@@ -63,8 +106,8 @@ def generate_base(n_ads: int, n_requests: int, seed: int, progress: bool = False
 
 def load_or_generate_base(path: str | None, n_ads: int, n_requests: int, seed: int,
                           progress: bool = False) -> BaseCorpus:
-    """The base corpus cached at `path` (a gzip pickle) when it is there, else generated (and written
-    there when a path is given)."""
+    """The base corpus cached at `path` (a Parquet file, `BaseCorpus.save`) when it is there, else
+    generated (and written there when a path is given)."""
     if path:
         try:
             base = BaseCorpus.load(path)
@@ -100,4 +143,4 @@ def tile_compiled(ct: CompiledTargeting, copies: int) -> CompiledTargeting:
     return CompiledTargeting(**cols)
 
 
-__all__ = ["BaseCorpus", "generate_base", "load_or_generate_base", "stride_of", "tile_compiled"]
+__all__ = ["BaseCorpus", "BaseCorpusError", "generate_base", "load_or_generate_base", "stride_of", "tile_compiled"]

@@ -20,12 +20,13 @@ the index it updates (`IndexLiveIds`) and acknowledges it with `update_answer`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from . import jsontext
 from .constants import DEFAULT_F, STATUSES
+from .jsontext import DEFAULT_MAX_DEPTH
 from .targeting import MAX_AD_ID, _Checker, _is_int, _type_name, parse_ad
 from .types import Retire, SetStatus, TargetingError, Upsert, Update
 
@@ -82,8 +83,14 @@ def parse_update(obj: Any, *, seed: int, dim: int, formats: int = DEFAULT_F,
 
 
 def _lines(lines_or_path) -> Iterable[Any]:
+    """The lines of a file (as bytes: each line is decoded on its own, so one that is not UTF-8 is
+    rejected by number and the rest still read), or the given lines or objects."""
     if isinstance(lines_or_path, (str, os.PathLike)):
-        with open(lines_or_path, encoding="utf-8") as f:
+        try:
+            f = open(lines_or_path, "rb")
+        except OSError as exc:
+            raise ValueError(f"{os.fspath(lines_or_path)}: cannot be read ({exc.strerror})") from None
+        with f:
             yield from f
     else:
         yield from lines_or_path
@@ -93,11 +100,13 @@ def _reason(err: TargetingError) -> str:
     return f"{err.path}: {err.message}" if err.path else err.message
 
 
-def read_updates(lines_or_path, *, seed: int, dim: int, formats: int = DEFAULT_F
-                 ) -> tuple[list[tuple[int, Update]], list[Rejection]]:
-    """Parse a JSON Lines update stream: a path, or an iterable of lines (str) or of already-decoded
-    objects. Blank lines are skipped; line numbers are 1-based. Returns the well-formed updates as
-    (line_no, update) in order and the malformed lines as `Rejection`s."""
+def read_updates(lines_or_path, *, seed: int, dim: int, formats: int = DEFAULT_F,
+                 max_depth: int = DEFAULT_MAX_DEPTH) -> tuple[list[tuple[int, Update]], list[Rejection]]:
+    """Parse a JSON Lines update stream: a path, or an iterable of lines (str or bytes) or of
+    already-decoded objects. Blank lines are skipped; line numbers are 1-based; a byte-order mark
+    before the first line is skipped. Returns the well-formed updates as (line_no, update) in order
+    and the malformed lines (not UTF-8, not JSON, nested deeper than `max_depth`, a repeated key,
+    not an update) as `Rejection`s."""
     updates: list[tuple[int, Update]] = []
     rejections: list[Rejection] = []
     for line_no, raw in enumerate(_lines(lines_or_path), start=1):
@@ -105,8 +114,8 @@ def read_updates(lines_or_path, *, seed: int, dim: int, formats: int = DEFAULT_F
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
-            except ValueError as err:
+                obj = jsontext.loads(raw, max_depth=max_depth)
+            except jsontext.JsonInputError as err:
                 rejections.append(Rejection(line_no, None, f"malformed JSON: {err}"))
                 continue
         else:

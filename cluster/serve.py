@@ -9,7 +9,7 @@ as parsed requests; a shard with no live replica fails the exchange with `Flight
 
 from __future__ import annotations
 
-from andromeda_nb.flight import RetrieveServer
+from andromeda_nb.flight import InvalidInput, RetrieveServer
 from andromeda_nb.services import fingerprint
 
 from .router import Cluster, ShardUnavailable
@@ -18,9 +18,9 @@ from .router import Cluster, ShardUnavailable
 class ClusterServer(RetrieveServer):
     name = "cluster"
 
-    def __init__(self, cluster: Cluster, dataset, location: str = "grpc://127.0.0.1:0"):
+    def __init__(self, cluster: Cluster, dataset, location: str = "grpc://127.0.0.1:0", *, limits=None, guard=None):
         model = dataset.model
-        super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S)
+        super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
         self.cluster = cluster
         self.router = cluster.router
         self.describe = {"device": cluster.device, "precision": dataset.precision, "D": model.D, "E": model.E,
@@ -36,9 +36,15 @@ class ClusterServer(RetrieveServer):
             raise flight.FlightUnavailableError(str(exc)) from None
         return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)]
 
-    def apply_updates(self, text: str) -> dict:
+    def apply_updates(self, body: bytes, started: float) -> dict:
         import pyarrow.flight as flight
 
+        if len(body) > self.limits.max_update_bytes:
+            raise self.limits.over("max_update_bytes", len(body), "update body of bytes")
+        try:
+            text = body.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"the update body is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         try:
             ack = self.router.update(text)
         except ShardUnavailable as exc:
@@ -61,19 +67,25 @@ class ClusterServer(RetrieveServer):
         self.cluster.close()
 
 
-def run_cluster(dataset, *, shards: int, replicas: int = 1, device: str = "cpu", address: str | None = None,
-                host: str = "127.0.0.1", port: int = 0, on_ready=None, progress=None) -> None:
-    """Start (or join) Ray, place the shards, serve the front until SIGTERM or SIGINT, then end the
-    replicas (and Ray, when it was started here)."""
+def run_cluster(dataset, settings=None, *, shards: int, replicas: int = 1, device: str = "cpu",
+                address: str | None = None, on_ready=None, progress=None) -> None:
+    """Start (or join) Ray, place the shards, serve the front (`settings`: an
+    `andromeda_nb.serving.ServerSettings`: address, tokens and TLS, limits, stop deadline) until SIGTERM
+    or SIGINT, then end the replicas (and Ray, when it was started here)."""
+    from andromeda_nb.serving import ServerSettings, listen
+
+    settings = settings or ServerSettings()
     cluster = Cluster.start(dataset, shards=shards, replicas=replicas, device=device, address=address,
                             progress=progress)
     try:
-        server = ClusterServer(cluster, dataset, f"grpc://{host}:{port}")
+        server = listen(lambda location: ClusterServer(cluster, dataset, location, limits=settings.limits,
+                                                       guard=settings.guard),
+                        settings.host, settings.port, settings.guard)
     except BaseException:
         cluster.close()
         raise
     try:
-        server.serve_until_stopped(on_ready)
+        server.serve_until_stopped(on_ready, deadline_s=settings.stop_deadline_s, parent_pid=settings.parent_pid)
     finally:
         cluster.close()
 

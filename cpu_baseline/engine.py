@@ -45,6 +45,10 @@ class CpuEngine(EngineBase):
         tab = fold_user_side(user_side(self.model, request))
         return reference_topk(ids, self.scorer.score(self.rows.rows_of(ids), tab), k)
 
+    def prepare(self) -> None:
+        """After a batch of updates: rebuild what matching needs now rather than in the next request."""
+        self.index.refresh()
+
     def apply(self, update: Update) -> None:
         """Apply one update that `andromeda_nb.updates` already checked against the live ids."""
         stored = self.stored_row(update)

@@ -331,6 +331,8 @@ class CpuTargetingIndex:
         self._delta_entries: dict[int, tuple] = {}  # slot -> flat entries of its current delta ad
         self._delta = _Postings.empty()
         self._delta_dirty = False
+        self._delta_added: list[int] = []  # slots given entries since the delta postings were built
+        self._delta_stale: set[int] = set()  # slots whose entries in those postings are dead since
         self._main_dead = 0  # main-segment slots whose postings are dead (retired or replaced)
         self._slot_of: dict[int, int] = dict(zip(compiled.ad_id.tolist(), range(n)))
         if len(self._slot_of) != n:
@@ -394,6 +396,12 @@ class CpuTargetingIndex:
                 self._retire(int(update.ad_id))
             else:
                 raise TypeError(f"not an update: {update!r}")
+
+    def refresh(self) -> None:
+        """Bring the delta segment's postings up to date now (a writer calls it after a batch of
+        updates, so that the next match does not pay for it)."""
+        with self._lock:
+            self._refresh_delta()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -470,7 +478,10 @@ class CpuTargetingIndex:
         ct = compile_ads([ad])
         slots = np.asarray([slot], np.int32)
         self._store_columns(ct, slots, SEG_DELTA)  # main postings of this slot are now dead
+        if slot in self._delta_entries:
+            self._delta_stale.add(slot)
         self._delta_entries[slot] = _entries(ct, slots)
+        self._delta_added.append(slot)
         self._set_zero(slot, int(ct.n_positive[0]) == 0)
         self._delta_dirty = True
 
@@ -481,6 +492,7 @@ class CpuTargetingIndex:
         for name, (dtype, empty) in _COLUMNS.items():
             self._cols[name][slot] = empty
         if self._delta_entries.pop(slot, None) is not None:
+            self._delta_stale.add(slot)
             self._delta_dirty = True
         self._set_zero(slot, False)
         self._free.append(slot)
@@ -499,8 +511,19 @@ class CpuTargetingIndex:
         if len(self._delta_entries) > max(DELTA_MERGE_MIN, DELTA_MERGE_FRACTION * live_main):
             self.merge()
             return
-        parts = list(self._delta_entries.values())
-        self._delta = _Postings(*(_concat([p[i] for p in parts], i) for i in range(6))) if parts else _Postings.empty()
+        # incremental: the postings built last time, less the entries of slots replaced or retired
+        # since, plus the entries added since (rebuilding from every delta ad cost a slice of updates
+        # more than applying it)
+        flat = list(self._delta.flat())
+        if self._delta_stale:
+            stale = np.fromiter(self._delta_stale, np.int32, len(self._delta_stale))
+            keep, keep_c = ~np.isin(flat[1], stale), ~np.isin(flat[4], stale)
+            flat = [a[keep] if i < 3 else a[keep_c] for i, a in enumerate(flat)]
+        added = [self._delta_entries[s] for s in dict.fromkeys(self._delta_added) if s in self._delta_entries]
+        parts = [tuple(flat), *added]
+        self._delta = _Postings(*(_concat([p[i] for p in parts], i) for i in range(6)))
+        self._delta_added.clear()
+        self._delta_stale.clear()
 
     def merge(self) -> None:
         """Fold the delta segment into main: drop dead entries, sort the live ones by term."""
@@ -517,6 +540,8 @@ class CpuTargetingIndex:
             self._delta_entries.clear()
             self._delta = _Postings.empty()
             self._delta_dirty = False
+            self._delta_added.clear()
+            self._delta_stale.clear()
             self._main_dead = 0
             self.merges += 1
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import tempfile
 
-import pyarrow.flight as flight
-
 from andromeda_nb.flight import location_of, wait_until_healthy
+from andromeda_nb.guard import connect
 from andromeda_nb.relay import Relay
-from andromeda_nb.services import (START_TIMEOUT_S, ServedRetriever, ServiceProcess, check_same_corpus, dataset_args,
-                                   relay_in_front, stop_all)
+from andromeda_nb.services import (START_TIMEOUT_S, ServedRetriever, ServiceProcess, check_same_corpus, child_args,
+                                   dataset_args, relay_in_front, stop_all)
 
 SERVE_MODULE = "cpu_baseline.serve"
 
@@ -30,23 +29,28 @@ class RemoteRetriever(ServedRetriever):
     server_name = "the index host"
 
     def __init__(self, location: str, *, processes=(), relays: dict[str, Relay] | None = None,
-                 tmpdir: tempfile.TemporaryDirectory | None = None, timeout_s: float = 60.0):
+                 tmpdir: tempfile.TemporaryDirectory | None = None, timeout_s: float = 60.0, credentials=None):
         self.location = location
         self.processes = list(processes)
         self.relays = relays or {}
         self._tmpdir = tmpdir
         self.timeout_s = timeout_s
-        self.client = flight.connect(location)
+        self.client = connect(location, credentials)
 
     @classmethod
     def build(cls, dataset=None, device=None, scorer: str | None = None, host: str | None = None, *,
               traffic: bool = False, data_dir: str | None = None, scorer_timeout_s: float = 10.0,
-              threads: int | None = None, start_timeout_s: float = START_TIMEOUT_S, **options) -> "RemoteRetriever":
+              threads: int | None = None, start_timeout_s: float = START_TIMEOUT_S, credentials=None,
+              **options) -> "RemoteRetriever":
         """Start (or connect to) the scoring service and the index host. `device` is accepted for
         interface symmetry and ignored: this architecture runs on the CPU. The services load the
         corpus directory `data_dir`, or the one `dataset` was read from (`dataset.source_dir`: the
         fast load, nothing parsed), and are checked to hold the dataset's ads; a dataset made in
-        memory travels to them as a pickle."""
+        memory is saved as a corpus directory for them. Started services end with this process and
+        keep their updates in memory only (`--log off`): a command's own services never write into
+        the corpus it reads.
+        `credentials` (`andromeda_nb.guard.ClientCredentials`): what to present to running services.
+        """
         processes: list[ServiceProcess] = []
         relays: dict[str, Relay] = {}
         tmp = None
@@ -55,7 +59,7 @@ class RemoteRetriever(ServedRetriever):
         try:
             if host is None:
                 source, tmp = dataset_args(dataset, data_dir or None, prefix="andromeda-remote-")
-                extra = ["--threads", str(threads)] if threads else []
+                extra = (["--threads", str(threads)] if threads else []) + child_args()
                 if scorer is None:
                     proc = ServiceProcess(SERVE_MODULE, ["scorer", *source, *extra], name="scorer",
                                           start_timeout_s=start_timeout_s)
@@ -71,15 +75,15 @@ class RemoteRetriever(ServedRetriever):
                 processes.append(proc)
                 host = proc.location
             location = location_of(host)
-            wait_until_healthy(location, timeout=30.0)
+            wait_until_healthy(location, timeout=30.0, credentials=credentials)
             if processes and data_dir and dataset is not None:
-                check_same_corpus(location, dataset, data_dir, "the services")
+                check_same_corpus(location, dataset, data_dir, "the services", credentials)
             if traffic:
                 relays["client->index host"] = relay_in_front(location)
                 location = relays["client->index host"].location
             hops = ("client->index host", "index host->scorer")  # in the order a request travels
             relays = {hop: relays[hop] for hop in hops if hop in relays}
-            return cls(location, processes=processes, relays=relays, tmpdir=tmp)
+            return cls(location, processes=processes, relays=relays, tmpdir=tmp, credentials=credentials)
         except BaseException:
             stop_all(processes, relays, tmp)
             raise

@@ -7,13 +7,24 @@ Protocol (Arrow Flight; docs/PROTOCOL.md has the full text):
   `app_metadata`: float32 little-endian U (E, D), Q (E, D), gamma (F, D), beta (F, D), concatenated
   (`user_side_bytes`). For every batch the service writes one batch back: column `score` float32,
   one per candidate, same order.
-* `DoAction("health")`: sizes (ads, rows, D, E, F, top_k, precision) and `fingerprint`, a hash of
-  the corpus's ad ids, so an index host can check that both hold the same corpus.
+  With the path `["score", "SEQ"]` the caller says which update it expects the service to be at;
+  a service at another sequence number refuses the exchange (`stale:`), so a scorer that restarted
+  and lost updates can never score against the wrong embeddings: the index host catches it up and
+  asks again.
+* `DoAction("health")`: sizes (ads, rows, D, E, F, top_k, precision), `fingerprint` (a hash of the
+  ad ids of the snapshot it loaded), `lineage` (the corpus's name through compactions) and `seq`
+  (the last update applied), so an index host can check that both hold the same corpus and see
+  how far behind the service is.
 * `DoAction("stats")`: requests, candidates, batches, bytes_in, bytes_out, errors, updates.
-* `DoAction("update")`: JSON Lines of DESIGN section 6, already checked against the live ids by the
-  index host that owns the stream. Upserts store the ad's embedding (quantized to the table's
-  precision) and format; retires forget the ad; status changes need nothing here. Answer:
-  `{"applied": n}`.
+* `DoAction("update")`: the index host's log records, JSON Lines `{"seq": n, "update": {...}}` of
+  DESIGN section 6, in order and already checked against the live ids. Records the service already
+  holds (seq at or below its own) are skipped, so re-delivery is harmless; a gap is refused. Upserts
+  store the ad's embedding (quantized to the table's precision) and format; retires forget the ad;
+  status changes need nothing here. Answer: `{"applied": n, "seq": s}`. An update without a
+  sequence number is refused: updates reach this service only through its index host's log, so a
+  stray `update` sent here alone cannot make the two services disagree.
+* Tokens and TLS as every server (`andromeda_nb.guard`): scoring needs the reader token, updates
+  the admin token.
 
 The candidates travel as ad ids, the keys both services share, and this service finds each one's
 row itself (`andromeda_nb.rows.RowMap`): how it lays out its table is its own business, as between
@@ -31,10 +42,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from andromeda_nb import jsontext
+from andromeda_nb.durable import ReadGate
 from andromeda_nb.flight import InvalidInput, ServiceStats, to_flight_error
+from andromeda_nb.guard import ADMIN, OPEN, READER, ClientCredentials, connect
+from andromeda_nb.limits import DEFAULT_LIMITS
 from andromeda_nb.model import quantize
 from andromeda_nb.rows import RowMap
+from andromeda_nb.rows import warm_up as warm_rows
 from andromeda_nb.services import fingerprint
+from andromeda_nb.wal import LogRecord, corpus_lineage, snapshot_seq
 
 from .scorer import CpuScorer
 
@@ -42,10 +59,15 @@ SCORE_PATH = ("score",)
 CANDIDATE_SCHEMA = pa.schema([("ad_id", pa.int64())])
 SCORE_SCHEMA = pa.schema([("score", pa.float32())])
 ACTIONS = {
-    "health": "liveness, sizes and corpus fingerprint (JSON)",
+    "health": "liveness, sizes, corpus fingerprint and lineage, seq (JSON)",
     "stats": "counters: requests, candidates, batches, bytes_in, bytes_out, errors, updates (JSON)",
-    "update": "body: JSON Lines updates (checked by the index host); answer: {\"applied\": n}",
+    "update": "body: the index host's log records, JSON Lines {seq, update}; answer: {\"applied\": n, \"seq\": s}",
 }
+STALE = "stale:"  # starts the error of a score exchange sent for another sequence number
+
+
+class ScorerBehind(RuntimeError):
+    """The scoring service is not at the sequence number the index host expected."""
 
 
 def user_side_bytes(U, Q, gamma, beta) -> bytes:
@@ -73,14 +95,15 @@ class ScoringServer(flight.FlightServerBase):
 
     name = "scorer"
 
-    def __init__(self, dataset, location: str = "grpc://127.0.0.1:0", *, delay_s: float = 0.0, **kwargs):
-        super().__init__(location, **kwargs)
+    def __init__(self, dataset, location: str = "grpc://127.0.0.1:0", *, delay_s: float = 0.0, limits=None,
+                 guard=None, **kwargs):
         table = dataset.embeddings
         self.precision = table.precision
         self.E, self.D, self.F = dataset.model.E, dataset.model.D, dataset.model.F
         self.scorer = CpuScorer.from_table(table, dataset.formats, dataset.model.top_k)
         self.scorer.warm_up(self.E, self.F)
         self.rows = RowMap(dataset.ad_ids)
+        warm_rows()  # the first delivered update must not compile anything
         if len(self.rows):  # compile the lookup now, not in the first request (rows are int64, as warmed)
             self.rows.rows_of(dataset.ad_ids[:1])
         self.fingerprint = fingerprint(dataset.ad_ids)
@@ -88,37 +111,55 @@ class ScoringServer(flight.FlightServerBase):
         self.stats = ServiceStats()
         self.candidates = 0
         self.seed = dataset.seed
+        self.seq = snapshot_seq(dataset)  # the last update applied: the snapshot's, until the index host delivers more
+        self.lineage = corpus_lineage(dataset)
+        self.limits = limits or DEFAULT_LIMITS
+        self.guard = guard or OPEN
+        self.gate = ReadGate()
         self._lock = threading.RLock()
         self._stopping = threading.Event()
+        super().__init__(self.guard.server_location(location), **self.guard.server_kwargs(), **kwargs)  # listening
+
+    @property
+    def busy(self) -> bool:
+        return self.gate.busy
 
     # --- scoring -------------------------------------------------------------------------------------
     def do_exchange(self, context, descriptor, reader, writer):
         try:
+            self.guard.require(context, READER, "scoring")
             path = tuple(p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or ()))
-            if path != SCORE_PATH:
-                raise InvalidInput(f"unknown exchange {list(path)}; this service serves {list(SCORE_PATH)}")
+            want = _expected_seq(path)
             writer.begin(SCORE_SCHEMA)
             for chunk in reader:
                 if chunk.data is None:
                     continue
+                if self._stopping.is_set():
+                    raise flight.FlightUnavailableError("the scoring service is shutting down")
                 if chunk.data.schema != CANDIDATE_SCHEMA:
                     raise InvalidInput(f"candidate batch must have the one column 'ad_id' int64, got {chunk.data.schema}")
                 if chunk.app_metadata is None:
                     raise InvalidInput("candidate batch carries no user side (app_metadata)")
-                U, Q, gamma, beta = split_user_side(chunk.app_metadata.to_pybytes(), self.E, self.D, self.F)
-                ad_ids = chunk.data.column(0).to_numpy(zero_copy_only=False)
-                if self.delay_s:
-                    time.sleep(self.delay_s)
-                with self._lock:
-                    try:
-                        rows = self.rows.rows_of(ad_ids)
-                    except KeyError as exc:
-                        raise InvalidInput(f"candidate {exc.args[0]} here") from None
-                    scores = self.scorer.score_user_side(rows, U, Q, gamma, beta)
-                out = pa.record_batch([pa.array(scores)], schema=SCORE_SCHEMA)
-                writer.write_batch(out)
-                self.stats.add(requests=1, batches=1, bytes_in=chunk.data.nbytes + chunk.app_metadata.size,
-                               bytes_out=out.nbytes)
+                size = chunk.data.nbytes + chunk.app_metadata.size
+                if size > self.limits.max_request_bytes:
+                    raise self.limits.over("max_request_bytes", size, "candidate batch of bytes")
+                with self.gate.reading():
+                    U, Q, gamma, beta = split_user_side(chunk.app_metadata.to_pybytes(), self.E, self.D, self.F)
+                    ad_ids = chunk.data.column(0).to_numpy(zero_copy_only=False)
+                    if self.delay_s:
+                        time.sleep(self.delay_s)
+                    with self._lock:
+                        if want is not None and want != self.seq:
+                            raise flight.FlightServerError(f"{STALE} the scoring service is at update {self.seq}, "
+                                                           f"the caller expects {want}")
+                        try:
+                            rows = self.rows.rows_of(ad_ids)
+                        except KeyError as exc:
+                            raise InvalidInput(f"candidate {exc.args[0]} here") from None
+                        scores = self.scorer.score_user_side(rows, U, Q, gamma, beta)
+                    out = pa.record_batch([pa.array(scores)], schema=SCORE_SCHEMA)
+                    writer.write_batch(out)
+                self.stats.add(requests=1, batches=1, bytes_in=size, bytes_out=out.nbytes)
                 with self._lock:
                     self.candidates += len(ad_ids)
         except Exception as exc:
@@ -130,19 +171,21 @@ class ScoringServer(flight.FlightServerBase):
     # --- actions -------------------------------------------------------------------------------------
     def do_action(self, context, action):
         body = action.body.to_pybytes() if action.body is not None else b""
+        what = "update" if action.type == "update" else "request"
         try:
+            self.guard.require(context, ADMIN if action.type == "update" else READER, f"action {action.type!r}")
             if action.type == "health":
                 result = self.health()
             elif action.type == "stats":
                 with self._lock:
                     result = {"server": self.name, **self.stats.snapshot(), "candidates": self.candidates}
             elif action.type == "update":
-                result = self.apply_update_text(body.decode("utf-8"))
+                result = self.apply_records(body)
             else:
                 raise InvalidInput(f"unknown action {action.type!r}; actions: {', '.join(ACTIONS)}")
         except Exception as exc:
             self.stats.add(errors=1)
-            raise to_flight_error(exc) from None
+            raise to_flight_error(exc, what) from None
         yield flight.Result(json.dumps(result).encode())
 
     def list_actions(self, context):
@@ -152,69 +195,172 @@ class ScoringServer(flight.FlightServerBase):
         with self._lock:
             return {"status": "ok", "server": self.name, "ads": len(self.rows), "rows": self.rows.n_rows,
                     "D": self.D, "E": self.E, "F": self.F, "top_k": self.scorer.top_k,
-                    "precision": self.precision, "fingerprint": self.fingerprint}
+                    "precision": self.precision, "fingerprint": self.fingerprint, "lineage": self.lineage,
+                    "seq": self.seq, "guard": self.guard.describe()}
 
-    def apply_update_text(self, text: str) -> dict:
-        from andromeda_nb.updates import read_updates
-        from andromeda_nb.types import Retire, Upsert
-
-        updates, malformed = read_updates(text.splitlines(), seed=self.seed, dim=self.D, formats=self.F)
-        if malformed:
-            raise InvalidInput(f"update line {malformed[0].line_no}: {malformed[0].reason}")
+    def apply_records(self, body: bytes) -> dict:
+        """Apply the index host's log records after this service's sequence number (module
+        docstring). The whole body is checked before any record is applied."""
+        if len(body) > self.limits.max_update_bytes:
+            raise self.limits.over("max_update_bytes", len(body), "update body of bytes")
+        records = []
+        for n, raw in enumerate(body.split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            obj = jsontext.loads(raw, max_depth=self.limits.max_json_depth)
+            if not isinstance(obj, dict) or not isinstance(obj.get("seq"), int) or "update" not in obj:
+                raise InvalidInput(f"line {n}: the scoring service takes its index host's log records "
+                                   '({"seq": n, "update": {...}}) only; send updates to the index host')
+            if records and obj["seq"] != records[-1][0] + 1:
+                raise InvalidInput(f"line {n}: record {obj['seq']} follows {records[-1][0]}: records must be consecutive")
+            records.append((obj["seq"], scoring_fields(obj["update"], dim=self.D, formats=self.F, seed=self.seed,
+                                                       line=n)))
         with self._lock:
-            for _, update in updates:
-                if isinstance(update, Upsert):
-                    self._store(update.ad)
-                elif isinstance(update, Retire) and update.ad_id in self.rows:
-                    self.rows.release(update.ad_id)
-            self.stats.add(updates=len(updates))
-        return {"applied": len(updates)}
+            if records and records[0][0] > self.seq + 1:
+                raise InvalidInput(f"records start at {records[0][0]}, but this service is at update {self.seq}: "
+                                   f"send it every record after {self.seq}")
+            applied = 0
+            for seq, (op, ad_id, fmt, embedding) in records:
+                if seq <= self.seq:  # already here: re-delivery after a lost answer
+                    continue
+                if op == "upsert":
+                    self._store(ad_id, fmt, embedding)
+                elif op == "retire" and ad_id in self.rows:
+                    self.rows.release(ad_id)
+                self.seq = seq
+                applied += 1
+            self.stats.add(updates=applied)
+            return {"applied": applied, "seq": self.seq}
 
-    def _store(self, ad) -> None:
-        row, _ = self.rows.assign(ad.ad_id)
-        stored = quantize(np.asarray(ad.embedding, np.float32).reshape(1, -1), self.precision)
-        self.scorer.set_row(row, stored.values[0], float(stored.scale[0]), int(ad.format))
+    def _store(self, ad_id: int, fmt: int, embedding: np.ndarray) -> None:
+        row, _ = self.rows.assign(ad_id)
+        stored = quantize(embedding.reshape(1, -1), self.precision)
+        self.scorer.set_row(row, stored.values[0], float(stored.scale[0]), fmt)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def stop(self) -> None:
         self._stopping.set()
 
 
-class ScorerClient:
-    """The index host's side of the `["score"]` hop: one exchange per group of requests."""
+def scoring_fields(update, *, dim: int, formats: int, seed: int, line: int | None = None) -> tuple:
+    """What the scoring service needs of one update its index host checked in full: (op, ad id,
+    format, embedding float32 (dim,)) for an upsert (the embedding derived from id and seed when the
+    line has none, as everywhere), (op, ad id, None, None) for a status or retire. Parsing only these
+    fields keeps delivery cheap; each is still checked, so no record can reach past a table.
+    InvalidInput names the line and the field."""
+    from andromeda_nb.derive import ad_embedding
+    from andromeda_nb.targeting import MAX_AD_ID
 
-    def __init__(self, location: str, *, timeout_s: float = 10.0):
+    where = f"line {line}: " if line is not None else ""
+
+    def ad_id_of(obj, path):
+        value = obj.get("ad_id") if isinstance(obj, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_AD_ID:
+            raise InvalidInput(f"{where}{path}: expected an ad id in 0..2**63-1, got {value!r}")
+        return value
+
+    op = update.get("op") if isinstance(update, dict) else None
+    if op in ("status", "retire"):
+        return op, ad_id_of(update, "ad_id"), None, None
+    if op != "upsert" or not isinstance(update.get("ad"), dict):
+        raise InvalidInput(f"{where}op: expected upsert (with an ad), status or retire, got {op!r}")
+    ad = update["ad"]
+    ad_id = ad_id_of(ad, "ad.ad_id")
+    fmt = ad.get("format", 0)
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or not 0 <= fmt < formats:
+        raise InvalidInput(f"{where}ad.format: expected 0..{formats - 1}, got {fmt!r}")
+    values = ad.get("embedding")
+    if values is None:
+        return op, ad_id, fmt, ad_embedding(ad_id, seed, dim)
+    if not isinstance(values, list) or len(values) != dim or \
+            any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        raise InvalidInput(f"{where}ad.embedding: expected {dim} numbers")
+    embedding = np.asarray(values, np.float32)
+    if not np.all(np.isfinite(embedding)):
+        raise InvalidInput(f"{where}ad.embedding: expected finite float32 values")
+    return op, ad_id, fmt, embedding
+
+
+def _expected_seq(path: tuple) -> int | None:
+    if path == SCORE_PATH:
+        return None
+    if len(path) == 2 and path[0] == SCORE_PATH[0]:
+        try:
+            return int(path[1])
+        except ValueError:
+            pass
+    raise InvalidInput(f"unknown exchange {list(path)}; this service serves {list(SCORE_PATH)} or "
+                       f"{list(SCORE_PATH) + ['SEQ']}")
+
+
+class ScorerClient:
+    """The index host's side of the `["score"]` hop: one exchange per group of requests, and the
+    delivery of its log's records."""
+
+    def __init__(self, location: str, *, timeout_s: float = 10.0, credentials: ClientCredentials | None = None):
         self.location = location
         self.timeout_s = timeout_s
-        self.client = flight.connect(location)
+        self.credentials = credentials
+        self.client = connect(location, credentials)
         self.calls = 0
+        self._lock = threading.Lock()
 
-    def _error(self, exc: Exception, what: str) -> Exception:
+    def _reconnect(self, failed: flight.FlightClient) -> None:
+        """A fresh channel in place of `failed`: gRPC backs a failed channel off for up to two minutes,
+        while a service that restarted on the same address is usually back within a second. Other
+        threads may still be in calls on the old client (the retrievals and the monitor share it): it
+        is closed only once their deadline has passed, and only the first thread to see it fail
+        replaces it."""
+        with self._lock:
+            if self.client is not failed:
+                return
+            self.client = connect(self.location, self.credentials)
+        closer = threading.Timer(self.timeout_s + 1.0, _close_quietly, args=(failed,))
+        closer.daemon = True
+        closer.start()
+
+    def _error(self, exc: Exception, what: str, client: flight.FlightClient) -> Exception:
+        if isinstance(exc, pa.ArrowInvalid) and "closed" in str(exc):  # closed by close(): stopping
+            exc = flight.FlightUnavailableError(str(exc))
+        if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError)):
+            self._reconnect(client)
         if isinstance(exc, flight.FlightTimedOutError):
             return flight.FlightTimedOutError(
                 f"scoring service at {self.location} did not answer {what} within {self.timeout_s:g} s")
         if isinstance(exc, flight.FlightUnavailableError):
             return flight.FlightUnavailableError(f"scoring service at {self.location} is unavailable: {exc}")
+        if isinstance(exc, (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)):
+            return type(exc)(f"scoring service at {self.location} refused the index host ({exc}); give the "
+                             "index host its token (--scorer-token)")
         if isinstance(exc, flight.FlightError):
             return flight.FlightInternalError(f"scoring service at {self.location} failed: {exc}")
         return exc
 
-    def action(self, name: str, body: bytes = b"") -> dict:
+    def action(self, name: str, body: bytes = b"", timeout_s: float | None = None) -> dict:
+        client = self.client
         try:
-            results = list(self.client.do_action(flight.Action(name, body),
-                                                 options=flight.FlightCallOptions(timeout=self.timeout_s)))
+            results = list(client.do_action(flight.Action(name, body),
+                                            options=flight.FlightCallOptions(timeout=timeout_s or self.timeout_s)))
         except Exception as exc:
-            raise self._error(exc, f"action {name!r}") from None
+            raise self._error(exc, f"action {name!r}", client) from None
         return json.loads(results[0].body.to_pybytes())
 
-    def score(self, work: list[tuple[np.ndarray, bytes]]) -> list[np.ndarray]:
-        """`work`: per request (candidate ad ids int64, user-side bytes); returns float32 scores each."""
+    def deliver(self, records: list[LogRecord]) -> int:
+        """Send log records (in order); returns the service's sequence number afterwards."""
+        body = "\n".join(json.dumps({"seq": r.seq, "update": r.update}, separators=(",", ":")) for r in records)
+        return int(self.action("update", body.encode())["seq"])
+
+    def score(self, work: list[tuple[np.ndarray, bytes]], seq: int | None = None) -> list[np.ndarray]:
+        """`work`: per request (candidate ad ids int64, user-side bytes); returns float32 scores each.
+        `seq`: the update the service must be at (else `ScorerBehind`)."""
         if not work:
             return []
         self.calls += 1
         out = []
+        path = SCORE_PATH if seq is None else (*SCORE_PATH, str(seq))
+        client = self.client
         try:
-            writer, reader = self.client.do_exchange(flight.FlightDescriptor.for_path(*SCORE_PATH),
+            writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*path),
                                                      options=flight.FlightCallOptions(timeout=self.timeout_s))
             with writer:
                 writer.begin(CANDIDATE_SCHEMA)
@@ -227,15 +373,25 @@ class ScorerClient:
                     if chunk.data is not None:
                         out.append(chunk.data.column(0).to_numpy(zero_copy_only=False))
         except Exception as exc:
-            raise self._error(exc, f"{len(work)} candidate lists") from None
+            if isinstance(exc, flight.FlightServerError) and STALE in str(exc):
+                raise ScorerBehind(str(exc).split(". Detail")[0]) from None
+            raise self._error(exc, f"{len(work)} candidate lists", client) from None
         if len(out) != len(work) or any(len(s) != len(r) for s, (r, _) in zip(out, work)):
             raise flight.FlightInternalError(f"scoring service at {self.location} answered "
                                              f"{len(out)} score lists for {len(work)} requests")
         return out
 
     def close(self) -> None:
-        self.client.close()
+        with self._lock:
+            _close_quietly(self.client)
 
 
-__all__ = ["CANDIDATE_SCHEMA", "SCORE_PATH", "SCORE_SCHEMA", "ScorerClient", "ScoringServer", "fingerprint",
-           "split_user_side", "user_side_bytes"]
+def _close_quietly(client: flight.FlightClient) -> None:
+    try:
+        client.close()
+    except Exception:
+        pass
+
+
+__all__ = ["CANDIDATE_SCHEMA", "SCORE_PATH", "SCORE_SCHEMA", "STALE", "ScorerBehind", "ScorerClient", "ScoringServer",
+           "fingerprint", "split_user_side", "user_side_bytes"]

@@ -3,64 +3,110 @@
 
 When a server listens it writes one JSON line to stdout, `{"service": ..., "location":
 "grpc://127.0.0.1:PORT"}`, so a parent that asked for port 0 learns the port. SIGTERM or SIGINT
-stops it cleanly (running calls finish, then the process exits 0).
+stops it within `--stop-deadline` seconds (batches in flight finish; `andromeda_nb.serving`); with
+`--parent-pid` it also stops when that process is gone.
+
+The index host keeps the update log (by default `DIR/updates.log` beside its corpus; `--log PATH`,
+or `--log off` for none) and replays it on start; the scoring service keeps none: its index host
+re-delivers what it lacks.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from andromeda_nb.flight import location_of, serve_until_stopped
-from andromeda_nb.services import DEFAULT_HOST, announce, load_dataset_for_service
+from andromeda_nb.flight import location_of
+from andromeda_nb.guard import ClientCredentials
+from andromeda_nb.serving import (ServerSettings, add_server_arguments, listen, preflight, serve_until_stopped,
+                                  service_errors, settings_from_args)
+from andromeda_nb.services import announce, load_dataset_for_service, open_corpus
+
+SCORER_TOKEN_ENV = "ANDROMEDA_SCORER_TOKEN"
 
 
 def _announce(service: str, out=None):
     def on_ready(server):
-        announce(service, f"grpc://{DEFAULT_HOST}:{server.port}", out)
+        announce(service, server.announced_location, out)
 
     return on_ready
 
 
-def run_scorer(dataset, *, host: str = DEFAULT_HOST, port: int = 0, threads: int | None = None,
-               delay_s: float = 0.0, on_ready=None) -> None:
+def run_scorer(dataset, settings: ServerSettings | None = None, *, threads: int | None = None, delay_s: float = 0.0,
+               on_ready=None) -> None:
+    """Serve `dataset`'s embeddings for scoring until stopped (module docstring)."""
     from .scorer import set_threads
     from .scoring_service import ScoringServer
 
+    settings = settings or ServerSettings()
+    preflight(settings.host, settings.port, settings.guard)
     set_threads(threads)
-    server = ScoringServer(dataset, f"grpc://{host}:{port}", delay_s=delay_s)
-    serve_until_stopped(server, server._stopping, on_ready or _announce("scorer"))
+    server = listen(lambda location: ScoringServer(dataset, location, delay_s=delay_s, limits=settings.limits,
+                                                   guard=settings.guard),
+                    settings.host, settings.port, settings.guard)
+    server.announced_location = settings.guard.location(settings.host, server.port)
+    serve_until_stopped(server, server._stopping, on_ready or _announce("scorer"), deadline_s=settings.stop_deadline_s,
+                        parent_pid=settings.parent_pid, busy=lambda: server.busy)
 
 
-def run_index_host(dataset, scorer: str, *, host: str = DEFAULT_HOST, port: int = 0, threads: int | None = None,
-                   scorer_timeout_s: float = 10.0, on_ready=None) -> None:
+def scorer_credentials(settings: ServerSettings, *, token=None, ca=None, cert=None, key=None) -> ClientCredentials:
+    """How the index host presents itself to its scoring service: `token` (default
+    $ANDROMEDA_SCORER_TOKEN, else this host's own admin token: it sends updates), the CA of the
+    service's certificate, and a client certificate for mutual TLS."""
+    token = token or os.environ.get(SCORER_TOKEN_ENV) or settings.guard.admin_token
+    return ClientCredentials.from_files(token=token, tls_ca=ca, tls_cert=cert, tls_key=key)
+
+
+def run_index_host(data, scorer: str, settings: ServerSettings | None = None, *, threads: int | None = None,
+                   scorer_timeout_s: float = 10.0, credentials: ClientCredentials | None = None,
+                   on_ready=None) -> None:
+    """Serve the `["retrieve"]` exchange over the corpus directory `data` (its update log as
+    `settings.log` says), scoring on the service at `scorer`, until stopped."""
     from .index_host import IndexHostServer
 
-    server = IndexHostServer(dataset, location_of(scorer), f"grpc://{host}:{port}",
-                             scorer_timeout_s=scorer_timeout_s, threads=threads)
-    server.serve_until_stopped(on_ready or _announce("remote"))
+    settings = settings or ServerSettings()
+    preflight(settings.host, settings.port, settings.guard)
+    dataset, log = open_corpus(data, settings.log)
+    try:
+        server = listen(lambda location: IndexHostServer(
+            dataset, location_of(scorer), location, scorer_timeout_s=scorer_timeout_s, threads=threads, log=log,
+            limits=settings.limits, guard=settings.guard, scorer_credentials=credentials),
+            settings.host, settings.port, settings.guard)
+    except BaseException:
+        if log is not None:
+            log.close()
+        raise
+    server.announced_location = settings.guard.location(settings.host, server.port)
+    server.serve_until_stopped(on_ready or _announce("remote"), deadline_s=settings.stop_deadline_s,
+                               parent_pid=settings.parent_pid)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpu_baseline.serve", description=__doc__.split("\n")[0])
     parser.add_argument("service", choices=("scorer", "remote"))
     parser.add_argument("--data", help="corpus directory")
-    parser.add_argument("--dataset-pickle", help="a pickled Dataset (written by RemoteRetriever)")
-    parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=0)
+    add_server_arguments(parser)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--scorer", help="scoring service address (remote only)")
     parser.add_argument("--scorer-timeout", type=float, default=10.0)
+    parser.add_argument("--scorer-token", default=None)
+    parser.add_argument("--scorer-ca", default=None)
+    parser.add_argument("--scorer-cert", default=None)
+    parser.add_argument("--scorer-key", default=None)
     parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)  # test hook: slow scorer
     args = parser.parse_args(argv)
-    dataset = load_dataset_for_service(args.data, args.dataset_pickle)
-    if args.service == "scorer":
-        run_scorer(dataset, host=args.host, port=args.port, threads=args.threads, delay_s=args.delay)
-    else:
-        if not args.scorer:
-            parser.error("remote needs --scorer ADDRESS")
-        run_index_host(dataset, args.scorer, host=args.host, port=args.port, threads=args.threads,
-                       scorer_timeout_s=args.scorer_timeout)
+    if args.service == "remote" and not args.scorer:
+        parser.error("remote needs --scorer ADDRESS")
+    with service_errors(f"{args.service}"):
+        settings = settings_from_args(args)
+        if args.service == "scorer":
+            run_scorer(load_dataset_for_service(args.data), settings, threads=args.threads, delay_s=args.delay)
+        else:
+            credentials = scorer_credentials(settings, token=args.scorer_token, ca=args.scorer_ca,
+                                             cert=args.scorer_cert, key=args.scorer_key)
+            run_index_host(args.data, args.scorer, settings, threads=args.threads,
+                           scorer_timeout_s=args.scorer_timeout, credentials=credentials)
     return 0
 
 

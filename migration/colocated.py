@@ -17,8 +17,8 @@ from typing import Sequence
 import numpy as np
 
 from andromeda_nb.devices import resolve
-from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, dataset_args, relay_in_front,
-                                   stop_all)
+from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, child_args, dataset_args,
+                                   relay_in_front, stop_all)
 from andromeda_nb.types import Request, Update
 
 from .architectures import build_engine
@@ -27,11 +27,18 @@ START_TIMEOUT_S = 180.0
 SERVE_MODULE = "migration.serve"
 
 
-def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None):
-    """The co-located server over the engine for `device`, listening at `location`."""
+def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
+                limits=None, guard=None):
+    """The co-located server over the engine for `device`, listening at `location` (`log`: its
+    write-ahead log, replayed before it listens; `limits`, `guard`: `andromeda_nb.limits`, `.guard`)."""
     from andromeda_nb.engine_server import EngineServer  # pyarrow.flight loads only when serving
 
-    return EngineServer(build_engine(dataset, device, version=version), dataset, location)
+    engine = build_engine(dataset, device, version=version)
+    try:
+        return EngineServer(engine, dataset, location, log=log, limits=limits, guard=guard)
+    except BaseException:
+        engine.close()
+        raise
 
 
 class ColocatedRetriever(ServedRetriever):
@@ -71,9 +78,9 @@ class ColocatedRetriever(ServedRetriever):
         proc, tmp, relays = None, None, {}
         data_dir = getattr(dataset, "source_dir", None)  # read from a directory: the server loads it
         try:
-            if host is None:  # a dataset made in memory travels as a pickle
+            if host is None:  # a dataset made in memory is saved as a corpus directory for it
                 source, tmp = dataset_args(dataset, data_dir, prefix="andromeda-colocated-")
-                args = [*source, "--device", device]
+                args = [*source, *child_args(), "--device", device]
                 if version is not None:
                     args += ["--version", str(getattr(version, "number", version))]
                 proc = ServiceProcess(SERVE_MODULE, args, name="the co-located server", start_timeout_s=START_TIMEOUT_S)

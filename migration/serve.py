@@ -2,9 +2,11 @@
 `python -m migration.serve ...` for the process `migration.colocated.ColocatedRetriever` starts), on the
 engine for its `--device` (`migration.architectures.build_engine`).
 
-When it listens it writes one JSON line to stdout, `{"service": "colocated", "location":
-"grpc://HOST:PORT"}`, so a parent that asked for port 0 learns the port. SIGTERM or SIGINT stops it
-cleanly (running calls finish, then the process exits 0).
+It keeps its update log by default beside its corpus (`DIR/updates.log`; `--log PATH`, or `--log
+off` for none) and replays it before it listens. When it listens it writes one JSON line to stdout,
+`{"service": "colocated", "location": "grpc://HOST:PORT"}`, so a parent that asked for port 0 learns
+the port. SIGTERM or SIGINT stops it within `--stop-deadline` seconds (batches in flight finish;
+`andromeda_nb.serving`); with `--parent-pid` it also stops when that process is gone.
 """
 
 from __future__ import annotations
@@ -13,35 +15,47 @@ import argparse
 import sys
 
 from andromeda_nb.devices import DEVICES, resolve
-from andromeda_nb.services import DEFAULT_HOST, announce, load_dataset_for_service
+from andromeda_nb.serving import (ServerSettings, add_server_arguments, listen, preflight, service_errors,
+                                  settings_from_args)
+from andromeda_nb.services import announce, open_corpus
 
 
-def run_colocated(dataset, *, host: str = DEFAULT_HOST, port: int = 0, device: str = "auto",
-                  version=None, on_ready=None, out=None) -> None:
-    """Serve until SIGTERM or SIGINT; `version`: the GPU scoring kernel (a number of the kernel lab;
-    default: the shipped one)."""
+def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
+                  on_ready=None, out=None) -> None:
+    """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
+    (a number of the kernel lab; default: the shipped one)."""
     from .colocated import make_server
 
-    server = make_server(dataset, f"grpc://{host}:{port}", device=device, version=version)
+    settings = settings or ServerSettings()
+    preflight(settings.host, settings.port, settings.guard)
+    dataset, log = open_corpus(data, settings.log)
+    try:
+        server = listen(lambda location: make_server(dataset, location, device=device, version=version, log=log,
+                                                     limits=settings.limits, guard=settings.guard),
+                        settings.host, settings.port, settings.guard)
+    except BaseException:
+        if log is not None:
+            log.close()
+        raise
 
     def on_listening(srv):
-        announce("colocated", f"grpc://{host}:{srv.port}", out, device=srv.engine.device)
+        announce("colocated", settings.guard.location(settings.host, srv.port), out, device=srv.engine.device)
 
-    server.serve_until_stopped(on_ready or on_listening)
+    server.serve_until_stopped(on_ready or on_listening, deadline_s=settings.stop_deadline_s,
+                               parent_pid=settings.parent_pid)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m migration.serve", description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="corpus directory")
-    parser.add_argument("--dataset-pickle", help="a pickled Dataset (written by ColocatedRetriever)")
-    parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=0)
+    add_server_arguments(parser)
     parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--version", type=int, default=None, help="scoring kernel version (of the kernel lab)")
     args = parser.parse_args(argv)
-    resolve(args.device)  # before anything imports numba.cuda
-    dataset = load_dataset_for_service(args.data, args.dataset_pickle)
-    run_colocated(dataset, host=args.host, port=args.port, device=args.device, version=args.version)
+    with service_errors("colocated"):
+        settings = settings_from_args(args)
+        resolve(args.device)  # before anything imports numba.cuda
+        run_colocated(args.data, settings, device=args.device, version=args.version)
     return 0
 
 

@@ -131,7 +131,7 @@ def test_updates_while_serving(server):
     reference = ReferenceRetriever.build(dataset)
     updates = _updates(rng, reference, dataset, 20)
     ack = fl.flight_action(location, "update", "\n".join(json.dumps(update_to_json(u)) for u in updates))
-    assert ack == {"applied": len(updates), "rejected": []}
+    assert ack == {"applied": len(updates), "rejected": [], "seq": len(updates)}
     for u in updates:
         reference.apply(u)
     answers = fl.retrieve_over_flight(location, dataset.requests, 12)

@@ -148,3 +148,25 @@ def test_retire_only_streams_reuse_slots_cleanly(seed):
             cpu.apply(update)
             oracle.apply(update)
         _assert_same(cpu, oracle, requests, f"seed {seed}, step {step}")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_incremental_delta_equals_oracle_between_small_batches(seed, monkeypatch):
+    """The delta postings are rebuilt incrementally (kept entries, less those of slots replaced or
+    retired since, plus the new ones); with no merge in between, refreshed after every few updates,
+    they must still equal the oracle through replacements, retirements and slot reuse."""
+    monkeypatch.setattr(cpu_index, "DELTA_MERGE_MIN", 1 << 30)
+    rng = np.random.default_rng(100 + seed)
+    ads = testing.random_ads(rng, 80, dim=8)
+    requests = testing.random_requests(rng, 20)
+    cpu, oracle = CpuTargetingIndex.build(ads, threads=1), OracleIndex.build(ads)
+    eligible = 0
+    for step in range(40):
+        for update in testing.random_updates(rng, list(oracle.ads.values()), int(rng.integers(1, 6)), dim=8):
+            cpu.apply(update)
+            oracle.apply(update)
+        if step % 2:  # refreshed by the writer, else by the next match
+            cpu.refresh()
+        eligible += _assert_same(cpu, oracle, requests, f"seed {100 + seed}, step {step}")
+    assert cpu.merges == 0 and cpu.describe()["delta_ads"] > 20 and eligible > 0
+    cpu.close()

@@ -111,7 +111,7 @@ def test_remote_equals_reference_through_updates(services):
         assert sum(len(a[0]) for a in answers) > 0
         updates = random_updates(rng, list(reference.index.ads.values()), 20, dim=dataset.model.D)
         ack = fl.flight_action(svc.location, "update", "\n".join(json.dumps(update_to_json(u)) for u in updates))
-        assert ack == {"applied": len(updates), "rejected": []}
+        assert ack == {"applied": len(updates), "rejected": [], "seq": 20 * (step + 1)}
         for update in updates:
             reference.apply(update)
 
@@ -234,7 +234,8 @@ def test_scorer_down_gives_a_clear_error_and_the_host_keeps_serving():
         with pytest.raises((flight.FlightUnavailableError, flight.FlightTimedOutError), match="scoring service"):
             fl.retrieve_over_flight(svc.location, dataset.requests[:3], 5, timeout=20)
         assert time.monotonic() - t < 10
-        assert fl.flight_action(svc.location, "health")["status"] == "ok"
+        health = fl.flight_action(svc.location, "health")  # still serving, and saying what is wrong
+        assert health["status"] == "degraded" and "scoring service" in " ".join(health["reasons"])
     finally:
         svc.close()
 
@@ -249,7 +250,12 @@ def test_slow_scorer_times_out_within_the_deadline():
         with pytest.raises(flight.FlightTimedOutError, match="did not answer .* within 0.5 s"):
             fl.retrieve_over_flight(svc.location, dataset.requests[:1], 5, timeout=20)
         assert time.monotonic() - t < 2.5
-        assert fl.flight_action(svc.location, "health")["status"] == "ok"
+        health = fl.flight_action(svc.location, "health")  # degraded while the scorer is too slow
+        assert health["status"] == "degraded" and "did not answer" in " ".join(health["reasons"])
+        deadline = time.monotonic() + 10  # its health answers in time: the monitor clears it
+        while fl.flight_action(svc.location, "health")["status"] != "ok":
+            assert time.monotonic() < deadline, "health stayed degraded"
+            time.sleep(0.1)
     finally:
         svc.scorer.delay_s = 0.0
         svc.close()

@@ -70,7 +70,8 @@ def test_lazy_ads_equal_the_eagerly_parsed_list(corpus_dir, tmp_path):
     eager = _eager_ads(corpus_dir, SEED, ds.model.D, ds.model.F)
     assert ds.ads == eager
     assert [a.targeting_json for a in ds.ads] == [a.targeting_json for a in eager]
-    # the same through a pickle of the unparsed dataset (what a service process may receive)
+    # the same through a pickle of the unparsed dataset (how match_corpus hands the loader to its worker
+    # processes: objects passed between the project's own processes, never a file read back)
     fresh = store.load_dataset(corpus_dir)
     clone = pickle.loads(pickle.dumps(fresh))
     assert not clone.ads_loaded and clone.ads == eager

@@ -1,15 +1,17 @@
 """andromeda_nb.services: server subprocesses (announce, start failures, stop), dataset arguments,
 fingerprints. The real servers are started through it in test_remote.py and test_colocated.py."""
 
-import pickle
 import signal
 import textwrap
+
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from andromeda_nb.services import (ServedRetriever, ServiceProcess, dataset_args, fingerprint, load_dataset_for_service,
-                                   stop_all)
+from andromeda_nb.services import (ServedRetriever, ServiceProcess, child_args, dataset_args, fingerprint,
+                                   load_dataset_for_service, stop_all)
 
 LOCATION = "grpc://127.0.0.1:45678"
 
@@ -60,19 +62,39 @@ def test_a_server_that_exits_or_stays_silent_is_reported_by_name(modules):
         ServiceProcess("svc_silent", [], start_timeout_s=1.0)
 
 
-def test_dataset_args_directory_or_pickle(tmp_path):
+def test_dataset_args_directory_or_a_saved_corpus_never_a_pickle(tmp_path):
+    from _servers import small_dataset
+
     args, tmp = dataset_args({"any": "dataset"}, tmp_path)
     assert args == ["--data", str(tmp_path)] and tmp is None
-    args, tmp = dataset_args({"any": "dataset"}, None, prefix="andromeda-test-")
+    dataset = small_dataset(3, n_ads=20, n_requests=2)
+    args, tmp = dataset_args(dataset, None, prefix="andromeda-test-")
     try:
-        assert args[0] == "--dataset-pickle" and "andromeda-test-" in args[1]
-        with open(args[1], "rb") as f:
-            assert pickle.load(f) == {"any": "dataset"}
-        assert load_dataset_for_service(dataset_pickle=args[1]) == {"any": "dataset"}  # the server's side
+        assert args[0] == "--data" and "andromeda-test-" in args[1]
+        assert not [p for p in Path(tmp.name).rglob("*") if p.suffix in (".pkl", ".pickle")]
+        loaded = load_dataset_for_service(args[1])  # the server's side: the corpus formats only
+        assert loaded.ad_ids.tolist() == dataset.ad_ids.tolist()
     finally:
         tmp.cleanup()
     with pytest.raises(ValueError, match="--data DIR"):
         load_dataset_for_service()
+    assert child_args() == ["--parent-pid", str(os.getpid()), "--log", "off"]
+
+
+def test_no_pickle_anywhere():
+    """Nothing the project reads can run code: no module imports pickle (multiprocessing's own
+    transport between the project's processes aside)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in [root / "cli.py", *[p for top in ("andromeda_nb", "cpu_baseline", "gpu", "migration", "scripts")
+                                    for p in (root / top).rglob("*.py")]]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(root)}:{node.lineno}" for n in names if n.split(".")[0] in ("pickle", "dill")]
+    assert not found, found
 
 
 def test_fingerprint_depends_on_ids_and_their_order():

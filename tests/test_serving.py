@@ -5,6 +5,7 @@ written. Every server here is started on 127.0.0.1 with --port 0 and stopped by 
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -97,10 +98,12 @@ def corpus_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(corpus_dir):
     """Both architectures served from the corpus: the co-located server (on the CPU) and the index host
-    in front of its scoring service."""
+    in front of its scoring service. One update log serves one server: the co-located server keeps
+    its own beside the corpus, the index host the corpus's default one."""
     started = []
     try:
-        colocated = Served("colocated", "--data", corpus_dir, "--device", "cpu")
+        colocated = Served("colocated", "--data", corpus_dir, "--device", "cpu",
+                           "--log", corpus_dir.parent / "colocated-updates.log")
         started.append(colocated)
         scorer = Served("scorer", "--data", corpus_dir, "--quiet")
         started.append(scorer)
@@ -217,7 +220,7 @@ def test_the_readme_python_example_runs_as_written(servers):
     with redirect_stdout(out):
         exec(compile(code.replace("grpc://127.0.0.1:8815", location), "README.md", "exec"), {})
     printed = out.getvalue().splitlines()
-    assert json.loads(printed[0].replace("'", '"'))["status"] == "ok"
+    assert ast.literal_eval(printed[0])["status"] == "ok"  # the dict it printed
     rows = [eval(x) for x in printed[1:]]  # the dicts it printed
     request = re.search(r"request = (\{.*?\n.*?\})\n", code, re.S).group(1)
     ids, scores = retrieve_over_flight(location, [{"request_id": 1, **eval(request)}], 10)[0]

@@ -1,0 +1,266 @@
+"""Who may call a server: TLS, mutual TLS and bearer tokens, through Flight's own mechanisms.
+
+* **TLS**: the server presents a certificate (`tls_certificates` of `FlightServerBase`) and listens
+  on `grpc+tls://`; with a client CA it also requires every client to present a certificate that
+  CA signed (mutual TLS: `verify_client`, `root_certificates`).
+* **Tokens**: a reader token and an admin token, sent by clients in the `authorization` header
+  (`Bearer TOKEN`) by a Flight client middleware, checked by a Flight server middleware before any
+  handler runs. Once a token is configured, every call needs one: `retrieve`, `health` and `stats`
+  take either token, `update` and `compact` (and the scoring service's sequenced updates) the admin
+  token. Tokens are compared in constant time.
+* **Exposure**: a server that would listen on anything but loopback without authentication (tokens
+  or mutual TLS) refuses to start unless told `insecure`; on loopback without tokens everything
+  works as before.
+
+Server side: `ServerGuard` (from files: `ServerGuard.from_files`) gives the `FlightServerBase`
+keyword arguments (`server_kwargs`), the location scheme, and `require(context, role)` for the
+handlers. Client side: `ClientCredentials` and `connect(location, credentials)`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.flight as flight
+
+READER, ADMIN = "reader", "admin"
+AUTH_MIDDLEWARE = "auth"
+AUTHORIZATION = "authorization"
+
+
+class GuardError(ValueError):
+    """A guard that cannot be set up as asked (unreadable file, exposure without authentication)."""
+
+
+def _read(path, what: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise GuardError(f"{what} {path}: cannot be read ({exc.strerror})") from None
+    if b"-----BEGIN" not in data:
+        raise GuardError(f"{what} {path}: not a PEM file")
+    return data
+
+
+def _check_token(token: str | None, what: str) -> str | None:
+    if token is None:
+        return None
+    if not token or any(c.isspace() for c in token) or not token.isprintable():
+        raise GuardError(f"{what}: must be non-empty printable text without spaces")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` resolves to is a loopback address. GuardError when it does not
+    resolve at all (an unresolvable --host)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise GuardError(f"host {host!r} does not resolve ({exc})") from None
+    addresses = {info[4][0].split("%")[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+class _TokenCheck(flight.ServerMiddlewareFactory):
+    """Reads `authorization: Bearer TOKEN` before the handler runs; an unknown or missing token ends
+    the call as unauthenticated. The middleware instance carries the caller's role."""
+
+    def __init__(self, tokens: dict[str, str]):
+        super().__init__()
+        self.tokens = tokens  # role -> token
+
+    def start_call(self, info, headers):
+        values = headers.get(AUTHORIZATION) or headers.get(AUTHORIZATION.title()) or []
+        presented = None
+        for value in values:
+            value = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token:
+                presented = token.strip()
+        if presented is None:
+            raise flight.FlightUnauthenticatedError("this server needs a token (authorization: Bearer TOKEN)")
+        role = None
+        for name in (ADMIN, READER):  # the admin token may do everything a reader may
+            token = self.tokens.get(name)
+            if token is not None and hmac.compare_digest(token.encode(), presented.encode()):
+                role = role or name
+        if role is None:
+            raise flight.FlightUnauthenticatedError("unknown token")
+        return _Caller(role)
+
+
+class _Caller(flight.ServerMiddleware):
+    def __init__(self, role: str):
+        super().__init__()
+        self.role = role
+
+
+@dataclass(frozen=True)
+class ServerGuard:
+    """How a server admits callers. All fields empty: as before (no TLS, no tokens)."""
+
+    reader_token: str | None = None
+    admin_token: str | None = None
+    tls_cert: bytes | None = None  # PEM
+    tls_key: bytes | None = None
+    client_ca: bytes | None = None  # PEM: mutual TLS, clients need a certificate this CA signed
+    insecure: bool = False
+
+    @classmethod
+    def from_files(cls, *, token: str | None = None, admin_token: str | None = None, tls_cert=None,
+                   tls_key=None, tls_client_ca=None, insecure: bool = False) -> "ServerGuard":
+        """From the `serve` options: tokens as text, certificates and keys as PEM file paths."""
+        if (tls_cert is None) != (tls_key is None):
+            raise GuardError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+        if tls_client_ca is not None and tls_cert is None:
+            raise GuardError("mutual TLS (--tls-client-ca) needs the server's own certificate (--tls-cert, --tls-key)")
+        return cls(reader_token=_check_token(token, "reader token"),
+                   admin_token=_check_token(admin_token, "admin token"),
+                   tls_cert=None if tls_cert is None else _read(tls_cert, "TLS certificate"),
+                   tls_key=None if tls_key is None else _read(tls_key, "TLS key"),
+                   client_ca=None if tls_client_ca is None else _read(tls_client_ca, "client CA"),
+                   insecure=insecure)
+
+    @property
+    def tokens(self) -> bool:
+        return self.reader_token is not None or self.admin_token is not None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def authenticated(self) -> bool:
+        """Callers prove who they are: a token or a client certificate."""
+        return self.tokens or self.client_ca is not None
+
+    @property
+    def scheme(self) -> str:
+        return "grpc+tls" if self.tls else "grpc"
+
+    def location(self, host: str, port: int) -> str:
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"{self.scheme}://{host}:{port}"
+
+    def describe(self) -> dict:
+        """For `health`: what is configured (never the secrets)."""
+        return {"tls": self.tls, "mutual_tls": self.client_ca is not None, "tokens": self.tokens}
+
+    def check_exposure(self, host: str) -> None:
+        """Refuse to listen beyond loopback without authentication unless `insecure` was given."""
+        if is_loopback(host) or self.authenticated or self.insecure:
+            return
+        raise GuardError(f"refusing to listen on {host} without authentication: anyone who reaches the port "
+                         "could send updates. Give tokens (--token, --admin-token) or mutual TLS "
+                         "(--tls-client-ca), or --insecure to accept the risk")
+
+    def server_location(self, location: str) -> str:
+        """`location` with the scheme this guard serves (`grpc+tls://` once there is a certificate)."""
+        if self.tls and location.startswith("grpc://"):
+            return "grpc+tls://" + location[len("grpc://"):]
+        return location
+
+    def server_kwargs(self) -> dict:
+        """Keyword arguments of `FlightServerBase` for this guard."""
+        kwargs: dict = {}
+        if self.tokens:
+            tokens = {role: t for role, t in ((READER, self.reader_token), (ADMIN, self.admin_token)) if t}
+            kwargs["middleware"] = {AUTH_MIDDLEWARE: _TokenCheck(tokens)}
+        if self.tls:
+            kwargs["tls_certificates"] = [flight.CertKeyPair(self.tls_cert, self.tls_key)]
+        if self.client_ca is not None:
+            kwargs["verify_client"] = True
+            kwargs["root_certificates"] = self.client_ca
+        return kwargs
+
+    def require(self, context, role: str, what: str) -> None:
+        """In a handler: the caller must hold `role` (READER: either token; ADMIN: the admin token).
+        Nothing to check when no token is configured."""
+        if not self.tokens or context is None:
+            return
+        caller = context.get_middleware(AUTH_MIDDLEWARE)
+        held = getattr(caller, "role", None)
+        if held == ADMIN or (role == READER and held == READER):
+            return
+        raise flight.FlightUnauthorizedError(f"{what} needs the {role} token")
+
+
+OPEN = ServerGuard()  # loopback, no TLS, no tokens: the default
+
+
+# --- client side --------------------------------------------------------------------------------------
+
+
+class _Bearer(flight.ClientMiddlewareFactory):
+    def __init__(self, token: str):
+        super().__init__()
+        self.header = {AUTHORIZATION: f"Bearer {token}"}
+
+    def start_call(self, info):
+        return _BearerCall(self.header)
+
+
+class _BearerCall(flight.ClientMiddleware):
+    def __init__(self, header: dict):
+        super().__init__()
+        self.header = header
+
+    def sending_headers(self):
+        return self.header
+
+
+@dataclass(frozen=True)
+class ClientCredentials:
+    """What a client presents: a token (sent as `authorization: Bearer`), the CA that signed the
+    server's certificate (TLS), and a certificate and key of its own (mutual TLS). PEM bytes."""
+
+    token: str | None = None
+    tls_root_certs: bytes | None = None
+    cert_chain: bytes | None = None
+    private_key: bytes | None = None
+    override_hostname: str | None = None
+
+    @classmethod
+    def from_files(cls, *, token: str | None = None, tls_ca=None, tls_cert=None, tls_key=None,
+                   override_hostname: str | None = None) -> "ClientCredentials":
+        if (tls_cert is None) != (tls_key is None):
+            raise GuardError("a client certificate needs its key, and a key its certificate")
+        return cls(token=_check_token(token, "token"),
+                   tls_root_certs=None if tls_ca is None else _read(tls_ca, "CA certificate"),
+                   cert_chain=None if tls_cert is None else _read(tls_cert, "client certificate"),
+                   private_key=None if tls_key is None else _read(tls_key, "client key"),
+                   override_hostname=override_hostname)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_root_certs is not None or self.cert_chain is not None
+
+
+NO_CREDENTIALS = ClientCredentials()
+
+
+def connect(location: str, credentials: ClientCredentials | None = None) -> flight.FlightClient:
+    """A Flight client for `location` presenting `credentials`; a `grpc://` location is upgraded to
+    `grpc+tls://` when the credentials carry TLS material."""
+    creds = credentials or NO_CREDENTIALS
+    if creds.tls and location.startswith("grpc://"):
+        location = "grpc+tls://" + location[len("grpc://"):]
+    kwargs: dict = {}
+    if creds.tls_root_certs is not None:
+        kwargs["tls_root_certs"] = creds.tls_root_certs
+    if creds.cert_chain is not None:
+        kwargs["cert_chain"] = creds.cert_chain
+        kwargs["private_key"] = creds.private_key
+    if creds.override_hostname:
+        kwargs["override_hostname"] = creds.override_hostname
+    if creds.token:
+        kwargs["middleware"] = [_Bearer(creds.token)]
+    return flight.connect(location, **kwargs)
+
+
+__all__ = ["ADMIN", "NO_CREDENTIALS", "OPEN", "READER", "ClientCredentials", "GuardError", "ServerGuard",
+           "connect", "is_loopback"]

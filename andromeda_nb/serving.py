@@ -1,0 +1,264 @@
+"""A server process's life: listening (with clear errors), stopping within a bounded time, and
+ending with the process that started it.
+
+* `listen(make, host, port, guard)`: refuses an exposed address without authentication
+  (`ServerGuard.check_exposure`), says so plainly when the host does not resolve or the port is
+  taken, and builds the server with `make(location)`.
+* `serve_until_stopped(server, stopping, ...)`: serves until SIGTERM or SIGINT (or `stopping` is
+  set, e.g. because the parent process is gone); then no new calls or batches are taken, the batches
+  and updates in flight finish, and the process ends within `deadline_s` (default 5 s) whatever its
+  clients do: gRPC waits for every open call to end, and a client holding an idle exchange would keep
+  it waiting for ever, so once nothing is being worked on (or at the deadline) the process exits
+  anyway; its update log is already on disk. A serving process hands the interpreter between threads
+  every 0.5 ms (`SWITCH_INTERVAL_S`) rather than Python's 5 ms, so a request never queues long
+  behind a thread parsing a large update call; and what was built before serving (corpus, index,
+  compiled kernels) is moved out of the garbage collector's sight (`gc.freeze`), so a full
+  collection no longer walks it while requests wait.
+* `watch_parent(pid, stopping)`: a server started for one command (`retrieve --arch remote`) stops
+  when the process that started it is gone, even if that process was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import gc
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Callable
+
+from .guard import OPEN, GuardError, ServerGuard
+
+DEFAULT_STOP_DEADLINE_S = 5.0
+# how long a thread may keep the interpreter while another waits for it (Python's default is 5 ms):
+# a request's handler takes and gives back the interpreter many times, and behind a long update
+# call each take would otherwise wait up to 5 ms
+SWITCH_INTERVAL_S = 0.0005
+PARENT_POLL_S = 0.25
+IDLE_GRACE_S = 0.5  # after SIGTERM, how long clients with no batch in flight get to close their calls
+
+
+class ServeError(RuntimeError):
+    """A server that cannot start as asked; the message says why and what to change."""
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+def preflight(host: str, port: int, guard: ServerGuard = OPEN) -> None:
+    """The checks `listen` makes, early: before a server loads its corpus or opens its log."""
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ServeError(f"port {port!r}: expected 0..65535 (0: a free one)")
+    try:
+        guard.check_exposure(host)  # resolves the host first
+    except GuardError as exc:
+        raise ServeError(str(exc)) from None
+    if port and _port_in_use(host, port):
+        raise ServeError(f"port {port} on {host} is not free (already in use: another server?); give --port N, "
+                         "or --port 0 for a free one")
+
+
+def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGuard = OPEN):
+    """`make(location)` for `host:port` under `guard`, or ServeError saying what is wrong."""
+    preflight(host, port, guard)
+    try:
+        return make(guard.location(host, port))
+    except Exception as exc:
+        if type(exc).__name__ in ("ArrowException", "FlightInternalError", "FlightUnavailableError") \
+                and "start" in str(exc):
+            if port and _port_in_use(host, port):
+                raise ServeError(f"port {port} on {host} is not free (already in use: another server?)") from None
+            raise ServeError(f"cannot listen on {host}:{port} ({exc})") from None
+        raise
+
+
+def watch_parent(parent_pid: int, stopping: threading.Event, poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """Set `stopping` once this process's parent is no longer `parent_pid` (it exited or was killed:
+    the process was handed to another parent)."""
+
+    def watch():
+        while not stopping.is_set():
+            if os.getppid() != parent_pid:
+                print(f"parent process {parent_pid} is gone: stopping", file=sys.stderr, flush=True)
+                stopping.set()
+                return
+            time.sleep(poll_s)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
+                        deadline_s: float = DEFAULT_STOP_DEADLINE_S, parent_pid: int | None = None,
+                        busy: Callable[[], bool] | None = None, before_exit: Callable[[], None] | None = None,
+                        exit_when_stuck: bool = True) -> bool:
+    """Run `server` (already listening) until SIGTERM/SIGINT, `stopping`, or the parent's end; then
+    shut it down within `deadline_s`. `busy()`: whether batches or updates are still being worked
+    on (they get the deadline to finish). Returns True after a clean shutdown. When calls are still
+    open at the deadline: `before_exit()` runs, then the process exits with code 0
+    (`exit_when_stuck`), or False is returned. Call from the main thread (signal handlers)."""
+
+    def _stop(signum, frame):
+        stopping.set()
+
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    gc.collect()
+    gc.freeze()  # what was built to serve lives as long as the process: no collection walks it again
+    try:
+        if parent_pid is not None:
+            watch_parent(parent_pid, stopping)
+        if on_ready is not None:
+            on_ready(server)
+        while not stopping.wait(0.2):
+            pass
+        started = time.monotonic()
+        closer = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
+        closer.start()
+        while True:  # the shutdown ends, or only idle calls are left, or the deadline comes
+            closer.join(0.02)
+            if not closer.is_alive():
+                server.wait()
+                return True
+            elapsed = time.monotonic() - started
+            if elapsed >= deadline_s or (elapsed >= min(IDLE_GRACE_S, deadline_s) and not (busy and busy())):
+                break
+        print("stopping: calls still open with no batch in flight (idle clients); exiting without them",
+              file=sys.stderr, flush=True)
+        if before_exit is not None:
+            before_exit()
+        if exit_when_stuck:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        return False
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+# --- the options every server takes ---------------------------------------------------------------
+
+TOKEN_ENV, ADMIN_TOKEN_ENV = "ANDROMEDA_TOKEN", "ANDROMEDA_ADMIN_TOKEN"
+
+
+class ServerSettings:
+    """Where and how a server listens, whom it admits, its limits, its log and its life: what the
+    `serve` commands' options and `python -m ... serve`'s arguments say (`from_options`)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, guard: ServerGuard = OPEN, limits=None,
+                 log: str | None = None, stop_deadline_s: float = DEFAULT_STOP_DEADLINE_S,
+                 parent_pid: int | None = None):
+        from .limits import DEFAULT_LIMITS
+
+        self.host, self.port, self.guard = host, port, guard
+        self.limits = limits or DEFAULT_LIMITS
+        self.log, self.stop_deadline_s, self.parent_pid = log, stop_deadline_s, parent_pid
+
+    @classmethod
+    def from_options(cls, *, host: str = "127.0.0.1", port: int = 0, token=None, admin_token=None, tls_cert=None,
+                     tls_key=None, tls_client_ca=None, insecure: bool = False, log=None,
+                     stop_deadline: float = DEFAULT_STOP_DEADLINE_S, parent_pid=None, **limits) -> "ServerSettings":
+        """From option values (None: the default); tokens not given come from $ANDROMEDA_TOKEN and
+        $ANDROMEDA_ADMIN_TOKEN. Limits by their `ServiceLimits` names, deadline as `deadline_s`.
+        ServeError for anything that cannot be used."""
+        from .limits import ServiceLimits
+
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        admin_token = admin_token if admin_token is not None else os.environ.get(ADMIN_TOKEN_ENV) or None
+        try:
+            guard = ServerGuard.from_files(token=token, admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key,
+                                           tls_client_ca=tls_client_ca, insecure=insecure)
+            chosen = ServiceLimits(**{k: v for k, v in limits.items() if v is not None})
+        except (GuardError, ValueError, TypeError) as exc:
+            raise ServeError(str(exc)) from None
+        if not stop_deadline or stop_deadline <= 0:
+            raise ServeError(f"--stop-deadline must be a positive number of seconds, got {stop_deadline!r}")
+        return cls(host=host, port=port, guard=guard, limits=chosen, log=log, stop_deadline_s=stop_deadline,
+                   parent_pid=parent_pid)
+
+
+def add_server_arguments(parser, *, log: bool = True) -> None:
+    """The `ServerSettings` options on an argparse parser (`python -m cpu_baseline.serve`,
+    `python -m migration.serve`); the click commands in cli.py declare the same names."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", default=None, help=f"reader token (default: ${TOKEN_ENV})")
+    parser.add_argument("--admin-token", default=None, help=f"admin token (default: ${ADMIN_TOKEN_ENV})")
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
+    parser.add_argument("--tls-client-ca", default=None)
+    parser.add_argument("--insecure", action="store_true")
+    if log:
+        parser.add_argument("--log", default=None, help="update log path, or 'off' (default: DIR/updates.log)")
+    for name in ("max_request_bytes", "max_batch_requests", "max_k", "max_updates", "max_update_bytes",
+                 "max_json_depth"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    parser.add_argument("--deadline", dest="deadline_s", type=float, default=None)
+    parser.add_argument("--update-slice", type=int, default=None, help=argparse.SUPPRESS)  # benchmarks
+    parser.add_argument("--stop-deadline", type=float, default=DEFAULT_STOP_DEADLINE_S)
+    parser.add_argument("--parent-pid", type=int, default=None)
+
+
+def settings_from_args(args) -> ServerSettings:
+    """`ServerSettings` from the namespace `add_server_arguments` filled."""
+    names = ("max_request_bytes", "max_batch_requests", "max_k", "max_updates", "max_update_bytes",
+             "max_json_depth", "deadline_s", "update_slice")
+    return ServerSettings.from_options(
+        host=args.host, port=args.port, token=args.token, admin_token=args.admin_token, tls_cert=args.tls_cert,
+        tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, insecure=args.insecure,
+        log=getattr(args, "log", None), stop_deadline=args.stop_deadline, parent_pid=args.parent_pid,
+        **{name: getattr(args, name) for name in names})
+
+
+
+# errors a server's start can end with that are the user's to fix: a message, never a traceback
+def startup_errors() -> tuple[type, ...]:
+    import pyarrow.flight as flight
+
+    from .jsontext import JsonInputError
+    from .store import StoreError
+    from .wal import LogError
+
+    return (ServeError, GuardError, StoreError, LogError, JsonInputError, RuntimeError, ValueError, OSError,
+            flight.FlightError)
+
+
+class service_errors:
+    """`with service_errors("scorer"):` around a `python -m ... serve` main: a known error is one line
+    on stderr and exit code 2."""
+
+    def __init__(self, who: str):
+        self.who = who
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is not None and isinstance(exc, startup_errors()):
+            print(f"{self.who}: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        return False
+
+
+__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_STOP_DEADLINE_S", "TOKEN_ENV", "ServeError", "ServerSettings",
+           "add_server_arguments", "listen", "preflight", "serve_until_stopped", "service_errors", "settings_from_args",
+           "startup_errors", "watch_parent"]

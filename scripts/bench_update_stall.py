@@ -1,0 +1,167 @@
+"""Retrieval latency while one large `update` call is applied (issue 15, point 6; docs/RELIABILITY.md).
+
+For each server (the co-located server on the engine of `--device`, the CPU by default, and the remote pair: index host and scoring
+service), started as processes on loopback over a generated corpus with its update log on disk:
+
+1. a probe thread sends one request per exchange (k = 100), back to back, and times each answer;
+2. `--idle-s` seconds of that alone give the idle latency (p50, p99, max);
+3. then one `update` call of `--upserts` upserts (every field of existing ads replaced, embeddings
+   included, as a catalogue refresh sends them) goes in from another thread, and the probe's
+   latencies while that call is in flight give the latency during the call.
+
+The target: p99 during the call within 2x of the idle p99. `--slice N` sets how many updates the
+server applies between two looks at waiting retrievals (`ServiceLimits.update_slice`); `--slice
+1000000` applies the whole call in one piece, as the servers did before slicing, for comparison.
+
+    PYTHONPATH=. python3 scripts/bench_update_stall.py --out docs/results/update_stall.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from andromeda_nb import flight as fl  # noqa: E402
+from andromeda_nb.bench import log, software, write_json  # noqa: E402
+from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.services import ServiceProcess  # noqa: E402
+
+
+def percentiles(seconds: list[float]) -> dict:
+    ms = np.asarray(seconds) * 1e3
+    if not len(ms):
+        return {"n": 0}
+    return {"n": int(len(ms)), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p90_ms": round(float(np.percentile(ms, 90)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2),
+            "max_ms": round(float(ms.max()), 2)}
+
+
+class Probe:
+    """Back-to-back single-request retrievals; each latency recorded with its start and end."""
+
+    def __init__(self, location: str, requests, k: int = 100):
+        import pyarrow.flight as flight
+
+        self.client = flight.connect(location)
+        self.location, self.requests, self.k = location, requests, k
+        self.samples: list[tuple[float, float]] = []  # (start, end), time.monotonic()
+        self.stop = threading.Event()
+        self.errors = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        i = 0
+        while not self.stop.is_set():
+            request = self.requests[i % len(self.requests)]
+            i += 1
+            t = time.monotonic()
+            try:
+                fl.retrieve_over_flight(self.location, [request], self.k, client=self.client, timeout=60)
+            except Exception:
+                self.errors += 1
+                continue
+            self.samples.append((t, time.monotonic()))
+
+    def between(self, lo: float, hi: float) -> list[float]:
+        return [end - start for start, end in self.samples if start >= lo and end <= hi]
+
+
+def upsert_body(dataset, n: int, seed: int) -> bytes:
+    from andromeda_nb.targeting import ad_to_json
+
+    rng = np.random.default_rng(seed)
+    ads = dataset.ads
+    lines = []
+    for i in range(n):
+        ad = ad_to_json(ads[i % len(ads)])
+        ad["embedding"] = np.round(rng.standard_normal(dataset.model.D) / 8, 6).tolist()
+        lines.append(json.dumps({"op": "upsert", "ad": ad}, separators=(",", ":")))
+    return "\n".join(lines).encode()
+
+
+def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool) -> dict:
+    probe = Probe(location, dataset.requests)
+    probe.thread.start()
+    time.sleep(2.0)  # warm: kernels loaded, connections up
+    t_idle = time.monotonic()
+    time.sleep(idle_s)
+    t_call = time.monotonic()
+    ack = fl.flight_action(location, "update", body, timeout=600)
+    t_done = time.monotonic()
+    time.sleep(0.5)
+    probe.stop.set()
+    probe.thread.join(60)
+    probe.client.close()
+    idle = percentiles(probe.between(t_idle, t_call))
+    during = percentiles(probe.between(t_call, t_done))
+    result = {"server": name, "idle": idle, "during_update": during, "update_call_s": round(t_done - t_call, 2),
+              "updates_per_s": round(ack["applied"] / (t_done - t_call)), "applied": ack["applied"],
+              "probe_errors": probe.errors,
+              "p99_ratio": round(during["p99_ms"] / idle["p99_ms"], 2) if during.get("n") else None}
+    log(progress, f"{name}: idle p99 {idle['p99_ms']} ms, during the call p99 {during.get('p99_ms')} ms "
+                  f"(x{result['p99_ratio']}), max {during.get('max_ms')} ms; the call took {result['update_call_s']} s "
+                  f"({result['updates_per_s']} updates/s)")
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ads", type=int, default=20_000)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--upserts", type=int, default=20_000)
+    parser.add_argument("--idle-s", type=float, default=8.0)
+    parser.add_argument("--slice", type=int, default=None, help="updates applied between looks at retrieval")
+    parser.add_argument("--servers", default="colocated,remote")
+    parser.add_argument("--device", default="cpu", help="the co-located server's device (cpu, gpu, auto)")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    from andromeda_nb.corpus import generate_corpus
+    from andromeda_nb.store import load_dataset
+
+    with tempfile.TemporaryDirectory(prefix="andromeda-stall-") as tmp:
+        results = []
+        for name in args.servers.split(","):
+            root = Path(tmp) / name
+            generate_corpus(root, args.ads, args.requests, args.seed)
+            dataset = load_dataset(root)
+            body = upsert_body(dataset, args.upserts, args.seed)
+            log(True, f"{name}: {args.ads} ads, one call of {args.upserts} upserts ({len(body) / 1e6:.1f} MB)")
+            extra = ["--update-slice", str(args.slice)] if args.slice else []
+            procs = []
+            try:
+                if name == "colocated":
+                    procs.append(ServiceProcess("migration.serve", ["--data", str(root), "--device", args.device, *extra],
+                                                start_timeout_s=600))
+                else:
+                    procs.append(ServiceProcess("cpu_baseline.serve", ["scorer", "--data", str(root), *extra]))
+                    procs.append(ServiceProcess("cpu_baseline.serve", ["remote", "--data", str(root), "--scorer",
+                                                                       procs[0].location, *extra]))
+                results.append(measure(name if name == "remote" else f"colocated ({args.device})", procs[-1].location, dataset, body, args.idle_s, True))
+            finally:
+                for proc in reversed(procs):
+                    proc.stop()
+    doc = {"kind": "update_stall", "ads": args.ads, "upserts": args.upserts, "idle_s": args.idle_s,
+           "update_slice": args.slice or "default", "results": results,
+           "target": "p99 during the call within 2x of the idle p99",
+           "provenance": {"command": "python3 scripts/bench_update_stall.py " + " ".join(argv or sys.argv[1:]),
+                          "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info(),
+                          "software": software()}}
+    if args.out:
+        write_json(doc, args.out)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
