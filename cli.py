@@ -391,10 +391,13 @@ def match(data, arch, device, updates, as_json, quiet):
 @_SHARDS_OPTION
 @_REPLICAS_OPTION
 @_ADDRESS_OPTION
+@click.option("--scorer-device", type=click.Choice(DEVICES), default=None,
+              help="--arch remote: where its scoring service runs (gpu: the 2024 design, candidates shipped to "
+                   "a remote GPU; auto: the GPU if usable, else the CPU) [default: the CPU scoring service].")
 @_UPDATES_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
-def retrieve(data, arch, device, k, traffic, shards, replicas, address, updates, as_json, quiet):
+def retrieve(data, arch, device, k, traffic, shards, replicas, address, scorer_device, updates, as_json, quiet):
     """Top-K eligible ads per request, by score descending (ties by ad id ascending).
 
     With --json, one line per request: {"request_id": .., "ads": [..], "scores": [..]} in rank order.
@@ -411,6 +414,11 @@ def retrieve(data, arch, device, k, traffic, shards, replicas, address, updates,
                    "progress": lambda message: _info(message, quiet)}
     elif shards is not None or replicas != 1 or address is not None:
         _info(f"--shards, --replicas and --address apply to --arch sharded only; ignored for {arch}", quiet)
+    if scorer_device is not None:
+        if arch != "remote":
+            _info(f"--scorer-device applies to --arch remote only; ignored for {arch}", quiet)
+        else:
+            options["scorer_device"] = scorer_device
     dataset = _load_dataset(data, quiet)
     if device != "auto" and arch not in DEVICE_ARCHS:
         _info(f"--device {device} applies to --arch {'/'.join(DEVICE_ARCHS)} only; ignored for {arch}", quiet)
@@ -599,20 +607,28 @@ _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exist
 
 @serve.command("scorer")
 @_SERVE_DATA_OPTION
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="Where the candidates are scored: cpu (numba, every core), gpu (candidate ids resolved to rows "
+                   "and gathered on the device: the remote GPU of the 2024 design), sim (the CUDA simulator, tiny "
+                   "corpora), auto (the GPU if usable, else the CPU).")
 @click.option("--threads", type=int, default=None, help="Scoring threads (default: all cores).")
 @_server_options("scorer", log=False)
-def serve_scorer(data, threads, quiet, **options):
+def serve_scorer(data, device, threads, quiet, **options):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
     Its index host delivers every update to it from its log, and catches it up after a restart.
 
     Prints {"service": "scorer", "location": ...} on stdout once listening, and a banner saying how to
     use it on stderr; SIGTERM or Ctrl-C stops it."""
-    from cpu_baseline.serve import run_scorer
+    from andromeda_nb.devices import resolve
 
     def run(settings):
+        where = resolve(device)
+        from migration.scorer import run_scorer_on
+
         dataset = _service_dataset(data, quiet)
-        run_scorer(dataset, settings, threads=threads,
-                   on_ready=_on_listening("scorer", settings, quiet, lambda srv: _holds(data, srv.health())))
+        run_scorer_on(dataset, settings, device=where, threads=threads,
+                      on_ready=_on_listening("scorer", settings, quiet,
+                                             lambda srv: _holds(data, srv.health(), srv.device)))
 
     _serve(run, **options)
 

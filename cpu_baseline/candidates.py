@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from andromeda_nb.rows import RowMap
+from andromeda_nb.rows import warm_up as warm_rows
 
 from .scorer import CpuScorer
 
@@ -24,6 +25,7 @@ class CpuCandidateTable:
         self.scorer = CpuScorer.from_table(table, formats, top_k)
         self.scorer.warm_up(experts, n_formats)
         self.rows = RowMap(ad_ids)
+        warm_rows()  # the first delivered update must not compile anything
         if len(self.rows):  # compile the lookup now, not in the first request (rows are int64, as warmed)
             self.rows.rows_of(np.asarray(ad_ids[:1], np.int64))
 

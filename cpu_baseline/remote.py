@@ -41,7 +41,7 @@ class RemoteRetriever(ServedRetriever):
     def build(cls, dataset=None, device=None, scorer: str | None = None, host: str | None = None, *,
               traffic: bool = False, data_dir: str | None = None, scorer_timeout_s: float = 10.0,
               threads: int | None = None, start_timeout_s: float = START_TIMEOUT_S, credentials=None,
-              **options) -> "RemoteRetriever":
+              scorer_command: tuple[str, list[str]] | None = None, **options) -> "RemoteRetriever":
         """Start (or connect to) the scoring service and the index host. `device` is accepted for
         interface symmetry and ignored: this architecture runs on the CPU. The services load the
         corpus directory `data_dir`, or the one `dataset` was read from (`dataset.source_dir`: the
@@ -50,6 +50,8 @@ class RemoteRetriever(ServedRetriever):
         keep their updates in memory only (`--log off`): a command's own services never write into
         the corpus it reads.
         `credentials` (`andromeda_nb.guard.ClientCredentials`): what to present to running services.
+        `scorer_command` (module, extra arguments): how to start the scoring service instead of
+        `python -m cpu_baseline.serve scorer` (the migration layer starts one on a GPU with it).
         """
         processes: list[ServiceProcess] = []
         relays: dict[str, Relay] = {}
@@ -61,7 +63,8 @@ class RemoteRetriever(ServedRetriever):
                 source, tmp = dataset_args(dataset, data_dir or None, prefix="andromeda-remote-")
                 extra = (["--threads", str(threads)] if threads else []) + child_args()
                 if scorer is None:
-                    proc = ServiceProcess(SERVE_MODULE, ["scorer", *source, *extra], name="scorer",
+                    module, args = scorer_command or (SERVE_MODULE, ["scorer"])
+                    proc = ServiceProcess(module, [*args, *source, *extra], name="scorer",
                                           start_timeout_s=start_timeout_s)
                     processes.append(proc)
                     scorer = proc.location

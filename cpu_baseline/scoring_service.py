@@ -48,12 +48,10 @@ from andromeda_nb.flight import InvalidInput, ServiceStats, to_flight_error
 from andromeda_nb.guard import ADMIN, OPEN, READER, ClientCredentials, connect
 from andromeda_nb.limits import DEFAULT_LIMITS
 from andromeda_nb.model import quantize
-from andromeda_nb.rows import RowMap
-from andromeda_nb.rows import warm_up as warm_rows
 from andromeda_nb.services import fingerprint
 from andromeda_nb.wal import LogRecord, corpus_lineage, snapshot_seq
 
-from .scorer import CpuScorer
+from .candidates import CpuCandidateTable
 
 SCORE_PATH = ("score",)
 CANDIDATE_SCHEMA = pa.schema([("ad_id", pa.int64())])
@@ -91,21 +89,18 @@ def split_user_side(buf: bytes, E: int, D: int, F: int):
 
 
 class ScoringServer(flight.FlightServerBase):
-    """Holds `CpuScorer` plus the ad id <-> row map; serves `["score"]` and the actions above."""
+    """Holds a candidate table (ad id -> row, and the scorer: `cpu_baseline.candidates.CpuCandidateTable`
+    by default, or `table=` any object with its interface, such as `gpu.candidates.GpuCandidateScorer`
+    for a scoring service on a GPU); serves `["score"]` and the actions above."""
 
     name = "scorer"
 
     def __init__(self, dataset, location: str = "grpc://127.0.0.1:0", *, delay_s: float = 0.0, limits=None,
-                 guard=None, **kwargs):
-        table = dataset.embeddings
-        self.precision = table.precision
+                 guard=None, table=None, **kwargs):
+        self.precision = dataset.embeddings.precision
         self.E, self.D, self.F = dataset.model.E, dataset.model.D, dataset.model.F
-        self.scorer = CpuScorer.from_table(table, dataset.formats, dataset.model.top_k)
-        self.scorer.warm_up(self.E, self.F)
-        self.rows = RowMap(dataset.ad_ids)
-        warm_rows()  # the first delivered update must not compile anything
-        if len(self.rows):  # compile the lookup now, not in the first request (rows are int64, as warmed)
-            self.rows.rows_of(dataset.ad_ids[:1])
+        self.table = table if table is not None else CpuCandidateTable.for_dataset(dataset)
+        self.device = getattr(self.table, "device", "cpu")
         self.fingerprint = fingerprint(dataset.ad_ids)
         self.delay_s = delay_s  # test hook: a slow scorer
         self.stats = ServiceStats()
@@ -153,10 +148,9 @@ class ScoringServer(flight.FlightServerBase):
                             raise flight.FlightServerError(f"{STALE} the scoring service is at update {self.seq}, "
                                                            f"the caller expects {want}")
                         try:
-                            rows = self.rows.rows_of(ad_ids)
+                            scores = self.table.score_user_side(ad_ids, U, Q, gamma, beta)
                         except KeyError as exc:
                             raise InvalidInput(f"candidate {exc.args[0]} here") from None
-                        scores = self.scorer.score_user_side(rows, U, Q, gamma, beta)
                     out = pa.record_batch([pa.array(scores)], schema=SCORE_SCHEMA)
                     writer.write_batch(out)
                 self.stats.add(requests=1, batches=1, bytes_in=size, bytes_out=out.nbytes)
@@ -193,8 +187,8 @@ class ScoringServer(flight.FlightServerBase):
 
     def health(self) -> dict:
         with self._lock:
-            return {"status": "ok", "server": self.name, "ads": len(self.rows), "rows": self.rows.n_rows,
-                    "D": self.D, "E": self.E, "F": self.F, "top_k": self.scorer.top_k,
+            return {"status": "ok", "server": self.name, "ads": len(self.table), "rows": self.table.n_rows,
+                    "device": self.device, "D": self.D, "E": self.E, "F": self.F, "top_k": self.table.top_k,
                     "precision": self.precision, "fingerprint": self.fingerprint, "lineage": self.lineage,
                     "seq": self.seq, "guard": self.guard.describe()}
 
@@ -225,17 +219,16 @@ class ScoringServer(flight.FlightServerBase):
                     continue
                 if op == "upsert":
                     self._store(ad_id, fmt, embedding)
-                elif op == "retire" and ad_id in self.rows:
-                    self.rows.release(ad_id)
+                elif op == "retire" and ad_id in self.table:
+                    self.table.retire(ad_id)
                 self.seq = seq
                 applied += 1
             self.stats.add(updates=applied)
             return {"applied": applied, "seq": self.seq}
 
     def _store(self, ad_id: int, fmt: int, embedding: np.ndarray) -> None:
-        row, _ = self.rows.assign(ad_id)
         stored = quantize(embedding.reshape(1, -1), self.precision)
-        self.scorer.set_row(row, stored.values[0], float(stored.scale[0]), fmt)
+        self.table.upsert(ad_id, stored.values[0], float(stored.scale[0]), fmt)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -34,8 +34,10 @@ def _announce(service: str, out=None):
 
 
 def run_scorer(dataset, settings: ServerSettings | None = None, *, threads: int | None = None, delay_s: float = 0.0,
-               on_ready=None) -> None:
-    """Serve `dataset`'s embeddings for scoring until stopped (module docstring)."""
+               on_ready=None, table=None) -> None:
+    """Serve `dataset`'s embeddings for scoring until stopped (module docstring). `table`: the
+    candidate table to score with (default: the CPU's, `cpu_baseline.candidates.CpuCandidateTable`;
+    `migration.scorer` passes the GPU's)."""
     from .scorer import set_threads
     from .scoring_service import ScoringServer
 
@@ -43,7 +45,7 @@ def run_scorer(dataset, settings: ServerSettings | None = None, *, threads: int 
     preflight(settings.host, settings.port, settings.guard)
     set_threads(threads)
     server = listen(lambda location: ScoringServer(dataset, location, delay_s=delay_s, limits=settings.limits,
-                                                   guard=settings.guard),
+                                                   guard=settings.guard, table=table),
                     settings.host, settings.port, settings.guard)
     server.announced_location = settings.guard.location(settings.host, server.port)
     serve_until_stopped(server, server._stopping, on_ready or _announce("scorer"), deadline_s=settings.stop_deadline_s,

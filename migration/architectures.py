@@ -62,9 +62,21 @@ def build_matcher(dataset, arch: str, device: str = "auto"):
     return build_index(cls, dataset, device=device) if arch in DEVICE_MATCHERS else build_index(cls, dataset)
 
 
-def build_retriever(dataset, arch: str, device: str = "auto", **options):
-    """The `interfaces.Retriever` that `--arch` names; `device` goes to the ones that take it."""
+def remote_scorer(scorer_device: str | None) -> dict:
+    """The options of the remote architecture for a scoring service on `scorer_device`: None, the CPU
+    scoring service of `cpu_baseline.serve`; a device word, the scoring service of `migration.scorer`
+    on that device (the 2024 picture: match on CPU hosts, scoring on a remote GPU)."""
+    if scorer_device is None:
+        return {}
+    return {"scorer_command": ("migration.scorer", ["--device", scorer_device])}
+
+
+def build_retriever(dataset, arch: str, device: str = "auto", *, scorer_device: str | None = None, **options):
+    """The `interfaces.Retriever` that `--arch` names; `device` goes to the ones that take it, and
+    `scorer_device` to the remote architecture's scoring service (`remote_scorer`)."""
     cls = _load(RETRIEVERS, arch, "retrieve")
+    if arch == "remote":
+        options.update(remote_scorer(scorer_device))
     return cls.build(dataset, device=device, **options) if arch in DEVICE_ARCHS else cls.build(dataset, **options)
 
 
@@ -91,4 +103,4 @@ def scoring_kernel(version):
 
 
 __all__ = ["ArchitectureUnavailable", "DEVICE_ARCHS", "DEVICE_MATCHERS", "ENGINES", "MATCHERS", "RETRIEVERS",
-           "build_engine", "build_matcher", "build_retriever", "load_class", "scoring_kernel"]
+           "build_engine", "build_matcher", "build_retriever", "load_class", "remote_scorer", "scoring_kernel"]

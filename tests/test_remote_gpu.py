@@ -1,0 +1,64 @@
+"""The 2024 picture: the remote design with its scoring service on a GPU (`serve scorer --device`,
+`retrieve --arch remote --scorer-device`, migration/scorer.py). Under the CUDA simulator here (the
+gather kernels on tiny corpora); ANDROMEDA_TEST_GPU=1 runs them on the device. Servers bind
+127.0.0.1 and are started and stopped by the tests."""
+
+import json
+import os
+
+import numpy as np
+from click.testing import CliRunner
+
+from andromeda_nb import flight as fl
+from andromeda_nb.reference import ReferenceRetriever
+from andromeda_nb.testing import random_updates, update_to_json
+from cpu_baseline.index_host import IndexHostServer
+from cpu_baseline.scoring_service import ScoringServer
+
+from test_remote import assert_equals_reference, make_dataset
+
+KERNEL_DEVICE = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
+
+
+def test_a_gpu_scoring_service_behind_the_index_host_equals_the_reference_through_updates():
+    from migration.scorer import candidate_table
+
+    dataset, rng = make_dataset(33, n_ads=120, n_requests=4, precision="int8")
+    scorer = ScoringServer(dataset, "grpc://127.0.0.1:0", table=candidate_table(dataset, KERNEL_DEVICE))
+    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=1)
+    location = f"grpc://127.0.0.1:{host.port}"
+    try:
+        assert fl.flight_action(f"grpc://127.0.0.1:{scorer.port}", "health")["device"] == KERNEL_DEVICE
+        reference = ReferenceRetriever.build(dataset)
+        for step in range(2):
+            answers = fl.retrieve_over_flight(location, dataset.requests, 15)
+            assert_equals_reference(reference, dataset.requests, answers, 15, f"{KERNEL_DEVICE} scorer, step {step}")
+            assert sum(len(a[0]) for a in answers) > 0
+            updates = random_updates(rng, list(reference.index.ads.values()), 12, dim=dataset.model.D)
+            ack = fl.flight_action(location, "update", "\n".join(json.dumps(update_to_json(u)) for u in updates))
+            assert ack["applied"] == len(updates) and not ack["rejected"]
+            for update in updates:
+                reference.apply(update)
+    finally:
+        host.shutdown()
+        host.close_resources()
+        scorer.shutdown()
+
+
+def test_cli_retrieve_remote_with_a_simulated_gpu_scorer_equals_the_reference(tmp_path):
+    from cli import main
+
+    runner = CliRunner()
+    data = tmp_path / "corpus"
+    made = runner.invoke(main, ["generate", "--ads", "300", "--requests", "2", "--seed", "6", "--out", str(data),
+                                "--precision", "fp16", "--updates", "30", "--quiet"])
+    assert made.exit_code == 0, made.output
+    common = ["--data", str(data), "--k", "10", "--json", "-q", "--updates", str(data / "updates.jsonl")]
+    ref = runner.invoke(main, ["retrieve", "--arch", "reference", *common])
+    got = runner.invoke(main, ["retrieve", "--arch", "remote", "--scorer-device", "sim", *common])
+    assert ref.exit_code == 0 and got.exit_code == 0, got.output
+    ref_lines = [json.loads(line) for line in ref.stdout.splitlines()]
+    got_lines = [json.loads(line) for line in got.stdout.splitlines()]
+    assert len(got_lines) == 2 and any(r["ads"] for r in ref_lines)
+    for r, g in zip(ref_lines, got_lines):
+        assert g["ads"] == r["ads"] and np.allclose(g["scores"], r["scores"], atol=1e-4)
