@@ -104,6 +104,17 @@ def _prepare_simulator(ctx, param, device: str) -> str:
     return device
 
 
+def _device_list(value):
+    """'cpu,auto' -> ('cpu', 'auto'); each a device word."""
+    if isinstance(value, tuple):
+        return value
+    words = tuple(w.strip() for w in str(value).split(",") if w.strip())
+    bad = [w for w in words if w not in DEVICES]
+    if not words or bad:
+        raise click.BadParameter(f"{value!r}: a comma-separated list of {', '.join(DEVICES)}")
+    return words
+
+
 def device_option(help: str, choices=DEVICES):
     """--device: where the work runs (`andromeda_nb.devices`); the simulator is chosen while parsing."""
     return click.option("--device", type=click.Choice(list(choices)), default="auto", show_default=True, help=help,
@@ -1097,13 +1108,19 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
               help="Requests sent one at a time through the counting relays to measure bytes on the wire.")
 @click.option("--runs", type=click.IntRange(1, 50), default=3, show_default=True,
               help="Timed runs of all requests per architecture (the median is reported, and the range).")
+@click.option("--scorer-devices", type=_device_list, default="cpu,auto", show_default=True, metavar="LIST",
+              help="The remote design's scoring service, once per device in this list (auto: the GPU when usable, "
+                   "else the CPU; the same device twice runs once): e.g. cpu,gpu for the three-way table.")
 @_JSON_OPTION
 @_QUIET_OPTION
-def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, as_json, quiet):
+def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, scorer_devices, as_json,
+            quiet):
     """Both architectures side by side on the same requests and update stream: eligible-set, score
     and top-K agreement (DESIGN section 4), bytes on the wire per request and hop, requests per
-    second. With --json the last line is one object (eligible_equal, topk_equal, bytes_per_request,
-    traffic_reduction, ...). Exits non-zero when the architectures disagree."""
+    second. The remote design runs once per scorer device (by default its CPU scoring service and,
+    where a GPU is usable, a scoring service on the GPU), so the table separates what the GPU buys
+    from what co-location buys. With --json the last line is one object (eligible_equal, topk_equal,
+    bytes_per_request, traffic_reduction, architectures, ...). Exits non-zero when they disagree."""
     import json as _json
 
     from migration.harness import format_report, run_comparison
@@ -1112,7 +1129,7 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     try:
         report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
                                 oracle_requests=oracle_requests, traffic_requests=traffic_requests, runs=runs,
-                                log=lambda m: _info(m, quiet))
+                                scorer_devices=scorer_devices, log=lambda m: _info(m, quiet))
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     _stamp(report, "compare")

@@ -238,10 +238,27 @@ def _missing(got_ids, ids) -> _Missing:
     return _Missing(False, f"returned ads that are not eligible: {bad[:5].tolist()}")
 
 
+def scorer_columns(scorer_devices) -> list[tuple[str, str]]:
+    """(report key, device) of the remote design's columns, one per distinct scorer device after
+    'auto' is decided (the GPU when usable, else the CPU; the simulator only when asked): 'remote' is
+    the CPU scoring service, 'remote_<device>' a scoring service on that device (migration.scorer)."""
+    from andromeda_nb.devices import gpu_usable
+
+    out: list[tuple[str, str]] = []
+    for word in scorer_devices:
+        device = ("gpu" if gpu_usable() else "cpu") if word == "auto" else word
+        key = "remote" if device == "cpu" else f"remote_{device}"
+        if key not in [k for k, _ in out]:
+            out.append((key, device))
+    return out
+
+
 def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
                    requests: int | None = None, oracle_requests: int | None = None, traffic_requests: int = 16,
-                   runs: int = TIMED_RUNS, log: Log = _quiet) -> dict:
-    """Everything `andromeda compare` reports, as one JSON-ready dict."""
+                   runs: int = TIMED_RUNS, scorer_devices=("cpu", "auto"), log: Log = _quiet) -> dict:
+    """Everything `andromeda compare` reports, as one JSON-ready dict. The remote design runs once per
+    distinct scorer device (`scorer_columns`: by default the CPU scoring service and, where a GPU is
+    usable, one on the GPU: the 2024 picture), then the co-located design."""
     from cpu_baseline.remote import RemoteRetriever
 
     from .colocated import ColocatedRetriever
@@ -268,15 +285,21 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     reference, source = reference_answers(dataset, reqs, updates, k, oracle_sets, index_sets, log)
     report["reference_eligibility"] = source
 
+    from .architectures import remote_scorer
+
+    columns = [(key, RemoteRetriever, {} if dev == "cpu" else remote_scorer(dev), dev)
+               for key, dev in scorer_columns(scorer_devices)]
+    columns.append(("colocated", ColocatedRetriever, {"device": device}, None))
     measured: dict[str, ArchMeasurement] = {}
-    for name, cls, options in (("remote", RemoteRetriever, {}), ("colocated", ColocatedRetriever, {"device": device})):
+    for name, cls, options, runs_on in columns:
         log(f"{name}: starting its services on 127.0.0.1")
         with cls.build(dataset, traffic=True, served=True, **options) as retriever:
             apply_stream(updates, [retriever], dataset)
             log(f"{name}: {len(reqs)} requests")
             measured[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)), runs)
             report[name] = check_answers(reference, measured[name].answers, k, name)
-            report[name]["device"] = getattr(retriever, "device", "cpu")
+            report[name]["device"] = runs_on or getattr(retriever, "device", "cpu")  # remote: its scorer's
+    report["architectures"] = list(measured)
     report["eligible_equal"] = bool(eligibility["equal"])
     report["scores_equal"] = all(report[n]["scores"]["ok"] for n in measured)
     report["topk_equal"] = all(report[n]["topk"]["ok"] for n in measured)
@@ -316,36 +339,52 @@ def format_report(report: dict) -> str:
         "reference eligibility: " + ", ".join(f"{where} on {n} requests"
                                              for where, n in report["reference_eligibility"].items() if n),
         "",
-        f"{'':<28}{'remote scoring':>18}{'co-located':>18}",
     ]
-    r, c = report["remote"], report["colocated"]
-    lines.append(f"{'runs on':<28}{'CPU + CPU':>18}{c['device']:>18}")
-    lines.append(f"{'scores vs reference':<28}{mark(r['scores']['ok']):>18}{mark(c['scores']['ok']):>18}")
-    lines.append(f"{'top-K vs reference':<28}{mark(r['topk']['ok']):>18}{mark(c['topk']['ok']):>18}")
+    archs = report.get("architectures") or ["remote", "colocated"]
+    W = 22
+
+    def title(name: str) -> str:
+        if name == "colocated":
+            return "co-located"
+        return "remote, CPU scorer" if name == "remote" else f"remote, {report[name]['device'].upper()} scorer"
+
+    def row(label: str, cells) -> str:
+        return f"{label:<28}" + "".join(f"{c:>{W}}" for c in cells)
+
+    lines.append(row("", [title(n) for n in archs]))
+    lines.append(row("runs on", [f"CPU + {report[n]['device'].upper()}" if n != "colocated" else report[n]["device"]
+                                 for n in archs]))
+    lines.append(row("scores vs reference", [mark(report[n]["scores"]["ok"]) for n in archs]))
+    lines.append(row("top-K vs reference", [mark(report[n]["topk"]["ok"]) for n in archs]))
     b = report["bytes_per_request"]
-    lines.append(f"{'bytes on the wire / request':<28}{b['remote']:>18,.0f}{b['colocated']:>18,.0f}")
-    for arch in ("remote", "colocated"):
+    lines.append(row("bytes on the wire / request", [f"{b[n]:,.0f}" for n in archs]))
+    for col, arch in enumerate(archs):
         for hop, value in report["bytes_per_hop"][arch].items():
-            lines.append(f"{'  ' + hop:<28}" + (f"{value:>18,.0f}" if arch == "remote" else f"{'':>18}{value:>18,.0f}"))
+            lines.append(row("  " + hop, [""] * col + [f"{value:,.0f}"]))
     lat = report["latency_ms"]
-    if lat["remote"] and lat["colocated"]:
-        lines.append(f"{'latency p50 / p99 (ms)':<28}{lat['remote']['p50']:>11.2f} / {lat['remote']['p99']:<5.2f}"
-                     f"{lat['colocated']['p50']:>11.2f} / {lat['colocated']['p99']:<5.2f}")
+    if all(lat.get(n) for n in archs):
+        lines.append(row("latency p50 / p99 (ms)", [f"{lat[n]['p50']:.2f} / {lat[n]['p99']:.2f}" for n in archs]))
     q = report["requests_per_second"]
-    lines.append(f"{'requests / second':<28}{rate(q['remote']):>18}{rate(q['colocated']):>18}")
+    lines.append(row("requests / second", [rate(q[n]) for n in archs]))
     p = report["pool_ads_per_second"]
-    lines.append(f"{'pool ads / second':<28}{rate(p['remote']):>18}{rate(p['colocated']):>18}")
+    lines.append(row("pool ads / second", [rate(p[n]) for n in archs]))
     runs = report.get("requests_per_second_runs")
     if runs:  # the median above, the range of the timed runs here
-        lines.append(f"{'  range over ' + str(runs['remote']['runs']) + ' runs':<28}" + "".join(
-            f"{rate(runs[n]['min']) + ' to ' + rate(runs[n]['max']):>18}" for n in ("remote", "colocated")))
+        lines.append(row("  range over " + str(runs[archs[0]]["runs"]) + " runs",
+                         [rate(runs[n]["min"]) + " to " + rate(runs[n]["max"]) for n in archs]))
+    gpu_remote = [n for n in archs if n.startswith("remote_")]
+    if gpu_remote:
+        n = gpu_remote[0]
+        lines.append(f"what co-location adds on top of {report[n]['device'].upper()} scoring: "
+                     f"{b[n] / max(1.0, b['colocated']):,.1f}x fewer bytes on the wire, "
+                     f"{q['colocated'] / q[n]:,.2f}x the requests per second")
     lines.append(f"traffic reduction (remote / co-located bytes on the wire): {report['traffic_reduction']:,.1f}x")
     model = report.get("payload_estimate")
     if model:
         lines.append(f"payload model (andromeda budget, framing not counted): remote "
                      f"{payload_total(model['remote']):,.0f} B, co-located {payload_total(model['colocated']):,.0f} B "
                      f"per request")
-    for name in ("remote", "colocated"):
+    for name in archs:
         for what in ("scores", "topk"):
             for failure in report[name][what]["failures"]:
                 lines.append(f"  {name} {what}: {failure}")

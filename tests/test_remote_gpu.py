@@ -62,3 +62,28 @@ def test_cli_retrieve_remote_with_a_simulated_gpu_scorer_equals_the_reference(tm
     assert len(got_lines) == 2 and any(r["ads"] for r in ref_lines)
     for r, g in zip(ref_lines, got_lines):
         assert g["ads"] == r["ads"] and np.allclose(g["scores"], r["scores"], atol=1e-4)
+
+
+def test_compare_shows_three_designs_that_answer_alike(tmp_path):
+    """compare with a simulated GPU scorer beside the CPU one: three columns, every answer equal to
+    the reference, the co-located design with the fewest bytes; the same device twice runs once."""
+    from cli import main
+    from migration.harness import scorer_columns
+
+    assert scorer_columns(("cpu", "cpu", "sim")) == [("remote", "cpu"), ("remote_sim", "sim")]
+    runner = CliRunner()
+    data = tmp_path / "corpus"
+    made = runner.invoke(main, ["generate", "--ads", "250", "--requests", "2", "--seed", "8", "--out", str(data),
+                                "--precision", "int8", "--updates", "20", "--quiet"])
+    assert made.exit_code == 0, made.output
+    args = ["compare", "--data", str(data), "--device", "cpu", "--scorer-devices", "cpu,sim", "--runs", "1",
+            "--traffic-requests", "1", "--k", "10", "--updates", str(data / "updates.jsonl"), "-q"]
+    table = runner.invoke(main, args)
+    assert table.exit_code == 0, table.output
+    assert "remote, CPU scorer" in table.stdout and "remote, SIM scorer" in table.stdout
+    assert "what co-location adds on top of SIM scoring" in table.stdout
+    report = json.loads(runner.invoke(main, [*args, "--json"]).stdout.splitlines()[-1])
+    assert report["architectures"] == ["remote", "remote_sim", "colocated"]
+    assert report["topk_equal"] and report["scores_equal"] and report["remote_sim"]["device"] == "sim"
+    b = report["bytes_per_request"]
+    assert b["remote_sim"] > b["colocated"] and b["remote"] > b["colocated"]
