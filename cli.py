@@ -104,6 +104,13 @@ def _prepare_simulator(ctx, param, device: str) -> str:
     return device
 
 
+def _link(latency_us: float, gbps: float | None):
+    """The `relay.Link` of compare's --link-latency-us and --link-gbps."""
+    from andromeda_nb.relay import Link
+
+    return Link(latency_s=latency_us * 1e-6, bandwidth_bps=None if gbps is None else gbps * 1e9)
+
+
 def _device_list(value):
     """'cpu,auto' -> ('cpu', 'auto'); each a device word."""
     if isinstance(value, tuple):
@@ -1108,13 +1115,17 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
               help="Requests sent one at a time through the counting relays to measure bytes on the wire.")
 @click.option("--runs", type=click.IntRange(1, 50), default=3, show_default=True,
               help="Timed runs of all requests per architecture (the median is reported, and the range).")
+@click.option("--link-latency-us", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="One-way latency each network hop adds, in microseconds (e.g. 100: a data-center network).")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Bandwidth cap of each network hop in Gb/s (e.g. 25) [default: loopback, uncapped].")
 @click.option("--scorer-devices", type=_device_list, default="cpu,auto", show_default=True, metavar="LIST",
               help="The remote design's scoring service, once per device in this list (auto: the GPU when usable, "
                    "else the CPU; the same device twice runs once): e.g. cpu,gpu for the three-way table.")
 @_JSON_OPTION
 @_QUIET_OPTION
-def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, scorer_devices, as_json,
-            quiet):
+def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, scorer_devices,
+            link_latency_us, link_gbps, as_json, quiet):
     """Both architectures side by side on the same requests and update stream: eligible-set, score
     and top-K agreement (DESIGN section 4), bytes on the wire per request and hop, requests per
     second. The remote design runs once per scorer device (by default its CPU scoring service and,
@@ -1129,7 +1140,8 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     try:
         report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
                                 oracle_requests=oracle_requests, traffic_requests=traffic_requests, runs=runs,
-                                scorer_devices=scorer_devices, log=lambda m: _info(m, quiet))
+                                scorer_devices=scorer_devices, link=_link(link_latency_us, link_gbps),
+                                log=lambda m: _info(m, quiet))
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     _stamp(report, "compare")

@@ -194,12 +194,13 @@ def check_same_corpus(location: str, dataset, data_dir, who: str, credentials=No
                            f"(fingerprint {got}, expected {fingerprint(dataset.ad_ids)})")
 
 
-def relay_in_front(location: str):
-    """A started counting `Relay` to the server at `location` (`grpc://HOST:PORT`)."""
-    from .relay import Relay
+def relay_in_front(location: str, link=None):
+    """A started counting `Relay` to the server at `location` (`grpc://HOST:PORT`); with a shaped
+    `relay.Link`, delaying the bytes as that network would."""
+    from .relay import Link, Relay
 
     host, port = location.split("://", 1)[1].rsplit(":", 1)
-    return Relay(host, int(port)).start()
+    return Relay(host, int(port), link=link or Link()).start()
 
 
 def stop_all(processes: Sequence[ServiceProcess] = (), relays: dict | None = None,

@@ -41,7 +41,7 @@ class RemoteRetriever(ServedRetriever):
     def build(cls, dataset=None, device=None, scorer: str | None = None, host: str | None = None, *,
               traffic: bool = False, data_dir: str | None = None, scorer_timeout_s: float = 10.0,
               threads: int | None = None, start_timeout_s: float = START_TIMEOUT_S, credentials=None,
-              scorer_command: tuple[str, list[str]] | None = None, **options) -> "RemoteRetriever":
+              scorer_command: tuple[str, list[str]] | None = None, link=None, **options) -> "RemoteRetriever":
         """Start (or connect to) the scoring service and the index host. `device` is accepted for
         interface symmetry and ignored: this architecture runs on the CPU. The services load the
         corpus directory `data_dir`, or the one `dataset` was read from (`dataset.source_dir`: the
@@ -52,6 +52,7 @@ class RemoteRetriever(ServedRetriever):
         `credentials` (`andromeda_nb.guard.ClientCredentials`): what to present to running services.
         `scorer_command` (module, extra arguments): how to start the scoring service instead of
         `python -m cpu_baseline.serve scorer` (the migration layer starts one on a GPU with it).
+        `link` (`andromeda_nb.relay.Link`): the network every counted hop (`traffic=True`) behaves as.
         """
         processes: list[ServiceProcess] = []
         relays: dict[str, Relay] = {}
@@ -70,7 +71,7 @@ class RemoteRetriever(ServedRetriever):
                     scorer = proc.location
                 scorer_address = location_of(scorer)
                 if traffic:
-                    relays["index host->scorer"] = relay_in_front(scorer_address)
+                    relays["index host->scorer"] = relay_in_front(scorer_address, link)
                     scorer_address = relays["index host->scorer"].location
                 proc = ServiceProcess(SERVE_MODULE, ["remote", *source, *extra, "--scorer", scorer_address,
                                                      "--scorer-timeout", str(scorer_timeout_s)],
@@ -82,7 +83,7 @@ class RemoteRetriever(ServedRetriever):
             if processes and data_dir and dataset is not None:
                 check_same_corpus(location, dataset, data_dir, "the services", credentials)
             if traffic:
-                relays["client->index host"] = relay_in_front(location)
+                relays["client->index host"] = relay_in_front(location, link)
                 location = relays["client->index host"].location
             hops = ("client->index host", "index host->scorer")  # in the order a request travels
             relays = {hop: relays[hop] for hop in hops if hop in relays}

@@ -67,7 +67,7 @@ class ColocatedRetriever(ServedRetriever):
 
     @classmethod
     def build(cls, dataset, device: str = "auto", *, served: bool = False, traffic: bool = False,
-              host: str | None = None, version=None, **options) -> "ColocatedRetriever":
+              host: str | None = None, version=None, link=None, **options) -> "ColocatedRetriever":
         if options:
             raise TypeError(f"unknown option(s) for the co-located retriever: {', '.join(options)}")
         if not (served or traffic or host):
@@ -90,7 +90,7 @@ class ColocatedRetriever(ServedRetriever):
             if proc is not None and data_dir is not None:
                 check_same_corpus(location, dataset, data_dir, "the co-located server")
             if traffic:
-                relays["client->server"] = relay_in_front(location)
+                relays["client->server"] = relay_in_front(location, link)
                 location = relays["client->server"].location
             return cls(location=location, process=proc, relays=relays, tmpdir=tmp)
         except BaseException:

@@ -30,6 +30,7 @@ from andromeda_nb.dataset import Dataset
 from andromeda_nb.devices import resolve
 from andromeda_nb.flight import request_text
 from andromeda_nb.numbers import rate
+from andromeda_nb.relay import Link
 from andromeda_nb.updates import LiveAds, Rejection, apply_updates, nothing_applied, read_updates
 
 Log = Callable[[str], None]
@@ -255,10 +256,11 @@ def scorer_columns(scorer_devices) -> list[tuple[str, str]]:
 
 def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
                    requests: int | None = None, oracle_requests: int | None = None, traffic_requests: int = 16,
-                   runs: int = TIMED_RUNS, scorer_devices=("cpu", "auto"), log: Log = _quiet) -> dict:
+                   runs: int = TIMED_RUNS, scorer_devices=("cpu", "auto"), link=None, log: Log = _quiet) -> dict:
     """Everything `andromeda compare` reports, as one JSON-ready dict. The remote design runs once per
     distinct scorer device (`scorer_columns`: by default the CPU scoring service and, where a GPU is
-    usable, one on the GPU: the 2024 picture), then the co-located design."""
+    usable, one on the GPU: the 2024 picture), then the co-located design. `link` (`relay.Link`): the
+    network every hop behaves as (default: loopback as it is)."""
     from cpu_baseline.remote import RemoteRetriever
 
     from .colocated import ColocatedRetriever
@@ -293,13 +295,14 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     measured: dict[str, ArchMeasurement] = {}
     for name, cls, options, runs_on in columns:
         log(f"{name}: starting its services on 127.0.0.1")
-        with cls.build(dataset, traffic=True, served=True, **options) as retriever:
+        with cls.build(dataset, traffic=True, served=True, link=link, **options) as retriever:
             apply_stream(updates, [retriever], dataset)
             log(f"{name}: {len(reqs)} requests")
             measured[name] = measure(retriever, reqs, k, min(traffic_requests, len(reqs)), runs)
             report[name] = check_answers(reference, measured[name].answers, k, name)
             report[name]["device"] = runs_on or getattr(retriever, "device", "cpu")  # remote: its scorer's
     report["architectures"] = list(measured)
+    report["link"] = (link or Link()).describe()
     report["eligible_equal"] = bool(eligibility["equal"])
     report["scores_equal"] = all(report[n]["scores"]["ok"] for n in measured)
     report["topk_equal"] = all(report[n]["topk"]["ok"] for n in measured)
@@ -351,6 +354,7 @@ def format_report(report: dict) -> str:
     def row(label: str, cells) -> str:
         return f"{label:<28}" + "".join(f"{c:>{W}}" for c in cells)
 
+    lines.append(f"network on every hop: {report.get('link', 'loopback')}")
     lines.append(row("", [title(n) for n in archs]))
     lines.append(row("runs on", [f"CPU + {report[n]['device'].upper()}" if n != "colocated" else report[n]["device"]
                                  for n in archs]))

@@ -82,7 +82,12 @@ def test_compare_shows_three_designs_that_answer_alike(tmp_path):
     assert table.exit_code == 0, table.output
     assert "remote, CPU scorer" in table.stdout and "remote, SIM scorer" in table.stdout
     assert "what co-location adds on top of SIM scoring" in table.stdout
-    report = json.loads(runner.invoke(main, [*args, "--json"]).stdout.splitlines()[-1])
+    assert "network on every hop: loopback" in table.stdout
+    shaped = runner.invoke(main, [*args, "--json", "--link-latency-us", "100", "--link-gbps", "25"])
+    assert shaped.exit_code == 0, shaped.output
+    report = json.loads(shaped.stdout.splitlines()[-1])
+    assert report["link"] == "100 us, 25 Gb/s"
+    assert min(report["latency_ms"][n]["p50"] for n in report["architectures"]) >= 0.2  # two 100 us crossings at least
     assert report["architectures"] == ["remote", "remote_sim", "colocated"]
     assert report["topk_equal"] and report["scores_equal"] and report["remote_sim"]["device"] == "sim"
     b = report["bytes_per_request"]
