@@ -692,8 +692,10 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
 @device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
 @click.option("--kernel-version", "version", type=int, default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one).")
+@click.option("--batch-wait-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
+              help="Longest a request waits for requests of other exchanges to share its engine batch (0: none).")
 @_server_options("colocated")
-def serve_colocated(data, device, version, quiet, **options):
+def serve_colocated(data, device, version, batch_wait_ms, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
@@ -706,7 +708,7 @@ def serve_colocated(data, device, version, quiet, **options):
         from migration.serve import run_colocated
 
         _info(f"loading {data}", quiet)
-        run_colocated(data, settings, device=where, version=version,
+        run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
                       on_ready=_on_listening("colocated", settings, quiet,
                                              lambda srv: _holds(data, srv.health_info(), srv.engine.device)))
 

@@ -10,6 +10,11 @@ no request sees half an update. On start the server replays the log's records af
 before it listens, so the same command started again serves exactly what it acknowledged. Every
 answer batch carries the sequence number of the last update it reflects (`{"seq": n}` as
 app_metadata).
+
+Requests of exchanges that arrive together share one engine batch (`andromeda_nb.batcher`): a GPU
+engine reads the pool once per launch whether it serves one request or sixty-four, so many plain
+clients sending a request each get batch throughput; a request waits at most `batch_wait_s` (0.2 ms
+by default, `serve colocated --batch-wait-ms`) for company.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import threading
 
 from . import rows
+from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from .durable import ReadGate, UpdateJournal
 from .flight import RetrieveServer
 from .limits import DEFAULT_LIMITS
@@ -28,7 +34,7 @@ class EngineServer(RetrieveServer):
     name = "colocated"
 
     def __init__(self, engine, dataset, location: str = "grpc://127.0.0.1:0", *, log: WriteAheadLog | None = None,
-                 limits=None, guard=None, data_dir=None):
+                 limits=None, guard=None, data_dir=None, batch_wait_s: float = DEFAULT_MAX_WAIT_S):
         model = dataset.model
         limits = limits or DEFAULT_LIMITS
         self.engine = engine
@@ -46,6 +52,10 @@ class EngineServer(RetrieveServer):
         if dataset.requests:  # compile / load every kernel before the first client
             self.engine.retrieve(dataset.requests[:1], 1)
         rows.warm_up()  # ... and what the first update needs
+        # requests of concurrent exchanges share engine batches (andromeda_nb.batcher), at most
+        # batch_wait_s later than alone, never more than one batch's limit of requests
+        self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
+                                      name="colocated-batcher")
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
     def _apply(self, items) -> int:
@@ -64,13 +74,14 @@ class EngineServer(RetrieveServer):
             self.seq = items[done - 1][0].seq
         return done
 
+    def _run_batch(self, requests, k):
+        with self._lock:
+            return self.engine.retrieve(requests, k), self.seq
+
     def retrieve_at(self, requests, ks):
         if not requests:
             return [], self.seq
-        with self._lock:
-            answers = self.engine.retrieve(requests, max(ks))
-            seq = self.seq
-        return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)], seq
+        return self.batcher.submit(requests, ks)
 
     def retrieve(self, requests, ks):
         return self.retrieve_at(requests, ks)[0]
@@ -94,7 +105,11 @@ class EngineServer(RetrieveServer):
         return {**self.engine.describe(), "fingerprint": self.fingerprint, "lineage": self.lineage,
                 "log": self.log.describe(), "replayed": self.replayed}
 
+    def extra_stats(self) -> dict:
+        return {"batching": self.batcher.stats()}
+
     def close_resources(self) -> None:
+        self.batcher.close()
         self.engine.close()
         self.log.close()
 

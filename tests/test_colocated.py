@@ -138,3 +138,40 @@ def test_updates_while_serving(server):
     assert_equal_reference(reference, dataset.requests, answers, 12, "after updates")
     ack = fl.flight_action(location, "update", json.dumps({"op": "retire", "ad_id": 987654321}))
     assert ack["applied"] == 0 and "does not exist" in ack["rejected"][0]["error"]
+
+
+def test_concurrent_plain_clients_share_engine_batches_and_get_their_own_answers():
+    """Sixteen plain Flight clients at once, one request each: every answer equals the reference at
+    its own k, and the server ran fewer engine batches than it took calls (andromeda_nb.batcher)."""
+    import threading
+
+    from migration.colocated import make_server
+
+    dataset, _ = make_dataset(43, precision="fp16", n_requests=16)
+    srv = make_server(dataset, "grpc://127.0.0.1:0", device="cpu", batch_wait_s=0.05)
+    location = f"grpc://127.0.0.1:{srv.port}"
+    reference = ReferenceRetriever.build(dataset)
+    got, errors = {}, []
+
+    def client(i):
+        try:
+            r = dataset.requests[i]
+            got[i] = fl.retrieve_over_flight(location, [r], 3 + i)[0]
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for i, r in enumerate(dataset.requests):
+            assert_equal_reference(reference, [r], [got[i]], 3 + i, f"client {i}")
+        batching = fl.flight_action(location, "stats")["batching"]
+        assert batching["calls"] == 16 and batching["requests"] == 16
+        assert batching["batches"] < 16, batching
+    finally:
+        srv.shutdown()
+        srv.close_resources()
