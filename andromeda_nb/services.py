@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -48,7 +49,7 @@ SERVICE_NAMES = {"colocated": "the co-located server (match, fused scoring and t
                  "remote": "the remote-scoring index host (CPU match here, scoring on the scoring service)",
                  "scorer": "the scoring service (scores candidate lists for the index host)",
                  "cluster": "the front of co-located shards on Ray (fan-out to every shard, exact merge)"}
-START_TIMEOUT_S = 120.0  # a cold start compiles the numba kernels once
+START_TIMEOUT_S = 120.0  # seconds a starting service may use no CPU time (a cold start compiles kernels)
 STOP_TIMEOUT_S = 10.0
 
 
@@ -70,6 +71,16 @@ def banner(service: str, location: str, serving: str) -> str:
     return "\n".join(lines)
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process `pid` has used (Linux /proc), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class ServiceProcess:
     """`python -m module *args` as a subprocess; `location` is what it announced. `name` says which
     server it is in errors; `env`: further environment variables (tokens travel there, not in the
@@ -87,16 +98,36 @@ class ServiceProcess:
                                      stdin=subprocess.DEVNULL, env=env, text=True)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=start_timeout_s)
-        except queue.Empty:
-            self.stop()
-            raise RuntimeError(f"{self.name} did not start within {start_timeout_s:.0f} s") from None
+        line = self._wait_for_announcement(lines, start_timeout_s)
         if not line:
             code = self.proc.wait()
             raise RuntimeError(f"{self.name} exited with code {code} before listening (see its stderr)")
         self.announced = json.loads(line)  # the whole line: location, and what else the server said
         self.location = self.announced["location"]
+
+    def _wait_for_announcement(self, lines: queue.Queue, stall_s: float) -> str:
+        """The server's first stdout line. A start is judged by its progress, not by a fixed time: a
+        busy machine may take minutes to load and compile, so the wait goes on while the process
+        uses CPU time (Linux: /proc/PID/stat) and ends with an error after `stall_s` seconds in which
+        it used none. Where the process's CPU time cannot be read, `stall_s` bounds the whole start."""
+        last_cpu, last_progress = _cpu_seconds(self.proc.pid), time.monotonic()
+        while True:
+            try:
+                return lines.get(timeout=1.0)
+            except queue.Empty:
+                pass
+            if self.proc.poll() is not None:
+                try:
+                    return lines.get(timeout=5.0)
+                except queue.Empty:
+                    return ""
+            cpu = _cpu_seconds(self.proc.pid)
+            if cpu is not None and last_cpu is not None and cpu > last_cpu + 0.05:
+                last_cpu, last_progress = cpu, time.monotonic()
+            if time.monotonic() - last_progress > stall_s:
+                self.stop()
+                what = "made no progress (used no CPU time)" if cpu is not None else "did not start"
+                raise RuntimeError(f"{self.name} {what} within {stall_s:.0f} s")
 
     @property
     def port(self) -> int:
