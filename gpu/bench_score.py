@@ -52,8 +52,6 @@ TARGETS = {
     "moe_over_dot_time": 1.10,
     "int8_over_fp16_ads": 1.7,
     "fused_over_unfused": 10.0,
-    "pipeline_pool_ads_per_s": 5e9,
-    "pipeline_p99_ms": 5.0,
 }
 
 
@@ -406,7 +404,8 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                 for r in base.requests]
     slots = index.slots
     S = slots.capacity
-    log(progress, f"pipeline pool: {len(index):,} ads in {S:,} slots, built in {time.time() - t0:.1f} s")
+    index_s = time.time() - t0
+    log(progress, f"pipeline pool: {len(index):,} ads in {S:,} slots, built in {index_s:.1f} s")
     dpool = make_pool(xp, S, dim, precision, model.F, seed + 1, keep_rows=False)
     dpool.chunk_format = slots.chunk_format.astype(np.int32)
     dpool.fmt_slot = xp.asarray(np.repeat(dpool.chunk_format, CHUNK_SLOTS))
@@ -420,9 +419,13 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         elig = index.match_slots(encode_requests(batch_reqs), out=index.kept_output(len(batch_reqs)))
         return fs.topk(elig, tabs, k, index.stream), elig
 
-    # check against the float64 reference on the eligible slots the match reported
+    # check against the float64 reference on the eligible slots the match reported; the first call
+    # compiles (or loads from the cache) every kernel: the start-up a server pays before it listens
     checks = []
+    t1 = time.time()
     answers, elig = run(requests[:4])
+    result["startup_s"] = {"index_and_pool": round(index_s, 3), "table_and_scorer": round(t1 - t0 - index_s, 3),
+                           "first_batch": round(time.time() - t1, 3), "total": round(time.time() - t0, 3)}
     bits = np.unpackbits(elig.copy_to_host().view(np.uint8), axis=1, bitorder="little")
     for r, (ids, scores) in enumerate(answers):
         el = np.flatnonzero(bits[r])
@@ -492,11 +495,18 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                                      "pool_ads_per_s": B * len(index) / dt})
     tp = result["throughput"]
     best = max(tp, key=lambda x: x["pool_ads_per_s"])
-    result["targets"] = {
-        "pipeline_pool_ads_per_s": {"value": best["pool_ads_per_s"], "target": ">= 5e9",
-                                    "met": best["pool_ads_per_s"] >= 5e9, "batch": best["batch"]},
-        "pipeline_p99_ms": {"value": result["latency_ms"]["p99"], "target": "<= 5", "met": result["latency_ms"]["p99"] <= 5.0},
-    }
+    # the co-located pipeline's targets (host work included): 10M pool p50 <= 1.0 ms, p99 <= 1.5 ms, batch 64
+    # >= 60 G pool ads/s; 100M pool p99 <= 6 ms, batch 64 >= 120 G pool ads/s; start-up within 60 s
+    big = len(index) >= 100_000_000
+    b64 = next((x for x in tp if x["batch"] == 64), best)
+    lat = result["latency_ms"]
+    targets = {"batch64_pool_ads_per_s": (b64["pool_ads_per_s"], ">= 1.2e11" if big else ">= 6e10",
+                                          b64["pool_ads_per_s"] >= (1.2e11 if big else 6e10)),
+               "p99_ms": (lat["p99"], "<= 6" if big else "<= 1.5", lat["p99"] <= (6.0 if big else 1.5)),
+               "startup_s": (result["startup_s"]["total"], "<= 60", result["startup_s"]["total"] <= 60.0)}
+    if not big:
+        targets["p50_ms"] = (lat["p50"], "<= 1.0", lat["p50"] <= 1.0)
+    result["targets"] = {name: {"value": v, "target": t, "met": bool(m)} for name, (v, t, m) in targets.items()}
     return result
 
 
@@ -507,6 +517,8 @@ def pipeline_table(result) -> str:
              f"latency per request (batch 1): p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms",
              "stages (median ms): " + "  ".join(f"{k} {v:.3f}" for k, v in result.get("stages_ms", {}).items()),
              "stages (p99 ms):    " + "  ".join(f"{k} {v:.3f}" for k, v in result.get("stages_p99_ms", {}).items())]
+    if "startup_s" in result:
+        lines.append("start-up (s): " + "  ".join(f"{k} {v:.2f}" for k, v in result["startup_s"].items()))
     for t in result["throughput"]:
         lines.append(f"batch {t['batch']:>3}: {t['batch_ms']:8.2f} ms  {rate(t['requests_per_s'], 'requests/s'):>16}  "
                      f"{rate(t['pool_ads_per_s'], 'pool ads/s'):>18}")
