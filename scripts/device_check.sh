@@ -9,6 +9,9 @@
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures
 #   score     `bench score` (D = 64, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
+#   threeway  `compare` at 1M ads with the remote design's scorer on the CPU and on the GPU beside the
+#             co-located server, on loopback and over a shaped 100 us / 25 Gb/s network
+#   served    32 plain Flight clients against `serve colocated` on the GPU, against the in-process batch
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
 set -uo pipefail
 OUT=${OUT:-out/device}
@@ -50,12 +53,25 @@ for stage in "${stages[@]}"; do
       timeout 120 ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \
         python3 scripts/probe_score_mma.py --version 6 --ads 16777216 > "$OUT/ncu_score_v6.txt" 2>&1
       echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Issue Slots|Registers Per|Achieved Occupancy|Theoretical Occupancy" "$OUT/ncu_score_v6.txt" | head ;;
+    threeway)
+      [ -d /tmp/c1m ] || timeout 200 $A generate --ads 1000000 --requests 64 --seed 1 --workers 14 \
+        --updates 2000 --out /tmp/c1m --quiet > /dev/null
+      for link in "0 none" "100 25"; do set -- $link
+        extra=$([ "$2" = none ] || echo "--link-latency-us $1 --link-gbps $2")
+        timeout ${THREEWAY_TIMEOUT:-280} $A compare --data /tmp/c1m --device gpu --scorer-devices cpu,gpu \
+          --updates /tmp/c1m/updates.jsonl --oracle-requests 8 $extra --json --quiet > "$OUT/threeway_1m_link$1.json"
+        echo "threeway link $1 rc=$?"; tail -c 400 "$OUT/threeway_1m_link$1.json"; echo
+      done ;;
+    served)
+      [ -d /tmp/c1m ] || timeout 200 $A generate --ads 1000000 --requests 64 --seed 1 --workers 14 --out /tmp/c1m --quiet > /dev/null
+      timeout ${SERVED_TIMEOUT:-200} python3 scripts/bench_served.py --data /tmp/c1m --device gpu --clients 32 \
+        --seconds 30 --out "$OUT/served_1m_gpu.json" 2>&1 | tail -4 ;;
     demo)
       timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
       tail -c 400 "$OUT/demo_gpu.json"; echo
       timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
       python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
-    *) echo "unknown stage: $stage (tests, match, pipeline, compare, demo, all)"; exit 2 ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, threeway, served, demo, all)"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done
