@@ -65,7 +65,7 @@ STATEFUL = settings(BASE, phases=(Phase.explicit, Phase.generate))
 
 SIM_CHUNK = 32  # slots per format chunk for the simulated GPU index (production: 256)
 SIM_FORMATS = 3
-SIM_POOL = 300  # ads of the simulated co-located pool: two formats, so two 256-slot chunks
+SIM_POOL = 200  # ads of the simulated co-located pool: one format, one 256-slot chunk until creates grow it
 SIM_MAX_UPDATES = 10  # updates per step (3 in 10 of them creates)
 
 
@@ -170,15 +170,20 @@ test_gpu_index_sim_equals_oracle_drawn.__doc__ = (
     "batched updates (up to 80 requests a draw: more than one 64-request group of a launch).")
 
 
-# many more draws of the shipped kernel, each cheaper (one request group, one update piece): with the
-# two properties above and below, GPU_INDEX_DRAWS drawn examples in all under the simulator
+# many more draws of the shipped kernel, each cheaper (one format: one 32-slot chunk, as the simulator's
+# cost is per slot; one request group; one update piece): with the two properties above and below,
+# GPU_INDEX_DRAWS drawn examples in all under the simulator
 GPU_INDEX_DRAWS = 200
-test_gpu_index_sim_equals_oracle_many_draws = index_property(
-    {"gpu index (sim)": _gpu_sim}, max_examples=GPU_INDEX_DRAWS - 7 - 3, max_ads=10, max_updates=12,
-    max_requests=40, formats=SIM_FORMATS, chunks=1)
-test_gpu_index_sim_equals_oracle_many_draws.__doc__ = (
-    "The shipped GPU index kernel under the simulator on many small drawn corpora, streams and "
-    "request lists, before and after the stream.")
+def _many_draws(max_requests: int):
+    prop = index_property({"gpu index (sim)": _gpu_sim}, max_examples=(GPU_INDEX_DRAWS - 7 - 3) // 2, max_ads=10,
+                          max_updates=12, max_requests=max_requests, formats=1, chunks=1)
+    prop.__doc__ = ("The shipped GPU index kernel under the simulator on many small drawn corpora, streams "
+                    "and request lists, before and after the stream (two halves, so the test workers share them).")
+    return prop
+
+
+test_gpu_index_sim_equals_oracle_many_draws = _many_draws(max_requests=40)
+test_gpu_index_sim_equals_oracle_many_more_draws = _many_draws(max_requests=12)
 
 
 # --- the same cases pushed to the edges of the value ranges ------------------------------------------------
@@ -492,12 +497,12 @@ SIM_STEPS = 10  # ... of this many steps each: 50 steps of the co-located path u
 
 @pytest.fixture(scope="module", params=range(SIM_WORLDS))
 def sim_world(request):
-    """A small pool in two formats (two 256-slot chunks: the simulator's cost is per slot) for the
-    co-located path on device "sim", with float16 embeddings and ids above 2**62; replacements may
-    move an ad to the other format's chunk, and creates grow the pool by chunks."""
+    """A small pool in one format (one 256-slot chunk: the simulator's cost is per slot) for the
+    co-located path on device "sim", with float16 embeddings and ids above 2**62; creates grow the
+    pool by chunks (formats across chunks: tests/test_colocated.py and the served world)."""
     from migration.colocated import ColocatedRetriever
 
-    dataset = make_dataset(7 + 100 * request.param, SIM_POOL, D=16, F=2, precision="fp16", big_ids=True)
+    dataset = make_dataset(7 + 100 * request.param, SIM_POOL, D=16, F=1, precision="fp16", big_ids=True)
     retriever = ColocatedRetriever.build(dataset, device="sim")
     assert retriever.device == "sim"
     try:
