@@ -13,7 +13,7 @@ The target: p99 during the call within 2x of the idle p99. `--slice N` sets how 
 server applies between two looks at waiting retrievals (`ServiceLimits.update_slice`); `--slice
 1000000` applies the whole call in one piece, as the servers did before slicing, for comparison.
 
-    PYTHONPATH=. python3 scripts/bench_update_stall.py --out docs/results/update_stall.json
+    PYTHONPATH=. python3 scripts/bench_update_stall.py --out docs/results/reliability/update_stall.json
 """
 
 from __future__ import annotations

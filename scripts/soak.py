@@ -19,7 +19,7 @@ The co-located server runs on `--device` (the CPU engine by default).
   server holds, and that must include every acknowledged update;
 * the servers' resident memory is sampled every 5 s: it must stay flat once warm.
 
-    PYTHONPATH=. python3 scripts/soak.py --minutes 10 --out docs/results/soak.json
+    PYTHONPATH=. python3 scripts/soak.py --minutes 10 --out docs/results/reliability/soak.json
 """
 
 from __future__ import annotations
