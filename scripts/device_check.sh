@@ -8,7 +8,7 @@
 #   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size)
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures
-#   score     `bench score` (D = 64, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
+#   score     `bench score` (D = 64 and 128, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
 #   threeway  `compare` at 1M ads with the remote design's scorer on the CPU and on the GPU beside the
 #             co-located server, on loopback and over a shaped 100 us / 25 Gb/s network
 #   served    32 plain Flight clients against `serve colocated` on the GPU, against the in-process batch
@@ -47,12 +47,12 @@ for stage in "${stages[@]}"; do
         > "$OUT/compare_1m_gpu.json" 2> "$OUT/compare_1m_gpu.err"; echo "compare rc=$?"
       tail -c 600 "$OUT/compare_1m_gpu.json"; tail -3 "$OUT/compare_1m_gpu.err" ;;
     score)
-      timeout ${SCORE_TIMEOUT:-300} $A bench score --dims 64 --precision fp16 --precision int8 --versions 4,6 \
+      timeout ${SCORE_TIMEOUT:-300} $A bench score --dims ${SCORE_DIMS:-64,128} --precision fp16 --precision int8 --versions ${SCORE_VERSIONS:-4,6} \
         --out "$OUT/bench_score.json" > "$OUT/bench_score.log" 2>&1
       echo "score rc=$?"; grep -E "G ads/s|peer|copy" "$OUT/bench_score.log" | cut -c1-200 | tail -20
       timeout 120 ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \
-        python3 scripts/probe_score_mma.py --version 6 --ads 16777216 > "$OUT/ncu_score_v6.txt" 2>&1
-      echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Issue Slots|Registers Per|Achieved Occupancy|Theoretical Occupancy" "$OUT/ncu_score_v6.txt" | head ;;
+        python3 scripts/probe_score_mma.py --version ${NCU_VERSION:-6} --ads 16777216 > "$OUT/ncu_score_v${NCU_VERSION:-6}.txt" 2>&1
+      echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Issue Slots|Registers Per|Achieved Occupancy|Theoretical Occupancy" "$OUT/ncu_score_v${NCU_VERSION:-6}.txt" | head ;;
     threeway)
       [ -d /tmp/c1m ] || timeout 200 $A generate --ads 1000000 --requests 64 --seed 1 --workers 14 \
         --updates 2000 --out /tmp/c1m --quiet > /dev/null
