@@ -145,6 +145,23 @@ class IntList(click.ParamType):
         return values
 
 
+class ShareList(click.ParamType):
+    """Comma-separated shares in (0, 1], e.g. "1,0.08" -> [1.0, 0.08]."""
+
+    name = "shares"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            values = [float(x) for x in str(value).split(",") if x.strip()]
+        except ValueError:
+            self.fail(f"expected comma-separated numbers, got {value!r}", param, ctx)
+        if not values or not all(0.0 < x <= 1.0 for x in values):
+            self.fail(f"expected shares in (0, 1], got {value!r}", param, ctx)
+        return values
+
+
 def int_list_option(*names, default=None, help: str):
     """An option holding comma-separated positive integers (validated the same way everywhere)."""
     return click.option(*names, type=IntList(), default=default, show_default=default is not None, help=help)
@@ -968,11 +985,14 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
 @click.option("--unfused/--no-unfused", default=True, show_default=True, help="Also time the unfused CuPy pipeline.")
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Also time the PyTorch peers (dot, eager and compiled MoE) where PyTorch is importable.")
+@click.option("--eligible", "eligible", type=ShareList(), default="1", show_default=True,
+              help="Shares of the pool eligible, comma-separated: 1 (the targets' condition) and, for example, "
+                   "0.08 (a random 8%, as a request's match leaves it) to time the walk over eligible ads.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the pool and the model.")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out, as_json, quiet):
+def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, seed, out, as_json, quiet):
     """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
     every version x {moe, dot} x precision x D, each checked against the float64 reference first;
     the unfused CuPy pipeline beside it. Needs a CUDA GPU and CuPy."""
@@ -982,7 +1002,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
         from gpu import bench_score as bs
 
         result = bs.bench_score(n_ads=n_ads, dims=dims, precisions=precisions, versions=versions, k=k, seed=seed,
-                                unfused=unfused, peers=peers, progress=not quiet, out=out)
+                                unfused=unfused, peers=peers, eligible=eligible, progress=not quiet, out=out)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench score: {exc}") from None
     _stamp(result, "score")
@@ -998,11 +1018,13 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, seed, out,
 @click.option("--dim", default=64, show_default=True, help="Embedding dim.")
 @k_option("Top-K per request.")
 @int_list_option("--batches", default="1,16,64", help="Requests per batch for throughput.")
+@click.option("--score-version", type=click.IntRange(1), default=None,
+              help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_json, quiet):
+def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
     from andromeda_nb.bench import json_line
@@ -1011,7 +1033,7 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, seed, out, as_jso
         from gpu import bench_score as bs
 
         result = bs.bench_pipeline(pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k, batches=batches,
-                                   seed=seed, progress=not quiet)
+                                   score_version=score_version, seed=seed, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")

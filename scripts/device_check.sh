@@ -38,7 +38,7 @@ for stage in "${stages[@]}"; do
         --batches 64,256 --no-updates --cpu-pool 0 --out "$OUT/bench_match.json" > "$OUT/bench_match.log" 2>&1
       echo "match rc=$?"; grep -E "G pool ads/s|check passed|registers" "$OUT/bench_match.log" | cut -c1-200 ;;
     pipeline)
-      timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline --out "$OUT/pipeline.json" > "$OUT/pipeline.log" 2>&1
+      timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline ${PIPELINE_ARGS:-} --out "$OUT/pipeline.json" > "$OUT/pipeline.log" 2>&1
       echo "pipeline rc=$?"; tail -11 "$OUT/pipeline.log" ;;
     compare)
       timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
@@ -47,7 +47,7 @@ for stage in "${stages[@]}"; do
         > "$OUT/compare_1m_gpu.json" 2> "$OUT/compare_1m_gpu.err"; echo "compare rc=$?"
       tail -c 600 "$OUT/compare_1m_gpu.json"; tail -3 "$OUT/compare_1m_gpu.err" ;;
     score)
-      timeout ${SCORE_TIMEOUT:-300} $A bench score --dims ${SCORE_DIMS:-64,128} --precision fp16 --precision int8 --versions ${SCORE_VERSIONS:-4,6} \
+      timeout ${SCORE_TIMEOUT:-300} $A bench score --dims ${SCORE_DIMS:-64,128} --precision fp16 --precision int8 --versions ${SCORE_VERSIONS:-4,6} --eligible ${SCORE_ELIGIBLE:-1} \
         --out "$OUT/bench_score.json" > "$OUT/bench_score.log" 2>&1
       echo "score rc=$?"; grep -E "G ads/s|peer|copy" "$OUT/bench_score.log" | cut -c1-200 | tail -20
       timeout 120 ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \

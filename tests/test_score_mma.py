@@ -181,18 +181,21 @@ def _scored_case(seed, precision, D, E, top, n_chunks, R, F=3, density=0.5):
 SIM_CASES = [("fp16", 64, 6, 2), ("int8", 64, 6, 2), ("fp32", 64, 6, 2), ("fp16", 32, 9, 3)]
 
 
-@pytest.mark.parametrize("precision,D,E,top", SIM_CASES)
-def test_tensor_core_kernel_equals_the_reference(precision, D, E, top):
+@pytest.mark.parametrize("precision,D,E,top,version", [(*c, 5) for c in SIM_CASES] + [(*c, 7) for c in SIM_CASES[:2]])
+def test_tensor_core_kernel_equals_the_reference(precision, D, E, top, version):
     """The fused kernel, exact mode, against the float64 reference (scores within SCORE_ATOL, gate
-    ties excused; top-K order); E = 9 takes two n-tiles of gates and of experts."""
+    ties excused; top-K order); E = 9 takes two n-tiles of gates and of experts. v7 walks each chunk's
+    list of eligible slots (the case's first quarter has none)."""
     from gpu.fused import FusedScorer
     from gpu.kernels.score import TensorCoreRecipe
     from gpu.lab import score as lab
 
     seed = 300 + D + E
     n_chunks, R = (64, 3) if ON_GPU else (1, 1)
-    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(seed, precision, D, E, top, n_chunks, R)
-    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=top, version=lab.VERSIONS[5])
+    density = 0.5 if version == 5 or ON_GPU else 0.1  # v7 under the simulator: one tile of listed slots
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(seed, precision, D, E, top, n_chunks, R,
+                                                                    density=density)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=top, version=lab.VERSIONS[version])
     assert isinstance(fs.kernel_version.recipe, TensorCoreRecipe)
     k = 40 if not ON_GPU else int(rng.choice([5, 100, 3000]))
     fmt_slot = np.repeat(chunk_format, CHUNK_SLOTS)
@@ -231,7 +234,8 @@ def test_tensor_core_kernels_compile_for_sm90():
     instructions, with no float64 arithmetic and no local memory."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT)
-    cases = ["fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:128:exact", "int8:128:exact", "fp16:64:fast"]
+    cases = ["fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:128:exact", "int8:128:exact", "fp16:64:fast",
+             "fp16:64:exact:compact", "int8:64:exact:compact"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_ptx_mma_check.py"), *half],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for half in (cases[0::2], cases[1::2])]

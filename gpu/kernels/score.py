@@ -436,6 +436,7 @@ class TensorCoreRecipe:
     'tiles' layout, MoE only, `max_registers` per thread (None: what the compiler takes)."""
 
     max_registers: int | None = None
+    compact: bool = False  # walk each chunk's eligible slots only (score_mma._COMPACT_SKELETON)
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -443,7 +444,8 @@ class TensorCoreRecipe:
 
         if spec.kind != "moe":
             raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
-        return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers)
+        return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
+                              compact=self.compact)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,

@@ -235,6 +235,7 @@ class MmaSpec:
     mode: str = "exact"
     kind: str = "moe"
     max_registers: int | None = None
+    compact: bool = False  # walk only the eligible slots of each chunk (see _COMPACT_SKELETON)
 
     @property
     def table_width(self) -> int:
@@ -286,6 +287,77 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out
 """
 
 
+# The compacted walk: a warp takes whole chunks (chunk cl = cw * WARPS + warp of the block), lists the
+# eligible slots of its chunk in shared memory (popcounts of the chunk's eligibility words, each of its
+# first lanes writing the slots of one word), and runs the m16 tiles over that list, 32 listed slots at a
+# time: the rows are gathered by slot, so the bytes read follow the eligible ads, not the pool. Keys
+# start at 0 (never kept) and each listed ad writes its own; the block top-K is the same.
+_COMPACT_SKELETON = """
+def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot):
+    keys = cuda.shared.array({keys_n}, uint32)
+    hist = cuda.shared.array({hist_n}, uint32)
+    part = cuda.shared.array(16, uint32)
+    state = cuda.shared.array({state_n}, uint32)
+    acc = cuda.shared.array(({warps}, 32, {acc_stride}), float32)
+    lst = cuda.shared.array(({warps}, {chunk}), int32)
+    tid = cuda.threadIdx.x
+    warp = tid >> 5
+    lane = tid & 31
+    g = lane >> 2
+    q = lane & 3
+    b = cuda.blockIdx.x
+    r = cuda.blockIdx.y
+    n_chunks = chunk_format.shape[0]
+    n_f = tabs.shape[1]
+    c0 = b * {cpb}
+    slot0 = c0 * {chunk}
+    for i in range(tid, {keys_n}, {threads}):
+        keys[i] = uint32(0)
+    cur_f = -1
+{init}
+    cuda.syncthreads()
+    for cw in range({cpw}):
+        cl = cw * {warps} + warp
+        c = c0 + cl
+        n = 0
+        if c < n_chunks:
+            off = 0
+            for j in range({wpc}):
+                pc = int32(cuda.popc(elig[r, c * {wpc} + j]))
+                if j < lane:
+                    off += pc
+                n += pc
+            if lane < {wpc}:
+                w = elig[r, c * {wpc} + lane]
+                while w != uint32(0):
+                    lst[warp, off] = cl * {chunk} + lane * 32 + int32(cuda.popc((w ^ (w - uint32(1))) >> uint32(1)))
+                    off += 1
+                    w &= w - uint32(1)
+            f = chunk_format[c]
+            if n > 0 and f != cur_f:
+{load_b}
+                cur_f = f
+        sync_warp()
+{tile_count}
+        for t in range(n_tiles):
+{body}
+        sync_warp()
+    cuda.syncthreads()
+    block_topk_emit(keys, {keys_n}, cap, hist, part, state, out_key, out_slot, r, b, slot0)
+"""
+
+# under the simulator a warp's barriers are the block's: every warp runs the block's largest tile count
+_SIM_TILE_COUNT = [
+    "most = cuda.shared.array(" + str(WARPS) + ", int32)",
+    "most[warp] = (n + 31) >> 5",
+    "cuda.syncthreads()",
+    "n_tiles = 0",
+    "for j in range(" + str(WARPS) + "):",
+    "    n_tiles = max(n_tiles, most[j])",
+    "cuda.syncthreads()",
+]
+
+
 def _indent(lines, n):
     pad = " " * n
     return "\n".join(pad + ln if ln else ln for ln in lines)
@@ -322,10 +394,16 @@ def _products(spec: MmaSpec) -> list[str]:
     NT = 2 * n_gate_tiles(E)
     lines = []
     for h in range(2):
+        for R, off in (("ra", 0), ("rb", 8)):
+            if spec.compact:  # row 16h + off + g of the tile is listed slot t * 32 + that row (slot0 past the list)
+                lines += [f"i = t * 32 + {16 * h + off} + g", "s = slot0 + (lst[warp, i] if i < n else 0)",
+                          f"a{h}{R} = (s >> 5) * {V * TILE_WORDS} + (s & 31) * 4"]
+            else:
+                lines.append(f"a{h}{R} = tbase + ({16 * h + off} + g) * 4")
         for m in range(V // 4):  # lane q of a group loads quads q, q + 4, ... of rows g and g + 8
-            for R, off in (("ra", 0), ("rb", 8)):
+            for R in ("ra", "rb"):
                 names = ", ".join(f"{R}{h}_{4 * m + i}" for i in range(4))
-                lines.append(f"{names} = load_u32x4(emb, tbase + (q + {4 * m}) * {TILE_WORDS} + ({16 * h + off} + g) * 4)")
+                lines.append(f"{names} = load_u32x4(emb, a{h}{R} + (q + {4 * m}) * {TILE_WORDS})")
     for h in range(2):
         for n in range(NT):
             lines += [f"c{n}_{i} = float32(0.0)" for i in range(4)]
@@ -352,7 +430,11 @@ def _epilogue(spec: MmaSpec) -> list[str]:
     routing (top-k, ties to the lower expert), softmax over the routed logits, the score, its key."""
     E, K = spec.experts, spec.top_e
     X0 = 8 * n_gate_tiles(E)  # first expert column
-    lines = ["sc = inv * scale[c * 256 + warp * 32 + lane]" if spec.precision == "int8" else "sc = inv"]
+    if spec.compact:  # lane = listed slot t * 32 + lane (block offset o; slot0 past the list)
+        lines = ["i = t * 32 + lane", "o = lst[warp, i] if i < n else 0", "s = slot0 + o"]
+    else:
+        lines = ["s = c * 256 + warp * 32 + lane"]
+    lines.append("sc = inv * scale[s]" if spec.precision == "int8" else "sc = inv")
     for e in range(E):
         lines.append(f"g{e} = acc[warp, lane, {e}] * sc + qb{e}")
         lines.append(f"x{e} = acc[warp, lane, {X0 + e}] * sc + ub{e}")
@@ -366,8 +448,12 @@ def _epilogue(spec: MmaSpec) -> list[str]:
         lines.append(f"w{j} = " + ("float32(1.0)" if j == 0 else f"float32(math.exp(gv{j} - gv0))"))
     num = " + ".join(f"w{j} * xv{j}" for j in range(K))
     den = " + ".join(f"w{j}" for j in range(K))
-    lines.append("if (ew >> uint32(lane)) & uint32(1):")
-    lines.append(f"    key = f32_to_key(({num}) / ({den}))")
+    if spec.compact:
+        lines.append("if i < n:")
+        lines.append(f"    keys[o] = f32_to_key(({num}) / ({den}))")
+    else:
+        lines.append("if (ew >> uint32(lane)) & uint32(1):")
+        lines.append(f"    key = f32_to_key(({num}) / ({den}))")
     return lines
 
 
@@ -386,7 +472,15 @@ def _source(spec: MmaSpec, name: str) -> str:
     load_b += [f"qb{e} = tabs[r, f, {qb0 + e}]" for e in range(E)]
     load_b += [f"ub{e} = tabs[r, f, {qb0 + E + e}]" for e in range(E)]
     body = _products(spec) + ["sync_warp()"] + _epilogue(spec) + ["sync_warp()"]
-    skip = "True" if runtime.simulator_enabled() else "ew != uint32(0)"  # block-uniform under the simulator
+    sim = runtime.simulator_enabled()
+    if spec.compact:
+        return _COMPACT_SKELETON.format(
+            name=name, keys_n=ADS_PER_BLOCK, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK,
+            chunk=CHUNK_SLOTS, warps=WARPS, threads=THREADS, acc_stride=8 * 2 * NG + 1, init=_indent(init, 4),
+            cpw=CHUNKS_PER_BLOCK // WARPS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16),
+            tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8), body=_indent(body, 12),
+        )
+    skip = "True" if sim else "ew != uint32(0)"  # block-uniform under the simulator
     return _SKELETON.format(
         name=name, keys_n=ADS_PER_BLOCK, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK,
         chunk=CHUNK_SLOTS, warps=WARPS, acc_stride=8 * 2 * NG + 1, tile_words=V * TILE_WORDS, init=_indent(init, 4),
@@ -396,7 +490,8 @@ def _source(spec: MmaSpec, name: str) -> str:
 
 def _name(spec: MmaSpec) -> str:
     regs = f"_r{spec.max_registers}" if spec.max_registers else ""
-    return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}"
+    walk = "_compact" if spec.compact else ""
+    return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
 def kernel_source(spec: MmaSpec) -> str:
@@ -476,12 +571,12 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 
 @lru_cache(maxsize=None)
 def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
-                   max_registers: int | None = None) -> MmaScoreKernel:
+                   max_registers: int | None = None, compact: bool = False) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
         raise ValueError(f"the tensor-core scorer does not serve {precision} at D = {dim}, E = {experts}")
-    return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers))
+    return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers, compact=compact))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",
