@@ -2,8 +2,10 @@
 per-block top-K, in one pass over the stored embeddings (DESIGN section 3).
 
 The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBACK` (`version()`):
-    v6 tensor cores  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the request's
-                  tables carried as fp16 hi + lo pairs (float32 accuracy), one ad per lane for
+    v7 compacted  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the request's
+                  tables carried as fp16 hi + lo pairs (float32 accuracy), over each chunk's eligible
+                  slots only (a warp lists them in shared memory and gathers their rows into the
+                  tiles, so the bytes read follow the eligible ads, not the pool), one ad per lane for
                   routing and softmax, 4096 ads per block top-K (`gpu/kernels/score_mma.py`, which
                   says how); shipped for the MoE at fp16 and int8 with D = 64, where it was measured
                   faster (docs/results/score_mma_runs.md)
@@ -18,11 +20,11 @@ The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBAC
                   fallback: dot kernels, float32 storage, D = 128.
 Both run under the CUDA simulator too (the tensor-core kernel through `gpu.kernels.mma`'s emulation).
 The versions before them (v1 naive, v2 and v3 with one and two ads per thread, v5 the tensor-core
-kernel without a register limit) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
+kernel without a register limit, v6 its full walk over every slot at 80 registers) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
 score` times and the tests check. A version is one entry of `VERSIONS`: a number, a name, and a
 recipe with `layout` ('rows' | 'tiles') and `build(spec)`; the tiled versions share the generator
 `tiled(ads_per_thread)`, the tensor-core ones `TensorCoreRecipe` (the
-register limit is its parameter).
+register limit and the compacted walk are its parameters).
 
 Kernels (one per version, precision, D, E, top-k and kind 'moe' | 'dot', generated and compiled on
 first use by `get_kernel`). Every kernel has the same arguments:
@@ -449,7 +451,7 @@ class TensorCoreRecipe:
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,
-        run6 and the D = 128 run3): the MoE at fp16 and int8 with D = 64, on a device with tensor cores
+        run6, run7 and the D = 128 run3): the MoE at fp16 and int8 with D = 64, on a device with tensor cores
         (compute capability 8.0 or newer; the simulator emulates them)."""
         return kind == "moe" and precision in ("fp16", "int8") and dim == 64 and runtime.has_tensor_cores()
 
@@ -457,11 +459,15 @@ class TensorCoreRecipe:
 VERSIONS = version_table(
     Version(4, "v4 tiled x4", "16-byte loads of tiled words, shared d-major format table, four ads per thread",
             tiled(4)),
-    Version(6, "v6 tensor cores", "the 2E per-ad dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables, one "
-            "ad per lane in the epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
-            TensorCoreRecipe(80)),
+    Version(7, "v7 compacted", "the 2E per-ad dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables, over each "
+            "chunk's eligible slots only (listed in shared memory, rows gathered by slot), one ad per lane in the "
+            "epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
+            TensorCoreRecipe(80, compact=True)),
 )
-SHIPPED = 6  # docs/results/score_mma_runs.md: 17.1 G ads/s against v4's 11.6 at fp16, D = 64 (run6)
+# docs/results/score_mma_runs.md, run7 (one H200 run): with 8% of a 64Mi pool eligible, 2.06 ms against 3.73 ms
+# for v6 (the full walk; 3.87 ms with every ad eligible, v7 4.43 ms); the 10M-ad pipeline's batches of 64 22.9 G
+# pool ads/s against 16.6 G. A request's match leaves 2% to 14% of a pool eligible.
+SHIPPED = 7
 FALLBACK = 4  # for the shapes SHIPPED does not serve best: dot kernels, fp32 storage, D = 128
 
 

@@ -134,9 +134,12 @@ def match_v1(resid, prog_ptr, prog, sched, circles, rscal, rpos1, rterm_ptr, rte
 class NaiveKernel:
     """v1's launch: grid x over slots, y over requests; the output is zeroed first (v1 ORs bits in)."""
 
-    kernel = match_v1
     group = 0  # the per-request form of the request arrays
     circle_table = False
+
+    def __init__(self):
+        # an instance attribute: a CUDA dispatcher set on the class would bind as a method on the GPU
+        self.kernel = match_v1
 
     def launch(self, ix, rq, out, stream=0) -> None:
         threads, blocks_x = block_shape(ix[0].shape[0])

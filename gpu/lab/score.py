@@ -16,10 +16,11 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
     v5 tensor cores  the 2E per-ad dots as mma.sync tiles (`gpu/kernels/score_mma.py`), registers as
                   the compiler takes them (100 at D = 64: 2 blocks per SM)
     v6 tensor cores  v5 held to 80 registers (3 blocks per SM); shipped for the MoE at fp16 and int8
-                  with D = 64
+                  with D = 64 until v7 measured faster where a request's match leaves few ads eligible
     v7 compacted  v6 walking only the eligible slots: each warp lists its chunk's eligible slots in
                   shared memory and gathers their rows into the m16 tiles, so the bytes read follow the
-                  eligible ads (a request's match leaves 4% to 14% of a pool eligible), not the pool
+                  eligible ads (a request's match leaves 2% to 14% of a pool eligible), not the pool.
+                  Shipped for the MoE at fp16 and int8 with D = 64
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
 dots, was written first: it saves a third of the FMAs but its fully unrolled code took numba minutes
@@ -56,9 +57,10 @@ VERSIONS = version_table(
     Version(3, "v3 tiled x2", "v2 with two ads per thread", tiled(2)),
     Version(5, "v5 tensor cores", "the 2E per-ad dots as mma.sync m16n8k16 tiles, registers unbounded",
             TensorCoreRecipe(None)),
+    Version(6, "v6 tensor cores", "the 2E per-ad dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables, one "
+            "ad per lane in the epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
+            TensorCoreRecipe(80)),
     *shipped.VERSIONS.values(),
-    Version(7, "v7 compacted", "v6 over each chunk's eligible slots only: listed in shared memory, rows "
-            "gathered by slot into the m16 tiles", TensorCoreRecipe(80, compact=True)),
 )
 SHIPPED = shipped.SHIPPED
 
