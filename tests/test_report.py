@@ -282,6 +282,29 @@ def test_markdown_carries_every_kind_of_figure(results, tmp_path, monkeypatch):
     assert "### Headline figures" in md and rp.ANCHORS["match"] in md
 
 
+def test_rows_with_a_share_eligible_are_shown_but_never_the_headline(tmp_path, monkeypatch):
+    """A walk over 8% of the pool reads fewer bytes than a full walk: its pool-ads rate is listed with
+    its share, and the headline and roofline keep to the runs with every ad eligible."""
+    rng = np.random.default_rng(SEED)
+    doc = make_score(rng)
+    full = max((r for r in doc["runs"] if r["ok"] and r["kind"] == "moe"), key=lambda r: r["ads_per_s"])
+    doc["runs"].append({**full, "eligible": 0.08, "ads_per_s": 3 * full["ads_per_s"], "score_ms": full["score_ms"] / 3})
+    path = tmp_path / "score.json"
+    path.write_text(json.dumps(doc))
+    _no_matplotlib(monkeypatch)
+    md = Path(rp.build_report([path], tmp_path / "docs").markdown).read_text()
+    headline = md.split("### Headline figures")[1].split("###")[0]
+    assert f"{full['ads_per_s'] / 1e9:.2f} G ads/s" in headline
+    assert f"{3 * full['ads_per_s'] / 1e9:.2f} G ads/s" not in headline
+    assert "| eligible |" in md and "| 0.08 |" in md and f"{3 * full['ads_per_s'] / 1e9:,.2f}" in md
+    from migration.report.figures import score_points
+    from migration.report.sources import load_source
+
+    src = load_source(path)
+    assert len(score_points(src)) == len(doc["runs"])
+    assert len(score_points(src, every_ad_eligible=True)) == len(doc["runs"]) - 1
+
+
 def test_without_matplotlib_the_tables_are_written_and_the_charts_skipped(results, tmp_path, monkeypatch):
     _, paths = results
     _no_matplotlib(monkeypatch)

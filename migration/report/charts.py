@@ -84,7 +84,7 @@ def _ceiling(ax, bw: float, xs: list[float], label: str) -> None:
 def _roofline_panels(sources: list[Source]) -> list[tuple]:
     panels = []
     for s in of_kind(sources, "score"):
-        pts = score_points(s)
+        pts = score_points(s, every_ad_eligible=True)
         for D in sorted({p["D"] for p in pts}):
             panels.append(("score", s, D, [p for p in pts if p["D"] == D],
                            [u for u in unfused_points(s) if u["D"] == D]))

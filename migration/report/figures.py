@@ -34,20 +34,26 @@ def unfused_flops_per_ad(dim: int, experts: int = DEFAULT_E, top_e: int = DEFAUL
     return dim + 2 * dim + 4 * dim * experts + experts + experts * top_e + 3 * top_e + 1 + 2 * top_e
 
 
-def score_points(src: Source) -> list[dict]:
-    """One point per fused kernel run (version x kind x precision x D) with the roofline figures."""
+def score_points(src: Source, every_ad_eligible: bool = False) -> list[dict]:
+    """One point per fused kernel run (version x kind x precision x D x eligible share) with the
+    roofline figures; `every_ad_eligible`: only the runs with every ad eligible (the roofline's and the
+    headline's condition: a walk over a smaller share reads fewer bytes than `bytes_per_ad` says)."""
     d = src.doc
     bw = float(d["copy_bandwidth_Bps"])
     names = {str(k): v for k, v in (d.get("versions") or {}).items()}
     out = []
     for r in d["runs"]:
+        share = float(r.get("eligible", 1.0))
+        if every_ad_eligible and share < 1.0:
+            continue
         experts, top_e = r.get("experts", DEFAULT_E), r.get("top_e", DEFAULT_TOP_EXPERTS)
         flops = kernel_flops_per_ad(r["kind"], r["D"], experts, top_e)
         bytes_per_ad = float(r["bytes_per_ad"])
         ads = float(r["ads_per_s"])
         out.append({
             "version": r["version"], "name": names.get(str(r["version"]), f"v{r['version']}"), "kind": r["kind"],
-            "precision": r["precision"], "D": r["D"], "ok": bool(r.get("ok", True)), "ms": r.get("score_ms"),
+            "precision": r["precision"], "D": r["D"], "eligible": share, "ok": bool(r.get("ok", True)),
+            "ms": r.get("score_ms"),
             "topk_ms": r.get("topk_ms"), "ads_per_s": ads, "bytes_per_ad": bytes_per_ad,
             "Bps": ads * bytes_per_ad, "copy_fraction": ads * bytes_per_ad / bw, "flops_per_ad": flops,
             "intensity": flops / bytes_per_ad, "flops_per_s": ads * flops,

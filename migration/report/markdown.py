@@ -53,7 +53,7 @@ def _ok(flag) -> str:
 def _headline(sources: list[Source]) -> list[str]:
     rows = []
     for s in of_kind(sources, "score"):
-        pts = [p for p in score_points(s) if p["ok"] and p["kind"] == "moe"]
+        pts = [p for p in score_points(s, every_ad_eligible=True) if p["ok"] and p["kind"] == "moe"]
         if pts:
             b = max(pts, key=lambda p: p["ads_per_s"])
             rows.append([f"fused MoE scoring ({b['name']}, {b['precision']}, D = {b['D']})",
@@ -102,14 +102,21 @@ def _score_section(s: Source) -> list[str]:
              f"Checks against the float64 reference before timing: "
              f"{'all passed' if d.get('checks_ok', True) else '**some FAILED** (marked below)'}.", ""]
     rows = []
-    for p in sorted(score_points(s), key=lambda p: (p["D"], list(PRECISION_BYTES).index(p["precision"])
-                                                      if p["precision"] in PRECISION_BYTES else 9, p["kind"] != "moe",
-                                                      p["version"])):
-        rows.append([p["D"], p["precision"], p["kind"], p["name"], _ok(p["ok"]), _f(p["ms"], 3),
-                     _f(p["ads_per_s"], 2, 1e9), _f(p["bytes_per_ad"], 1), _f(p["Bps"], 0, 1e9),
-                     _pct(p["copy_fraction"]), p["flops_per_ad"], _f(p["intensity"], 1), _f(p["flops_per_s"], 0, 1e9)])
-    lines += _table(["D", "precision", "kind", "version", "check", "ms", "G ads/s", "bytes/ad", "GB/s",
-                     "of copy", "FLOP/ad", "FLOP/byte", "GFLOP/s"], rows)
+    points = score_points(s)
+    shares = any(p["eligible"] < 1.0 for p in points)
+    if shares:
+        lines += ["Some rows time a random share of the pool eligible (column `eligible`): their G ads/s "
+                  "count every pool slot, their bytes and copy share are what a walk over every slot "
+                  "would read.", ""]
+    for p in sorted(points, key=lambda p: (p["D"], list(PRECISION_BYTES).index(p["precision"])
+                                           if p["precision"] in PRECISION_BYTES else 9, p["kind"] != "moe",
+                                           p["version"], -p["eligible"])):
+        rows.append([p["D"], p["precision"], p["kind"], p["name"], *([f"{p['eligible']:g}"] if shares else []),
+                     _ok(p["ok"]), _f(p["ms"], 3), _f(p["ads_per_s"], 2, 1e9), _f(p["bytes_per_ad"], 1),
+                     _f(p["Bps"], 0, 1e9), _pct(p["copy_fraction"]), p["flops_per_ad"], _f(p["intensity"], 1),
+                     _f(p["flops_per_s"], 0, 1e9)])
+    lines += _table(["D", "precision", "kind", "version", *(["eligible"] if shares else []), "check", "ms",
+                     "G ads/s", "bytes/ad", "GB/s", "of copy", "FLOP/ad", "FLOP/byte", "GFLOP/s"], rows)
     uf = unfused_points(s)
     if uf:
         lines += ["", "Unfused pipeline (separate CuPy array operations, float32) on the same pool; bytes per "
