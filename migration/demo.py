@@ -34,6 +34,7 @@ DEFAULT_REQUESTS = 12
 DEFAULT_K = 100
 CPU_KERNEL_ROWS = 1 << 20  # ads per timed CPU scoring pass (a 256 MB fp32 table: well past the caches)
 GPU_KERNEL_ADS = 1 << 24
+ELIGIBLE_SHARE = 0.08  # a request's match leaves 2% to 14% of a pool eligible (median 4.3% on the generated corpus)
 CHECK_ROWS = 2000
 REPEAT = 5
 
@@ -113,15 +114,24 @@ def gpu_kernels(seed: int, log: Echo = lambda m: None) -> dict:
     from gpu.bench_score import bench_score
     from gpu.kernels import score as sk
 
+    moe_v = sk.version(None, "moe", "fp16", 64).number  # the tensor-core kernel where the device has them
+    dot_v = sk.version(None, "dot", "fp16", 64).number
     res = bench_score(n_ads=GPU_KERNEL_ADS, dims=(64,), precisions=("fp16", "int8"), kinds=("moe", "dot"),
-                      versions=[sk.SHIPPED], seed=seed, unfused=True, progress=False)
+                      versions=sorted({moe_v, dot_v}), seed=seed, unfused=True, peers=False,
+                      eligible=(1.0, ELIGIBLE_SHARE), progress=False)
     if not res.get("checks_ok", False):
         raise DemoError("a GPU kernel disagreed with the float64 reference")
     out: dict = {"device": res["env"].get("device", "gpu"), "rows": res["n_ads"],
                  "copy_GBps": res["copy_bandwidth_Bps"] / 1e9, "fused": {}, "unfused": {}, "dot": {},
-                 "compare_precision": "fp16"}
+                 "fused_share": {}, "eligible_share": ELIGIBLE_SHARE, "compare_precision": "fp16"}
     for row in res["runs"]:
-        entry = {"ads_per_s": row["ads_per_s"], "copy_fraction": row.get("copy_fraction")}
+        if (row["kind"], row["version"]) not in (("moe", moe_v), ("dot", dot_v)):
+            continue
+        entry = {"ads_per_s": row["ads_per_s"], "copy_fraction": row.get("copy_fraction"), "version": row["version"]}
+        if row.get("eligible", 1.0) < 1.0:
+            if row["kind"] == "moe":
+                out["fused_share"][row["precision"]] = entry
+            continue
         out["fused" if row["kind"] == "moe" else "dot"][row["precision"]] = entry
     for row in res["unfused"]:
         out["unfused"][row["precision"]] = {"ads_per_s": row["ads_per_s"]}
@@ -138,9 +148,15 @@ def moe_against_dot(kernels: dict) -> list[str]:
                 "per-ad dots on the tensor cores, so the gated MoE reads the same bytes as a dot product and "
                 "should take about as long)"]
     ratio = dot["ads_per_s"] / moe["ads_per_s"]
-    return [f"   fp16 gated MoE against the dot product on the same bytes: {ratio:.2f}x the time "
-            f"(MoE {rate(moe['ads_per_s'])} ads/s, dot {rate(dot['ads_per_s'])} ads/s); the shipped kernel's "
-            "12 per-ad dots run on the tensor cores, so the bytes, not the arithmetic, set its pace"]
+    lines = [f"   fp16 gated MoE against the dot product on the same bytes: {ratio:.2f}x the time "
+             f"(MoE {rate(moe['ads_per_s'])} ads/s, dot {rate(dot['ads_per_s'])} ads/s); the shipped kernel's "
+             "12 per-ad dots run on the tensor cores, so the bytes, not the arithmetic, set its pace"]
+    share = kernels.get("fused_share", {}).get("fp16")
+    if share:
+        lines.append(f"   with {kernels['eligible_share']:.0%} of the pool eligible, as a request's match leaves it, "
+                     f"the shipped kernel reads only those ads' rows: {share['ads_per_s'] / moe['ads_per_s']:.1f}x "
+                     f"the pool ads per second of the full walk ({rate(share['ads_per_s'])} pool ads/s)")
+    return lines
 
 
 # --- the walk ----------------------------------------------------------------------------------------------

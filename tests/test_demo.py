@@ -67,3 +67,30 @@ def test_the_kernel_step_puts_the_moe_against_the_dot_product(demo_run):
     gpu = {"fused": {"fp16": {"ads_per_s": 17.1e9}}, "dot": {"fp16": {"ads_per_s": 22.6e9}}}
     (line,) = moe_against_dot(gpu)
     assert "1.32x the time" in line and "17.1 G" in line and "22.6 G" in line
+    gpu.update(fused_share={"fp16": {"ads_per_s": 32.6e9}}, eligible_share=0.08)
+    line, walk = moe_against_dot(gpu)
+    assert "8% of the pool eligible" in walk and "1.9x" in walk and "32.6 G" in walk
+
+
+def test_the_kernel_step_asks_for_the_kernels_the_device_ships(monkeypatch):
+    """The GPU kernel step times the shipped MoE kernel and the shipped dot kernel (different versions
+    where the MoE runs on the tensor cores), every ad eligible and a share of the pool."""
+    import gpu.bench_score as bs
+    from migration import demo
+
+    seen = {}
+
+    def fake_bench_score(**kw):
+        seen.update(kw)
+        runs = [{"kind": kind, "version": v, "precision": p, "eligible": e, "ads_per_s": 1e9 * (v + e), "ok": True}
+                for kind, v in (("moe", 7), ("dot", 4), ("moe", 4)) for p in ("fp16", "int8") for e in (1.0, 0.08)]
+        return {"checks_ok": True, "env": {"device": "test"}, "n_ads": 1 << 24, "copy_bandwidth_Bps": 3e12,
+                "runs": runs, "unfused": []}
+
+    monkeypatch.setattr(bs, "bench_score", fake_bench_score)
+    monkeypatch.setattr("gpu.kernels.score.version",
+                        lambda v, kind, precision, dim: type("V", (), {"number": 7 if kind == "moe" else 4})())
+    out = demo.gpu_kernels(0)
+    assert seen["versions"] == [4, 7] and 0.08 in seen["eligible"]
+    assert out["fused"]["fp16"]["version"] == 7 and out["dot"]["fp16"]["version"] == 4
+    assert out["fused_share"]["fp16"]["ads_per_s"] == 1e9 * 7.08
