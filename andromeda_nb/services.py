@@ -262,6 +262,16 @@ class ServedRetriever:
 
         return retrieve_over_flight(self.location, requests, k, timeout=self.timeout_s, client=self.client)
 
+    def services(self) -> dict:
+        """{role: ServiceProcess} of the services this retriever started (none when it joined running
+        ones): what `cpu_seconds` reads."""
+        return {}
+
+    def cpu_seconds(self) -> dict[str, float | None]:
+        """User + system CPU seconds each started service has used so far, by role (Linux /proc;
+        None where unknown)."""
+        return {role: _cpu_seconds(proc.proc.pid) for role, proc in self.services().items()}
+
     def retrieve_traffic(self, requests: Sequence, k: int) -> tuple[list, list[dict]]:
         """Answers plus, per request, the bytes each relayed hop carried for it (one request per
         exchange, counters read after the relays have gone quiet)."""

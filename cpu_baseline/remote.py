@@ -92,6 +92,10 @@ class RemoteRetriever(ServedRetriever):
             stop_all(processes, relays, tmp)
             raise
 
+    def services(self) -> dict:
+        roles = {"scorer": "scoring service", "remote": "index host (match, top-K)"}
+        return {roles.get(p.name, p.name): p for p in self.processes}
+
     def close(self) -> None:
         self.close_client()
         stop_all(self.processes, self.relays, self._tmpdir)  # the index host first, then the scorer

@@ -109,6 +109,9 @@ class ColocatedRetriever(ServedRetriever):
             return
         super().apply(update)
 
+    def services(self) -> dict:
+        return {} if self.process is None else {"co-located server (match, scoring, top-K)": self.process}
+
     def close(self) -> None:
         self.close_client()
         stop_all([self.process] if self.process is not None else [], self.relays, self._tmpdir)

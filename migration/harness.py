@@ -44,6 +44,7 @@ class ArchMeasurement:
     traffic: list[dict]  # per request: hop -> {"upstream", "downstream", "total", ...}
     latencies: list[float] = field(default_factory=list)  # seconds, one request per exchange
     run_seconds: list[float] = field(default_factory=list)  # each timed run of all requests (`seconds`: the median)
+    cpu_ms_per_request: dict = field(default_factory=dict)  # service -> host CPU ms per request in the timed runs
 
     def latency_ms(self) -> dict[str, float]:
         if not self.latencies:
@@ -206,17 +207,23 @@ def measure(retriever, requests, k: int, traffic_requests: int, runs: int = TIME
     single-request exchanges (latency), then count bytes one request at a time."""
     retriever.retrieve(requests[:1], k)  # warm-up: connections, compiled code
     run_seconds = []
+    cpu = getattr(retriever, "cpu_seconds", dict)
+    cpu_before = cpu()
     for _ in range(max(1, runs)):
         t0 = time.perf_counter()
         answers = retriever.retrieve(requests, k)
         run_seconds.append(time.perf_counter() - t0)
+    cpu_after = cpu()
+    served = max(1, runs) * len(requests)
+    cpu_ms = {role: (cpu_after[role] - was) * 1e3 / served for role, was in cpu_before.items()
+              if was is not None and cpu_after.get(role) is not None}
     latencies = []
     for request in requests[:traffic_requests]:
         t0 = time.perf_counter()
         retriever.retrieve([request], k)
         latencies.append(time.perf_counter() - t0)
     _, traffic = retriever.retrieve_traffic(requests[:traffic_requests], k)
-    return ArchMeasurement(answers, float(np.median(run_seconds)), traffic, latencies, run_seconds)
+    return ArchMeasurement(answers, float(np.median(run_seconds)), traffic, latencies, run_seconds, cpu_ms)
 
 
 def check_answers(reference, answers, k: int, label: str) -> dict:
@@ -313,6 +320,9 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     report["requests_per_second_runs"] = {n: spread_of(len(reqs) / t for t in m.run_seconds)
                                           for n, m in measured.items()}
     report["latency_ms"] = {n: m.latency_ms() for n, m in measured.items()}
+    # host CPU (user + system) of each service during the timed runs, per request: where the match and
+    # the top-K run on the host (the remote index host) and what a GPU server still spends there
+    report["host_cpu_ms_per_request"] = {n: m.cpu_ms_per_request for n, m in measured.items()}
     report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in measured.items()}
     # the payload model of `andromeda budget` for the requests whose bytes were counted
     counted = min(traffic_requests, len(reqs))
@@ -376,6 +386,12 @@ def format_report(report: dict) -> str:
     if runs:  # the median above, the range of the timed runs here
         lines.append(row("  range over " + str(runs[archs[0]]["runs"]) + " runs",
                          [rate(runs[n]["min"]) + " to " + rate(runs[n]["max"]) for n in archs]))
+    cpu = report.get("host_cpu_ms_per_request") or {}
+    if any(cpu.get(n) for n in archs):  # host CPU per request, per service and in all
+        lines.append(row("host CPU ms / request", [f"{sum(cpu[n].values()):.2f}" if cpu.get(n) else "-" for n in archs]))
+        for col, arch in enumerate(archs):
+            for role, ms in (cpu.get(arch) or {}).items():
+                lines.append(row("  " + role.split(" (")[0], [""] * col + [f"{ms:.2f}"]))
     gpu_remote = [n for n in archs if n.startswith("remote_")]
     if gpu_remote:
         n = gpu_remote[0]

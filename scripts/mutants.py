@@ -132,6 +132,9 @@ MUTANTS: list[Mutant] = [
     M("int8-scale-dropped", "int8 scales", "gpu/kernels/score.py", 'sc = f" * sc_{p}" if scaled else ""',
       'sc = ""', ("tests/test_score_kernels.py",),
       "the fused CUDA-core kernel forgets the per-ad int8 scale"),
+    M("compact-list-drops-last", "eligible-slot walk", "gpu/kernels/score_mma.py",
+      'lines.append("if i < n:")', 'lines.append("if i < n - 1:")', ("tests/test_score_mma.py",),
+      "the tensor-core kernel's walk over listed slots leaves each chunk's last eligible ad unscored"),
     # --- answers --------------------------------------------------------------------------------------
     M("topk-ties-descending", "top-K ties", "andromeda_nb/reference.py",
       "order = np.lexsort((ids[cand], -scores[cand]))[:k]", "order = np.lexsort((-ids[cand], -scores[cand]))[:k]",

@@ -92,3 +92,10 @@ def test_compare_shows_three_designs_that_answer_alike(tmp_path):
     assert report["topk_equal"] and report["scores_equal"] and report["remote_sim"]["device"] == "sim"
     b = report["bytes_per_request"]
     assert b["remote_sim"] > b["colocated"] and b["remote"] > b["colocated"]
+    # host CPU per request of every service the designs started, read from /proc around the timed runs
+    cpu = report["host_cpu_ms_per_request"]
+    assert set(cpu["remote"]) == {"index host (match, top-K)", "scoring service"}
+    assert set(cpu["colocated"]) == {"co-located server (match, scoring, top-K)"}
+    # (/proc counts in clock ticks of 10 ms: two requests may read 0 on a fast service)
+    assert all(ms >= 0 for design in cpu.values() for ms in design.values()), cpu
+    assert "host CPU ms / request" in table.stdout and "  index host" in table.stdout
