@@ -4,8 +4,9 @@ concurrent clients at least 70% of the in-process batch throughput).
 
 1. In process: the engine of `--device` over the corpus answers the corpus's requests in batches of
    `--batch` (the median of `--repeat` passes): requests per second.
-2. Served: `serve colocated` (same device, `--batch-wait-ms`) as a process; `--clients` threads, each
-   its own pyarrow.flight client, send one request per exchange for `--seconds`: requests per second,
+2. Served: `serve colocated` (same device, `--batch-wait-ms`) as a process; `--clients` threads over
+   `--client-processes` processes (`migration.load`), each its own pyarrow.flight client, send one
+   request per exchange for `--seconds`: requests per second,
    latency p50/p99, and the server's batching counters (how many engine batches the calls shared).
    Every answer of the first pass is checked against the in-process engine's.
 
@@ -17,18 +18,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andromeda_nb import flight as fl  # noqa: E402
 from andromeda_nb.bench import log, software, write_json  # noqa: E402
-from andromeda_nb.guard import connect  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 from andromeda_nb.services import ServiceProcess  # noqa: E402
 
@@ -52,52 +49,17 @@ def in_process(dataset, device: str, k: int, batch: int, repeat: int):
         engine.close()
 
 
-def served(data: str, device: str, dataset, want, k: int, clients: int, seconds: float, wait_ms: float):
+def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float):
+    from migration.load import drive
+
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms)], name="the co-located server")
-    location = proc.location
-    requests = dataset.requests
-    latencies: list[float] = []
-    wrong: list[str] = []
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def client(c: int):
-        conn = connect(location)
-        i, mine = c, []
-        try:
-            while not stop.is_set():
-                r = requests[i % len(requests)]
-                t = time.perf_counter()
-                ids, _ = fl.retrieve_over_flight(location, [r], k, client=conn)[0]
-                mine.append(time.perf_counter() - t)
-                if i < len(requests) and not np.array_equal(ids, want[i % len(requests)][0]):
-                    with lock:
-                        wrong.append(f"request {r.request_id}")
-                i += clients
-        finally:
-            conn.close()
-            with lock:
-                latencies.extend(mine)
-
     try:
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        time.sleep(seconds)
-        stop.set()
-        for t in threads:
-            t.join(60)
-        elapsed = time.perf_counter() - t0
-        stats = fl.flight_action(location, "stats")
+        result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want)
+        result["batching"] = fl.flight_action(proc.location, "stats").get("batching")
     finally:
         proc.stop()
-    ms = np.asarray(latencies) * 1e3
-    return {"requests_per_s": len(latencies) / elapsed, "requests": len(latencies), "clients": clients,
-            "batch_wait_ms": wait_ms, "latency_ms": {"p50": float(np.percentile(ms, 50)),
-                                                     "p99": float(np.percentile(ms, 99))},
-            "batching": stats.get("batching"), "wrong_answers": wrong[:10], "n_wrong": len(wrong)}
+    return {**result, "batch_wait_ms": wait_ms}
 
 
 def main(argv=None) -> int:
@@ -108,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64, help="requests per in-process batch")
     ap.add_argument("--repeat", type=int, default=3, help="in-process passes (the median is reported)")
     ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--client-processes", type=int, default=1,
+                    help="processes the client threads are spread over (1: one interpreter for all clients)")
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the clients send")
     ap.add_argument("--batch-wait-ms", type=float, default=0.2)
     ap.add_argument("--out", default=None, help="JSON file to write")
@@ -121,9 +85,10 @@ def main(argv=None) -> int:
     log(True, f"{dataset.n_ads:,} ads, {len(dataset.requests)} requests, device {device}")
     want, inproc = in_process(dataset, device, args.k, args.batch, args.repeat)
     log(True, f"in process, batches of {args.batch}: {inproc['requests_per_s']:.1f} requests/s")
-    srv = served(args.data, device, dataset, want, args.k, args.clients, args.seconds, args.batch_wait_ms)
+    srv = served(args.data, device, want, args.k, args.clients, args.client_processes, args.seconds,
+                 args.batch_wait_ms)
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
-    log(True, f"served, {args.clients} clients: {srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
+    log(True, f"served, {args.clients} clients in {args.client_processes} processes: {srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
         f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
         f"batching {srv['batching']}, wrong answers {srv['n_wrong']}")
     result = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "in_process": inproc,
