@@ -11,7 +11,8 @@
 #   score     `bench score` (D = 64 and 128, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
 #   threeway  `compare` at 1M ads with the remote design's scorer on the CPU and on the GPU beside the
 #             co-located server, on loopback and over a shaped 100 us / 25 Gb/s network
-#   served    32 plain Flight clients against `serve colocated` on the GPU, against the in-process batch
+#   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
+#             in-process batch; the server's own ceiling with an answer table (no engine time)
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
 set -uo pipefail
 OUT=${OUT:-out/device}
@@ -64,8 +65,12 @@ for stage in "${stages[@]}"; do
       done ;;
     served)
       [ -d /tmp/c1m ] || timeout 200 $A generate --ads 1000000 --requests 64 --seed 1 --workers 14 --out /tmp/c1m --quiet > /dev/null
-      timeout ${SERVED_TIMEOUT:-200} python3 scripts/bench_served.py --data /tmp/c1m --device gpu --clients 32 \
-        --seconds 30 --out "$OUT/served_1m_gpu.json" 2>&1 | tail -4 ;;
+      for procs in 1 4; do
+        timeout ${SERVED_TIMEOUT:-150} python3 scripts/bench_served.py --data /tmp/c1m --device gpu --clients 32 \
+          --client-processes $procs --seconds 20 --out "$OUT/served_1m_gpu_p$procs.json" 2>&1 | tail -2
+      done
+      timeout 120 python3 scripts/probe_served_ceiling.py --data /tmp/c1m --clients 32 --client-processes 4 \
+        --seconds 15 --out "$OUT/served_ceiling_1m.json" 2>&1 | tail -1 ;;
     demo)
       timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
       tail -c 400 "$OUT/demo_gpu.json"; echo
