@@ -5,7 +5,7 @@ concurrent clients at least 70% of the in-process batch throughput).
 1. In process: the engine of `--device` over the corpus answers the corpus's requests in batches of
    `--batch` (the median of `--repeat` passes): requests per second.
 2. Served: `serve colocated` (same device, `--batch-wait-ms`) as a process; `--clients` threads over
-   `--client-processes` processes (`migration.load`), each its own pyarrow.flight client, send one
+   `--client-processes` processes (`migration.clients`), each its own pyarrow.flight client, send one
    request per exchange for `--seconds`: requests per second,
    latency p50/p99, and the server's batching counters (how many engine batches the calls shared).
    Every answer of the first pass is checked against the in-process engine's.
@@ -50,7 +50,7 @@ def in_process(dataset, device: str, k: int, batch: int, repeat: int):
 
 
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float):
-    from migration.load import drive
+    from migration.clients import drive
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms)], name="the co-located server")

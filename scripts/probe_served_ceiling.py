@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from andromeda_nb.engine_server import EngineServer
     from andromeda_nb.store import load_dataset
     from migration.architectures import build_engine
-    from migration.load import AnswerTable, drive
+    from migration.clients import AnswerTable, drive
 
     dataset = load_dataset(args.data)
     cpu = build_engine(dataset, "cpu")

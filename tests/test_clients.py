@@ -1,4 +1,4 @@
-"""The served-path load driver (migration/load.py): clients over several processes against a real
+"""The served-path load driver (migration/clients.py): clients over several processes against a real
 server on 127.0.0.1, the first pass of answers checked against what each request must get."""
 
 import threading
@@ -9,7 +9,7 @@ import pytest
 from andromeda_nb.engine_server import EngineServer
 from andromeda_nb.corpus import generate_corpus
 from andromeda_nb.store import load_dataset
-from migration.load import AnswerTable, drive
+from migration.clients import AnswerTable, drive
 
 
 def test_clients_over_processes_count_requests_and_wrong_answers(tmp_path):
