@@ -128,38 +128,42 @@ def device_option(help: str, choices=DEVICES):
                         callback=_prepare_simulator)
 
 
-class IntList(click.ParamType):
-    """Comma-separated positive integers, e.g. "64,128" -> [64, 128]."""
+class NumberList(click.ParamType):
+    """Comma-separated numbers of one kind, each checked: `IntList` (positive integers, e.g. "64,128")
+    and `ShareList` (shares in (0, 1], e.g. "1,0.08")."""
 
+    name = "numbers"
+    parse, kind, wanted = float, "numbers", "numbers"
+
+    def ok(self, x) -> bool:
+        return True
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            values = [self.parse(x) for x in str(value).split(",") if x.strip()]
+        except ValueError:
+            self.fail(f"expected comma-separated {self.kind}, got {value!r}", param, ctx)
+        if not values or not all(self.ok(x) for x in values):
+            self.fail(f"expected {self.wanted}, got {value!r}", param, ctx)
+        return values
+
+
+class IntList(NumberList):
     name = "integers"
+    parse, kind, wanted = int, "integers", "positive integers"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            values = [int(x) for x in str(value).split(",") if x.strip()]
-        except ValueError:
-            self.fail(f"expected comma-separated integers, got {value!r}", param, ctx)
-        if not values or min(values) <= 0:
-            self.fail(f"expected positive integers, got {value!r}", param, ctx)
-        return values
+    def ok(self, x) -> bool:
+        return x > 0
 
 
-class ShareList(click.ParamType):
-    """Comma-separated shares in (0, 1], e.g. "1,0.08" -> [1.0, 0.08]."""
-
+class ShareList(NumberList):
     name = "shares"
+    wanted = "shares in (0, 1]"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            values = [float(x) for x in str(value).split(",") if x.strip()]
-        except ValueError:
-            self.fail(f"expected comma-separated numbers, got {value!r}", param, ctx)
-        if not values or not all(0.0 < x <= 1.0 for x in values):
-            self.fail(f"expected shares in (0, 1], got {value!r}", param, ctx)
-        return values
+    def ok(self, x) -> bool:
+        return 0.0 < x <= 1.0
 
 
 def int_list_option(*names, default=None, help: str):

@@ -242,7 +242,8 @@ class MmaSpec:
         return table_width(self.experts, self.dim)
 
 
-_SKELETON = """
+# the opening both walks share: the block's shared arrays, who this thread is, which chunks it covers
+_PROLOGUE = """
 def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot):
     keys = cuda.shared.array({keys_n}, uint32)
     hist = cuda.shared.array({hist_n}, uint32)
@@ -259,7 +260,9 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out
     n_chunks = chunk_format.shape[0]
     n_f = tabs.shape[1]
     c0 = b * {cpb}
-    cur_f = -1
+    cur_f = -1"""
+
+_SKELETON = _PROLOGUE + """
     f_next = 0
     ew_next = uint32(0)
     if c0 < n_chunks:
@@ -292,28 +295,11 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out
 # first lanes writing the slots of one word), and runs the m16 tiles over that list, 32 listed slots at a
 # time: the rows are gathered by slot, so the bytes read follow the eligible ads, not the pool. Keys
 # start at 0 (never kept) and each listed ad writes its own; the block top-K is the same.
-_COMPACT_SKELETON = """
-def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot):
-    keys = cuda.shared.array({keys_n}, uint32)
-    hist = cuda.shared.array({hist_n}, uint32)
-    part = cuda.shared.array(16, uint32)
-    state = cuda.shared.array({state_n}, uint32)
-    acc = cuda.shared.array(({warps}, 32, {acc_stride}), float32)
+_COMPACT_SKELETON = _PROLOGUE + """
     lst = cuda.shared.array(({warps}, {chunk}), int32)
-    tid = cuda.threadIdx.x
-    warp = tid >> 5
-    lane = tid & 31
-    g = lane >> 2
-    q = lane & 3
-    b = cuda.blockIdx.x
-    r = cuda.blockIdx.y
-    n_chunks = chunk_format.shape[0]
-    n_f = tabs.shape[1]
-    c0 = b * {cpb}
     slot0 = c0 * {chunk}
     for i in range(tid, {keys_n}, {threads}):
         keys[i] = uint32(0)
-    cur_f = -1
 {init}
     cuda.syncthreads()
     for cw in range({cpw}):
