@@ -252,7 +252,8 @@ class Soak:
             t.start()
         duration = self.args.minutes * 60
         time.sleep(duration / 2)
-        self.restart()
+        if self.args.restart:
+            self.restart()
         time.sleep(max(0.0, duration - (time.monotonic() - started)))
         self.stop.set()
         for t in threads:
@@ -274,7 +275,8 @@ class Soak:
                 "answers_checked": checked, "wrong_answers": wrong, "restart": self.restart_check,
                 "latency_ms": {"p50": round(float(np.percentile(lat, 50)), 2),
                                "p99": round(float(np.percentile(lat, 99)), 2)} if len(lat) else {},
-                "rss_mb": rss, "events": self.events[:50]}
+                "rss_mb": rss, "rss_series_mb": {which: series for which, series in self.rss.items()},
+                "events": self.events[:50]}
 
     def check(self, final, final_seq) -> tuple[int, int]:
         from andromeda_nb.compare import compare_topk
@@ -324,6 +326,9 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--check-every", type=int, default=8, help="compare every Nth answer of each client")
     parser.add_argument("--device", default="cpu", help="the co-located server's device (cpu, gpu, auto)")
+    parser.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
+                        help="SIGKILL one service halfway and start it again (--no-restart: one process "
+                             "throughout, to tell state growth from a leak in the memory series)")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
