@@ -193,10 +193,11 @@ def _request_tables(model: MoeModel, seed: int):
 
 def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precisions=("fp32", "fp16", "int8"),
                 kinds=("moe", "dot"), versions: Sequence[int] | None = None, k: int = CHECK_K, seed: int = 0,
-                unfused: bool = True, peers: bool = True, eligible: Sequence[float] = (1.0,), progress: bool = True,
-                out: str | None = None) -> dict:
+                unfused: bool = True, peers: bool = True, eligible: Sequence[float] = (1.0,),
+                versions_of_kind: dict | None = None, progress: bool = True, out: str | None = None) -> dict:
     """Run the score benchmark; with `out`, the JSON so far is rewritten after every measurement (a run
-    cut short keeps what it measured)."""
+    cut short keeps what it measured). `versions_of_kind` ({kind: versions}, optional): time only those
+    versions of that kind (the demo: the shipped MoE kernel and the shipped dot kernel, not both of each)."""
     resolve("gpu")
     cuda = runtime.cuda()
     import cupy as xp
@@ -257,6 +258,8 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
                     refs[kind] = ref
                 for v in versions:
                     if (v == 1 and pool.rows is None) or (isinstance(lab.VERSIONS[v].recipe, sk.TensorCoreRecipe) and kind != "moe"):
+                        continue
+                    if versions_of_kind is not None and v not in versions_of_kind.get(kind, versions):
                         continue
                     emb = pool.rows if lab.VERSIONS[v].recipe.layout == "rows" else pool.tiles
                     t0 = time.time()

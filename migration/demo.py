@@ -117,7 +117,8 @@ def gpu_kernels(seed: int, log: Echo = lambda m: None) -> dict:
     moe_v = sk.version(None, "moe", "fp16", 64).number  # the tensor-core kernel where the device has them
     dot_v = sk.version(None, "dot", "fp16", 64).number
     res = bench_score(n_ads=GPU_KERNEL_ADS, dims=(64,), precisions=("fp16", "int8"), kinds=("moe", "dot"),
-                      versions=sorted({moe_v, dot_v}), seed=seed, unfused=True, peers=False,
+                      versions=sorted({moe_v, dot_v}), versions_of_kind={"moe": [moe_v], "dot": [dot_v]},
+                      seed=seed, unfused=True, peers=False,
                       eligible=(1.0, ELIGIBLE_SHARE), progress=False)
     if not res.get("checks_ok", False):
         raise DemoError("a GPU kernel disagreed with the float64 reference")
