@@ -780,12 +780,16 @@ def _require_ray() -> None:
 @device_option("Where every shard's engine runs (auto: the GPU if usable, else the CPU; sim is refused).",
                choices=("auto", "gpu", "cpu"))
 @_ADDRESS_OPTION
+@click.option("--log", "log", default=None,
+              help="Per-shard update logs: a directory, or 'off' for none (updates in memory only) "
+                   "[default: DIR/cluster-log].")
 @_server_options("cluster", log=False)
-def serve_cluster(data, shards, replicas, device, address, quiet, **options):
+def serve_cluster(data, shards, replicas, device, address, quiet, log, **options):
     """Shards with replicas on Ray behind one front: the co-located server's ["retrieve"] exchange,
     health, stats and update (a client of `serve colocated` asks it unchanged). Starts a local Ray
-    instance unless --address names one to join. Updates live in the front's memory (a per-shard log
-    that restarted replicas catch up from): a restarted front starts from the corpus.
+    instance unless --address names one to join. Every update is on disk in its shard's log before it
+    is acknowledged; restarted replicas catch up from the log, and a front started again on the same
+    corpus replays it into its replicas before it serves (--log off: updates in memory only).
 
     Prints {"service": "cluster", "location": ...} on stdout once listening, and a banner saying how
     to ask it on stderr; SIGTERM or Ctrl-C stops the front, the replicas, and Ray when it started it."""
@@ -799,12 +803,12 @@ def serve_cluster(data, shards, replicas, device, address, quiet, **options):
 
         dataset = _service_dataset(data, quiet)
         run_cluster(dataset, settings, shards=shards, replicas=replicas, device=where, address=address,
-                    progress=lambda message: _info(message, quiet),
+                    data_dir=data, progress=lambda message: _info(message, quiet),
                     on_ready=_on_listening("cluster", settings, quiet,
                                            lambda srv: _holds(data, srv.health_info(), where)
                                            + f"; {shards} shard(s) x {replicas} replica(s) on Ray"))
 
-    _serve(run, **options)
+    _serve(run, log=log, **options)
 
 
 # --- the client of a running server (andromeda_nb.client) ---------------------------------------------

@@ -106,7 +106,8 @@ class EngineServer(RetrieveServer):
                 "log": self.log.describe(), "replayed": self.replayed}
 
     def extra_stats(self) -> dict:
-        return {"batching": self.batcher.stats()}
+        # device seconds in the engine's launches so far (None: no device, or the simulator)
+        return {"batching": self.batcher.stats(), "device_seconds": getattr(self.engine, "device_seconds", None)}
 
     def close_resources(self) -> None:
         self.batcher.close()

@@ -272,6 +272,21 @@ class ServedRetriever:
         None where unknown)."""
         return {role: _cpu_seconds(proc.proc.pid) for role, proc in self.services().items()}
 
+    def device_seconds(self) -> dict[str, float | None]:
+        """Device seconds each started service has spent in its GPU launches so far, by role, from its
+        `stats` (None: a CPU service, the simulator, or no answer)."""
+        from .flight import flight_action
+
+        out = {}
+        for role, proc in self.services().items():
+            try:
+                stats = flight_action(proc.location, "stats", timeout=self.timeout_s,
+                                      credentials=getattr(self, "credentials", None))
+            except Exception:  # a service that cannot say has no figure, and the run goes on
+                stats = None
+            out[role] = (stats or {}).get("device_seconds")
+        return out
+
     def retrieve_traffic(self, requests: Sequence, k: int) -> tuple[list, list[dict]]:
         """Answers plus, per request, the bytes each relayed hop carried for it (one request per
         exchange, counters read after the relays have gone quiet)."""

@@ -65,18 +65,21 @@ def flight_fanout(locations: list[str], k: int):
     return retrieve
 
 
-def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1, 64), say=print) -> dict:
+def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1, 64), device: str = "cpu",
+            say=print) -> dict:
     """Per shard count: the in-process engine, the actor path and the Flight path timed in turn within
-    each repetition (so drift in the machine's load falls on all three alike)."""
+    each repetition (so drift in the machine's load falls on all three alike). `device` 'gpu': the
+    in-process engine and every shard on the GPU(s) Ray sees (several shards share one GPU, each its
+    1/N of it in Ray's accounting)."""
     from migration.architectures import build_engine
 
     requests = list(dataset.requests)
-    say(f"in-process engine over {dataset.n_ads:,} ads")
-    engine = build_engine(dataset, "cpu")
+    say(f"in-process engine over {dataset.n_ads:,} ads on {device}")
+    engine = build_engine(dataset, device)
     want = engine.retrieve(requests, k)
     rows = []
     for shards in shard_counts:
-        cluster = Cluster.start(dataset, shards=shards, replicas=1, device="cpu", progress=say)
+        cluster = Cluster.start(dataset, shards=shards, replicas=1, device=device, progress=say)
         try:
             router = cluster.router
             locations = router.ray.get([h.actor.serve_flight.remote() for hs in router.replicas for h in hs])
@@ -99,7 +102,7 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
             cluster.close()
     engine.close()
     return {"kind": "cluster_data_path", "ads": dataset.n_ads, "requests": len(requests), "k": k, "repeat": repeat,
-            "device": "cpu", "rows": rows, "checked": "every path's answers equal the in-process engine's",
+            "device": device, "rows": rows, "checked": "every path's answers equal the in-process engine's",
             "software": {**software(), "ray": ray_version()}}
 
 
@@ -123,6 +126,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shards", default="1,2,4", help="shard counts to time, comma-separated")
     parser.add_argument("--k", type=int, default=100, help="answers per request")
     parser.add_argument("--repeat", type=int, default=3, help="passes over the requests per timing")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where the engine and every shard run")
     parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args(argv)
     require_ray()
@@ -130,7 +134,7 @@ def main(argv=None) -> int:
 
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     result = measure(load_dataset(args.data), [int(s) for s in args.shards.split(",")], k=args.k,
-                     repeat=args.repeat, say=say)
+                     repeat=args.repeat, device=args.device, say=say)
     result["provenance"] = {"command": shlex.join(["python", "-m", "cluster.bench", *(argv or sys.argv[1:])]),
                             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info()}
     print(table(result))

@@ -11,8 +11,9 @@ replica of every shard and merges their top-K exactly (`cluster.shards.merge_top
   an answer never leaves out a shard. A down replica is probed without waiting on later requests;
   once it answers, it is brought up to the log's end before it serves.
 * Updates: routed to the owning shard (`route_updates`), appended to that shard's log, applied by
-  every live replica; a replica that was down replays what it missed from the log (`ShardLog`, in
-  memory: a durable log takes its place without a change here). Updates wait for running requests
+  every live replica; a replica that was down replays what it missed from the log (`ShardLog` in
+  memory, or `DurableShardLog` on disk: then a front started again replays the log into its fresh
+  replicas before it serves, `Router.catch_up`). Updates wait for running requests
   and requests for running updates, so an acknowledged update is visible to every later request.
 * `ShardedRetriever`: `interfaces.Retriever` over a cluster started for one command
   (`retrieve --arch sharded`).
@@ -266,6 +267,23 @@ class Router:
         return {"shards": len(shards), "ads": ads, "available": all(x["ads"] is not None for x in shards),
                 "shard_state": shards}
 
+    def catch_up(self, progress: Callable[[str], None] | None = None) -> int:
+        """Bring every live replica to its shard log's end (a front started on a durable log that
+        holds updates: its replicas start from the corpus); returns the entries replayed per replica,
+        summed over shards."""
+        with self._rw.write():
+            behind = sum(self.log.seq(s) for s in range(self.n_shards))
+            if behind and progress:
+                progress(f"replaying {behind:,} logged update(s) into {sum(map(len, self.replicas))} replica(s)")
+            for hs in self.replicas:
+                for h in hs:
+                    if h.up:
+                        try:
+                            self._sync(h, self.log.seq(h.shard))
+                        except _ReplicaDown:
+                            pass  # marked down: it catches up when it answers again
+            return behind
+
     def wait_all_up(self, timeout_s: float = 120.0) -> None:
         """Until every replica answers again (after a restart), or RuntimeError."""
         deadline = time.monotonic() + timeout_s
@@ -285,10 +303,13 @@ class Cluster:
 
     def __init__(self, router: Router, actors: list, owns_ray: bool, device: str):
         self.router, self.actors, self.owns_ray, self.device = router, actors, owns_ray, device
+        self.replayed = 0  # logged updates replayed into the replicas at start (a durable log)
 
     @classmethod
     def start(cls, dataset, *, shards: int, replicas: int = 1, device: str = "cpu", address: str | None = None,
-              num_cpus: int | None = None, progress: Callable[[str], None] | None = None) -> "Cluster":
+              num_cpus: int | None = None, progress: Callable[[str], None] | None = None, log=None) -> "Cluster":
+        """`log`: the router's per-shard log (`ShardLog` in memory by default, or a `DurableShardLog`,
+        whose entries are replayed into the replicas before this returns); closed with the cluster."""
         ray = require_ray()
         if shards < 1 or replicas < 1:
             raise ValueError(f"shards and replicas must be at least 1, got {shards} and {replicas}")
@@ -332,15 +353,20 @@ class Cluster:
                     ray.get(ref)
                     pending.pop(ref)
                 say(f"  {total - len(pending)} of {total} replicas ready")
+            model = dataset.model
+            router = Router(handles, seed=dataset.seed, dim=model.D, formats=model.F, log=log)
+            replayed = router.catch_up(say)
         except BaseException:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
             if owns:
                 ray.shutdown()
+            if log is not None:
+                log.close()
             raise
-        model = dataset.model
-        router = Router(handles, seed=dataset.seed, dim=model.D, formats=model.F)
-        return cls(router, actors, owns, device)
+        cluster = cls(router, actors, owns, device)
+        cluster.replayed = replayed
+        return cluster
 
     def replica(self, shard: int, replica: int):
         """The actor of one replica (the tests kill them)."""
@@ -354,6 +380,7 @@ class Cluster:
             except Exception:
                 pass
         self.actors = []
+        self.router.log.close()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
 

@@ -56,7 +56,8 @@ class ClusterServer(RetrieveServer):
         state = self.router.health()
         replicas = len(self.router.replicas[0])
         return {**self.describe, "ads": state["ads"], "shards": state["shards"], "replicas": replicas,
-                "available": state["available"], "fingerprint": self.fingerprint, "shard_state": state["shard_state"]}
+                "available": state["available"], "fingerprint": self.fingerprint, "shard_state": state["shard_state"],
+                "log": self.router.log.describe(), "replayed": self.cluster.replayed}
 
     def extra_stats(self) -> dict:
         return {"shards": self.router.n_shards,
@@ -67,16 +68,33 @@ class ClusterServer(RetrieveServer):
         self.cluster.close()
 
 
+def cluster_log(dataset, shards: int, log: str | None, data_dir=None):
+    """The front's per-shard log: `log` None for the default, one write-ahead log per shard in
+    `DATA/cluster-log` (memory only when there is no corpus directory); 'off' for memory only; else
+    the directory."""
+    from pathlib import Path
+
+    from .shards import DurableShardLog, ShardLog
+
+    if log == "off" or (log is None and data_dir is None):
+        return ShardLog(shards)
+    return DurableShardLog(Path(data_dir) / CLUSTER_LOG_DIR if log is None else log, dataset, shards)
+
+
+CLUSTER_LOG_DIR = "cluster-log"
+
+
 def run_cluster(dataset, settings=None, *, shards: int, replicas: int = 1, device: str = "cpu",
-                address: str | None = None, on_ready=None, progress=None) -> None:
-    """Start (or join) Ray, place the shards, serve the front (`settings`: an
-    `andromeda_nb.serving.ServerSettings`: address, tokens and TLS, limits, stop deadline) until SIGTERM
-    or SIGINT, then end the replicas (and Ray, when it was started here)."""
+                address: str | None = None, on_ready=None, progress=None, data_dir=None) -> None:
+    """Start (or join) Ray, place the shards, replay the per-shard log into them, serve the front
+    (`settings`: an `andromeda_nb.serving.ServerSettings`: address, tokens and TLS, limits, log, stop
+    deadline) until SIGTERM or SIGINT, then end the replicas (and Ray, when it was started here)."""
     from andromeda_nb.serving import ServerSettings, listen
 
     settings = settings or ServerSettings()
+    log = cluster_log(dataset, shards, settings.log, data_dir)  # its lock first: a second front is refused early
     cluster = Cluster.start(dataset, shards=shards, replicas=replicas, device=device, address=address,
-                            progress=progress)
+                            progress=progress, log=log)
     try:
         server = listen(lambda location: ClusterServer(cluster, dataset, location, limits=settings.limits,
                                                        guard=settings.guard),
@@ -90,4 +108,4 @@ def run_cluster(dataset, settings=None, *, shards: int, replicas: int = 1, devic
         cluster.close()
 
 
-__all__ = ["ClusterServer", "run_cluster"]
+__all__ = ["CLUSTER_LOG_DIR", "ClusterServer", "cluster_log", "run_cluster"]

@@ -10,8 +10,9 @@ of the shards' top-K, the per-shard update log, and routing an update stream to 
   the single engine's answer exactly.
 * The log: `ShardLog` holds, per shard, the ordered update lines the router has sent it; a replica
   knows how many it has consumed (its *sequence*), so a restarted one is brought back by the lines
-  after its sequence. It lives in memory; a durable write-ahead log replaces it by implementing
-  the same three methods (`append`, `since`, `seq`).
+  after its sequence. `ShardLog` lives in memory; `DurableShardLog` keeps the same three methods
+  (`append`, `since`, `seq`) over one write-ahead log per shard (`andromeda_nb.wal`), so a front
+  started again on the same corpus replays every acknowledged update into its fresh replicas.
 """
 
 from __future__ import annotations
@@ -127,6 +128,61 @@ class ShardLog:
         with self._lock:
             return len(self.entries[shard])
 
+    def describe(self) -> dict:
+        return {"path": None, "durable": False, "seq": [len(e) for e in self.entries]}
+
+    def close(self) -> None:
+        pass
+
+
+class DurableShardLog:
+    """`ShardLog` on disk: one `andromeda_nb.wal.WriteAheadLog` per shard in `directory`
+    (`shard-S-of-N.log`), each line made durable (one fdatasync per append) before the router sends it
+    to a replica, so before any update is acknowledged. A log belongs to one corpus snapshot and one
+    shard count (its lineage: another corpus, a compacted snapshot or another N is refused, naming the
+    file), and to one front at a time (the WAL's lock)."""
+
+    def __init__(self, directory, dataset: Dataset, shards: int):
+        from pathlib import Path
+
+        from andromeda_nb.wal import WriteAheadLog, corpus_lineage, snapshot_seq
+
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lineage = f"{corpus_lineage(dataset)}@{snapshot_seq(dataset)}"
+        self.logs = []
+        self._lock = threading.Lock()
+        try:
+            for s in range(shards):
+                self.logs.append(WriteAheadLog.open(self.directory / f"shard-{s}-of-{shards}.log",
+                                                    lineage=f"{lineage} shard {s} of {shards}", snapshot_seq=0))
+        except BaseException:
+            self.close()
+            raise
+
+    def append(self, shard: int, lines: Sequence[tuple[int, str]]) -> int:
+        """Add lines at the end of the shard's log, durably; returns the sequence they start at."""
+        with self._lock:
+            start = self.logs[shard].last_seq
+            self.logs[shard].append([json.loads(line) for _, line in lines])
+            return start
+
+    def since(self, shard: int, seq: int) -> list[tuple[int, str]]:
+        """The entries after the first `seq`, as (sequence number, JSON line)."""
+        with self._lock:
+            return [(r.seq, json.dumps(r.update)) for r in self.logs[shard].records_after(seq)]
+
+    def seq(self, shard: int) -> int:
+        with self._lock:
+            return self.logs[shard].last_seq
+
+    def describe(self) -> dict:
+        return {"path": str(self.directory), "durable": True, "seq": [log.last_seq for log in self.logs]}
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
+
 
 def route_updates(text_or_lines, n_shards: int, *, seed: int, dim: int, formats: int
                   ) -> tuple[list[list[tuple[int, str]]], list[Rejection]]:
@@ -144,4 +200,4 @@ def route_updates(text_or_lines, n_shards: int, *, seed: int, dim: int, formats:
     return per_shard, malformed
 
 
-__all__ = ["ShardAds", "ShardLog", "merge_topk", "mix64", "owner", "route_updates", "shard_dataset", "shard_of"]
+__all__ = ["DurableShardLog", "ShardAds", "ShardLog", "merge_topk", "mix64", "owner", "route_updates", "shard_dataset", "shard_of"]

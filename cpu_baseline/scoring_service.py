@@ -15,7 +15,8 @@ Protocol (Arrow Flight; docs/PROTOCOL.md has the full text):
   ad ids of the snapshot it loaded), `lineage` (the corpus's name through compactions) and `seq`
   (the last update applied), so an index host can check that both hold the same corpus and see
   how far behind the service is.
-* `DoAction("stats")`: requests, candidates, batches, bytes_in, bytes_out, errors, updates.
+* `DoAction("stats")`: requests, candidates, batches, bytes_in, bytes_out, errors, updates, and
+  device_seconds (the GPU table's device time so far; null on the CPU or the simulator).
 * `DoAction("update")`: the index host's log records, JSON Lines `{"seq": n, "update": {...}}` of
   DESIGN section 6, in order and already checked against the live ids. Records the service already
   holds (seq at or below its own) are skipped, so re-delivery is harmless; a gap is refused. Upserts
@@ -58,7 +59,7 @@ CANDIDATE_SCHEMA = pa.schema([("ad_id", pa.int64())])
 SCORE_SCHEMA = pa.schema([("score", pa.float32())])
 ACTIONS = {
     "health": "liveness, sizes, corpus fingerprint and lineage, seq (JSON)",
-    "stats": "counters: requests, candidates, batches, bytes_in, bytes_out, errors, updates (JSON)",
+    "stats": "counters: requests, candidates, batches, bytes_in, bytes_out, errors, updates, device_seconds (JSON)",
     "update": "body: the index host's log records, JSON Lines {seq, update}; answer: {\"applied\": n, \"seq\": s}",
 }
 STALE = "stale:"  # starts the error of a score exchange sent for another sequence number
@@ -172,7 +173,8 @@ class ScoringServer(flight.FlightServerBase):
                 result = self.health()
             elif action.type == "stats":
                 with self._lock:
-                    result = {"server": self.name, **self.stats.snapshot(), "candidates": self.candidates}
+                    result = {"server": self.name, **self.stats.snapshot(), "candidates": self.candidates,
+                              "device_seconds": getattr(self.table, "device_seconds", None)}
             elif action.type == "update":
                 result = self.apply_records(body)
             else:

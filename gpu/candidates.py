@@ -43,6 +43,12 @@ class GpuCandidateScorer:
         self._upload()
         self._ids_dirty = True
         self._bufs: dict = {}
+        self.clock = runtime.DeviceClock()  # device time of the copies in and the gather-score launches
+
+    @property
+    def device_seconds(self) -> float | None:
+        """Device seconds spent scoring so far (None under the simulator)."""
+        return self.clock.seconds
 
     @classmethod
     def from_table(cls, table, formats, ad_ids, top_k: int) -> "GpuCandidateScorer":
@@ -105,12 +111,15 @@ class GpuCandidateScorer:
             self._refresh_ids()
             b = self._buffers(n)
             ids, rows, scores = b["ids"][:n], b["rows"][:n], b["scores"][:n]
+            self.clock.start()
             ids.copy_to_device(ad_ids)
             grid = gather.blocks(n)
             gather.resolve_rows[grid, gather.THREADS](self.d_sorted_ids, self.d_sorted_rows, ids, rows)
             gather.score_rows(E)[grid, gather.THREADS](self.d_values, self.d_scale, self.d_formats, rows,
                                                        cuda.to_device(tab), np.int32(self.top_k), scores)
+            self.clock.stop()
             out = scores.copy_to_host()
+            self.clock.settle()
         missing = np.flatnonzero(np.isnan(out))
         if len(missing):
             raise KeyError(f"ad {int(ad_ids[missing[0]])} is not live")

@@ -50,6 +50,9 @@ class GpuEngine(EngineBase):
         ss[used] = scale[rows]
         self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,
                                   top_e=self.top_e, version=version)
+        from .runtime import DeviceClock
+
+        self.clock = DeviceClock()  # device time of the match, scoring and top-K launches
 
     def tables(self, requests: Sequence[Request]) -> np.ndarray:
         """float32 (R, F, TW): the folded per-format tables of each request's user side."""
@@ -67,6 +70,7 @@ class GpuEngine(EngineBase):
             launched = self._launch(prepared, k)
             prepared = self._prepare(parts[i + 1]) if i + 1 < len(parts) else None  # overlaps batch i on the device
             out.extend(self.scorer.fetch(launched, len(parts[i]), self.index.stream))  # the one synchronization
+            self.clock.settle()
         return out
 
     def _prepare(self, requests):
@@ -78,8 +82,17 @@ class GpuEngine(EngineBase):
         """Match, scoring and top-K of a prepared batch, enqueued on the index's stream."""
         n, tabs, batch = prepared
         elig = self.index.kept_output(n)
+        self.clock.start(self.index.stream)
         self.index.run(batch, elig)
-        return self.scorer.launch(elig, tabs, k, self.index.stream)
+        launched = self.scorer.launch(elig, tabs, k, self.index.stream)
+        self.clock.stop(self.index.stream)
+        return launched
+
+    @property
+    def device_seconds(self) -> float | None:
+        """Device seconds spent in this engine's match, scoring and top-K launches so far (None under
+        the simulator)."""
+        return self.clock.seconds
 
     def _follow_slots(self) -> None:
         """Grow the embedding table when updates grew the index's slots."""

@@ -34,3 +34,35 @@ def has_tensor_cores() -> bool:
         return tuple(cuda().get_current_device().compute_capability) >= (8, 0)
     except Exception:  # no usable device: nothing to run on, so no tensor cores either
         return False
+
+
+class DeviceClock:
+    """Device seconds between marks on a stream, summed over a service's launches: its GPU busy time.
+
+    `start(stream)` and `stop(stream)` record CUDA events around a group of launches; `settle()`, once
+    the stream has been synchronized, adds their elapsed time. Under the simulator nothing is timed
+    (`seconds` stays None): its kernels run on the host and their time says nothing of a device."""
+
+    def __init__(self):
+        self.seconds: float | None = None if simulator_enabled() else 0.0
+        self._events = None
+        self._open = False
+
+    def start(self, stream=0) -> None:
+        if self.seconds is None:
+            return
+        if self._events is None:
+            self._events = (cuda().event(timing=True), cuda().event(timing=True))
+        self._events[0].record(stream)
+        self._open = True
+
+    def stop(self, stream=0) -> None:
+        if self._open:
+            self._events[1].record(stream)
+
+    def settle(self) -> None:
+        """Add the last start-stop span (the stream it was recorded on must have been synchronized)."""
+        if self._open:
+            self._events[1].synchronize()
+            self.seconds += cuda().event_elapsed_time(*self._events) / 1e3
+            self._open = False

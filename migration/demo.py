@@ -210,6 +210,38 @@ def cpu_explanation(report: dict, kernels: dict, cores: int) -> list[str]:
     return lines
 
 
+def colocation_over_gpu_scoring(report: dict) -> list[str]:
+    """Step 4's second half: with the remote design's scorer on a GPU beside the co-located server on
+    the same machine (compare's third column), what the GPU buys and what co-location adds on top of
+    it, in this run's figures. Without a GPU the lines say where the column comes from."""
+    gpu = next((n for n in report.get("architectures", []) if n.startswith("remote_")), None)
+    if gpu is None or report[gpu]["device"] != "gpu":
+        return ["   (no GPU here: where one is usable, this step also runs the remote design with its scorer on "
+                "the GPU, to tell what the GPU buys from what co-location adds)"]
+    q, lat, b = report["requests_per_second"], report["latency_ms"], report["bytes_per_request"]
+    cpu = report.get("host_cpu_ms_per_request") or {}
+    busy = report.get("gpu_busy_fraction") or {}
+
+    def p50(n: str) -> str:
+        return f"{lat[n]['p50']:.2f} ms" if lat.get(n) else "n/a"
+
+    lines = [
+        f"   the 2024 design, scorer on this GPU: {rate(q[gpu])} requests/s, p50 {p50(gpu)}; with the CPU scorer "
+        f"{rate(q['remote'])} requests/s, p50 {p50('remote')}: the GPU scorer buys {q[gpu] / q['remote']:.2f}x",
+        f"   co-located on the same GPU: {rate(q['colocated'])} requests/s, p50 {p50('colocated')}: co-location adds "
+        f"{q['colocated'] / q[gpu]:.1f}x the requests per second and {b[gpu] / max(1.0, b['colocated']):.0f}x fewer "
+        f"bytes on top of GPU scoring",
+    ]
+    if cpu.get(gpu) and cpu.get("colocated"):
+        lines.append(f"   host CPU per request: {sum(cpu[gpu].values()):.2f} ms for the remote design (match and "
+                     f"top-K on the index host) against {sum(cpu['colocated'].values()):.2f} ms co-located")
+    if busy.get(gpu) and busy.get("colocated"):
+        lines.append(f"   GPU busy in the timed runs: {100 * sum(busy[gpu].values()):.1f}% behind the remote design, "
+                     f"{100 * sum(busy['colocated'].values()):.1f}% co-located: the rest of a request's time is host "
+                     f"work and hops")
+    return lines
+
+
 def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed: int = 0, k: int = DEFAULT_K,
              device: str = "auto", echo: Echo = print, log: Echo = lambda m: None,
              kernel_rows: int = CPU_KERNEL_ROWS) -> dict:
@@ -306,6 +338,8 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     echo(f"   bytes on the wire per request: remote {b['remote']:,.0f}, co-located {b['colocated']:,.0f}: "
          f"{report['traffic_reduction']:.1f}x less (grows with the eligible pool: the remote design ships "
          f"every candidate)")
+    for line in colocation_over_gpu_scoring(report):
+        echo(line)
 
     # 5 -------------------------------------------------------------------------------------------------
     echo(f"\n5. The fused kernel and int8 ({kernels['device']}, {kernels['rows']:,} ads per pass)")
@@ -325,18 +359,25 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
 
     # side by side ---------------------------------------------------------------------------------------
     echo("\nSide by side")
+    archs = report.get("architectures") or ["remote", "colocated"]
+    server = f"one {'GPU' if where == 'gpu' else where.upper()} server"
+    titles = {"remote": "remote, CPU scorer", "colocated": "co-located"}
+    places = {"remote": "CPU index host + CPU scorer", "colocated": server}
+    for name in archs:
+        if name.startswith("remote_"):
+            titles[name] = f"remote, {report[name]['device'].upper()} scorer"
+            places[name] = f"CPU index host + {report[name]['device'].upper()} scorer"
     rows = [
-        ("where it runs", "CPU index host + CPU scorer", f"one {'GPU' if where == 'gpu' else where.upper()} server"),
-        ("answers vs reference", "equal" if report["remote"]["topk"]["ok"] else "DIFFERENT",
-         "equal" if report["colocated"]["topk"]["ok"] else "DIFFERENT"),
-        ("bytes on the wire / request", f"{b['remote']:,.0f}", f"{b['colocated']:,.0f}"),
-        ("requests / second", _requests_per_second(report, "remote"), _requests_per_second(report, "colocated")),
-        ("pool ads / second", rate(report["pool_ads_per_second"]["remote"]),
-         rate(report["pool_ads_per_second"]["colocated"])),
+        ("where it runs", [places[n] for n in archs]),
+        ("answers vs reference", ["equal" if report[n]["topk"]["ok"] else "DIFFERENT" for n in archs]),
+        ("bytes on the wire / request", [f"{b[n]:,.0f}" for n in archs]),
+        ("requests / second", [_requests_per_second(report, n) for n in archs]),
+        ("pool ads / second", [rate(report["pool_ads_per_second"][n]) for n in archs]),
     ]
-    echo(f"   {'':<30}{'remote scoring':>34}{'co-located':>34}")
-    for name, a, c in rows:
-        echo(f"   {name:<30}{a:>34}{c:>34}")
+    W = 34 if len(archs) < 3 else 30
+    echo(f"   {'':<30}" + "".join(f"{titles[n]:>{W}}" for n in archs))
+    for name, cells in rows:
+        echo(f"   {name:<30}" + "".join(f"{c:>{W}}" for c in cells))
     if where != "gpu":
         import os
 

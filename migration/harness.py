@@ -45,6 +45,7 @@ class ArchMeasurement:
     latencies: list[float] = field(default_factory=list)  # seconds, one request per exchange
     run_seconds: list[float] = field(default_factory=list)  # each timed run of all requests (`seconds`: the median)
     cpu_ms_per_request: dict = field(default_factory=dict)  # service -> host CPU ms per request in the timed runs
+    gpu_busy: dict = field(default_factory=dict)  # service -> its device time / wall time of the timed runs
 
     def latency_ms(self) -> dict[str, float]:
         if not self.latencies:
@@ -207,23 +208,28 @@ def measure(retriever, requests, k: int, traffic_requests: int, runs: int = TIME
     single-request exchanges (latency), then count bytes one request at a time."""
     retriever.retrieve(requests[:1], k)  # warm-up: connections, compiled code
     run_seconds = []
-    cpu = getattr(retriever, "cpu_seconds", dict)
-    cpu_before = cpu()
+    cpu, device = getattr(retriever, "cpu_seconds", dict), getattr(retriever, "device_seconds", dict)
+    cpu_before, device_before = cpu(), device()
     for _ in range(max(1, runs)):
         t0 = time.perf_counter()
         answers = retriever.retrieve(requests, k)
         run_seconds.append(time.perf_counter() - t0)
-    cpu_after = cpu()
+    cpu_after, device_after = cpu(), device()
     served = max(1, runs) * len(requests)
-    cpu_ms = {role: (cpu_after[role] - was) * 1e3 / served for role, was in cpu_before.items()
-              if was is not None and cpu_after.get(role) is not None}
+    cpu_ms = {role: (after - before) * 1e3 / served for role, before, after in _both(cpu_before, cpu_after)}
+    busy = {role: (after - before) / sum(run_seconds) for role, before, after in _both(device_before, device_after)}
     latencies = []
     for request in requests[:traffic_requests]:
         t0 = time.perf_counter()
         retriever.retrieve([request], k)
         latencies.append(time.perf_counter() - t0)
     _, traffic = retriever.retrieve_traffic(requests[:traffic_requests], k)
-    return ArchMeasurement(answers, float(np.median(run_seconds)), traffic, latencies, run_seconds, cpu_ms)
+    return ArchMeasurement(answers, float(np.median(run_seconds)), traffic, latencies, run_seconds, cpu_ms, busy)
+
+
+def _both(before: dict, after: dict):
+    """(role, before, after) for each role with a figure on both sides."""
+    return [(role, was, after[role]) for role, was in before.items() if was is not None and after.get(role) is not None]
 
 
 def check_answers(reference, answers, k: int, label: str) -> dict:
@@ -323,6 +329,9 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     # host CPU (user + system) of each service during the timed runs, per request: where the match and
     # the top-K run on the host (the remote index host) and what a GPU server still spends there
     report["host_cpu_ms_per_request"] = {n: m.cpu_ms_per_request for n, m in measured.items()}
+    # the share of the timed runs' wall time each GPU service spent in its launches (CUDA events
+    # around them; no entry on the CPU or under the simulator)
+    report["gpu_busy_fraction"] = {n: m.gpu_busy for n, m in measured.items()}
     report["pool_ads_per_second"] = {n: len(reqs) * dataset.n_ads / m.seconds for n, m in measured.items()}
     # the payload model of `andromeda budget` for the requests whose bytes were counted
     counted = min(traffic_requests, len(reqs))
@@ -392,6 +401,10 @@ def format_report(report: dict) -> str:
         for col, arch in enumerate(archs):
             for role, ms in (cpu.get(arch) or {}).items():
                 lines.append(row("  " + role.split(" (")[0], [""] * col + [f"{ms:.2f}"]))
+    busy = report.get("gpu_busy_fraction") or {}
+    if any(busy.get(n) for n in archs):  # device time / wall time of the timed runs, per GPU service
+        lines.append(row("GPU busy (timed runs)", [", ".join(f"{100 * f:.1f}%" for f in busy[n].values())
+                                                   if busy.get(n) else "-" for n in archs]))
     gpu_remote = [n for n in archs if n.startswith("remote_")]
     if gpu_remote:
         n = gpu_remote[0]

@@ -145,6 +145,41 @@ def test_without_ray_the_commands_name_the_install(monkeypatch):
         assert 'pip install -e ".[cluster]"' in result.output
 
 
+def test_the_durable_shard_log_keeps_its_entries_and_refuses_another_corpus(tmp_path):
+    """DurableShardLog: the same sequences and lines as ShardLog, read back after a reopen; a log
+    written for one corpus (or one shard count) is not replayed onto another; one front at a time."""
+    from andromeda_nb.wal import LogError
+    from cluster.shards import DurableShardLog
+
+    dataset, rng = make_dataset()
+    lines = update_stream(rng, dataset, 12)
+    memory, disk = ShardLog(3), DurableShardLog(tmp_path / "log", dataset, 3)
+    try:
+        per_shard, bad = route_updates(lines, 3, seed=dataset.seed, dim=dataset.model.D, formats=dataset.model.F)
+        assert not bad
+        for s, entries in enumerate(per_shard):
+            for half in (entries[: len(entries) // 2], entries[len(entries) // 2 :]):
+                if half:
+                    assert disk.append(s, half) == memory.append(s, half)
+        with pytest.raises(LogError, match="holds this update log"):
+            DurableShardLog(tmp_path / "log", dataset, 3)
+    finally:
+        disk.close()
+    again = DurableShardLog(tmp_path / "log", dataset, 3)
+    try:
+        for s in range(3):
+            assert again.seq(s) == memory.seq(s) == len(per_shard[s])
+            for start in (0, 1):
+                got, want = again.since(s, start), memory.since(s, start)
+                assert [json.loads(line) for _, line in got] == [json.loads(line) for _, line in want]
+        assert again.describe()["seq"] == [len(e) for e in per_shard] and sum(again.describe()["seq"]) == 12
+    finally:
+        again.close()
+    other, _ = make_dataset(seed=SEED + 1)
+    with pytest.raises(LogError, match="belongs to another corpus"):
+        DurableShardLog(tmp_path / "log", other, 3)
+
+
 # --- on Ray -----------------------------------------------------------------------------------------
 
 
@@ -287,3 +322,40 @@ def test_retrieve_arch_sharded_prints_what_the_single_engine_prints(ray_instance
     assert got.output == want.output and len(got.output.splitlines()) == 5
     bad = runner.invoke(cli.main, ["retrieve", "--data", str(corpus_dir), "--arch", "sharded", "--shards", "0"])
     assert bad.exit_code == 2 and "--shards" in bad.output
+
+
+def test_serve_cluster_in_its_own_process_replays_acknowledged_updates_after_a_restart(tmp_path):
+    """`andromeda serve cluster` started as a process (its own local Ray): a plain Flight client's
+    answers equal one engine's; updates acknowledged by the front are in the shards' logs on disk, so
+    the front stopped and started again on the same corpus answers with them before anything else."""
+    pytest.importorskip("ray", reason='the cluster tests need Ray: pip install -e ".[test,cluster]"')
+    import cli
+    from andromeda_nb.services import ServiceProcess
+    from andromeda_nb.store import load_dataset
+
+    data = tmp_path / "corpus"
+    made = CliRunner().invoke(cli.main, ["generate", "--ads", "500", "--requests", "4", "--seed", "9", "--out",
+                                         str(data), "-q"])
+    assert made.exit_code == 0, made.output
+    dataset = load_dataset(str(data))
+    rng = np.random.default_rng([SEED, 17])
+    args = ["serve", "cluster", "--data", str(data), "--shards", "2", "--device", "cpu", "--port", "0", "-q"]
+    front = ServiceProcess("cli", args, name="serve cluster")
+    try:
+        location = front.location
+        assert_same_answers(fl.retrieve_over_flight(location, dataset.requests, K),
+                            single_engine(dataset).retrieve(dataset.requests, K), "front process")
+        lines = update_stream(rng, dataset, 20)
+        assert fl.flight_action(location, "update", "\n".join(lines)) == {"applied": 20, "rejected": []}
+    finally:
+        assert front.stop() == 0  # SIGTERM: the front ends its replicas and its Ray
+    assert sorted(p.name for p in (data / "cluster-log").iterdir() if p.suffix == ".log") == \
+        ["shard-0-of-2.log", "shard-1-of-2.log"]
+    front = ServiceProcess("cli", args, name="serve cluster, started again")
+    try:
+        health = fl.flight_action(front.location, "health")
+        assert health["replayed"] == 20 and health["log"]["durable"] and sum(health["log"]["seq"]) == 20
+        assert_same_answers(fl.retrieve_over_flight(front.location, dataset.requests, K),
+                            single_engine(dataset, lines).retrieve(dataset.requests, K), "after a restart")
+    finally:
+        assert front.stop() == 0

@@ -94,3 +94,26 @@ def test_the_kernel_step_asks_for_the_kernels_the_device_ships(monkeypatch):
     assert seen["versions"] == [4, 7] and 0.08 in seen["eligible"]
     assert out["fused"]["fp16"]["version"] == 7 and out["dot"]["fp16"]["version"] == 4
     assert out["fused_share"]["fp16"]["ads_per_s"] == 1e9 * 7.08
+
+
+def test_the_colocation_step_separates_what_the_gpu_buys_from_what_colocation_adds(demo_run):
+    from migration.demo import colocation_over_gpu_scoring
+
+    _, text = demo_run
+    assert "no GPU here" in text  # the CPU run says where the third column comes from
+    report = {
+        "architectures": ["remote", "remote_gpu", "colocated"], "remote_gpu": {"device": "gpu"},
+        "requests_per_second": {"remote": 71.0, "remote_gpu": 141.0, "colocated": 1322.0},
+        "latency_ms": {"remote": {"p50": 46.7}, "remote_gpu": {"p50": 44.4}, "colocated": {"p50": 6.0}},
+        "bytes_per_request": {"remote": 593e3, "remote_gpu": 593e3, "colocated": 5.8e3},
+        "host_cpu_ms_per_request": {"remote_gpu": {"index host": 12.0, "scoring service": 3.0},
+                                    "colocated": {"server": 0.5}},
+        "gpu_busy_fraction": {"remote_gpu": {"scoring service": 0.02}, "colocated": {"server": 0.31}},
+    }
+    lines = "\n".join(colocation_over_gpu_scoring(report))
+    assert "the GPU scorer buys 1.99x" in lines
+    assert "co-location adds 9.4x the requests per second and 102x fewer bytes" in lines
+    assert "15.00 ms for the remote design" in lines and "0.50 ms co-located" in lines
+    assert "2.0% behind the remote design, 31.0% co-located" in lines
+    report["remote_gpu"]["device"] = "sim"  # the simulator's figures say nothing of a GPU
+    assert "no GPU here" in colocation_over_gpu_scoring(report)[0]

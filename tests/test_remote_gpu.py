@@ -39,6 +39,9 @@ def test_a_gpu_scoring_service_behind_the_index_host_equals_the_reference_throug
             assert ack["applied"] == len(updates) and not ack["rejected"]
             for update in updates:
                 reference.apply(update)
+        # the GPU table's device time, summed over its launches (not timed under the simulator)
+        device_s = fl.flight_action(f"grpc://127.0.0.1:{scorer.port}", "stats")["device_seconds"]
+        assert device_s > 0 if KERNEL_DEVICE == "gpu" else device_s is None
     finally:
         host.shutdown()
         host.close_resources()
@@ -99,3 +102,33 @@ def test_compare_shows_three_designs_that_answer_alike(tmp_path):
     # (/proc counts in clock ticks of 10 ms: two requests may read 0 on a fast service)
     assert all(ms >= 0 for design in cpu.values() for ms in design.values()), cpu
     assert "host CPU ms / request" in table.stdout and "  index host" in table.stdout
+    # no GPU service here (the simulator's time is no device's): no busy fraction, and no row for it
+    assert report["gpu_busy_fraction"] == {n: {} for n in report["architectures"]}
+    assert "GPU busy" not in table.stdout
+
+
+def test_gpu_busy_fraction_is_the_services_device_time_over_the_timed_wall_time():
+    """measure() reads each service's device seconds around the timed runs: a service busy for
+    half of every request's time reads about 0.5, one that never says reads nothing."""
+    import time
+
+    from migration.harness import measure
+
+    class HalfBusy:
+        def __init__(self):
+            self.busy_s = 0.0
+
+        def retrieve(self, requests, k):
+            time.sleep(0.02 * len(requests))
+            self.busy_s += 0.01 * len(requests)
+            return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in requests]
+
+        def device_seconds(self):
+            return {"scorer": self.busy_s, "index host": None}
+
+        def retrieve_traffic(self, requests, k):
+            return self.retrieve(requests, k), [{} for _ in requests]
+
+    m = measure(HalfBusy(), list(range(5)), 10, traffic_requests=1, runs=2)
+    assert set(m.gpu_busy) == {"scorer"}
+    assert 0.3 < m.gpu_busy["scorer"] <= 0.5, m.gpu_busy
