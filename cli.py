@@ -581,6 +581,9 @@ def _server_options(service: str, log: bool = True):
                      help=f"Nesting of any JSON text [default: {L.max_json_depth}]."),
         click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=None,
                      help=f"Seconds one call may take [default: {L.deadline_s:g}]."),
+        click.option("--update-cpu-share", type=click.FloatRange(0, 1, min_open=True), default=None,
+                     help=f"Share of an update call's time spent applying while retrievals arrive; the rest is "
+                          f"left to them [default: {L.update_cpu_share}]."),
         click.option("--stop-deadline", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
                      help="Seconds from SIGTERM to exit, whatever clients do (batches in flight finish)."),
         _QUIET_OPTION,

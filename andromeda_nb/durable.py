@@ -13,8 +13,10 @@ clients (the co-located server, the remote index host) run for an `update` call:
 5. hand them to the server's `apply` in slices of `limits.update_slice` (a server may stop a slice
    early when a request is waiting); between two slices the journal waits (a bounded time) for the
    retrieval batches in flight (`ReadGate`), and while parsing and logging it steps aside for them
-   at every line, so a large call never holds the server for long: retrieval's latency during a
-   20,000-upsert call stays close to idle (docs/RELIABILITY.md has the figures);
+   at every line, so a large call never holds the server for long; while retrievals keep arriving
+   (one within the last `ACTIVE_S`), it also pauses between slices so that applying takes at most
+   `limits.update_cpu_share` of the call's time (`_keep_share`), leaving the cores to retrieval for
+   the rest (docs/RELIABILITY.md has the figures);
 6. acknowledge: `{"applied": n, "rejected": [...], "seq": last sequence number}`.
 
 The cyclic garbage collector is paused during a call (`store.paused_gc`): the tens of thousands of
@@ -41,6 +43,9 @@ from .updates import LiveAds, Rejection, _reason, parse_update, update_answer
 from .wal import LogError, LogRecord, WriteAheadLog
 
 DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches between two slices
+ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within this many seconds
+MIN_PAUSE_S = 0.002  # an update call pauses for its CPU share once it owes at least this much
+SHARE_WINDOW_S = 0.25  # the span over which an update call's CPU share is kept
 
 
 class DeadlineExceeded(TimeoutError):
@@ -53,22 +58,29 @@ class ReadGate:
     def __init__(self):
         self._n = 0
         self._cond = threading.Condition()
+        self.last_read = float("-inf")  # time.monotonic() when a batch last began or ended
 
     @contextlib.contextmanager
     def reading(self):
         with self._cond:
             self._n += 1
+            self.last_read = time.monotonic()
         try:
             yield
         finally:
             with self._cond:
                 self._n -= 1
+                self.last_read = time.monotonic()
                 if not self._n:
                     self._cond.notify_all()
 
     @property
     def busy(self) -> bool:
         return self._n > 0
+
+    def active(self, within_s: float = ACTIVE_S) -> bool:
+        """Whether retrieval is going on: a batch in flight, or one within the last `within_s`."""
+        return self._n > 0 or time.monotonic() - self.last_read < within_s
 
     def wait_idle(self, max_wait_s: float) -> bool:
         """Wait until no batch is in flight, at most `max_wait_s`; True when idle."""
@@ -119,6 +131,8 @@ class UpdateJournal:
         self.yield_s = yield_s
         self.lock = threading.Lock()  # one update call or compaction at a time
         self.slices = 0  # slices applied so far (stats)
+        self.paused_s = 0.0  # seconds update calls paused to keep to their share while retrievals arrived
+        self._window: list | None = None  # [start, seconds applying] of the current share window
 
     # --- parsing --------------------------------------------------------------------------------------
     def parse_update(self, obj) -> Update:
@@ -130,6 +144,27 @@ class UpdateJournal:
             self.gate.wait_idle(self.yield_s)
         else:
             time.sleep(0)  # let any other thread that wants the interpreter have it
+
+    def _keep_share(self, slice_s: float) -> None:
+        """After a slice that took `slice_s`: while retrievals arrive, pause so that the call's time
+        applying stays within `limits.update_cpu_share` of the time since its share window began.
+        Pauses are taken once at least MIN_PAUSE_S is owed (each one hands the interpreter over,
+        which costs more than a few microseconds), and a window lasts SHARE_WINDOW_S."""
+        share = self.limits.update_cpu_share
+        if share >= 1 or self.gate is None or not self.gate.active():
+            self._window = None
+            return
+        now = time.monotonic()
+        if self._window is None:
+            self._window = [now - slice_s, 0.0]  # began with this slice
+        self._window[1] += slice_s
+        owed = self._window[1] / share - (now - self._window[0])
+        if owed >= MIN_PAUSE_S:
+            pause = min(owed, self.yield_s)
+            time.sleep(pause)
+            self.paused_s += pause
+        if time.monotonic() - self._window[0] >= SHARE_WINDOW_S:
+            self._window = None
 
     def _yield_to_readers(self) -> None:
         """Inside a long parse or encode loop (called per line: one attribute read when idle): a
@@ -193,14 +228,17 @@ class UpdateJournal:
                     accepted.append((obj, update))
             records = self.log.append([obj for obj, _ in accepted], pause=self._yield_to_readers)  # durable: acknowledged
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
-            step, done = self.limits.update_slice, 0
+            step, done, self._window = self.limits.update_slice, 0, None
             while done < len(items):
                 if done:
                     self._step_aside()
                 piece = items[done : done + step]
+                t0 = time.monotonic()
                 applied = apply(piece)  # may stop early for a waiting request: the rest comes next
                 done += len(piece) if applied is None else max(1, applied)
                 self.slices += 1
+                if done < len(items):
+                    self._keep_share(time.monotonic() - t0)
             seq = self.log.last_seq
         finally:
             self.lock.release()
@@ -249,4 +287,4 @@ def _ad_id(update: Update):
     return update.ad.ad_id if isinstance(update, Upsert) else getattr(update, "ad_id", None)
 
 
-__all__ = ["DEFAULT_YIELD_S", "DeadlineExceeded", "LimitExceeded", "ReadGate", "UpdateJournal"]
+__all__ = ["ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate", "UpdateJournal"]

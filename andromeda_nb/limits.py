@@ -15,6 +15,7 @@ send (64 requests per batch, about 1.5 kB per request) and well below what hurt 
 | `max_json_depth` | 64 | nesting of any JSON text (a targeting spec needs about 6) |
 | `deadline_s` | 60 s | one call: a batch is not started, an update not logged, after it |
 | `update_slice` | 16 | updates applied between two looks at waiting retrievals |
+| `update_cpu_share` | 0.5 | share of an update call's time spent applying while retrievals arrive |
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ OPTION_NAMES = {  # limit -> the `serve` option that sets it (named in error mes
     "max_update_bytes": "--max-update-bytes",
     "max_json_depth": "--max-json-depth",
     "deadline_s": "--deadline",
+    "update_cpu_share": "--update-cpu-share",
 }
 
 
@@ -49,12 +51,15 @@ class ServiceLimits:
     max_json_depth: int = DEFAULT_MAX_DEPTH
     deadline_s: float = 60.0
     update_slice: int = 16
+    update_cpu_share: float = 0.5
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"limit {f.name}: expected a positive number, got {value!r}")
+        if not self.update_cpu_share <= 1:
+            raise ValueError(f"limit update_cpu_share: expected a share in (0, 1], got {self.update_cpu_share}")
         if not 1 <= self.max_k <= MAX_K:
             raise ValueError(f"limit max_k: expected 1..{MAX_K}, got {self.max_k}")
 

@@ -214,6 +214,7 @@ def add_server_arguments(parser, *, log: bool = True) -> None:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     parser.add_argument("--deadline", dest="deadline_s", type=float, default=None)
     parser.add_argument("--update-slice", type=int, default=None, help=argparse.SUPPRESS)  # benchmarks
+    parser.add_argument("--update-cpu-share", type=float, default=None)
     parser.add_argument("--stop-deadline", type=float, default=DEFAULT_STOP_DEADLINE_S)
     parser.add_argument("--parent-pid", type=int, default=None)
 
@@ -221,7 +222,7 @@ def add_server_arguments(parser, *, log: bool = True) -> None:
 def settings_from_args(args) -> ServerSettings:
     """`ServerSettings` from the namespace `add_server_arguments` filled."""
     names = ("max_request_bytes", "max_batch_requests", "max_k", "max_updates", "max_update_bytes",
-             "max_json_depth", "deadline_s", "update_slice")
+             "max_json_depth", "deadline_s", "update_slice", "update_cpu_share")
     return ServerSettings.from_options(
         host=args.host, port=args.port, token=args.token, admin_token=args.admin_token, tls_cert=args.tls_cert,
         tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, insecure=args.insecure,

@@ -12,6 +12,8 @@ service), started as processes on loopback over a generated corpus with its upda
 The target: p99 during the call within 2x of the idle p99. `--slice N` sets how many updates the
 server applies between two looks at waiting retrievals (`ServiceLimits.update_slice`); `--slice
 1000000` applies the whole call in one piece, as the servers did before slicing, for comparison.
+`--cpu-shares 1,0.5,0.25` runs each server once per share of the call's time it may spend applying
+while retrievals arrive (`ServiceLimits.update_cpu_share`; 1: no pause).
 
     PYTHONPATH=. python3 scripts/bench_update_stall.py --out docs/results/reliability/update_stall.json
 """
@@ -122,6 +124,8 @@ def main(argv=None) -> int:
     parser.add_argument("--idle-s", type=float, default=8.0)
     parser.add_argument("--slice", type=int, default=None, help="updates applied between looks at retrieval")
     parser.add_argument("--servers", default="colocated,remote")
+    parser.add_argument("--cpu-shares", default=None,
+                        help="update CPU shares to run each server with, comma-separated (default: the server's)")
     parser.add_argument("--device", default="cpu", help="the co-located server's device (cpu, gpu, auto)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--out", default=None)
@@ -131,26 +135,32 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="andromeda-stall-") as tmp:
         results = []
+        shares = [float(x) for x in args.cpu_shares.split(",")] if args.cpu_shares else [None]
         for name in args.servers.split(","):
             root = Path(tmp) / name
             generate_corpus(root, args.ads, args.requests, args.seed)
             dataset = load_dataset(root)
             body = upsert_body(dataset, args.upserts, args.seed)
-            log(True, f"{name}: {args.ads} ads, one call of {args.upserts} upserts ({len(body) / 1e6:.1f} MB)")
-            extra = ["--update-slice", str(args.slice)] if args.slice else []
-            procs = []
-            try:
-                if name == "colocated":
-                    procs.append(ServiceProcess("migration.serve", ["--data", str(root), "--device", args.device, *extra],
-                                                start_timeout_s=600))
-                else:
-                    procs.append(ServiceProcess("cpu_baseline.serve", ["scorer", "--data", str(root), *extra]))
-                    procs.append(ServiceProcess("cpu_baseline.serve", ["remote", "--data", str(root), "--scorer",
-                                                                       procs[0].location, *extra]))
-                results.append(measure(name if name == "remote" else f"colocated ({args.device})", procs[-1].location, dataset, body, args.idle_s, True))
-            finally:
-                for proc in reversed(procs):
-                    proc.stop()
+            for share in shares:
+                log(True, f"{name}: {args.ads} ads, one call of {args.upserts} upserts ({len(body) / 1e6:.1f} MB)"
+                          + (f", update CPU share {share}" if share else ""))
+                extra = (["--update-slice", str(args.slice)] if args.slice else []) + \
+                    (["--update-cpu-share", str(share)] if share else [])
+                label = name if name == "remote" else f"colocated ({args.device})"
+                procs = []
+                try:
+                    if name == "colocated":
+                        procs.append(ServiceProcess("migration.serve", ["--data", str(root), "--device", args.device,
+                                                                        *extra], start_timeout_s=600))
+                    else:
+                        procs.append(ServiceProcess("cpu_baseline.serve", ["scorer", "--data", str(root), *extra]))
+                        procs.append(ServiceProcess("cpu_baseline.serve", ["remote", "--data", str(root),
+                                                                           "--scorer", procs[0].location, *extra]))
+                    result = measure(label, procs[-1].location, dataset, body, args.idle_s, True)
+                    results.append({**result, "update_cpu_share": share or "default"})
+                finally:
+                    for proc in reversed(procs):
+                        proc.stop()
     doc = {"kind": "update_stall", "ads": args.ads, "upserts": args.upserts, "idle_s": args.idle_s,
            "update_slice": args.slice or "default", "results": results,
            "target": "p99 during the call within 2x of the idle p99",

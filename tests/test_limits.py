@@ -114,3 +114,44 @@ def test_a_large_update_call_is_applied_in_slices_that_retrieval_runs_between(co
         assert inside, f"no retrieval ran between the slices (answers at {sorted(set(seen))})"
     finally:
         stop(server)
+
+
+def test_an_update_call_keeps_to_its_cpu_share_only_while_retrievals_arrive():
+    """While a retrieval began or ended within ACTIVE_S, the journal pauses between slices so that
+    applying takes at most `update_cpu_share` of the call's time; with no retrieval, or a share of
+    1, it never pauses."""
+    from andromeda_nb.durable import MIN_PAUSE_S, ReadGate, UpdateJournal
+    from andromeda_nb.wal import WriteAheadLog
+
+    lines = [json.dumps({"op": "retire", "ad_id": i}) for i in range(1, 81)]
+
+    def run(share: float, reading: bool) -> tuple[float, float, float]:
+        gate = ReadGate()
+        journal = UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2, gate=gate,
+                                limits=ServiceLimits(update_slice=4, update_cpu_share=share))
+        applied_s = []
+
+        def apply(items):
+            if reading:
+                with gate.reading():  # a retrieval batch arrives between the slices
+                    pass
+            t0 = time.monotonic()
+            time.sleep(0.003)
+            applied_s.append(time.monotonic() - t0)
+            return None
+
+        t0 = time.monotonic()
+        ack = journal.submit("\n".join(lines).encode(), live=lambda ad_id: True, apply=apply)
+        assert ack["applied"] == 80 and len(applied_s) == 20
+        return journal.paused_s, sum(applied_s[:-1]), time.monotonic() - t0  # no pause after the last slice
+
+    for share in (0.5, 0.2):
+        paused, busy, call_s = run(share, reading=True)
+        # applying took at most its share of the call's time (a pause owed at a window's end, or
+        # the last, may be left untaken), and the pauses asked for never exceed what leaves
+        # applying exactly that share
+        assert busy / (call_s + 3 * MIN_PAUSE_S) <= share * 1.02, (share, busy, call_s)
+        assert 0 < paused <= busy * (1 / share - 1) * 1.02, (share, paused, busy)
+    assert run(1.0, reading=True)[0] == 0 and run(0.5, reading=False)[0] == 0
+    with pytest.raises(ValueError, match="update_cpu_share: expected a share in"):
+        ServiceLimits(update_cpu_share=1.5)
