@@ -65,26 +65,59 @@ def flight_fanout(locations: list[str], k: int):
     return retrieve
 
 
+class _ShardProcesses:
+    """One `cluster.shard_process` per shard (no Ray): their Flight locations, ended on `close()`."""
+
+    def __init__(self, data_dir, shards: int, device: str, say):
+        from andromeda_nb.services import ServiceProcess
+
+        self.procs = []
+        try:
+            for s in range(shards):
+                say(f"  starting shard {s} of {shards} as a process on {device}")
+                self.procs.append(ServiceProcess("cluster.shard_process", ["--data", str(data_dir), "--shard", str(s),
+                                                                           "--of", str(shards), "--device", device],
+                                                 name=f"shard {s} of {shards}"))
+        except BaseException:
+            self.close()
+            raise
+        self.locations = [p.location for p in self.procs]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
 def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1, 64), device: str = "cpu",
-            say=print) -> dict:
+            placement: str = "ray", data_dir=None, say=print) -> dict:
     """Per shard count: the in-process engine, the actor path and the Flight path timed in turn within
     each repetition (so drift in the machine's load falls on all three alike). `device` 'gpu': the
     in-process engine and every shard on the GPU(s) Ray sees (several shards share one GPU, each its
-    1/N of it in Ray's accounting)."""
+    1/N of it in Ray's accounting). `placement` 'processes': no Ray (where it is not installed): one
+    `cluster.shard_process` per shard, cut from the corpus at `data_dir`, and the Flight path only."""
     from migration.architectures import build_engine
 
+    if placement not in ("ray", "processes"):
+        raise ValueError(f"placement is 'ray' or 'processes', not {placement!r}")
+    if placement == "processes" and data_dir is None:
+        raise ValueError("placement 'processes' needs the corpus directory (data_dir) the shard processes load")
     requests = list(dataset.requests)
     say(f"in-process engine over {dataset.n_ads:,} ads on {device}")
     engine = build_engine(dataset, device)
     want = engine.retrieve(requests, k)
     rows = []
     for shards in shard_counts:
-        cluster = Cluster.start(dataset, shards=shards, replicas=1, device=device, progress=say)
+        cluster = (Cluster.start(dataset, shards=shards, replicas=1, device=device, progress=say) if placement == "ray"
+                   else _ShardProcesses(data_dir, shards, device, say))
         try:
-            router = cluster.router
-            locations = router.ray.get([h.actor.serve_flight.remote() for hs in router.replicas for h in hs])
-            paths = {"in-process": lambda r: engine.retrieve(r, k), "actor": lambda r: router.retrieve(r, k),
-                     "flight": flight_fanout(locations, k)}
+            paths = {"in-process": lambda r: engine.retrieve(r, k)}
+            if placement == "ray":
+                router = cluster.router
+                paths["actor"] = lambda r: router.retrieve(r, k)
+                locations = router.ray.get([h.actor.serve_flight.remote() for hs in router.replicas for h in hs])
+            else:
+                locations = cluster.locations
+            paths["flight"] = flight_fanout(locations, k)
             for name, fn in paths.items():
                 if not _same(fn(requests), want):
                     raise AssertionError(f"{name} path with {shards} shards differs from the in-process engine")
@@ -102,8 +135,9 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
             cluster.close()
     engine.close()
     return {"kind": "cluster_data_path", "ads": dataset.n_ads, "requests": len(requests), "k": k, "repeat": repeat,
-            "device": device, "rows": rows, "checked": "every path's answers equal the in-process engine's",
-            "software": {**software(), "ray": ray_version()}}
+            "device": device, "placement": placement, "rows": rows,
+            "checked": "every path's answers equal the in-process engine's",
+            "software": {**software(), "ray": ray_version() if placement == "ray" else None}}
 
 
 def ray_version() -> str:
@@ -127,14 +161,19 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=100, help="answers per request")
     parser.add_argument("--repeat", type=int, default=3, help="passes over the requests per timing")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where the engine and every shard run")
+    parser.add_argument("--placement", default="ray", choices=("ray", "processes"),
+                        help="shards as Ray actors (actor and Flight paths), or as plain processes (Flight only, no Ray)")
     parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args(argv)
-    require_ray()
+    if args.placement == "ray":
+        require_ray()
+    from andromeda_nb.devices import resolve
     from andromeda_nb.store import load_dataset
 
+    resolve(args.device)
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     result = measure(load_dataset(args.data), [int(s) for s in args.shards.split(",")], k=args.k,
-                     repeat=args.repeat, device=args.device, say=say)
+                     repeat=args.repeat, device=args.device, placement=args.placement, data_dir=args.data, say=say)
     result["provenance"] = {"command": shlex.join(["python", "-m", "cluster.bench", *(argv or sys.argv[1:])]),
                             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info()}
     print(table(result))

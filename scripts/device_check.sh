@@ -11,6 +11,11 @@
 #   score     `bench score` (D = 64 and 128, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
 #   threeway  `compare` at 1M ads with the remote design's scorer on the CPU and on the GPU beside the
 #             co-located server, on loopback and over a shaped 100 us / 25 Gb/s network
+#             (THREEWAY_ADS, default 1000000: the corpus /tmp/c$THREEWAY_ADS with 2,000 updates;
+#             THREEWAY_LINKS, default "0 100": loopback and 100 us; THREEWAY_REQUESTS, default 64)
+#   shards    the shards' Flight fan-out on the one GPU (no Ray there: shards as plain processes,
+#             `cluster.bench --placement processes`) against one in-process engine (SHARDS_ADS, SHARDS)
+#   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
 #             in-process batch; the server's own ceiling with an answer table (no engine time)
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
@@ -55,28 +60,40 @@ for stage in "${stages[@]}"; do
         python3 scripts/probe_score_mma.py --version ${NCU_VERSION:-6} --ads 16777216 > "$OUT/ncu_score_v${NCU_VERSION:-6}.txt" 2>&1
       echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Issue Slots|Registers Per|Achieved Occupancy|Theoretical Occupancy" "$OUT/ncu_score_v${NCU_VERSION:-6}.txt" | head ;;
     threeway)
-      [ -d /tmp/c1m ] || timeout 200 $A generate --ads 1000000 --requests 64 --seed 1 --workers 14 \
-        --updates 2000 --out /tmp/c1m --quiet > /dev/null
-      for link in "0 none" "100 25"; do set -- $link
-        extra=$([ "$2" = none ] || echo "--link-latency-us $1 --link-gbps $2")
-        timeout ${THREEWAY_TIMEOUT:-280} $A compare --data /tmp/c1m --device gpu --scorer-devices cpu,gpu \
-          --updates /tmp/c1m/updates.jsonl --oracle-requests 8 $extra --json --quiet > "$OUT/threeway_1m_link$1.json"
-        echo "threeway link $1 rc=$?"; tail -c 400 "$OUT/threeway_1m_link$1.json"; echo
+      ads=${THREEWAY_ADS:-1000000}; data=/tmp/c$ads
+      [ -f $data/updates.jsonl ] || { timeout ${GENERATE_TIMEOUT:-300} $A generate --ads $ads --requests ${THREEWAY_REQUESTS:-64} \
+        --seed 1 --workers 15 --updates 2000 --out $data --quiet > "$OUT/generate_$ads.txt" 2>&1; echo "generate $ads rc=$?"; }
+      for latency in ${THREEWAY_LINKS:-0 100}; do
+        extra=$([ "$latency" = 0 ] || echo "--link-latency-us $latency --link-gbps 25")
+        timeout ${THREEWAY_TIMEOUT:-280} $A compare --data $data --device gpu --scorer-devices cpu,gpu \
+          --updates $data/updates.jsonl --oracle-requests ${THREEWAY_ORACLE:-8} $extra --json \
+          > "$OUT/threeway_${ads}_link$latency.json" 2> "$OUT/threeway_${ads}_link$latency.err"
+        echo "threeway $ads link $latency rc=$?"; tail -c 700 "$OUT/threeway_${ads}_link$latency.json"; echo
+        tail -2 "$OUT/threeway_${ads}_link$latency.err"
       done ;;
+    shards)
+      ads=${SHARDS_ADS:-1000000}; data=/tmp/c$ads
+      [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
+      timeout ${SHARDS_TIMEOUT:-300} python3 -m cluster.bench --data $data --device gpu --placement processes \
+        --shards ${SHARDS:-1,2,4} --out "$OUT/shards_${ads}_gpu.json" 2>&1 | tail -14 ;;
+    stall)
+      timeout ${STALL_TIMEOUT:-300} python3 scripts/bench_update_stall.py --device gpu --cpu-shares 1,0.5 \
+        --out "$OUT/update_stall_gpu.json" 2>&1 | grep -E "idle p99|Error" | cut -c1-240 ;;
     served)
-      [ -d /tmp/c1m ] || timeout 200 $A generate --ads 1000000 --requests 64 --seed 1 --workers 14 --out /tmp/c1m --quiet > /dev/null
+      data=/tmp/c1000000
+      [ -d $data ] || timeout 300 $A generate --ads 1000000 --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
       for procs in 1 4; do
-        timeout ${SERVED_TIMEOUT:-150} python3 scripts/bench_served.py --data /tmp/c1m --device gpu --clients 32 \
+        timeout ${SERVED_TIMEOUT:-150} python3 scripts/bench_served.py --data $data --device gpu --clients 32 \
           --client-processes $procs --seconds 20 --out "$OUT/served_1m_gpu_p$procs.json" 2>&1 | tail -2
       done
-      timeout 120 python3 scripts/probe_served_ceiling.py --data /tmp/c1m --clients 32 --client-processes 4 \
+      timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
         --seconds 15 --out "$OUT/served_ceiling_1m.json" 2>&1 | tail -1 ;;
     demo)
       timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
       tail -c 400 "$OUT/demo_gpu.json"; echo
       timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
       python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
-    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, threeway, served, demo, all)"; exit 2 ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, threeway, shards, stall, served, demo, all)"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done

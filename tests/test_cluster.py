@@ -180,6 +180,25 @@ def test_the_durable_shard_log_keeps_its_entries_and_refuses_another_corpus(tmp_
         DurableShardLog(tmp_path / "log", other, 3)
 
 
+def test_shards_as_plain_processes_answer_as_one_engine_through_the_flight_fan_out(tmp_path):
+    """`cluster.bench --placement processes` (where Ray is not installed): one `cluster.shard_process`
+    per shard, each its slice of the corpus behind Flight; the bench refuses to time a path whose
+    answers differ from the in-process engine's, so rows mean the fan-out answered exactly."""
+    import cli
+    from andromeda_nb.store import load_dataset
+    from cluster.bench import measure
+
+    data = tmp_path / "corpus"
+    made = CliRunner().invoke(cli.main, ["generate", "--ads", "400", "--requests", "3", "--seed", "4", "--out",
+                                         str(data), "-q"])
+    assert made.exit_code == 0, made.output
+    result = measure(load_dataset(str(data)), [2], k=K, repeat=1, batches=(1,), placement="processes",
+                     data_dir=data, say=lambda message: None)
+    assert result["placement"] == "processes" and result["software"]["ray"] is None
+    assert {(r["path"], r["shards"], r["batch"]) for r in result["rows"]} == {("in-process", 2, 1), ("flight", 2, 1)}
+    assert all(r["median_us"] > 0 for r in result["rows"])
+
+
 # --- on Ray -----------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,44 @@
+"""One shard replica as a plain process (`python -m cluster.shard_process --data DIR --shard S --of N`):
+the shard's slice of the corpus in a co-located engine, listening as a co-located Flight server on
+127.0.0.1 (`ShardReplica.serve_flight`) until SIGTERM or SIGINT.
+
+`cluster.bench --placement processes` starts one per shard to time the Flight fan-out where Ray is
+not installed (the GPU machine): the same shard engines and the same exchange Ray's actors host,
+without Ray's placement, health checks and restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cluster.shard_process", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", required=True, help="corpus directory (the shard's slice is cut here)")
+    parser.add_argument("--shard", type=int, required=True)
+    parser.add_argument("--of", dest="shards", type=int, required=True, help="number of shards")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    args = parser.parse_args(argv)
+    if not 0 <= args.shard < args.shards:
+        parser.error(f"--shard {args.shard} is outside 0..{args.shards - 1}")
+    from andromeda_nb.devices import resolve
+    from andromeda_nb.services import announce
+
+    resolve(args.device)  # before anything imports numba.cuda
+    from .replica import ShardReplica
+
+    replica = ShardReplica(args.data, args.shard, args.shards, 0, device=args.device)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    announce("shard", replica.serve_flight(), shard=args.shard, of=args.shards, ads=len(replica.engine))
+    stop.wait()
+    replica.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
