@@ -98,7 +98,7 @@ class IndexHostServer(RetrieveServer):
                  check_scorer: bool = True, log: WriteAheadLog | None = None, limits=None, guard=None,
                  scorer_credentials=None, data_dir=None, monitor_s: float = MONITOR_INTERVAL_S, **kwargs):
         model = dataset.model
-        limits = limits or DEFAULT_LIMITS
+        limits = self.limits = limits or DEFAULT_LIMITS  # catching the scorer up below reads them
         self.model = model
         self.dim, self.formats = model.D, model.F
         self.index = CpuTargetingIndex.from_compiled(dataset.compiled, threads=threads)  # no ad parsed

@@ -147,6 +147,8 @@ def main(argv=None) -> int:
                 extra = (["--update-slice", str(args.slice)] if args.slice else []) + \
                     (["--update-cpu-share", str(share)] if share else [])
                 label = name if name == "remote" else f"colocated ({args.device})"
+                for leftover in root.glob("updates.log*"):  # each run starts from the corpus alone
+                    leftover.unlink()
                 procs = []
                 try:
                     if name == "colocated":

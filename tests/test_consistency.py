@@ -71,6 +71,36 @@ def test_a_restarted_scorer_is_caught_up_before_it_scores(pair):
     _wait_for(lambda: fl.flight_action(_loc(servers["host"]), "health")["status"] == "ok", what="health ok")
 
 
+def test_both_services_restarted_the_host_replays_its_log_and_catches_the_scorer_up(tmp_path):
+    """The index host started again on its log (records 1..N) beside a fresh scoring service (update
+    0): before it listens it brings the scorer to N, in slices of the host's update slice."""
+    from andromeda_nb.limits import ServiceLimits
+    from andromeda_nb.wal import WriteAheadLog, corpus_lineage
+
+    root, dataset = saved_corpus(tmp_path / "corpus", 32, n_ads=120, n_requests=4, precision="fp16")
+    stream = update_stream(dataset, 30, 2)
+    log = WriteAheadLog.open(tmp_path / "updates.log", lineage=corpus_lineage(dataset), snapshot_seq=0)
+    scorer = ScoringServer(dataset, "grpc://127.0.0.1:0")
+    host = _host(dataset, scorer.port, log=log, limits=ServiceLimits(update_slice=7))
+    try:
+        assert fl.flight_action(_loc(host), "update", lines_of(stream))["seq"] == 30
+    finally:
+        host.shutdown()
+        host.close_resources()
+        scorer.shutdown()
+    log = WriteAheadLog.open(tmp_path / "updates.log", lineage=corpus_lineage(dataset), snapshot_seq=0)
+    scorer = ScoringServer(dataset, "grpc://127.0.0.1:0")
+    host = _host(dataset, scorer.port, log=log, limits=ServiceLimits(update_slice=7))
+    try:
+        assert host.replayed == 30 and scorer.seq == 30
+        assert_equals_reference(reference_at(dataset, stream), dataset.requests,
+                                fl.retrieve_over_flight(_loc(host), dataset.requests, K), K, "both restarted")
+    finally:
+        host.shutdown()
+        host.close_resources()
+        scorer.shutdown()
+
+
 def test_updates_while_the_scorer_is_down_are_logged_then_applied_to_both(pair):
     servers, dataset = pair
     host = _loc(servers["host"])
