@@ -108,6 +108,21 @@ class GpuEngine(EngineBase):
             self._follow_slots()
             self.scorer.set_slot(self.index.slots.slot_of(update.ad.ad_id), update.ad.ad_id, *stored)
 
+    def apply_many(self, updates: Sequence[Update]) -> None:
+        """Apply updates (already checked against the live ids) in order, with the index's changes in
+        one upload and one synchronization for them all (`apply` pays those per update), then each
+        upserted ad's embedding in its slot. Every upsert's format is checked before anything changes."""
+        updates = list(updates)
+        stored = [self.stored_row(u) for u in updates]
+        self.index.apply_many(updates)
+        self._follow_slots()
+        slots = self.index.slots
+        for update, row in zip(updates, stored):
+            # in order, so a later upsert of the same ad writes last; an ad retired later in the
+            # same call has no slot left to write
+            if isinstance(update, Upsert) and update.ad.ad_id in slots:
+                self.scorer.set_slot(slots.slot_of(update.ad.ad_id), update.ad.ad_id, *row)
+
     def describe(self) -> dict:
         return {**super().describe(), "score_version": self.scorer.version, "match_version": self.index.version,
                 "slots": self.scorer.n_slots}

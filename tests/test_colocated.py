@@ -74,6 +74,47 @@ def test_colocated_equals_reference_through_updates(device, precision):
         retriever.close()
 
 
+def test_the_gpu_engine_applies_a_slice_in_one_piece_as_it_applies_updates_one_by_one():
+    """`GpuEngine.apply_many` (one index upload for many updates, what the co-located server does with
+    each slice) against `apply` one at a time and the reference, on a stream that upserts an ad twice,
+    upserts a new ad and retires it, and retires an ad and brings it back, within one call."""
+    from andromeda_nb.types import Retire, Upsert
+    from gpu.engine import GpuEngine
+
+    dataset, rng = make_dataset(43, precision="fp16", n_requests=3)
+    reference = ReferenceRetriever.build(dataset)
+    stream = _updates(rng, reference, dataset, 12)
+    ad = dataset.ads[0]
+    again = ad.__class__(**{**ad.__dict__, "embedding": rng.standard_normal(dataset.model.D).astype(np.float32)})
+    last = again.__class__(**{**again.__dict__, "embedding": -again.embedding})
+    fresh = ad.__class__(**{**ad.__dict__, "ad_id": 10**12 + 7})
+    victim = dataset.ads[1]
+    stream += [Upsert(again), Upsert(last), Upsert(fresh), Retire(fresh.ad_id), Retire(victim.ad_id), Upsert(victim)]
+    whole, single = GpuEngine(dataset, KERNEL_DEVICE), GpuEngine(dataset, KERNEL_DEVICE)
+    try:
+        whole.apply_many(stream)
+        for update in stream:
+            single.apply(update)
+            reference.apply(update)
+        assert len(whole) == len(single) == len(reference.index.ads)
+        # the same state in every live slot: ad id, stored embedding and scale, eligibility word (a
+        # slot freed within the call may keep what `apply` wrote there before: no request reads it)
+        live = np.flatnonzero(whole.index.slots.slot_ad_id >= 0)
+        assert np.array_equal(live, np.flatnonzero(single.index.slots.slot_ad_id >= 0)) and len(live)
+        for name in ("_values", "_scale", "_slot_ad_id"):
+            assert np.array_equal(getattr(whole.scorer, name)[live], getattr(single.scorer, name)[live]), name
+        assert np.array_equal(whole.scorer.d_scale.copy_to_host()[live], single.scorer.d_scale.copy_to_host()[live])
+        assert np.array_equal(whole.index.d_resid.copy_to_host()[live], single.index.d_resid.copy_to_host()[live])
+        got, want = whole.retrieve(dataset.requests, 9), single.retrieve(dataset.requests, 9)
+        for (gi, gs), (wi, ws) in zip(got, want):
+            assert np.array_equal(gi, wi) and np.array_equal(gs, ws)
+        assert_equal_reference(reference, dataset.requests, got, 9, "apply_many")
+        assert sum(len(ids) for ids, _ in got) > 0
+    finally:
+        whole.close()
+        single.close()
+
+
 @pytest.fixture(scope="module")
 def server():
     from migration.colocated import make_server
