@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import chain
 from collections.abc import Mapping
 from typing import Any
 
@@ -180,7 +181,10 @@ class _Checker:
     def number(self, v, path: str, lo: float | None = None, hi: float | None = None) -> float:
         if not _is_number(v):
             self.fail(path, f"must be a number, got {_type_name(v)}")
-        x = float(v)
+        try:
+            x = float(v)
+        except OverflowError:  # an integer with more digits than any float holds
+            self.fail(path, f"is out of range {lo}..{hi} (an integer of {len(str(abs(v)))} digits)")
         if not math.isfinite(x):
             self.fail(path, f"must be finite, got {x}")
         if (lo is not None and x < lo) or (hi is not None and x > hi):
@@ -379,12 +383,32 @@ def _parse_vector(chk: _Checker, v, path: str, size: int) -> np.ndarray:
     if len(items) != size:
         chk.fail(path, f"has {len(items)} values; expected {size}")
     if {type(x) for x in items} <= {float, int}:  # fast path: plain JSON numbers
-        arr = np.asarray(items, np.float64)
-        if np.all(np.isfinite(arr)) and np.all(np.abs(arr) <= _F32_MAX):
+        try:
+            arr = np.asarray(items, np.float64)
+        except OverflowError:  # an integer beyond float64: named below
+            arr = None
+        if arr is not None and np.all(np.isfinite(arr)) and np.all(np.abs(arr) <= _F32_MAX):
             return arr.astype(np.float32)
     return np.asarray(
         [chk.number(x, f"{path}[{i}]", -_F32_MAX, _F32_MAX) for i, x in enumerate(items)], np.float32
     )
+
+
+def _plain_matrix(rows, width: int) -> np.ndarray | None:
+    """float32 (len(rows), width) when every row is a list of `width` plain JSON numbers (no bool,
+    no null) that are finite float32 values: one conversion and one check for the whole matrix (a
+    served request's signals); else None, and the caller checks row by row."""
+    if not all(type(r) is list and len(r) == width for r in rows):
+        return None
+    if not set(map(type, chain.from_iterable(rows))) <= {float, int}:
+        return None
+    try:
+        arr = np.array(rows, np.float64).reshape(len(rows), width)
+    except OverflowError:  # an integer beyond float64: the row check names it
+        return None
+    if not (np.isfinite(arr).all() and (np.abs(arr) <= _F32_MAX).all()):
+        return None
+    return arr.astype(np.float32)
 
 
 def parse_ad(obj, *, seed: int, dim: int, formats: int = DEFAULT_F, line: int | None = None,
@@ -587,7 +611,9 @@ def parse_request(obj, *, seed: int, experts: int, width: int, request_id: int |
         rows = chk.list(obj["signals"], "signals")
         if len(rows) != experts:
             chk.fail("signals", f"has {len(rows)} groups; expected {experts}")
-        signals = np.stack([_parse_vector(chk, r, f"signals[{e}]", width) for e, r in enumerate(rows)])
+        signals = _plain_matrix(rows, width)
+        if signals is None:  # anything but plain numbers in range: each row checked, the first fault named
+            signals = np.stack([_parse_vector(chk, r, f"signals[{e}]", width) for e, r in enumerate(rows)])
     else:
         signals = derive.request_signals(rid, seed, experts, width)
     return Request(request_id=rid, user=user, context=context, signals=signals)

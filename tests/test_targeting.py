@@ -411,6 +411,16 @@ def test_request_signals_given_and_derived():
     r = parse_request(req_line(signals=sig), seed=3, experts=2, width=3)
     assert r.signals.dtype == np.float32 and r.signals.shape == (2, 3)
     np.testing.assert_array_equal(r.signals, np.asarray(sig, np.float32))
+    # the whole-matrix path and the row-by-row path give the same float32 values
+    from andromeda_nb.targeting import _plain_matrix
+
+    rng = np.random.default_rng(8)
+    many = (rng.standard_normal((6, 32)) * 10.0 ** rng.integers(-30, 30, (6, 32))).tolist()
+    fast = _plain_matrix(many, 32)
+    slow = np.stack([parse_request(req_line(signals=[row, row]), seed=3, experts=2, width=32).signals[0]
+                     for row in many])
+    assert fast is not None and fast.dtype == np.float32 and np.array_equal(fast, slow)
+    assert _plain_matrix([[1, 2], [3, False]], 2) is None and _plain_matrix([[1, 2], [3]], 2) is None
 
 
 @pytest.mark.parametrize(
@@ -420,12 +430,20 @@ def test_request_signals_given_and_derived():
         ({"signals": [[1, 2, 3], [1, 2]]}, "signals[1]"),
         ({"signals": [[1, 2, 3], [1, None, 3]]}, "signals[1][1]"),
         ({"signals": [[1, 2, 3], [1, float("nan"), 3]]}, "signals[1][1]"),
+        ({"signals": [[1, 2, 3], [1, True, 3]]}, "signals[1][1]"),
+        ({"signals": [[1, 2, 3], [1, 2, 1e39]]}, "signals[1][2]"),
+        ({"signals": [[1, 2, 3], [1, 2, 10**400]]}, "signals[1][2]"),  # beyond float64: an error, not a crash
+        ({"signals": [[1, 2, 3], (1, 2, 3)]}, None),  # a tuple row (not JSON): accepted by the row check
+        ({"user": {"age": 30, "latitude": 10**400, "longitude": 1.0}}, "user.latitude"),
         ({"request_id": "17"}, "request_id"),
         ({"extra": 1}, "extra"),
         ({"user": None}, "user"),
     ],
 )
 def test_bad_requests(over, path):
+    if path is None:
+        parse_request(req_line(**over), seed=0, experts=2, width=3)
+        return
     with pytest.raises(TargetingError) as info:
         parse_request(req_line(**over), seed=0, experts=2, width=3)
     assert info.value.path == path, str(info.value)
