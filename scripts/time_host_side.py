@@ -5,7 +5,9 @@
   with reused buffers: the request arrays built and packed; under the CUDA simulator, which this
   script runs on, the "upload" is a host memory copy);
 * the circle table of the circle-table match kernels (`GpuTargetingIndex.circle_table`), for one
-  request and for a group of 64.
+  request and for a group of 64;
+* a server decoding one Flight batch of 16 requests (`flight.decode_request_batch`: JSON, checks,
+  the request objects), per request.
 
 Each figure is the median of repeated calls after a warm-up, on a corpus made by `andromeda generate`:
 
@@ -43,6 +45,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from andromeda_nb.compiled import encode_request
+    from andromeda_nb.flight import decode_request_batch, request_batch
     from andromeda_nb.devices import resolve
     from andromeda_nb.provenance import host_info
     from andromeda_nb.rows import RowMap
@@ -61,6 +64,9 @@ def main(argv=None) -> int:
     rows = RowMap(ds.ad_ids)
     index = GpuTargetingIndex.from_compiled(ds.compiled, device="sim")
     batch64 = (encoded * (64 // len(encoded) + 1))[:64]
+    wire16 = request_batch(requests[:16], 100)
+    m = ds.model
+    decode = lambda: decode_request_batch(wire16, seed=ds.seed, experts=m.E, width=m.S)  # noqa: E731
     out = {
         "ads": ds.n_ads,
         "eligible_first_request": int(len(eligible)),
@@ -72,6 +78,7 @@ def main(argv=None) -> int:
             "prepare_one_request": median_ms(lambda: index.prepare(encoded[:1], reuse=True), args.repeat),
             "circle_table_one_request": median_ms(lambda: index.circle_table(encoded[:1], 64), args.repeat),
             "circle_table_64_requests": median_ms(lambda: index.circle_table(batch64, 64), args.repeat),
+            "decode_per_request_in_16": median_ms(decode, args.repeat) / wire16.num_rows,
         },
     }
     argv = sys.argv[1:] if argv is None else argv
