@@ -10,6 +10,9 @@
       gamma[f] = 1 + tanh(A[f] @ c)             (F, D)   per-format FiLM scale
       beta[f]  = B[f] @ c                       (F, D)   per-format FiLM shift
   Kernels take these tables cast to float32.
+* `user_sides(model, requests)`: the same for a batch, as arrays with a leading request axis
+  (U, Q, gamma, beta); one vectorized pass instead of a Python call per request (the GPU engine's
+  host side), equal to `user_side` request by request (tested).
 * `two_tower_vector(model, request)`: the single user vector `u` (D,) of the two-tower baseline,
   which scores `dot(u, dequant(a))`:
       u = T @ concat(x_0, ..., x_{E-1}) + t     when model.npz carries `T` and `t` (a linear tower,
@@ -300,6 +303,24 @@ def user_side(model: MoeModel, request: Request) -> UserSide:
     return UserSide(U=U, Q=Q, gamma=gamma, beta=beta, c=c, top_k=model.top_k)
 
 
+def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`user_side` of every request at once, float64: U, Q (R, E, D) and gamma, beta (R, F, D)."""
+    requests = list(requests)
+    W, b, K = (np.asarray(a, np.float64) for a in (model.W, model.b, model.K))
+    A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
+    if not requests:
+        E, D = b.shape
+        F = A.shape[0]
+        return np.zeros((0, E, D)), np.zeros((0, E, D)), np.zeros((0, F, D)), np.zeros((0, F, D))
+    x = np.stack([_signals(model, r) for r in requests])  # (R, E, S)
+    c = np.stack([context_vector(r.context) for r in requests])  # (R, C)
+    U = np.tanh(np.einsum("eds,res->red", W, x) + b)
+    Q = np.einsum("edj,rej->red", K, U)
+    gamma = 1.0 + np.tanh(np.einsum("fdc,rc->rfd", A, c))
+    beta = np.einsum("fdc,rc->rfd", B, c)
+    return U, Q, gamma, beta
+
+
 def two_tower_vector(model: MoeModel, request: Request) -> np.ndarray:
     """float64 (D,): the two-tower user vector. With trained weights, u = T @ x.reshape(E*S) + t
     (signal groups concatenated in expert order); without them, the mean of the expert outputs U."""
@@ -426,4 +447,5 @@ __all__ = [
     "quantize",
     "two_tower_vector",
     "user_side",
+    "user_sides",
 ]

@@ -54,16 +54,22 @@ def table_experts(width: int, dim: int) -> int:
 
 def fold_tables(U, Q, gamma, beta) -> np.ndarray:
     """float32 (F, table_width(E, D)) from the user side U, Q (E, D) and gamma, beta (F, D)."""
+    return fold_tables_batch(*(np.asarray(a)[None] for a in (U, Q, gamma, beta)))[0]
+
+
+def fold_tables_batch(U, Q, gamma, beta) -> np.ndarray:
+    """float32 (R, F, table_width(E, D)): `fold_tables` of R requests at once, from U, Q (R, E, D)
+    and gamma, beta (R, F, D) (`andromeda_nb.model.user_sides`)."""
     U, Q = np.asarray(U, np.float64), np.asarray(Q, np.float64)
     gamma, beta = np.asarray(gamma, np.float64), np.asarray(beta, np.float64)
-    E, D = U.shape
-    F = gamma.shape[0]
+    R, E, D = U.shape
+    F = gamma.shape[1]
     inv = 1.0 / math.sqrt(D)
-    out = np.zeros((F, table_width(E, D)), np.float32)
-    out[:, : E * D] = (Q[None, :, :] * gamma[:, None, :] * inv).reshape(F, E * D)
-    out[:, E * D : 2 * E * D] = (U[None, :, :] * gamma[:, None, :]).reshape(F, E * D)
-    out[:, 2 * E * D : 2 * E * D + E] = (beta @ Q.T) * inv
-    out[:, 2 * E * D + E : 2 * E * D + 2 * E] = beta @ U.T
+    out = np.zeros((R, F, table_width(E, D)), np.float32)
+    out[:, :, : E * D] = (Q[:, None, :, :] * gamma[:, :, None, :] * inv).reshape(R, F, E * D)
+    out[:, :, E * D : 2 * E * D] = (U[:, None, :, :] * gamma[:, :, None, :]).reshape(R, F, E * D)
+    out[:, :, 2 * E * D : 2 * E * D + E] = np.einsum("rfd,red->rfe", beta, Q) * inv
+    out[:, :, 2 * E * D + E : 2 * E * D + 2 * E] = np.einsum("rfd,red->rfe", beta, U)
     return out
 
 
@@ -127,5 +133,5 @@ def dot_score(emb, row, scale, tab, D):
     return acc * scale
 
 
-__all__ = ["TABLE_ALIGN", "dot_score", "dot_table", "fold_tables", "fold_user_side", "moe_score", "table_experts",
+__all__ = ["TABLE_ALIGN", "dot_score", "dot_table", "fold_tables", "fold_tables_batch", "fold_user_side", "moe_score", "table_experts",
            "table_width"]

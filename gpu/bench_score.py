@@ -18,7 +18,11 @@ bench pipeline: the whole co-located path at a `pool`-ad pool (a generated base 
 `andromeda bench match` does; embeddings generated on the device): per batch of requests the user
 side on the host, the GPU match, the fused scoring, the final top-K and the copy of the answers back.
 Checked first against the float64 reference over the eligible slots the match reported; then per
-request latency p50/p99 (batch of 1) and pool ads/s at larger batches.
+request latency p50/p99 (batch of 1) and pool ads/s at larger batches, two ways: `serial` (each batch
+prepared, run and fetched before the next is prepared) and `pipelined` (as `gpu.engine.GpuEngine`
+serves a stream of batches: the host prepares batch i + 1 while the device runs batch i). Per batch
+size, the stages: host (user side, match preparation, answers) in wall-clock time, device (match
+kernel, scoring kernel with its table preparation, final top-K) in CUDA-event time.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from andromeda_nb.numbers import rate
 from andromeda_nb.budget import fused_stages, total
 from andromeda_nb.constants import SCORE_ATOL, TOPK_TIE_ATOL
 from andromeda_nb.devices import resolve
-from andromeda_nb.model import STORED_DTYPES, MoeModel, user_side
-from andromeda_nb.scoring import dot_table, fold_user_side
+from andromeda_nb.model import STORED_DTYPES, MoeModel, user_side, user_sides
+from andromeda_nb.scoring import dot_table, fold_tables_batch, fold_user_side
 from andromeda_nb.slots import CHUNK_SLOTS
 from andromeda_nb.unfused import unfused_scores
 
@@ -444,10 +448,29 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     result = {"env": environment(cuda), "pool_ads": len(index), "slots": S, "precision": precision, "D": dim, "k": k,
               "score_version": fs.version, "match_version": index.version, "arithmetic": "float32 (default mode)"}
 
+    def tables(batch_reqs):  # the user side of a batch, as the GPU engine computes it
+        return fold_tables_batch(*user_sides(model, batch_reqs))
+
     def run(batch_reqs):  # as the co-located server runs a batch: kept output, reused upload buffers
-        tabs = np.stack([fold_user_side(user_side(model, r)) for r in batch_reqs])
+        tabs = tables(batch_reqs)
         elig = index.match_slots(encode_requests(batch_reqs), out=index.kept_output(len(batch_reqs)))
         return fs.topk(elig, tabs, k, index.stream), elig
+
+    def prepare(batch_reqs):  # the host's share of a batch (GpuEngine._prepare)
+        return len(batch_reqs), tables(batch_reqs), index.prepare(encode_requests(batch_reqs), reuse=True)
+
+    def launch(prepared, marks=None):  # match, scoring, top-K enqueued on the index's stream
+        n, tabs, batch = prepared
+        elig = index.kept_output(n)
+        if marks:
+            marks[0].record(index.stream)
+        index.run(batch, elig)
+        if marks:
+            marks[1].record(index.stream)
+        b = fs.launch(elig, tabs, k, index.stream, mark=marks[2] if marks else None)
+        if marks:
+            marks[3].record(index.stream)
+        return b
 
     # check against the float64 reference on the eligible slots the match reported; the first call
     # compiles (or loads from the cache) every kernel: the start-up a server pays before it listens
@@ -492,7 +515,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     for i in range(latency_requests):
         req = [requests[i % len(requests)]]
         t0 = time.perf_counter()
-        tabs = np.stack([fold_user_side(user_side(model, r)) for r in req])
+        tabs = tables(req)
         t1 = time.perf_counter()
         out = index.kept_output(1)
         prepared = index.prepare(encode_requests(req), reuse=True)
@@ -513,6 +536,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     total = np.sum([np.asarray(v) for v in stages.values()], axis=0)
     result["stages_total_ms"] = {"p50": float(np.median(total)), "p99": float(np.percentile(total, 99))}
     result["throughput"] = []
+    marks = [cuda.event(timing=True) for _ in range(4)]
     for B in batches:
         reqs = [requests[i % len(requests)] for i in range(B)]
         run(reqs)
@@ -520,9 +544,42 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         t = time.perf_counter()
         for _ in range(reps):
             run(reqs)
-        dt = (time.perf_counter() - t) / reps
-        result["throughput"].append({"batch": B, "batch_ms": dt * 1e3, "requests_per_s": B / dt,
-                                     "pool_ads_per_s": B * len(index) / dt})
+        serial = (time.perf_counter() - t) / reps
+        # pipelined, as GpuEngine.retrieve runs consecutive batches: batch i + 1 prepared on the host
+        # while the device runs batch i, one synchronization per batch (when its answers come back)
+        prepared = prepare(reqs)
+        t = time.perf_counter()
+        for i in range(reps):
+            launched = launch(prepared)
+            prepared = prepare(reqs) if i + 1 < reps else None
+            fs.fetch(launched, B, index.stream)
+        piped = (time.perf_counter() - t) / reps
+        # the stages of one batch, each host stage synchronized, the device stages by CUDA events
+        st = {"user_side_host": [], "match_prepare_host": [], "match_kernel": [], "score_kernel": [],
+              "topk_kernel": [], "answers_to_host": []}
+        for _ in range(reps):
+            h0 = time.perf_counter()
+            tabs = tables(reqs)
+            h1 = time.perf_counter()
+            batch = index.prepare(encode_requests(reqs), reuse=True)
+            index.stream.synchronize()
+            h2 = time.perf_counter()
+            launched = launch((B, tabs, batch), marks)
+            marks[3].synchronize()
+            h3 = time.perf_counter()
+            fs.fetch(launched, B, index.stream)
+            h4 = time.perf_counter()
+            st["user_side_host"].append((h1 - h0) * 1e3)
+            st["match_prepare_host"].append((h2 - h1) * 1e3)
+            for name, (a, z) in zip(("match_kernel", "score_kernel", "topk_kernel"), zip(marks, marks[1:])):
+                st[name].append(cuda.event_elapsed_time(a, z))
+            st["answers_to_host"].append((h4 - h3) * 1e3)
+        stages_b = {name: float(np.median(v)) for name, v in st.items()}
+        result["throughput"].append({"batch": B, "batch_ms": piped * 1e3, "requests_per_s": B / piped,
+                                     "pool_ads_per_s": B * len(index) / piped, "serial_batch_ms": serial * 1e3,
+                                     "serial_pool_ads_per_s": B * len(index) / serial, "stages_ms": stages_b,
+                                     "host_ms": sum(v for n, v in stages_b.items() if n.endswith("host")),
+                                     "device_ms": sum(v for n, v in stages_b.items() if n.endswith("kernel"))})
     tp = result["throughput"]
     best = max(tp, key=lambda x: x["pool_ads_per_s"])
     # the co-located pipeline's targets (host work included): 10M pool p50 <= 1.0 ms, p99 <= 1.5 ms, batch 64
@@ -550,8 +607,13 @@ def pipeline_table(result) -> str:
     if "startup_s" in result:
         lines.append("start-up (s): " + "  ".join(f"{k} {v:.2f}" for k, v in result["startup_s"].items()))
     for t in result["throughput"]:
-        lines.append(f"batch {t['batch']:>3}: {t['batch_ms']:8.2f} ms  {rate(t['requests_per_s'], 'requests/s'):>16}  "
-                     f"{rate(t['pool_ads_per_s'], 'pool ads/s'):>18}")
+        line = (f"batch {t['batch']:>3}: {t['batch_ms']:8.2f} ms  {rate(t['requests_per_s'], 'requests/s'):>16}  "
+                f"{rate(t['pool_ads_per_s'], 'pool ads/s'):>18}")
+        if "serial_pool_ads_per_s" in t:  # older results have the serial figure alone
+            line += f"  pipelined (serial {rate(t['serial_pool_ads_per_s'], 'pool ads/s')})"
+        lines.append(line)
+        if "stages_ms" in t:
+            lines.append("    stages (median ms): " + "  ".join(f"{k} {v:.3f}" for k, v in t["stages_ms"].items()))
     for name, t in result["targets"].items():
         lines.append(f"target {name}: {t['value']:.3g} (want {t['target']}): {'met' if t['met'] else 'NOT met'}")
     return "\n".join(lines)

@@ -4,9 +4,10 @@ GPU targeting index and the fused scorer.
 `gpu.index.GpuTargetingIndex` writes eligibility bits in slot order on the device; `gpu.fused.
 FusedScorer` holds the embeddings in the same slot order and runs the fused scoring kernel (per-block
 top-K inside) and the final top-K kernel. Per batch of at most MAX_BATCH requests: the user side of
-every request once on the host (float64, folded into per-format float32 tables,
-`andromeda_nb.scoring.fold_tables`), one match launch, one scoring launch, one top-K launch, all on
-the index's stream, and one synchronization, when the answers come back. The host's share of batch
+every request on the host (float64, folded into per-format float32 tables; the whole batch in one
+vectorized pass, `andromeda_nb.model.user_sides` and `andromeda_nb.scoring.fold_tables_batch`), one
+match launch, one scoring launch, one top-K launch, all on the index's stream, and one
+synchronization, when the answers come back. The host's share of batch
 i + 1 (user side, request encoding, group and circle tables, their upload) is done while the device
 runs batch i: it is prepared before batch i's answers are fetched, into the second of the index's two
 request buffers. Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
@@ -21,9 +22,9 @@ import numpy as np
 from andromeda_nb.compiled import encode_requests
 from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
-from andromeda_nb.model import user_side
+from andromeda_nb.model import user_sides
 from andromeda_nb.rows import RowMap
-from andromeda_nb.scoring import fold_user_side
+from andromeda_nb.scoring import fold_tables_batch
 from andromeda_nb.types import Request, Update, Upsert
 
 MAX_BATCH = 64  # requests per device launch
@@ -55,8 +56,9 @@ class GpuEngine(EngineBase):
         self.clock = DeviceClock()  # device time of the match, scoring and top-K launches
 
     def tables(self, requests: Sequence[Request]) -> np.ndarray:
-        """float32 (R, F, TW): the folded per-format tables of each request's user side."""
-        return np.stack([fold_user_side(user_side(self.model, r)) for r in requests])
+        """float32 (R, F, TW): the folded per-format tables of each request's user side (one vectorized
+        pass over the batch)."""
+        return fold_tables_batch(*user_sides(self.model, requests))
 
     def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         requests = list(requests)

@@ -154,8 +154,9 @@ class FusedScorer:
         b = self.launch(elig, tabs, k, stream)
         return self.fetch(b, R, stream)
 
-    def launch(self, elig, tabs, k: int, stream=0) -> dict:
-        """Launch scoring and final top-K (asynchronous); returns the buffers `fetch` reads."""
+    def launch(self, elig, tabs, k: int, stream=0, mark=None) -> dict:
+        """Launch scoring and final top-K (asynchronous); returns the buffers `fetch` reads. `mark`, a
+        CUDA event, is recorded between the two (benchmarks time the kernels apart with it)."""
         R = elig.shape[0]
         b = self._buffers(R, k)
         d_elig = elig if not isinstance(elig, np.ndarray) else cuda.to_device(np.ascontiguousarray(elig, np.uint32))
@@ -169,6 +170,8 @@ class FusedScorer:
         cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
         self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
                            b["cand_key"], b["cand_slot"], stream)
+        if mark is not None:
+            mark.record(stream)
         self.final_topk(b, cap, k, R, stream)
         return b
 

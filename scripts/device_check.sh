@@ -18,6 +18,9 @@
 #   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
 #             in-process batch; the server's own ceiling with an answer table (no engine time)
+#   profile   `ncu` (speed of light, occupancy) of the shipped scoring kernel and the final top-K over a
+#             10M-slot pool with a random 8% eligible, for 1 and for 64 requests (PROFILE_ELIGIBLE,
+#             PROFILE_VERSION)
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
 set -uo pipefail
 OUT=${OUT:-out/device}
@@ -88,12 +91,22 @@ for stage in "${stages[@]}"; do
       done
       timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
         --seconds 15 --out "$OUT/served_ceiling_1m.json" 2>&1 | tail -1 ;;
+    profile)
+      for R in 1 64; do
+        timeout ${PROFILE_TIMEOUT:-150} ncu --clock-control none --section SpeedOfLight --section Occupancy \
+          --section LaunchStats --kernel-name regex:"score|topk|prep" --launch-skip 4 --launch-count 4 \
+          python3 scripts/probe_score_mma.py --version ${PROFILE_VERSION:-7} --ads 10485760 --launches 2 --topk \
+          --eligible ${PROFILE_ELIGIBLE:-0.08} --requests $R > "$OUT/ncu_pipeline_r$R.txt" 2>&1
+        echo "ncu requests $R rc=$?"
+        grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Grid Size" \
+          "$OUT/ncu_pipeline_r$R.txt" | cut -c1-150 | head -40
+      done ;;
     demo)
       timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
       tail -c 400 "$OUT/demo_gpu.json"; echo
       timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
       python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
-    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, threeway, shards, stall, served, demo, all)"; exit 2 ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, threeway, shards, stall, served, profile, demo, all)"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done

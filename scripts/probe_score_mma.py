@@ -3,8 +3,10 @@
     ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \
         python3 scripts/probe_score_mma.py --version 5 --precision fp16 --dim 64
 
-Builds a pool of `--ads` slots on the device (as `andromeda bench score` does), every ad eligible,
-and launches the scoring kernel `--launches` times (the first compiles)."""
+Builds a pool of `--ads` slots on the device (as `andromeda bench score` does), every ad eligible
+(or a random `--eligible` share of them, as a request's match leaves it, for `--requests` requests),
+and launches the scoring kernel `--launches` times (the first compiles); with `--topk`, the final
+top-K kernels after each (profile them with `--kernel-name regex:topk`)."""
 
 import argparse
 
@@ -19,6 +21,9 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--ads", type=int, default=1 << 24)
     ap.add_argument("--launches", type=int, default=4)
+    ap.add_argument("--eligible", type=float, default=1.0, help="share of the slots eligible (random)")
+    ap.add_argument("--requests", type=int, default=1)
+    ap.add_argument("--topk", action="store_true", help="launch the final top-K after each scoring launch")
     args = ap.parse_args()
 
     from andromeda_nb.devices import resolve
@@ -42,14 +47,24 @@ def main() -> None:
     fs = FusedScorer.on_device(cuda.as_cuda_array(pool.tiles), cuda.as_cuda_array(pool.scale), pool.chunk_format,
                                np.arange(args.ads, dtype=np.int64), precision=args.precision, dim=args.dim,
                                experts=model.E, top_e=model.top_k, version=lab.VERSIONS[args.version], kind=args.kind)
-    elig = cuda.to_device(np.full((1, args.ads // 32), 0xFFFFFFFF, np.uint32))
-    d_tabs = cuda.to_device(tabs.astype(np.float32))
-    b = fs._buffers(1, 100)
+    R = args.requests
+    if args.eligible >= 1.0:
+        bits = np.full((R, args.ads // 32), 0xFFFFFFFF, np.uint32)
+    else:
+        rng = np.random.default_rng(1)
+        bits = np.stack([np.packbits(rng.random(args.ads) < args.eligible, bitorder="little").view(np.uint32)
+                         for _ in range(R)])
+    elig = cuda.to_device(bits)
+    d_tabs = cuda.to_device(np.repeat(tabs.astype(np.float32), R, axis=0))
+    b = fs._buffers(R, 100)
+    cap = sk.cap_for(100, fs.kernel.ads_per_block)
     for _ in range(args.launches):
-        fs.kernel.launch(fs.d_emb, fs.d_scale, fs.d_chunk_format, elig, d_tabs, sk.cap_for(100, fs.kernel.ads_per_block), b["cand_key"],
-                         b["cand_slot"])
+        fs.kernel.launch(fs.d_emb, fs.d_scale, fs.d_chunk_format, elig, d_tabs, cap, b["cand_key"], b["cand_slot"])
+        if args.topk:
+            fs.final_topk(b, cap, 100, R)
     cuda.synchronize()
-    print("launched", args.launches, "times:", lab.VERSIONS[args.version].name, args.kind, args.precision, args.dim)
+    print("launched", args.launches, "times:", lab.VERSIONS[args.version].name, args.kind, args.precision, args.dim,
+          f"requests {R}, eligible {args.eligible:g}" + (", with the final top-K" if args.topk else ""))
 
 
 if __name__ == "__main__":

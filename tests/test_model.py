@@ -18,6 +18,7 @@ from andromeda_nb.model import (
     quantize,
     two_tower_vector,
     user_side,
+    user_sides,
 )
 from andromeda_nb.types import Context, Request, User
 
@@ -148,6 +149,24 @@ def test_user_side_matches_a_plain_loop_on_random_weights():
         bt = [sum(B[f, d, i] * c[i] for i in range(17)) for d in range(8)]
         assert us.gamma[f] == pytest.approx(g, abs=1e-12)
         assert us.beta[f] == pytest.approx(bt, abs=1e-12)
+
+
+def test_user_sides_of_a_batch_equal_user_side_request_by_request():
+    model = MoeModel.init(SEED, D=8, E=4, F=3, S=5)
+    rng = np.random.default_rng(SEED)
+    reqs = [Request(i, User(age=20 + i), Context(("facebook", "instagram", "messenger")[i % 3],
+                                                ("mobile", "desktop")[i % 2], "Linux", int(rng.integers(0, 2**31))),
+                    rng.standard_normal((4, 5)).astype(np.float32)) for i in range(7)]
+    U, Q, gamma, beta = user_sides(model, reqs)
+    assert U.shape == Q.shape == (7, 4, 8) and gamma.shape == beta.shape == (7, 3, 8)
+    for i, req in enumerate(reqs):
+        us = user_side(model, req)
+        for got, want in ((U[i], us.U), (Q[i], us.Q), (gamma[i], us.gamma), (beta[i], us.beta)):
+            np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+    assert user_sides(model, [])[0].shape == (0, 4, 8)
+    bad = Request(9, User(age=30), reqs[0].context, np.full((4, 5), np.inf, np.float32))
+    with pytest.raises(ModelError, match="request 9: signals: contains NaN"):
+        user_sides(model, [reqs[0], bad])
 
 
 def test_user_side_rejects_bad_signals():
