@@ -203,6 +203,37 @@ def test_tensor_core_kernel_equals_the_reference(precision, D, E, top, version):
            context=f"seed {seed} tensor cores {precision} D={D} E={E} top {top} k={k}")
 
 
+@pytest.mark.parametrize("geometry", ["shipped", "selects every round"])
+def test_wide_walk_equals_the_reference(geometry):
+    """v8, the compacted walk over 64 chunks a block with its keys as a list: as shipped (the list
+    selected once, at the end, from two chunks' eligible ads, and the block's output padded), and with
+    a list selected after every round that passes 16 entries (eligible ads in the first and the ninth
+    chunk: two rounds, each selecting its own top k into its own output block). On the GPU: 192 chunks
+    (three blocks, the list selected mid-walk) and R = 3."""
+    from gpu.fused import FusedScorer
+    from gpu.kernels import score_mma
+    from gpu.lab import score as lab
+
+    n_chunks, R = (192, 3) if ON_GPU else (9, 1)
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(77, "fp16", 64, 6, 2, n_chunks, R,
+                                                                    density=0.5 if ON_GPU else 0.1)
+    if not ON_GPU:  # eligible ads in chunks 0 and 8 only: one per round of the walk
+        bits = np.unpackbits(elig.view(np.uint8), axis=1, bitorder="little")
+        bits[:, : CHUNK_SLOTS] = rng.random((R, CHUNK_SLOTS)) < 0.1
+        bits[:, CHUNK_SLOTS : 8 * CHUNK_SLOTS] = 0
+        elig = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[8])
+    assert fs.kernel.spec.wide and fs.kernel.grid(fs.n_slots, R)[0] == -(-n_chunks // score_mma.WIDE_CHUNKS)
+    if geometry != "shipped":
+        fs.kernel = score_mma.get_mma_kernel("fp16", 64, 6, 2, max_registers=80, wide=True, emit_at=16,
+                                             out_slots=score_mma.ROUND_SLOTS)
+    k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
+           context=f"wide walk ({geometry}) k={k}")
+    with pytest.raises(ValueError, match="can overflow"):
+        score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, emit_at=16)  # 8 selections, 4 output blocks
+
+
 def test_fast_mode_meets_the_reduced_precision_rule():
     """'fast' (fp16 tables, no low part): scores within 1e-2 of the reference's score spread and at
     least 99% of the reference top-K recovered (DESIGN section 4)."""
@@ -235,7 +266,7 @@ def test_tensor_core_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT)
     cases = ["fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:128:exact", "int8:128:exact", "fp16:64:fast",
-             "fp16:64:exact:compact", "int8:64:exact:compact"]
+             "fp16:64:exact:compact", "int8:64:exact:compact", "fp16:64:exact:wide"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_ptx_mma_check.py"), *half],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for half in (cases[0::2], cases[1::2])]

@@ -71,6 +71,7 @@ import numpy as np
 from andromeda_nb.constants import PRECISION_BYTES
 from andromeda_nb.scoring import dot_score, moe_score, table_width
 from andromeda_nb.slots import CHUNK_SLOTS
+from andromeda_nb.templates import specialize
 from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
@@ -127,10 +128,13 @@ def tiles_on_device(values_dev, xp):
 # --- block top-K (shared by every version) ---------------------------------------------------------------
 
 
-@cuda.jit(device=True)
-def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
-    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (slot = first_slot + index) in
-    out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are nonzero."""
+slot_at = None  # bound per form below: the slot of entry i of a block's keys
+
+
+def _block_topk_emit_template(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
+    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (entry i is slot `slot_at(offs,
+    first_slot, i)`) in out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are
+    nonzero."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     kth, krem, emit_all = radix_select_row(keys, r, n, 0, n, cap, hist, part, state, HIST_COPIES)
@@ -141,12 +145,12 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
             if emit_all or key > kth:
                 p = cuda.atomic.add(state, ST_N_GREATER, uint32(1))
                 out_key[r, b, p] = key
-                out_slot[r, b, p] = first_slot + i
+                out_slot[r, b, p] = slot_at(offs, first_slot, i)
             elif key == kth:
                 p = cuda.atomic.add(state, ST_N_EQUAL, uint32(1))
                 if p < krem:
                     out_key[r, b, n_greater + p] = key
-                    out_slot[r, b, n_greater + p] = first_slot + i
+                    out_slot[r, b, n_greater + p] = slot_at(offs, first_slot, i)
     count = cap
     if emit_all:
         count = int32(state[ST_TOTAL])
@@ -154,6 +158,31 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
         out_key[r, b, j] = uint32(0)
         out_slot[r, b, j] = -1
 
+
+@cuda.jit(device=True, inline=True)
+def slot_dense(offs, first_slot, i):
+    """Keys held by block offset: entry i is slot first_slot + i (`offs` unused)."""
+    return first_slot + i
+
+
+@cuda.jit(device=True, inline=True)
+def slot_listed(offs, first_slot, i):
+    """Keys held as a list: entry i is slot first_slot + offs[i]."""
+    return first_slot + offs[i]
+
+
+# the one block top-K, in the two forms the scoring kernels hold their keys in: by block offset
+# (block_topk_emit(keys, keys, ...), every kernel but the wide walk) and as a list of (key, offset)
+_emit_dense = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_dense", slot_at=slot_dense))
+block_topk_emit_list = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_list",
+                                                        slot_at=slot_listed))
+
+
+@cuda.jit(device=True)
+def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
+    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (slot = first_slot + index) in
+    out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are nonzero."""
+    _emit_dense(keys, keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
 
 
 # --- code generation ------------------------------------------------------------------------------------
@@ -439,6 +468,7 @@ class TensorCoreRecipe:
 
     max_registers: int | None = None
     compact: bool = False  # walk each chunk's eligible slots only (score_mma._COMPACT_SKELETON)
+    wide: bool = False  # the compacted walk over 64 chunks a block, keys as a list (score_mma._WIDE_SKELETON)
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -447,7 +477,7 @@ class TensorCoreRecipe:
         if spec.kind != "moe":
             raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
         return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
-                              compact=self.compact)
+                              compact=self.compact, wide=self.wide)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,
@@ -463,6 +493,9 @@ VERSIONS = version_table(
             "chunk's eligible slots only (listed in shared memory, rows gathered by slot), one ad per lane in the "
             "epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
             TensorCoreRecipe(80, compact=True)),
+    Version(8, "v8 compacted wide", "v7 over 16,384 slots a block, its eligible ads' keys kept as a list: one "
+            "block top-K over the eligible ads of 64 chunks instead of one over the 4096 keys of every 16 "
+            "(score_mma.py; MoE only)", TensorCoreRecipe(80, compact=True, wide=True)),
 )
 # docs/results/score_mma_runs.md, run7 (one H200 run): with 8% of a 64Mi pool eligible, 2.06 ms against 3.73 ms
 # for v6 (the full walk; 3.87 ms with every ad eligible, v7 4.43 ms); the 10M-ad pipeline's batches of 64 22.9 G
@@ -502,6 +535,6 @@ def n_blocks(n_slots: int, ads_per_block: int = ADS_PER_BLOCK) -> int:
 __all__ = [
     "ADS_PER_BLOCK", "CHUNKS_PER_BLOCK", "FALLBACK", "KINDS", "GeneratedRecipe", "KernelSpec", "SHIPPED", "ScoreKernel",
     "TensorCoreRecipe",
-    "VERSIONS", "block_topk_emit", "cap_for", "from_tiles", "get_kernel", "kernel_source", "n_blocks",
+    "VERSIONS", "block_topk_emit", "block_topk_emit_list", "cap_for", "from_tiles", "get_kernel", "kernel_source", "n_blocks",
     "tiled", "tiles_on_device", "to_tiles", "version", "words_per_ad",
 ]

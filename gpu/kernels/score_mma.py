@@ -68,7 +68,8 @@ from .. import runtime
 from . import _bits, mma, warp
 from andromeda_nb.constants import PRECISION_BYTES as BYTES
 
-from .score import HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, block_topk_emit, words_per_ad
+from .score import (HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, block_topk_emit, block_topk_emit_list,
+                    words_per_ad)
 
 cuda = runtime.cuda()
 from numba import float32, int32, uint32  # noqa: E402  (after the device choice)
@@ -77,6 +78,10 @@ THREADS = 256  # 8 warps: one 32-slot tile of a chunk each
 WARPS = THREADS // 32
 CHUNKS_PER_BLOCK = 16  # 4096 ads per block top-K: twice the CUDA-core kernels' (the selection's barriers
 ADS_PER_BLOCK = CHUNKS_PER_BLOCK * CHUNK_SLOTS  # and serial steps cost as much as scoring 2048 ads)
+WIDE_CHUNKS = 64  # chunks per block of the wide walk (16,384 slots): one block top-K for most of them
+LIST_CAP = 4096  # (key, offset) entries a wide block holds before it must select
+ROUND_SLOTS = WARPS * CHUNK_SLOTS  # slots a round of the wide walk covers (one chunk per warp)
+ST_LIST = STATE_WORDS - 2  # shared state word (past the radix select's own) counting a wide block's list
 K_STEP = 16  # dimensions per m16n8k16 product
 N_TILE = 8  # columns per n-tile
 MODES = ("exact", "fast")
@@ -236,6 +241,9 @@ class MmaSpec:
     kind: str = "moe"
     max_registers: int | None = None
     compact: bool = False  # walk only the eligible slots of each chunk (see _COMPACT_SKELETON)
+    wide: bool = False  # compacted walk over WIDE_CHUNKS chunks a block, keys as a list (_WIDE_SKELETON)
+    emit_at: int = LIST_CAP - ROUND_SLOTS  # wide: a list longer than this after a round is selected
+    out_slots: int = ADS_PER_BLOCK  # wide: slots per output block (the block top-K's granularity)
 
     @property
     def table_width(self) -> int:
@@ -330,6 +338,74 @@ _COMPACT_SKELETON = _PROLOGUE + """
         sync_warp()
     cuda.syncthreads()
     block_topk_emit(keys, {keys_n}, cap, hist, part, state, out_key, out_slot, r, b, slot0)
+"""
+
+# The wide walk: the compacted walk over WIDE_CHUNKS chunks a block (ROUND_SLOTS of them a round, one
+# chunk per warp), its keys kept as a list. Each warp reserves room for its chunk's eligible ads in the
+# block's list (one shared atomic) and writes (key, block offset) pairs there, so the block top-K
+# selects among the eligible ads only, once per block rather than once per 4096 slots. After a round,
+# a list longer than `emit_at` (and the last round's list) is selected into the block's next output
+# block of `out_slots` slots' worth (the final top-K reads those as it reads every kernel's), and the
+# list starts again: with emit_at = LIST_CAP - ROUND_SLOTS the list never overflows and a list is
+# selected at most once per two rounds, so out_slots = 2 * ROUND_SLOTS suffices; the output blocks a
+# block does not fill are padded with key 0. The block top-K keeps the best `cap` = min(k, out_slots)
+# of at most LIST_CAP entries: exact while the list fits the output block (emit_at + ROUND_SLOTS <=
+# out_slots, as shipped) or k <= out_slots.
+_WIDE_SKELETON = _PROLOGUE + """
+    lst = cuda.shared.array(({warps}, {chunk}), int32)
+    offs = cuda.shared.array({list_cap}, int32)
+    wbase = cuda.shared.array({warps}, uint32)
+    slot0 = c0 * {chunk}
+    sub0 = b * {subs}
+    n_sub = min({subs}, out_key.shape[1] - sub0)
+    emitted = 0
+    if tid == 0:
+        state[{st_list}] = uint32(0)
+{init}
+    cuda.syncthreads()
+    for cw in range({cpw}):
+        cl = cw * {warps} + warp
+        c = c0 + cl
+        n = 0
+        if c < n_chunks:
+            off = 0
+            for j in range({wpc}):
+                pc = int32(cuda.popc(elig[r, c * {wpc} + j]))
+                if j < lane:
+                    off += pc
+                n += pc
+            if lane < {wpc}:
+                w = elig[r, c * {wpc} + lane]
+                while w != uint32(0):
+                    lst[warp, off] = cl * {chunk} + lane * 32 + int32(cuda.popc((w ^ (w - uint32(1))) >> uint32(1)))
+                    off += 1
+                    w &= w - uint32(1)
+            f = chunk_format[c]
+            if n > 0 and f != cur_f:
+{load_b}
+                cur_f = f
+        if lane == 0:
+            wbase[warp] = cuda.atomic.add(state, {st_list}, uint32(n))
+        sync_warp()
+        base = int32(wbase[warp])
+{tile_count}
+        for t in range(n_tiles):
+{body}
+        sync_warp()
+        cuda.syncthreads()
+        listed = int32(state[{st_list}])
+        cuda.syncthreads()
+        if listed > {emit_at} or (cw == {cpw} - 1 and listed > 0):
+            block_topk_emit_list(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0 + emitted, slot0)
+            emitted += 1
+            cuda.syncthreads()
+            if tid == 0:
+                state[{st_list}] = uint32(0)
+            cuda.syncthreads()
+    for e in range(emitted, n_sub):
+        for j in range(tid, cap, {threads}):
+            out_key[r, sub0 + e, j] = uint32(0)
+            out_slot[r, sub0 + e, j] = -1
 """
 
 # under the simulator a warp's barriers are the block's: every warp runs the block's largest tile count
@@ -434,7 +510,11 @@ def _epilogue(spec: MmaSpec) -> list[str]:
         lines.append(f"w{j} = " + ("float32(1.0)" if j == 0 else f"float32(math.exp(gv{j} - gv0))"))
     num = " + ".join(f"w{j} * xv{j}" for j in range(K))
     den = " + ".join(f"w{j}" for j in range(K))
-    if spec.compact:
+    if spec.wide:
+        lines.append("if i < n:")
+        lines.append(f"    keys[base + i] = f32_to_key(({num}) / ({den}))")
+        lines.append("    offs[base + i] = o")
+    elif spec.compact:
         lines.append("if i < n:")
         lines.append(f"    keys[o] = f32_to_key(({num}) / ({den}))")
     else:
@@ -459,6 +539,14 @@ def _source(spec: MmaSpec, name: str) -> str:
     load_b += [f"ub{e} = tabs[r, f, {qb0 + E + e}]" for e in range(E)]
     body = _products(spec) + ["sync_warp()"] + _epilogue(spec) + ["sync_warp()"]
     sim = runtime.simulator_enabled()
+    if spec.wide:
+        return _WIDE_SKELETON.format(
+            name=name, keys_n=LIST_CAP, list_cap=LIST_CAP, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS,
+            cpb=WIDE_CHUNKS, chunk=CHUNK_SLOTS, warps=WARPS, threads=THREADS, acc_stride=8 * 2 * NG + 1,
+            init=_indent(init, 4), cpw=WIDE_CHUNKS // WARPS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16),
+            tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8), body=_indent(body, 12),
+            subs=WIDE_CHUNKS * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
+        )
     if spec.compact:
         return _COMPACT_SKELETON.format(
             name=name, keys_n=ADS_PER_BLOCK, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK,
@@ -477,6 +565,8 @@ def _source(spec: MmaSpec, name: str) -> str:
 def _name(spec: MmaSpec) -> str:
     regs = f"_r{spec.max_registers}" if spec.max_registers else ""
     walk = "_compact" if spec.compact else ""
+    if spec.wide:
+        walk = f"_wide{spec.emit_at}" + ("" if spec.out_slots == ADS_PER_BLOCK else f"_o{spec.out_slots}")
     return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
@@ -487,7 +577,7 @@ def kernel_source(spec: MmaSpec) -> str:
 def _namespace() -> dict:
     return {
         "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
-        "block_topk_emit": block_topk_emit, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
+        "block_topk_emit": block_topk_emit, "block_topk_emit_list": block_topk_emit_list, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
         "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16, "split_f16x2": mma.split_f16x2,
         "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": warp.sync_warp,
     }
@@ -510,17 +600,20 @@ class MmaScoreKernel:
 
     layout = "tiles"
     threads = THREADS
-    ads_per_block = ADS_PER_BLOCK
 
     def __init__(self, spec: MmaSpec):
         self.spec = spec
+        # the output's block granularity (FusedScorer sizes the per-block candidates by it); a wide
+        # block covers WIDE_CHUNKS chunks and fills WIDE_CHUNKS * CHUNK_SLOTS / out_slots output blocks
+        self.ads_per_block = spec.out_slots if spec.wide else ADS_PER_BLOCK
         options = {} if spec.max_registers is None or runtime.simulator_enabled() else {"max_registers": spec.max_registers}
         self.kernel = cuda.jit(python_function(spec), **options)
         self._dims = None
         self._bufs: dict = {}
 
     def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
-        return (-(-n_slots // ADS_PER_BLOCK), n_requests)
+        per_block = WIDE_CHUNKS * CHUNK_SLOTS if self.spec.wide else ADS_PER_BLOCK
+        return (-(-n_slots // per_block), n_requests)
 
     def prepare(self, tabs, stream=0):
         """(frag, fscale) device arrays for `tabs` (float32 [R, F, TW], on the device)."""
@@ -557,12 +650,21 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 
 @lru_cache(maxsize=None)
 def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
-                   max_registers: int | None = None, compact: bool = False) -> MmaScoreKernel:
+                   max_registers: int | None = None, compact: bool = False, wide: bool = False,
+                   emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
         raise ValueError(f"the tensor-core scorer does not serve {precision} at D = {dim}, E = {experts}")
-    return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers, compact=compact))
+    if wide:
+        subs, rest = divmod(WIDE_CHUNKS * CHUNK_SLOTS, out_slots)
+        rounds = WIDE_CHUNKS // WARPS
+        # a list is selected once a round at most, or once per two rounds when a round cannot pass emit_at
+        if rest or not 0 < emit_at <= LIST_CAP - ROUND_SLOTS or subs < (rounds if emit_at < ROUND_SLOTS else rounds // 2):
+            raise ValueError(f"a wide walk with emit_at {emit_at} and {out_slots} slots per output block can "
+                             f"overflow its list or its output blocks")
+    return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
+                                  compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",
