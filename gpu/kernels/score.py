@@ -2,13 +2,15 @@
 per-block top-K, in one pass over the stored embeddings (DESIGN section 3).
 
 The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBACK` (`version()`):
-    v7 compacted  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the request's
-                  tables carried as fp16 hi + lo pairs (float32 accuracy), over each chunk's eligible
-                  slots only (a warp lists them in shared memory and gathers their rows into the
-                  tiles, so the bytes read follow the eligible ads, not the pool), one ad per lane for
-                  routing and softmax, 4096 ads per block top-K (`gpu/kernels/score_mma.py`, which
-                  says how); shipped for the MoE at fp16 and int8 with D = 64, where it was measured
-                  faster (docs/results/score_mma_runs.md)
+    v8 compacted wide  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
+                  request's tables carried as fp16 hi + lo pairs (float32 accuracy), over each chunk's
+                  eligible slots only (a warp lists them in shared memory and gathers their rows into
+                  the tiles, so the bytes read follow the eligible ads, not the pool), one ad per lane
+                  for routing and softmax; a block walks 64 chunks (16,384 slots) and keeps its
+                  eligible ads' keys as a list, so its top-K selects among the eligible ads once,
+                  not among 4096 keys (mostly empty) every 16 chunks (`gpu/kernels/score_mma.py`,
+                  which says how); shipped for the MoE at fp16 and int8 with D = 64, where it was
+                  measured faster (docs/BENCHMARKS.md, the co-located pipeline)
     v4 tiled x4   four ads per thread (64-thread blocks); embeddings tile-interleaved as 32-bit words
                   (below) read with 16-byte loads; the block's format table in shared memory, d-major
                   (2E floats per dimension: gate keys then expert vectors, FiLM folded in), read with
@@ -20,7 +22,8 @@ The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBAC
                   fallback: dot kernels, float32 storage, D = 128.
 Both run under the CUDA simulator too (the tensor-core kernel through `gpu.kernels.mma`'s emulation).
 The versions before them (v1 naive, v2 and v3 with one and two ads per thread, v5 the tensor-core
-kernel without a register limit, v6 its full walk over every slot at 80 registers) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
+kernel without a register limit, v6 its full walk over every slot at 80 registers, v7 the compacted walk
+with a block top-K every 4096 slots) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
 score` times and the tests check. A version is one entry of `VERSIONS`: a number, a name, and a
 recipe with `layout` ('rows' | 'tiles') and `build(spec)`; the tiled versions share the generator
 `tiled(ads_per_thread)`, the tensor-core ones `TensorCoreRecipe` (the
@@ -489,18 +492,14 @@ class TensorCoreRecipe:
 VERSIONS = version_table(
     Version(4, "v4 tiled x4", "16-byte loads of tiled words, shared d-major format table, four ads per thread",
             tiled(4)),
-    Version(7, "v7 compacted", "the 2E per-ad dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables, over each "
-            "chunk's eligible slots only (listed in shared memory, rows gathered by slot), one ad per lane in the "
-            "epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
-            TensorCoreRecipe(80, compact=True)),
     Version(8, "v8 compacted wide", "v7 over 16,384 slots a block, its eligible ads' keys kept as a list: one "
             "block top-K over the eligible ads of 64 chunks instead of one over the 4096 keys of every 16 "
             "(score_mma.py; MoE only)", TensorCoreRecipe(80, compact=True, wide=True)),
 )
-# docs/results/score_mma_runs.md, run7 (one H200 run): with 8% of a 64Mi pool eligible, 2.06 ms against 3.73 ms
-# for v6 (the full walk; 3.87 ms with every ad eligible, v7 4.43 ms); the 10M-ad pipeline's batches of 64 22.9 G
-# pool ads/s against 16.6 G. A request's match leaves 2% to 14% of a pool eligible.
-SHIPPED = 7
+# docs/BENCHMARKS.md, the co-located pipeline (one H200 run, 10M-ad pool, a request's match leaving 3.6% to 13.6%
+# eligible): batches of 64, scoring kernel 12.46 ms against 17.17 ms for v7, 36.5 G pool ads/s against 26.8 G
+# (pipelined); ncu with 8% of a 10Mi pool eligible, 64 requests: 15.1 ms against 19.2 ms.
+SHIPPED = 8
 FALLBACK = 4  # for the shapes SHIPPED does not serve best: dot kernels, fp32 storage, D = 128
 
 

@@ -20,7 +20,10 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
     v7 compacted  v6 walking only the eligible slots: each warp lists its chunk's eligible slots in
                   shared memory and gathers their rows into the m16 tiles, so the bytes read follow the
                   eligible ads (a request's match leaves 2% to 14% of a pool eligible), not the pool.
-                  Shipped for the MoE at fp16 and int8 with D = 64
+                  Shipped until v8 measured faster: at 8% eligible most of its time went to the block
+                  top-K over 4096 keys, most of them empty
+    v8 compacted wide  v7 over 64 chunks a block, the keys of its eligible ads kept as a list and
+                  selected once (shipped for the MoE at fp16 and int8 with D = 64)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
 dots, was written first: it saves a third of the FMAs but its fully unrolled code took numba minutes
@@ -60,6 +63,10 @@ VERSIONS = version_table(
     Version(6, "v6 tensor cores", "the 2E per-ad dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables, one "
             "ad per lane in the epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
             TensorCoreRecipe(80)),
+    Version(7, "v7 compacted", "the 2E per-ad dots as mma.sync m16n8k16 tiles over fp16 hi + lo tables, over each "
+            "chunk's eligible slots only (listed in shared memory, rows gathered by slot), one ad per lane in the "
+            "epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
+            TensorCoreRecipe(80, compact=True)),
     *shipped.VERSIONS.values(),
 )
 SHIPPED = shipped.SHIPPED
