@@ -119,11 +119,11 @@ class GpuEngine(EngineBase):
         self.index.apply_many(updates)
         self._follow_slots()
         slots = self.index.slots
-        for update, row in zip(updates, stored):
-            # in order, so a later upsert of the same ad writes last; an ad retired later in the
-            # same call has no slot left to write
-            if isinstance(update, Upsert) and update.ad.ad_id in slots:
-                self.scorer.set_slot(slots.slot_of(update.ad.ad_id), update.ad.ad_id, *row)
+        # in order, so a later upsert of the same ad writes last; an ad retired later in the same
+        # call has no slot left to write; each changed tile goes to the device once
+        self.scorer.set_slots([(slots.slot_of(update.ad.ad_id), update.ad.ad_id, *row)
+                               for update, row in zip(updates, stored)
+                               if isinstance(update, Upsert) and update.ad.ad_id in slots])
 
     def describe(self) -> dict:
         return {**super().describe(), "score_version": self.scorer.version, "match_version": self.index.version,

@@ -8,8 +8,8 @@ the fused scoring kernel and the final top-K, bound once and reused for every re
 converted once to the chosen kernel version's layout (`gpu.kernels.score`). `version` is a number of
 the shipped table (`gpu.kernels.score.VERSIONS`) or a `Version` of the kernel lab (`gpu/lab/score.py`);
 default: the shipped one. Scratch and output buffers
-are allocated for the largest batch and k seen and reused. Updates write single slots
-(`set_slot`) or grow the table by whole chunks (`grow`).
+are allocated for the largest batch and k seen and reused. Updates write slots (`set_slot`,
+`set_slots`: the changed tiles, once each) or grow the table by whole chunks (`grow`).
 """
 
 from __future__ import annotations
@@ -91,20 +91,28 @@ class FusedScorer:
 
     def set_slot(self, slot: int, ad_id: int, values: np.ndarray | None, scale: float = 1.0) -> None:
         """Write one slot (an upsert: new values; a retire: ad_id EMPTY and values None)."""
-        self._slot_ad_id[slot] = ad_id
-        if values is not None:
-            self._values[slot] = values
-            self._scale[slot] = scale
-        # re-upload the slot's tile (32 slots) and its scalars; small and infrequent
-        t0 = (slot // score_kernels.TILE_ADS) * score_kernels.TILE_ADS
-        tile = self._device_values(self._values[t0 : t0 + score_kernels.TILE_ADS])
-        if self.kernel.layout == "rows":
-            self.d_emb[t0 : t0 + score_kernels.TILE_ADS] = tile
-        else:
-            n = tile.shape[0]
-            self.d_emb[t0 * n // score_kernels.TILE_ADS : (t0 + score_kernels.TILE_ADS) * n // score_kernels.TILE_ADS] = tile
-        self.d_scale[slot : slot + 1] = self._scale[slot : slot + 1]
-        self.d_slot_ad_id[slot : slot + 1] = self._slot_ad_id[slot : slot + 1]
+        self.set_slots([(slot, ad_id, values, scale)])
+
+    def set_slots(self, writes) -> None:
+        """Write several slots, each `(slot, ad_id, values | None, scale)` as `set_slot` takes it, in
+        order: the host copy first, then every changed tile (32 slots) copied to the device once, with
+        its scales and ad ids, into views of the device arrays (no allocation, no kernel: three small
+        copies a tile, where assigning device array items allocates and launches for each)."""
+        tiles = set()
+        for slot, ad_id, values, scale in writes:
+            self._slot_ad_id[slot] = ad_id
+            if values is not None:
+                self._values[slot] = values
+                self._scale[slot] = scale
+            tiles.add(slot // score_kernels.TILE_ADS)
+        T = score_kernels.TILE_ADS
+        for t in sorted(tiles):
+            lo, hi = t * T, (t + 1) * T
+            tile = np.ascontiguousarray(self._device_values(self._values[lo:hi]))
+            n = tile.shape[0]  # rows (layout 'rows') or words of the 32 slots (layout 'tiles')
+            self.d_emb[lo * n // T : hi * n // T].copy_to_device(tile)
+            self.d_scale[lo:hi].copy_to_device(self._scale[lo:hi])
+            self.d_slot_ad_id[lo:hi].copy_to_device(self._slot_ad_id[lo:hi])
 
     def grow(self, chunk_format: np.ndarray, slot_ad_id: np.ndarray) -> None:
         """The slot allocator grew by whole chunks: extend the table (new slots empty) and re-upload."""

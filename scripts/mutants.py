@@ -146,8 +146,8 @@ MUTANTS: list[Mutant] = [
       "the wide walk's list keeps each key with the wrong slot"),
     # --- updates and logs -----------------------------------------------------------------------------
     M("gpu-slice-skips-embeddings", "GPU slice apply", "gpu/engine.py",
-      "if isinstance(update, Upsert) and update.ad.ad_id in slots:",
-      "if isinstance(update, Upsert) and update.ad.ad_id in slots and False:",
+      "if isinstance(update, Upsert) and update.ad.ad_id in slots])",
+      "if isinstance(update, Upsert) and update.ad.ad_id in slots and False])",
       ("tests/test_colocated.py::test_the_gpu_engine_applies_a_slice_in_one_piece_as_it_applies_updates_one_by_one",),
       "a slice applied in one piece updates the targeting but leaves the upserted ads' old embeddings"),
     M("shard-log-skips-one", "durable shard log", "cluster/shards.py",
