@@ -147,10 +147,10 @@ class GpuCandidateScorer:
             self._formats[row] = fmt
             if grown:
                 self._upload()
-            else:
-                self.d_values[row : row + 1] = self._values[row : row + 1]
-                self.d_scale[row : row + 1] = self._scale[row : row + 1]
-                self.d_formats[row : row + 1] = self._formats[row : row + 1]
+            else:  # copies into views of the device arrays: no allocation, no kernel per upsert
+                self.d_values[row : row + 1].copy_to_device(self._values[row : row + 1])
+                self.d_scale[row : row + 1].copy_to_device(self._scale[row : row + 1])
+                self.d_formats[row : row + 1].copy_to_device(self._formats[row : row + 1])
             self._ids_dirty |= new
 
     def retire(self, ad_id: int) -> None:
