@@ -57,9 +57,33 @@ class EngineBase:
             close()
 
 
+def stage_breakdown(engine, requests, k: int, repeat: int = 3) -> dict:
+    """Where a co-located request's time goes on `engine`: its `stages(request, k)` (each engine names
+    its own stages, in order: seconds, and `bytes` read or sent and `eligible` ads where they apply),
+    for every request `repeat` times after one warm-up; per stage the median microseconds and the
+    median bytes. {} when the engine has no `stages`."""
+    stages = getattr(engine, "stages", None)
+    requests = list(requests)
+    if stages is None or not requests:
+        return {}
+    stages(requests[0], k)  # warm: kernels loaded, buffers allocated
+    runs = [stages(r, k) for _ in range(repeat) for r in requests]
+    runs = [run for run in runs if run]
+    if not runs:
+        return {}
+    out = {}
+    for name in runs[0]:
+        row = {"us": float(np.median([run[name]["seconds"] for run in runs]) * 1e6)}
+        for extra in ("bytes", "eligible"):
+            if extra in runs[0][name]:
+                row[extra] = float(np.median([run[name][extra] for run in runs]))
+        out[name] = row
+    return out
+
+
 def no_answer() -> tuple[np.ndarray, np.ndarray]:
     """The answer to a request with no eligible ad: (ad ids int64, scores float32), both empty."""
     return np.empty(0, np.int64), np.empty(0, np.float32)
 
 
-__all__ = ["EngineBase", "no_answer"]
+__all__ = ["EngineBase", "no_answer", "stage_breakdown"]

@@ -45,6 +45,26 @@ class CpuEngine(EngineBase):
         tab = fold_user_side(user_side(self.model, request))
         return reference_topk(ids, self.scorer.score(self.rows.rows_of(ids), tab), k)
 
+    def stages(self, request: Request, k: int) -> dict:
+        """Where one request's time goes (`andromeda_nb.engine.stage_breakdown`): each stage run
+        alone, in seconds, with the bytes of stored embeddings that scoring reads."""
+        import time
+
+        t0 = time.perf_counter()
+        ids = self.index.match([request])[0]
+        t1 = time.perf_counter()
+        tab = fold_user_side(user_side(self.model, request))
+        t2 = time.perf_counter()
+        rows = self.rows.rows_of(ids)
+        scores = self.scorer.score(rows, tab) if len(ids) else np.zeros(0, np.float32)
+        t3 = time.perf_counter()
+        reference_topk(ids, scores, k)
+        t4 = time.perf_counter()
+        per_ad = self.scorer.bytes_per_row
+        return {"match": {"seconds": t1 - t0}, "user_side": {"seconds": t2 - t1},
+                "scoring": {"seconds": t3 - t2, "eligible": int(len(ids)), "bytes": int(len(ids) * per_ad)},
+                "topk": {"seconds": t4 - t3}}
+
     def prepare(self) -> None:
         """After a batch of updates: rebuild what matching needs now rather than in the next request."""
         self.index.refresh()

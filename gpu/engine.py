@@ -90,6 +90,39 @@ class GpuEngine(EngineBase):
         self.clock.stop(self.index.stream)
         return launched
 
+    def stages(self, request: Request, k: int) -> dict:
+        """Where one request's time goes (`andromeda_nb.engine.stage_breakdown`): each stage run alone
+        and waited for, in seconds, with the bytes the device reads for it. A request with nothing
+        to launch over (no slots) has no stages."""
+        import time
+
+        self._follow_slots()
+        if self.index.capacity == 0:
+            return {}
+        t0 = time.perf_counter()
+        tabs = self.tables([request])
+        t1 = time.perf_counter()
+        batch = self.index.prepare(encode_requests([request]), reuse=True)
+        self.index.stream.synchronize()
+        t2 = time.perf_counter()
+        elig = self.index.kept_output(1)
+        self.index.run(batch, elig)
+        self.index.stream.synchronize()
+        t3 = time.perf_counter()
+        launched = self.scorer.launch(elig, tabs, k, self.index.stream)
+        self.index.stream.synchronize()
+        t4 = time.perf_counter()
+        self.scorer.fetch(launched, 1, self.index.stream)
+        t5 = time.perf_counter()
+        eligible = int(np.unpackbits(elig.copy_to_host().view(np.uint8)).sum())
+        index_bytes = sum(self.index.live_bytes().values())
+        return {"user_side": {"seconds": t1 - t0},
+                "match_preparation": {"seconds": t2 - t1, "bytes": int(batch.host_bytes)},
+                "match": {"seconds": t3 - t2, "bytes": int(index_bytes + self.index.capacity // 8)},
+                "scoring_and_topk": {"seconds": t4 - t3, "eligible": eligible,
+                                     "bytes": int(eligible * self.scorer.stored_bytes_per_ad + self.index.capacity // 8)},
+                "answers": {"seconds": t5 - t4}}
+
     @property
     def device_seconds(self) -> float | None:
         """Device seconds spent in this engine's match, scoring and top-K launches so far (None under

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from andromeda_nb.budget import stored_ad_bytes
 from andromeda_nb.model import PRECISION_OF_DTYPE
 from andromeda_nb.slots import CHUNK_SLOTS
 
@@ -84,6 +85,11 @@ class FusedScorer:
         self.d_scale = cuda.to_device(self._scale)
         self.d_chunk_format = cuda.to_device(self._chunk_format)
         self.d_slot_ad_id = cuda.to_device(self._slot_ad_id)
+
+    @property
+    def stored_bytes_per_ad(self) -> int:
+        """Bytes of one ad's stored embedding (what scoring an eligible ad reads of the table)."""
+        return stored_ad_bytes(self.precision, self.dim)
 
     @property
     def n_slots(self) -> int:

@@ -242,6 +242,44 @@ def colocation_over_gpu_scoring(report: dict) -> list[str]:
     return lines
 
 
+STAGE_REQUESTS = 4  # requests whose stages are timed (each 3 times, after a warm-up)
+STAGE_NAMES = {"user_side": "user side", "match_preparation": "match preparation", "match": "match",
+               "scoring_and_topk": "scoring and top-K", "scoring": "scoring", "topk": "top-K", "answers": "answers back"}
+
+
+def colocated_stages(dataset, device: str, k: int) -> dict:
+    """`andromeda_nb.engine.stage_breakdown` of the co-located engine for `device`, in process."""
+    from andromeda_nb.engine import stage_breakdown
+
+    from .architectures import build_engine
+
+    engine = build_engine(dataset, device)
+    try:
+        return {"device": engine.device, "requests": min(STAGE_REQUESTS, len(dataset.requests)),
+                "stages": stage_breakdown(engine, dataset.requests[:STAGE_REQUESTS], k)}
+    finally:
+        engine.close()
+
+
+def stage_lines(stages: dict) -> list[str]:
+    """Where one co-located request's time goes, stage by stage, in microseconds and bytes."""
+    rows = stages.get("stages") or {}
+    if not rows:
+        return []
+    parts = []
+    for name, row in rows.items():
+        text = f"{STAGE_NAMES.get(name, name)} {row['us']:,.0f} us"
+        extra = []
+        if "eligible" in row:
+            extra.append(f"{row['eligible']:,.0f} eligible ads")
+        if "bytes" in row:
+            extra.append(f"{row['bytes'] / 1e3:,.1f} KB")
+        parts.append(text + (f" ({', '.join(extra)})" if extra else ""))
+    total = sum(row["us"] for row in rows.values())
+    return [f"   where one co-located request's time goes ({stages['device']} engine, in process, median of "
+            f"{stages['requests']} requests x 3): " + "; ".join(parts) + f"; {total:,.0f} us in all"]
+
+
 def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed: int = 0, k: int = DEFAULT_K,
              device: str = "auto", echo: Echo = print, log: Echo = lambda m: None,
              kernel_rows: int = CPU_KERNEL_ROWS) -> dict:
@@ -266,6 +304,7 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
         log(f"corpus: {n_ads:,} ads and {n_requests} requests generated and loaded in {time.perf_counter() - t0:.1f} s")
         report = run_comparison(dataset, k=k, device=device, oracle_requests=None,
                                 traffic_requests=min(8, n_requests), log=log)
+        stages = colocated_stages(dataset, device, k)
     kernels = gpu_kernels(seed, log) if kernel_device == "gpu" else cpu_kernels(dataset, seed, kernel_rows, log=log)
     log("training the two-tower and the mixture of experts on synthetic clicks (quality --small)")
     quality = run_quality(QualityConfig.small(seed))
@@ -273,7 +312,7 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     m = dataset.model
     e = report["eligibility"]
     figures = {"ads": n_ads, "requests": n_requests, "k": k, "seed": seed, "device": where,
-               "compare": report, "kernels": kernels, "budget": budget,
+               "compare": report, "kernels": kernels, "budget": budget, "stages": stages,
                "quality": {"recall": quality.recall, "flops_per_ad": quality.flops_per_ad}}
 
     echo(f"andromeda demo: {n_ads:,} ads, {n_requests} requests, K = {k}, seed {seed}; "
@@ -339,6 +378,8 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
          f"{report['traffic_reduction']:.1f}x less (grows with the eligible pool: the remote design ships "
          f"every candidate)")
     for line in colocation_over_gpu_scoring(report):
+        echo(line)
+    for line in stage_lines(stages):
         echo(line)
 
     # 5 -------------------------------------------------------------------------------------------------

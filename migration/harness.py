@@ -156,6 +156,7 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     summary["oracle_requests"] = n_oracle
     summary["gpu_index"] = gpu_skipped or gpu_where
     summary["eligible_mean"] = float(sizes.mean()) if len(sizes) else 0.0
+    summary["eligible_per_request"] = sizes.tolist()
     summary["eligible_fraction_mean"] = float(sizes.mean() / max(1, len(cpu))) if len(sizes) else 0.0
     summary["match_seconds"] = {"cpu": cpu_s, "gpu": None if gpu is None else gpu_s, "oracle": oracle_s}
     for index in (cpu, gpu):

@@ -8,7 +8,7 @@ timed: the figures are the host's share of a batch, the part that must stay belo
 Each figure is the median of repeated calls after a warm-up, by the wall clock and by this process's
 CPU time (other processes on a busy machine inflate the first, not the second):
 
-    PYTHONPATH=. python3 scripts/time_host_prepare.py --base out/bench_match_base.pkl.gz \\
+    PYTHONPATH=. python3 scripts/time_host_prepare.py --base out/bench_match_base.parquet \\
         --out docs/results/probes/host_prepare_cpu.json
 """
 
@@ -26,7 +26,7 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # only host code is timed; n
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base", default=None, help="base corpus cache of bench match (gzip pickle): read when "
+    parser.add_argument("--base", default=None, help="base corpus cache of bench match (a Parquet file): read when "
                         "present, else generated and written there")
     parser.add_argument("--pool", type=int, default=10_000_000, help="pool size (ads) the base corpus is tiled to")
     parser.add_argument("--batches", default="64,256", help="requests per batch, comma-separated")

@@ -216,3 +216,33 @@ def test_concurrent_plain_clients_share_engine_batches_and_get_their_own_answers
     finally:
         srv.shutdown()
         srv.close_resources()
+
+
+def test_both_engines_break_a_request_into_stages_over_the_same_eligible_ads():
+    """`stages` (what the demo's stage line and `andromeda_nb.engine.stage_breakdown` read): on the
+    GPU engine and the CPU engine, every stage timed, and scoring over exactly the ads the reference
+    finds eligible, reading their stored bytes; the GPU match reads the live index and the
+    eligibility bits."""
+    from andromeda_nb.budget import stored_ad_bytes
+    from andromeda_nb.engine import stage_breakdown
+    from cpu_baseline.engine import CpuEngine
+    from gpu.engine import GpuEngine
+
+    dataset, _ = make_dataset(47, precision="fp16", n_requests=4)
+    reference = ReferenceRetriever.build(dataset)
+    gpu, cpu = GpuEngine(dataset, KERNEL_DEVICE), CpuEngine(dataset)
+    try:
+        for request in dataset.requests:
+            want = len(reference.index.match([request])[0])
+            g, c = gpu.stages(request, 5), cpu.stages(request, 5)
+            assert list(g) == ["user_side", "match_preparation", "match", "scoring_and_topk", "answers"]
+            assert list(c) == ["match", "user_side", "scoring", "topk"]
+            assert all(row["seconds"] > 0 for row in (*g.values(), *c.values()))
+            assert g["scoring_and_topk"]["eligible"] == c["scoring"]["eligible"] == want
+            assert c["scoring"]["bytes"] == want * stored_ad_bytes("fp16", dataset.model.D)
+            assert g["match"]["bytes"] == sum(gpu.index.live_bytes().values()) + gpu.index.capacity // 8
+        table = stage_breakdown(cpu, dataset.requests, 5, repeat=1)
+        assert list(table) == ["match", "user_side", "scoring", "topk"] and table["scoring"]["us"] > 0
+    finally:
+        gpu.close()
+        cpu.close()

@@ -1,5 +1,6 @@
 """The migration demo runs end to end on a small corpus and reports figures that hang together."""
 
+import numpy as np
 import pytest
 
 from migration.demo import run_demo
@@ -117,3 +118,23 @@ def test_the_colocation_step_separates_what_the_gpu_buys_from_what_colocation_ad
     assert "2.0% behind the remote design, 31.0% co-located" in lines
     report["remote_gpu"]["device"] = "sim"  # the simulator's figures say nothing of a GPU
     assert "no GPU here" in colocation_over_gpu_scoring(report)[0]
+
+
+def test_the_colocation_step_says_where_a_request_spends_its_time(demo_run):
+    """Stage by stage, measured on the engine: every stage took time, scoring read the stored bytes of
+    exactly the ads the request found eligible (as many as the comparison's CPU index found, checked
+    there against the oracle), and the line in the report carries the same figures."""
+    from andromeda_nb.budget import stored_ad_bytes
+
+    figures, text = demo_run
+    stages = figures["stages"]
+    assert stages["device"] == "cpu" and stages["requests"] == 3
+    rows = stages["stages"]
+    assert list(rows) == ["match", "user_side", "scoring", "topk"]
+    assert all(row["us"] > 0 for row in rows.values())
+    scoring = rows["scoring"]
+    sizes = figures["compare"]["eligibility"]["eligible_per_request"]
+    assert scoring["eligible"] == float(np.median(sizes)) > 0  # 3 requests, each 3 times: the middle one
+    assert scoring["bytes"] == pytest.approx(scoring["eligible"] * stored_ad_bytes(figures["compare"]["precision"], 64))
+    line = next(ln for ln in text.splitlines() if "where one co-located request's time goes" in ln)
+    assert f"scoring {rows['scoring']['us']:,.0f} us ({scoring['eligible']:,.0f} eligible ads" in line
