@@ -298,19 +298,10 @@ _SKELETON = _PROLOGUE + """
 """
 
 
-# The compacted walk: a warp takes whole chunks (chunk cl = cw * WARPS + warp of the block), lists the
-# eligible slots of its chunk in shared memory (popcounts of the chunk's eligibility words, each of its
-# first lanes writing the slots of one word), and runs the m16 tiles over that list, 32 listed slots at a
-# time: the rows are gathered by slot, so the bytes read follow the eligible ads, not the pool. Keys
-# start at 0 (never kept) and each listed ad writes its own; the block top-K is the same.
-_COMPACT_SKELETON = _PROLOGUE + """
-    lst = cuda.shared.array(({warps}, {chunk}), int32)
-    slot0 = c0 * {chunk}
-    for i in range(tid, {keys_n}, {threads}):
-        keys[i] = uint32(0)
-{init}
-    cuda.syncthreads()
-    for cw in range({cpw}):
+# Both compacted walks open a chunk the same way: warp `warp` takes chunk cl = cw * WARPS + warp of
+# the block, counts its eligible slots (n) and lists them in lst[warp] (block offsets), and loads the
+# B fragments of the chunk's format when it has listed slots and the format changed.
+_LIST_CHUNK = """    for cw in range({cpw}):
         cl = cw * {warps} + warp
         c = c0 + cl
         n = 0
@@ -331,7 +322,21 @@ _COMPACT_SKELETON = _PROLOGUE + """
             if n > 0 and f != cur_f:
 {load_b}
                 cur_f = f
-        sync_warp()
+"""
+
+# The compacted walk: a warp takes whole chunks (chunk cl = cw * WARPS + warp of the block), lists the
+# eligible slots of its chunk in shared memory (popcounts of the chunk's eligibility words, each of its
+# first lanes writing the slots of one word), and runs the m16 tiles over that list, 32 listed slots at a
+# time: the rows are gathered by slot, so the bytes read follow the eligible ads, not the pool. Keys
+# start at 0 (never kept) and each listed ad writes its own; the block top-K is the same.
+_COMPACT_SKELETON = _PROLOGUE + """
+    lst = cuda.shared.array(({warps}, {chunk}), int32)
+    slot0 = c0 * {chunk}
+    for i in range(tid, {keys_n}, {threads}):
+        keys[i] = uint32(0)
+{init}
+    cuda.syncthreads()
+""" + _LIST_CHUNK + """        sync_warp()
 {tile_count}
         for t in range(n_tiles):
 {body}
@@ -363,28 +368,7 @@ _WIDE_SKELETON = _PROLOGUE + """
         state[{st_list}] = uint32(0)
 {init}
     cuda.syncthreads()
-    for cw in range({cpw}):
-        cl = cw * {warps} + warp
-        c = c0 + cl
-        n = 0
-        if c < n_chunks:
-            off = 0
-            for j in range({wpc}):
-                pc = int32(cuda.popc(elig[r, c * {wpc} + j]))
-                if j < lane:
-                    off += pc
-                n += pc
-            if lane < {wpc}:
-                w = elig[r, c * {wpc} + lane]
-                while w != uint32(0):
-                    lst[warp, off] = cl * {chunk} + lane * 32 + int32(cuda.popc((w ^ (w - uint32(1))) >> uint32(1)))
-                    off += 1
-                    w &= w - uint32(1)
-            f = chunk_format[c]
-            if n > 0 and f != cur_f:
-{load_b}
-                cur_f = f
-        if lane == 0:
+""" + _LIST_CHUNK + """        if lane == 0:
             wbase[warp] = cuda.atomic.add(state, {st_list}, uint32(n))
         sync_warp()
         base = int32(wbase[warp])
