@@ -58,6 +58,10 @@ class RequestBatcher:
         self.batches = 0
         self.calls = 0
         self.requests = 0
+        # where the worker's time goes: inside `run` (wall clock, and this thread's CPU time: the
+        # difference is waiting, for a device or for the interpreter lock), gathering company for a
+        # batch, and idle with nothing queued
+        self.run_s = self.run_cpu_s = self.gather_s = self.idle_s = 0.0
         self._worker = threading.Thread(target=self._serve, name=name, daemon=True)
         self._worker.start()
 
@@ -77,9 +81,14 @@ class RequestBatcher:
         return call.answers, call.tag
 
     def stats(self) -> dict:
+        """Counts, and per batch the milliseconds the worker spent in the engine's `run` (wall clock and
+        the worker thread's CPU time), gathering requests, and idle."""
         with self._stats_lock:
+            per = 1e3 / max(1, self.batches)
             return {"batches": self.batches, "calls": self.calls, "requests": self.requests,
-                    "max_wait_ms": self.max_wait_s * 1e3}
+                    "max_wait_ms": self.max_wait_s * 1e3,
+                    "per_batch_ms": {"run": self.run_s * per, "run_cpu": self.run_cpu_s * per,
+                                     "gather": self.gather_s * per, "idle": self.idle_s * per}}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop taking calls; the batch in hand finishes, calls still queued get BatcherClosed."""
@@ -110,8 +119,14 @@ class RequestBatcher:
 
     def _run(self, calls: list[_Call]) -> None:
         requests = [r for c in calls for r in c.requests]
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            answers, tag = self.run(requests, max(k for c in calls for k in c.ks))
+            try:
+                answers, tag = self.run(requests, max(k for c in calls for k in c.ks))
+            finally:
+                with self._stats_lock:
+                    self.run_s += time.perf_counter() - t0
+                    self.run_cpu_s += time.thread_time() - c0
             if len(answers) != len(requests):
                 raise RuntimeError(f"the engine answered {len(answers)} of {len(requests)} requests")
         except BaseException as exc:  # every caller of the batch hears of it
@@ -133,10 +148,16 @@ class RequestBatcher:
 
     def _serve(self) -> None:
         while True:
+            t0 = time.perf_counter()
             first = self._queue.get()
+            t1 = time.perf_counter()
             if first is None:
                 break
+            ran = self.run_s
             calls = self._gather(first)
+            with self._stats_lock:
+                self.idle_s += t1 - t0
+                self.gather_s += time.perf_counter() - t1 - (self.run_s - ran)  # a full batch may run inside
             if calls:
                 self._run(calls)
             if self._closed.is_set():

@@ -133,6 +133,10 @@ class ServiceProcess:
     def port(self) -> int:
         return int(self.location.rsplit(":", 1)[1])
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds the process has used so far (Linux /proc; None where unknown)."""
+        return _cpu_seconds(self.proc.pid)
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, wait; SIGKILL if it does not exit in time. Returns the exit code."""
         if self.proc.poll() is None:
@@ -270,7 +274,7 @@ class ServedRetriever:
     def cpu_seconds(self) -> dict[str, float | None]:
         """User + system CPU seconds each started service has used so far, by role (Linux /proc;
         None where unknown)."""
-        return {role: _cpu_seconds(proc.proc.pid) for role, proc in self.services().items()}
+        return {role: proc.cpu_seconds() for role, proc in self.services().items()}
 
     def device_seconds(self) -> dict[str, float | None]:
         """Device seconds each started service has spent in its GPU launches so far, by role, from its

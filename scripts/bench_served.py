@@ -55,8 +55,18 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms)], name="the co-located server")
     try:
+        cpu0 = proc.cpu_seconds()
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want)
-        result["batching"] = fl.flight_action(proc.location, "stats").get("batching")
+        cpu1 = proc.cpu_seconds()
+        stats = fl.flight_action(proc.location, "stats")
+        result["batching"] = stats.get("batching")
+        # where a batch's time goes in the server: the batcher's own split (batcher.stats), the device's
+        # busy time, and the server process's CPU per request (all its threads)
+        batches = max(1, (result["batching"] or {}).get("batches", 0))
+        device_s = stats.get("device_seconds")
+        result["device_ms_per_batch"] = None if device_s is None else 1e3 * device_s / batches
+        result["server_cpu_ms_per_request"] = (None if cpu0 is None or cpu1 is None or not result["requests"]
+                                               else 1e3 * (cpu1 - cpu0) / result["requests"])
     finally:
         proc.stop()
     return {**result, "batch_wait_ms": wait_ms}
@@ -90,7 +100,8 @@ def main(argv=None) -> int:
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
     log(True, f"served, {args.clients} clients in {args.client_processes} processes: {srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
         f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
-        f"batching {srv['batching']}, wrong answers {srv['n_wrong']}")
+        f"batching {srv['batching']}, device ms a batch {srv['device_ms_per_batch']}, server CPU ms a request "
+        f"{srv['server_cpu_ms_per_request']}, wrong answers {srv['n_wrong']}")
     result = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "in_process": inproc,
               "served": srv, "served_over_in_process": ratio,
               "target": {"value": ratio, "target": ">= 0.70", "met": ratio >= 0.70},

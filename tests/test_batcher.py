@@ -101,3 +101,31 @@ def test_closed_batcher_refuses_and_bad_arguments_are_named():
             open_one.submit([1, 2], [3])
     finally:
         open_one.close()
+
+
+def test_stats_say_where_the_worker_spends_a_batch():
+    """A batch that waits 30 ms (a device, say) shows 30 ms of `run` and almost no CPU time in it; one
+    that computes shows its CPU time; the gather stays within the wait bound, and idle time counts."""
+
+    def busy(requests, k):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.02:  # 20 ms of this thread's CPU
+            pass
+        return FakeEngine()(requests, k)
+
+    waiting = RequestBatcher(FakeEngine(delay_s=0.03), max_wait_s=0.001)
+    computing = RequestBatcher(busy, max_wait_s=0.001)
+    try:
+        for b in (waiting, computing):
+            time.sleep(0.05)  # idle before the first call
+            b.submit([1], [3])
+            b.submit([2], [3])
+        w, c = waiting.stats()["per_batch_ms"], computing.stats()["per_batch_ms"]
+        assert waiting.stats()["batches"] == computing.stats()["batches"] == 2
+        assert w["run"] >= 29 and w["run_cpu"] < 10, w
+        assert c["run"] >= 19 and c["run_cpu"] >= 15, c
+        assert w["gather"] < 25 and c["gather"] < 25
+        assert w["idle"] >= 20 and c["idle"] >= 20  # the 50 ms before the first call, over 2 batches
+    finally:
+        waiting.close()
+        computing.close()
