@@ -9,6 +9,9 @@
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures
 #   score     `bench score` (D = 64 and 128, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
+#   corpus    only generate the corpus the threeway and shards stages read, /tmp/c$CORPUS_ADS (default
+#             10000000; 32 requests, 2,000 updates): at 10M give it a call of its own, then run those
+#             stages in the next call at once, while the machine (and its /tmp) is still held
 #   threeway  `compare` at 1M ads with the remote design's scorer on the CPU and on the GPU beside the
 #             co-located server, on loopback and over a shaped 100 us / 25 Gb/s network
 #             (THREEWAY_ADS, default 1000000: the corpus /tmp/c$THREEWAY_ADS with 2,000 updates;
@@ -62,6 +65,11 @@ for stage in "${stages[@]}"; do
       timeout 120 ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \
         python3 scripts/probe_score_mma.py --version ${NCU_VERSION:-6} --ads 16777216 > "$OUT/ncu_score_v${NCU_VERSION:-6}.txt" 2>&1
       echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Issue Slots|Registers Per|Achieved Occupancy|Theoretical Occupancy" "$OUT/ncu_score_v${NCU_VERSION:-6}.txt" | head ;;
+    corpus)
+      ads=${CORPUS_ADS:-10000000}
+      timeout ${GENERATE_TIMEOUT:-560} $A generate --ads $ads --requests ${CORPUS_REQUESTS:-32} --seed 1 --workers 15 \
+        --updates 2000 --out /tmp/c$ads --quiet > "$OUT/generate_$ads.txt" 2>&1; echo "generate $ads rc=$?"
+      tail -3 "$OUT/generate_$ads.txt"; du -sh /tmp/c$ads ;;
     threeway)
       ads=${THREEWAY_ADS:-1000000}; data=/tmp/c$ads
       [ -f $data/updates.jsonl ] || { timeout ${GENERATE_TIMEOUT:-300} $A generate --ads $ads --requests ${THREEWAY_REQUESTS:-64} \
@@ -106,7 +114,7 @@ for stage in "${stages[@]}"; do
       tail -c 400 "$OUT/demo_gpu.json"; echo
       timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
       python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
-    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, threeway, shards, stall, served, profile, demo, all)"; exit 2 ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, corpus, threeway, shards, stall, served, profile, demo, all)"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done
