@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,14 +50,17 @@ def main(argv=None) -> int:
     server = EngineServer(AnswerTable(answers), dataset, batch_wait_s=args.batch_wait_ms / 1e3)
     location = f"grpc://127.0.0.1:{server.port}"
     threading.Thread(target=server.serve, daemon=True).start()
+    cpu0 = time.process_time()  # this process is the server: the clients run in their own processes
     result = drive(location, args.data, k=args.k, clients=args.clients, processes=args.client_processes,
                    seconds=args.seconds)
+    result["server_cpu_ms_per_request"] = 1e3 * (time.process_time() - cpu0) / max(1, result["requests"])
     stats = server.batcher.stats()
     server.shutdown()
     out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats,
            "host": host_info(),
            "command": "python3 scripts/probe_served_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(f"server ceiling (answers looked up, no engine time): {out['requests_per_s']:.0f} requests/s, "
+          f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request, "
           f"p50 {out['latency_ms']['p50']:.2f} ms, p99 {out['latency_ms']['p99']:.2f} ms, "
           f"{args.clients} clients in {args.client_processes} processes, batching {stats}")
     if args.out:
