@@ -176,11 +176,7 @@ class FusedScorer:
         d_elig = elig if not isinstance(elig, np.ndarray) else cuda.to_device(np.ascontiguousarray(elig, np.uint32))
         d_tabs = tabs
         if isinstance(tabs, np.ndarray):  # into a device buffer kept with the others: no allocation per call
-            tabs = np.ascontiguousarray(tabs, np.float32)
-            if b.get("tabs") is None or tuple(b["tabs"].shape) != tabs.shape:
-                b["tabs"] = cuda.device_array(tabs.shape, np.float32)
-            d_tabs = b["tabs"]
-            d_tabs.copy_to_device(tabs, stream=stream)  # stream-ordered after any kernel still reading it
+            d_tabs = self._upload_tables(b, np.ascontiguousarray(tabs, np.float32), stream)
         cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
         self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
                            b["cand_key"], b["cand_slot"], stream)
@@ -188,6 +184,28 @@ class FusedScorer:
             mark.record(stream)
         self.final_topk(b, cap, k, R, stream)
         return b
+
+    def _upload_tables(self, b: dict, tabs: np.ndarray, stream):
+        """The request tables into the device buffer kept with `b`, stream-ordered after any kernel
+        still reading it. On a stream the copy goes through a pinned host buffer, so it is truly
+        asynchronous: the host goes on to launch scoring and top-K while the match kernel before it
+        still runs (from pageable memory the host would wait for the stream to reach the copy). The
+        pinned buffer is refilled only once the copy of the previous launch is done (an event)."""
+        if b.get("tabs") is None or tuple(b["tabs"].shape) != tabs.shape:
+            b["tabs"] = cuda.device_array(tabs.shape, np.float32)
+            b["host_tabs"] = cuda.pinned_array(tabs.shape, np.float32) if stream else None
+            b["tabs_copied"] = None
+        if not stream or b.get("host_tabs") is None:
+            b["tabs"].copy_to_device(tabs, stream=stream)
+            return b["tabs"]
+        if b["tabs_copied"] is not None:
+            b["tabs_copied"].synchronize()  # the previous launch's copy has read the pinned buffer
+        np.copyto(b["host_tabs"], tabs)
+        b["tabs"].copy_to_device(b["host_tabs"], stream=stream)
+        if b["tabs_copied"] is None:
+            b["tabs_copied"] = cuda.event()
+        b["tabs_copied"].record(stream)
+        return b["tabs"]
 
     def fetch(self, b, R: int, stream=0) -> list[tuple[np.ndarray, np.ndarray]]:
         """The answers of a launch, to the host. On a stream: three asynchronous copies into pinned
