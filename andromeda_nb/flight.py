@@ -516,19 +516,33 @@ def retrieve_over_flight(location, requests: Sequence, k: int, *, timeout: float
     """Top-K answers from any `["retrieve"]` server: one (ad ids int64, scores float32) per request, in
     rank order. `requests` are `Request` objects, JSON-ready dicts or JSON strings. `seqs`: see
     `exchange_batches`."""
-    check_k(k)
-    requests = list(requests)
+    encoded = encode_requests_for_exchange(requests, k, batch_size)
     own = client is None
     client = client or connect(location_of(location), credentials)
     try:
-        batches = [request_batch(requests[i : i + batch_size], k) for i in range(0, len(requests), batch_size)]
-        answers = exchange_batches(client, batches, timeout=timeout, seqs=seqs) if batches else []
-        ids = [_request_id(r) for r in requests]
-        table = pa.Table.from_batches(answers, schema=ANSWER_SCHEMA)
-        return split_answers(table.combine_chunks(), ids)
+        return retrieve_encoded(client, encoded, timeout=timeout, seqs=seqs)
     finally:
         if own:
             client.close()
+
+
+def encode_requests_for_exchange(requests: Sequence, k: int, batch_size: int = DEFAULT_CLIENT_BATCH
+                                 ) -> tuple[list[pa.RecordBatch], list[int]]:
+    """The request batches of a `["retrieve"]` exchange and the request ids, encoded once: a router
+    sends the same batches to every shard (`retrieve_encoded`)."""
+    check_k(k)
+    requests = list(requests)
+    batches = [request_batch(requests[i : i + batch_size], k) for i in range(0, len(requests), batch_size)]
+    return batches, [_request_id(r) for r in requests]
+
+
+def retrieve_encoded(client: flight.FlightClient, encoded: tuple[list[pa.RecordBatch], list[int]], *,
+                     timeout: float | None = 60.0, seqs: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`retrieve_over_flight` of requests already encoded (`encode_requests_for_exchange`)."""
+    batches, ids = encoded
+    answers = exchange_batches(client, batches, timeout=timeout, seqs=seqs) if batches else []
+    table = pa.Table.from_batches(answers, schema=ANSWER_SCHEMA)
+    return split_answers(table.combine_chunks(), ids)
 
 
 __all__ = [
@@ -544,11 +558,13 @@ __all__ = [
     "answer_seq",
     "check_k",
     "decode_request_batch",
+    "encode_requests_for_exchange",
     "exchange_batches",
     "flight_action",
     "location_of",
     "request_batch",
     "request_text",
+    "retrieve_encoded",
     "retrieve_over_flight",
     "serve_until_stopped",
     "to_flight_error",

@@ -49,17 +49,18 @@ def _same(got, want) -> bool:
 
 
 def flight_fanout(locations: list[str], k: int):
-    """A router over Flight: each shard's `["retrieve"]` exchange on its own thread, merged."""
+    """A router over Flight: the requests encoded once, each shard's `["retrieve"]` exchange on its own
+    thread with those batches, the answers merged."""
     import pyarrow.flight as flight
 
-    from andromeda_nb.flight import retrieve_over_flight
+    from andromeda_nb.flight import encode_requests_for_exchange, retrieve_encoded
 
     clients = [flight.connect(loc) for loc in locations]
     pool = ThreadPoolExecutor(len(locations))
 
     def retrieve(requests):
-        parts = list(pool.map(lambda i: retrieve_over_flight(locations[i], requests, k, client=clients[i]),
-                              range(len(locations))))
+        encoded = encode_requests_for_exchange(requests, k)
+        parts = list(pool.map(lambda client: retrieve_encoded(client, encoded), clients))
         return [merge_topk([p[i] for p in parts], k) for i in range(len(requests))]
 
     return retrieve
