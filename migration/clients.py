@@ -1,7 +1,8 @@
 """Many plain Flight clients against one `["retrieve"]` server, for the served-path measurements
 (`scripts/bench_served.py`, `scripts/probe_served_ceiling.py`): `clients` threads spread over
-`processes` processes, each thread its own `pyarrow.flight` client sending one request per exchange
-for `seconds`. One process of many threads measures that process's interpreter as much as the
+`processes` processes, each thread its own `pyarrow.flight` client sending one request at a time for
+`seconds`, each in an exchange of its own (`exchange='call'`) or as the next batch of one exchange
+the client keeps open (`'stream'`: no stream set-up per request, on either side). One process of many threads measures that process's interpreter as much as the
 server; several processes give the clients their own cores, as separate machines would.
 
     result = drive(location, data_dir, k=100, clients=32, processes=4, seconds=20, want=answers)
@@ -45,13 +46,51 @@ class AnswerTable:
         return False
 
 
+EXCHANGES = ("call", "stream")
+
+
+class _Stream:
+    """One `["retrieve"]` exchange kept open: each call writes one request batch and reads its answer
+    batch (the server answers batch by batch); reopened when the server ends it (its deadline)."""
+
+    def __init__(self, conn):
+        self.conn, self.writer, self.reader = conn, None, None
+
+    def retrieve(self, encoded):
+        from andromeda_nb import flight as fl
+
+        batches, ids = encoded
+        for attempt in (0, 1):
+            if self.writer is None:
+                import pyarrow.flight as flight
+
+                self.writer, self.reader = self.conn.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
+                self.writer.begin(fl.REQUEST_SCHEMA)
+            try:
+                self.writer.write_batch(batches[0])
+                return fl.split_answers(self.reader.read_chunk().data, ids)
+            except Exception:  # noqa: BLE001 - the exchange ended (deadline, restart): open another once
+                self.close()
+                if attempt:
+                    raise
+
+    def close(self):
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # noqa: BLE001 - closing a broken exchange
+                pass
+        self.writer = self.reader = None
+
+
 def _process(location: str, data: str, k: int, threads: int, first: int, stride: int, seconds: float,
-             want, out) -> None:
+             want, out, exchange: str = "call") -> None:
     from andromeda_nb import flight as fl
     from andromeda_nb.guard import connect
     from andromeda_nb.store import load_dataset
 
     requests = load_dataset(data).requests
+    encoded = [fl.encode_requests_for_exchange([r], k) for r in requests] if exchange == "stream" else None
     latencies: list[float] = []
     wrong: list[str] = []
     lock = threading.Lock()
@@ -59,18 +98,24 @@ def _process(location: str, data: str, k: int, threads: int, first: int, stride:
 
     def client(t: int) -> None:
         conn = connect(location)
+        stream = _Stream(conn) if exchange == "stream" else None
         i, mine = first + t * stride, []
         try:
             while time.perf_counter() < stop:
                 r = requests[i % len(requests)]
                 s = time.perf_counter()
-                ids, _ = fl.retrieve_over_flight(location, [r], k, client=conn)[0]
+                if stream is None:
+                    ids, _ = fl.retrieve_over_flight(location, [r], k, client=conn)[0]
+                else:
+                    ids, _ = stream.retrieve(encoded[i % len(requests)])[0]
                 mine.append(time.perf_counter() - s)
                 if want is not None and i < len(requests) and not np.array_equal(ids, want[i]):
                     with lock:
                         wrong.append(f"request {r.request_id}")
                 i += threads * stride
         finally:
+            if stream is not None:
+                stream.close()
             conn.close()
             with lock:
                 latencies.extend(mine)
@@ -84,15 +129,19 @@ def _process(location: str, data: str, k: int, threads: int, first: int, stride:
 
 
 def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1, seconds: float = 20.0,
-          want=None) -> dict:
-    """Run the clients (module docstring); returns requests/s, latency p50/p99 and the wrong answers."""
+          want=None, exchange: str = "call") -> dict:
+    """Run the clients (module docstring); returns requests/s, latency p50/p99 and the wrong answers.
+    `exchange`: 'call' opens an exchange for every request; 'stream' keeps one open per client and
+    sends each request as the next batch on it (requests encoded beforehand)."""
     if clients < 1 or processes < 1 or clients % processes:
         raise ValueError(f"{clients} clients do not split evenly over {processes} processes")
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange is one of {', '.join(EXCHANGES)}, not {exchange!r}")
     want = None if want is None else [np.asarray(ids) for ids, _ in want]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     per = clients // processes
-    procs = [ctx.Process(target=_process, args=(location, data, k, per, p, processes, seconds, want, out))
+    procs = [ctx.Process(target=_process, args=(location, data, k, per, p, processes, seconds, want, out, exchange))
              for p in range(processes)]
     started = time.perf_counter()
     for p in procs:
@@ -104,10 +153,10 @@ def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1,
     ms = np.asarray([x for lat, _ in results for x in lat]) * 1e3
     wrong = [w for _, ws in results for w in ws]
     return {"requests_per_s": len(ms) / seconds, "requests": int(len(ms)), "clients": clients,
-            "client_processes": processes, "seconds": seconds, "wall_s": elapsed,
+            "client_processes": processes, "exchange": exchange, "seconds": seconds, "wall_s": elapsed,
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
                            "p99": float(np.percentile(ms, 99)) if len(ms) else None},
             "wrong_answers": wrong[:10], "n_wrong": len(wrong)}
 
 
-__all__ = ["AnswerTable", "drive"]
+__all__ = ["AnswerTable", "EXCHANGES", "drive"]

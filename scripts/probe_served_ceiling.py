@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--batch-wait-ms", type=float, default=0.2)
+    ap.add_argument("--exchange", default="call", choices=("call", "stream"),
+                    help="'call': an exchange per request; 'stream': one exchange per client, a batch per request")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.clients % args.client_processes:
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     threading.Thread(target=server.serve, daemon=True).start()
     cpu0 = time.process_time()  # this process is the server: the clients run in their own processes
     result = drive(location, args.data, k=args.k, clients=args.clients, processes=args.client_processes,
-                   seconds=args.seconds)
+                   seconds=args.seconds, exchange=args.exchange)
     result["server_cpu_ms_per_request"] = 1e3 * (time.process_time() - cpu0) / max(1, result["requests"])
     stats = server.batcher.stats()
     server.shutdown()

@@ -32,3 +32,34 @@ def test_clients_over_processes_count_requests_and_wrong_answers(tmp_path):
         server.shutdown()
     with pytest.raises(ValueError, match="split evenly"):
         drive(location, str(tmp_path / "corpus"), k=10, clients=3, processes=2)
+
+
+def test_stream_clients_keep_one_exchange_and_reopen_it_when_the_server_ends_it(tmp_path):
+    """`exchange='stream'`: each client sends its requests as batches of one exchange; the answers are
+    checked as in per-call mode, and a server whose deadline (0.3 s) ends every exchange early is met
+    by a new exchange, never a lost or wrong answer. Each exchange carries many requests: the
+    exchanges the deadline ended (the server counts each as an error) are far fewer than the requests."""
+    from andromeda_nb import flight as fl
+    from andromeda_nb.limits import ServiceLimits
+
+    generate_corpus(tmp_path / "corpus", 120, 6, 5)
+    dataset = load_dataset(tmp_path / "corpus")
+    rng = np.random.default_rng(5)
+    answers = {r.request_id: (rng.permutation(1000)[:10].astype(np.int64), np.sort(rng.random(10))[::-1].astype(np.float32))
+               for r in dataset.requests}
+    server = EngineServer(AnswerTable(answers), dataset, limits=ServiceLimits(deadline_s=0.3))
+    threading.Thread(target=server.serve, daemon=True).start()
+    location = f"grpc://127.0.0.1:{server.port}"
+    try:
+        right = [answers[r.request_id] for r in dataset.requests]
+        got = drive(location, str(tmp_path / "corpus"), k=10, clients=2, processes=1, seconds=1.5, want=right,
+                    exchange="stream")
+        assert got["exchange"] == "stream" and got["n_wrong"] == 0 and got["requests"] > 20
+        stats = fl.flight_action(location, "stats")
+        assert stats["batching"]["requests"] >= got["requests"]
+        assert stats["errors"] >= 6  # exchanges ended by the deadline (3 or more a client), each reopened
+        assert got["requests"] > 4 * (stats["errors"] + 2)
+    finally:
+        server.shutdown()
+    with pytest.raises(ValueError, match="exchange is one of"):
+        drive(location, str(tmp_path / "corpus"), k=10, clients=1, exchange="pipe")
