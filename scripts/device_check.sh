@@ -95,10 +95,12 @@ for stage in "${stages[@]}"; do
       [ -d $data ] || timeout 300 $A generate --ads 1000000 --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
       for procs in 1 4; do
         timeout ${SERVED_TIMEOUT:-150} python3 scripts/bench_served.py --data $data --device gpu --clients 32 \
-          --client-processes $procs --seconds 20 --out "$OUT/served_1m_gpu_p$procs.json" 2>&1 | tail -2
+          --client-processes $procs --seconds 15 --exchange call,stream --out "$OUT/served_1m_gpu_p$procs.json" 2>&1 | tail -3
       done
-      timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
-        --seconds 15 --out "$OUT/served_ceiling_1m.json" 2>&1 | tail -1 ;;
+      for ex in call stream; do
+        timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
+          --seconds 15 --exchange $ex --out "$OUT/served_ceiling_1m_$ex.json" 2>&1 | tail -1
+      done ;;
     profile)
       for R in 1 64; do
         timeout ${PROFILE_TIMEOUT:-150} ncu --clock-control none --section SpeedOfLight --section Occupancy \
