@@ -115,12 +115,12 @@ class GpuEngine(EngineBase):
         self.scorer.fetch(launched, 1, self.index.stream)
         t5 = time.perf_counter()
         eligible = int(np.unpackbits(elig.copy_to_host().view(np.uint8)).sum())
-        index_bytes = sum(self.index.live_bytes().values())
+        bits = self.index.capacity // 8  # the request's eligibility bits: the match writes them, scoring reads them
         return {"user_side": {"seconds": t1 - t0},
                 "match_preparation": {"seconds": t2 - t1, "bytes": int(batch.host_bytes)},
-                "match": {"seconds": t3 - t2, "bytes": int(index_bytes + self.index.capacity // 8)},
+                "match": {"seconds": t3 - t2, "bytes": int(sum(self.index.live_bytes().values()) + bits)},
                 "scoring_and_topk": {"seconds": t4 - t3, "eligible": eligible,
-                                     "bytes": int(eligible * self.scorer.stored_bytes_per_ad + self.index.capacity // 8)},
+                                     "bytes": int(eligible * self.scorer.bytes_per_row + bits)},
                 "answers": {"seconds": t5 - t4}}
 
     @property

@@ -87,8 +87,8 @@ class FusedScorer:
         self.d_slot_ad_id = cuda.to_device(self._slot_ad_id)
 
     @property
-    def stored_bytes_per_ad(self) -> int:
-        """Bytes of one ad's stored embedding (what scoring an eligible ad reads of the table)."""
+    def bytes_per_row(self) -> int:
+        """Bytes of one stored embedding row: what scoring an eligible ad reads of the table."""
         return stored_ad_bytes(self.precision, self.dim)
 
     @property

@@ -57,13 +57,13 @@ class _Stream:
         self.conn, self.writer, self.reader = conn, None, None
 
     def retrieve(self, encoded):
+        import pyarrow.flight as flight
+
         from andromeda_nb import flight as fl
 
         batches, ids = encoded
         for attempt in (0, 1):
             if self.writer is None:
-                import pyarrow.flight as flight
-
                 self.writer, self.reader = self.conn.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
                 self.writer.begin(fl.REQUEST_SCHEMA)
             try:

@@ -242,7 +242,8 @@ def colocation_over_gpu_scoring(report: dict) -> list[str]:
     return lines
 
 
-STAGE_REQUESTS = 4  # requests whose stages are timed (each 3 times, after a warm-up)
+STAGE_REQUESTS = 4  # requests whose stages are timed, each STAGE_REPEAT times after a warm-up
+STAGE_REPEAT = 3
 STAGE_NAMES = {"user_side": "user side", "match_preparation": "match preparation", "match": "match",
                "scoring_and_topk": "scoring and top-K", "scoring": "scoring", "topk": "top-K", "answers": "answers back"}
 
@@ -256,7 +257,8 @@ def colocated_stages(dataset, device: str, k: int) -> dict:
     engine = build_engine(dataset, device)
     try:
         return {"device": engine.device, "requests": min(STAGE_REQUESTS, len(dataset.requests)),
-                "stages": stage_breakdown(engine, dataset.requests[:STAGE_REQUESTS], k)}
+                "repeat": STAGE_REPEAT,
+                "stages": stage_breakdown(engine, dataset.requests[:STAGE_REQUESTS], k, repeat=STAGE_REPEAT)}
     finally:
         engine.close()
 
@@ -277,7 +279,7 @@ def stage_lines(stages: dict) -> list[str]:
         parts.append(text + (f" ({', '.join(extra)})" if extra else ""))
     total = sum(row["us"] for row in rows.values())
     return [f"   where one co-located request's time goes ({stages['device']} engine, in process, median of "
-            f"{stages['requests']} requests x 3): " + "; ".join(parts) + f"; {total:,.0f} us in all"]
+            f"{stages['requests']} requests x {stages['repeat']}): " + "; ".join(parts) + f"; {total:,.0f} us in all"]
 
 
 def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed: int = 0, k: int = DEFAULT_K,

@@ -204,3 +204,46 @@ def test_index_live_ids_follow_the_index_and_answers_are_by_line():
     answer = update_answer(3, rejections + malformed)
     assert answer["applied"] == 3
     assert [(r["line"], r["ad_id"]) for r in answer["rejected"]] == [(None, 7), (2, 10), (3, None), (4, 99), (6, 10)]
+
+
+def test_the_seeded_update_stream_equals_the_plain_rule():
+    """`testing._updates` keeps the live ids sorted as they change; the plain rule sorts them again
+    for every draw. On fresh random live sets, with invalid updates mixed in, both give the same
+    stream, update for update."""
+    from andromeda_nb import testing as t
+
+    def plain(src, live_ids, n, invalid, make_ad):
+        live, retired = {int(i) for i in live_ids}, set()
+        next_id, out = max(live, default=-1) + 1, []
+        for _ in range(n):
+            if invalid and src.coin(invalid):
+                ghost = src.pick(sorted(retired)) if retired and src.coin(0.5) else next_id + 1000
+                out.append(SetStatus(ghost, src.pick(t.STATUSES)) if src.coin(0.5) else Retire(ghost))
+                continue
+            op = src.int(0, 9)
+            if op < 3 or not live:
+                if retired and src.coin(0.3):
+                    ad_id = src.pick(sorted(retired))
+                    retired.discard(ad_id)
+                else:
+                    ad_id, next_id = next_id, next_id + 1
+                live.add(ad_id)
+                out.append(Upsert(make_ad(ad_id)))
+            elif op < 5:
+                out.append(Upsert(make_ad(src.pick(sorted(live)))))
+            elif op < 8:
+                out.append(SetStatus(src.pick(sorted(live)), src.pick(t.STATUSES)))
+            else:
+                ad_id = src.pick(sorted(live))
+                live.discard(ad_id)
+                retired.add(ad_id)
+                out.append(Retire(ad_id))
+        return out
+
+    rng = np.random.default_rng(11)
+    for case in range(12):
+        live = rng.choice(10**6, size=int(rng.integers(0, 40)), replace=False).tolist()
+        seed, invalid = int(rng.integers(2**31)), float(rng.choice([0.0, 0.2]))
+        streams = [fn(t._RngSource(np.random.default_rng(seed)), live, 60, invalid, lambda ad_id: ad_id)
+                   for fn in (t._updates, plain)]
+        assert streams[0] == streams[1], f"case {case}"

@@ -175,7 +175,7 @@ def slot_listed(offs, first_slot, i):
 
 
 # the one block top-K, in the two forms the scoring kernels hold their keys in: by block offset
-# (block_topk_emit(keys, keys, ...), every kernel but the wide walk) and as a list of (key, offset)
+# (`block_topk_emit`, every kernel but the wide walk) and as a list of (key, offset) pairs
 _emit_dense = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_dense", slot_at=slot_dense))
 block_topk_emit_list = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_list",
                                                         slot_at=slot_listed))

@@ -523,27 +523,22 @@ def _source(spec: MmaSpec, name: str) -> str:
     load_b += [f"ub{e} = tabs[r, f, {qb0 + E + e}]" for e in range(E)]
     body = _products(spec) + ["sync_warp()"] + _epilogue(spec) + ["sync_warp()"]
     sim = runtime.simulator_enabled()
+    # what every skeleton reads; each walk adds its own below
+    common = dict(name=name, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, chunk=CHUNK_SLOTS, warps=WARPS,
+                  acc_stride=8 * 2 * NG + 1, init=_indent(init, 4))
+    if spec.compact:  # the listing walks (compacted, and wide)
+        common.update(threads=THREADS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16), body=_indent(body, 12),
+                      tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8))
     if spec.wide:
-        return _WIDE_SKELETON.format(
-            name=name, keys_n=LIST_CAP, list_cap=LIST_CAP, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS,
-            cpb=WIDE_CHUNKS, chunk=CHUNK_SLOTS, warps=WARPS, threads=THREADS, acc_stride=8 * 2 * NG + 1,
-            init=_indent(init, 4), cpw=WIDE_CHUNKS // WARPS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16),
-            tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8), body=_indent(body, 12),
-            subs=WIDE_CHUNKS * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
-        )
+        return _WIDE_SKELETON.format(**common, keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=WIDE_CHUNKS,
+                                     cpw=WIDE_CHUNKS // WARPS, subs=WIDE_CHUNKS * CHUNK_SLOTS // spec.out_slots,
+                                     st_list=ST_LIST, emit_at=spec.emit_at)
     if spec.compact:
-        return _COMPACT_SKELETON.format(
-            name=name, keys_n=ADS_PER_BLOCK, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK,
-            chunk=CHUNK_SLOTS, warps=WARPS, threads=THREADS, acc_stride=8 * 2 * NG + 1, init=_indent(init, 4),
-            cpw=CHUNKS_PER_BLOCK // WARPS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16),
-            tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8), body=_indent(body, 12),
-        )
+        return _COMPACT_SKELETON.format(**common, keys_n=ADS_PER_BLOCK, cpb=CHUNKS_PER_BLOCK,
+                                        cpw=CHUNKS_PER_BLOCK // WARPS)
     skip = "True" if sim else "ew != uint32(0)"  # block-uniform under the simulator
-    return _SKELETON.format(
-        name=name, keys_n=ADS_PER_BLOCK, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, cpb=CHUNKS_PER_BLOCK,
-        chunk=CHUNK_SLOTS, warps=WARPS, acc_stride=8 * 2 * NG + 1, tile_words=V * TILE_WORDS, init=_indent(init, 4),
-        load_b=_indent(load_b, 16), skip=skip, body=_indent(body, 16),
-    )
+    return _SKELETON.format(**common, keys_n=ADS_PER_BLOCK, cpb=CHUNKS_PER_BLOCK, tile_words=V * TILE_WORDS,
+                            load_b=_indent(load_b, 16), skip=skip, body=_indent(body, 16))
 
 
 def _name(spec: MmaSpec) -> str:
