@@ -49,7 +49,7 @@ class AnswerTable:
 EXCHANGES = ("call", "stream")
 
 
-class _Stream:
+class KeptExchange:
     """One `["retrieve"]` exchange kept open: each call writes one request batch and reads its answer
     batch (the server answers batch by batch); reopened when the server ends it (its deadline)."""
 
@@ -98,7 +98,7 @@ def _process(location: str, data: str, k: int, threads: int, first: int, stride:
 
     def client(t: int) -> None:
         conn = connect(location)
-        stream = _Stream(conn) if exchange == "stream" else None
+        stream = KeptExchange(conn) if exchange == "stream" else None
         i, mine = first + t * stride, []
         try:
             while time.perf_counter() < stop:
@@ -159,4 +159,4 @@ def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1,
             "wrong_answers": wrong[:10], "n_wrong": len(wrong)}
 
 
-__all__ = ["AnswerTable", "EXCHANGES", "drive"]
+__all__ = ["AnswerTable", "EXCHANGES", "KeptExchange", "drive"]
