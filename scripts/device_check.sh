@@ -19,6 +19,7 @@
 #   shards    the shards' Flight fan-out on the one GPU (no Ray there: shards as plain processes,
 #             `cluster.bench --placement processes`) against one in-process engine (SHARDS_ADS, SHARDS)
 #   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
+#             (STALL_SHARES, STALL_ARGS: more `bench_update_stall.py` options, e.g. "--servers colocated")
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
 #             in-process batch; the server's own ceiling with an answer table (no engine time)
 #   profile   `ncu` (speed of light, occupancy) of the shipped scoring kernel and the final top-K over a
@@ -86,20 +87,20 @@ for stage in "${stages[@]}"; do
       ads=${SHARDS_ADS:-1000000}; data=/tmp/c$ads
       [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
       timeout ${SHARDS_TIMEOUT:-300} python3 -m cluster.bench --data $data --device gpu --placement processes \
-        --shards ${SHARDS:-1,2,4} --out "$OUT/shards_${ads}_gpu.json" 2>&1 | tail -14 ;;
+        --shards ${SHARDS:-1,2,4} ${SHARDS_ARGS:-} --out "$OUT/shards_${ads}_gpu.json" 2>&1 | tail -14 ;;
     stall)
-      timeout ${STALL_TIMEOUT:-300} python3 scripts/bench_update_stall.py --device gpu --cpu-shares 1,0.5 \
+      timeout ${STALL_TIMEOUT:-300} python3 scripts/bench_update_stall.py --device gpu --cpu-shares ${STALL_SHARES:-1,0.5} ${STALL_ARGS:-} \
         --out "$OUT/update_stall_gpu.json" 2>&1 | grep -E "idle p99|Error" | cut -c1-240 ;;
     served)
       data=/tmp/c1000000
       [ -d $data ] || timeout 300 $A generate --ads 1000000 --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
-      for procs in 1 4; do
+      for procs in ${SERVED_PROCS:-1 4}; do
         timeout ${SERVED_TIMEOUT:-150} python3 scripts/bench_served.py --data $data --device gpu --clients 32 \
-          --client-processes $procs --seconds 15 --exchange call,stream --out "$OUT/served_1m_gpu_p$procs.json" 2>&1 | tail -3
+          --client-processes $procs --seconds ${SERVED_SECONDS:-15} --exchange ${SERVED_EXCHANGE:-call,stream} --out "$OUT/served_1m_gpu_p$procs.json" 2>&1 | tail -3
       done
-      for ex in call stream; do
+      for ex in ${SERVED_CEILING:-call stream}; do
         timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
-          --seconds 15 --exchange $ex --out "$OUT/served_ceiling_1m_$ex.json" 2>&1 | tail -1
+          --seconds ${SERVED_SECONDS:-15} --exchange $ex --out "$OUT/served_ceiling_1m_$ex.json" 2>&1 | tail -1
       done ;;
     profile)
       for R in 1 64; do
