@@ -11,6 +11,14 @@ than it would have; with `max_wait_s=0` calls are still served one batch at a ti
 for company.
 
 An error of a batch goes to every caller of that batch; the worker carries on with the next.
+
+A server with many callers should hand over what arrived as it is (`submit_payload`): the worker
+decodes each call's payload into requests as it takes the call (`decode`; an error there goes to that
+caller alone) and encodes each caller's answers (`encode`), so the callers' threads only pass bytes
+and wait. Every step in Python wants the interpreter lock: done on thirty-two callers' threads, each
+step of each call queues for it behind the others, and the lock changes hands many times per
+request; done on the worker, it is one thread's uninterrupted work (docs/BENCHMARKS.md, "The served
+path").
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ DEFAULT_MAX_REQUESTS = 1024
 
 @dataclass
 class _Call:
-    requests: list
-    ks: list
+    requests: list | None
+    ks: list | None
+    payload: object = None
     done: threading.Event = field(default_factory=threading.Event)
     answers: list | None = None
     tag: object = None
@@ -44,12 +53,15 @@ class RequestBatcher:
     of the last update the batch reflects) goes back to every caller of the batch."""
 
     def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
-                 name: str = "request-batcher"):
+                 name: str = "request-batcher", decode=None, encode=None):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
         if max_requests < 1:
             raise ValueError(f"max_requests must be at least 1, got {max_requests}")
         self.run = run
+        # `submit_payload`: decode(payload) -> (requests, ks); encode(requests, answers, tag) -> what the
+        # caller gets back (both run on the worker)
+        self.decode, self.encode = decode, encode
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
@@ -80,6 +92,21 @@ class RequestBatcher:
             raise call.error
         return call.answers, call.tag
 
+    def submit_payload(self, payload):
+        """What `encode` makes of the answers to the requests `decode` finds in `payload`, both run
+        on the worker (module docstring). An error decoding `payload` is raised here, to this
+        caller alone."""
+        if self.decode is None or self.encode is None:
+            raise TypeError("this batcher was made without decode and encode: use submit(requests, ks)")
+        if self._closed.is_set():
+            raise BatcherClosed("the server is shutting down")
+        call = _Call(None, None, payload)
+        self._queue.put(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.answers
+
     def stats(self) -> dict:
         """Counts, and per batch the milliseconds the worker spent in the engine's `run` (wall clock and
         the worker thread's CPU time), gathering requests, and idle."""
@@ -97,7 +124,27 @@ class RequestBatcher:
         self._worker.join(timeout_s)
 
     # --- the worker ------------------------------------------------------------------------------------
+    def _take(self, call: _Call) -> bool:
+        """Decode a call that came as a payload; False (the caller told) when it does not decode or
+        holds no request."""
+        if call.requests is not None:
+            return True
+        try:
+            requests, ks = self.decode(call.payload)
+            call.requests, call.ks = list(requests), list(ks)
+        except BaseException as exc:  # this caller's input: only this caller hears of it
+            call.error = exc
+            call.done.set()
+            return False
+        if not call.requests:
+            call.answers = self.encode([], [], None)
+            call.done.set()
+            return False
+        return True
+
     def _gather(self, first: _Call) -> list[_Call]:
+        if not self._take(first):
+            return []
         calls, n = [first], len(first.requests)
         deadline = time.perf_counter() + self.max_wait_s
         while n < self.max_requests:
@@ -109,6 +156,8 @@ class RequestBatcher:
             if call is None:  # closing: serve what is in hand, then stop
                 self._queue.put(None)
                 break
+            if not self._take(call):
+                continue
             if n + len(call.requests) > self.max_requests and n:
                 self._run([*calls])
                 calls, n = [], 0
@@ -138,8 +187,14 @@ class RequestBatcher:
         for c in calls:
             part = answers[at : at + len(c.requests)]
             at += len(c.requests)
-            c.answers = [(ids[:k], scores[:k]) for (ids, scores), k in zip(part, c.ks)]
-            c.tag = tag
+            cut = [(ids[:k], scores[:k]) for (ids, scores), k in zip(part, c.ks)]
+            if c.payload is None:
+                c.answers, c.tag = cut, tag
+            else:
+                try:
+                    c.answers = self.encode(c.requests, cut, tag)
+                except BaseException as exc:
+                    c.error = exc
             c.done.set()
         with self._stats_lock:
             self.batches += 1

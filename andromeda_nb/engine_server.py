@@ -54,8 +54,10 @@ class EngineServer(RetrieveServer):
         rows.warm_up()  # ... and what the first update needs
         # requests of concurrent exchanges share engine batches (andromeda_nb.batcher), at most
         # batch_wait_s later than alone, never more than one batch's limit of requests
+        # exchanges' batches are decoded and their answers encoded on the batcher's worker, not on the
+        # exchanges' threads (`andromeda_nb.batcher`, `submit_payload`)
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
-                                      name="colocated-batcher")
+                                      name="colocated-batcher", decode=self.decode, encode=self.encode)
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
     def _apply(self, items) -> int:
@@ -82,6 +84,10 @@ class EngineServer(RetrieveServer):
     def _run_batch(self, requests, k):
         with self._lock:
             return self.engine.retrieve(requests, k), self.seq
+
+    def serve_batch(self, batch):
+        self.stats.add(bytes_in=batch.nbytes)
+        return self.batcher.submit_payload(batch)
 
     def retrieve_at(self, requests, ks):
         if not requests:

@@ -317,6 +317,24 @@ class RetrieveServer(flight.FlightServerBase):
         """The sequence number of the last update applied (None: untracked)."""
         return None
 
+    def decode(self, batch: pa.RecordBatch) -> tuple[list[Request], list[int]]:
+        """A request batch of the exchange to requests and their k (`InvalidInput` naming what is wrong)."""
+        return decode_request_batch(batch, seed=self.seed, experts=self.experts, width=self.width, limits=self.limits)
+
+    def encode(self, requests: list[Request], answers: list, seq: int | None) -> tuple[pa.RecordBatch, pa.Buffer | None]:
+        """Answers to the answer batch and its app_metadata; counted in the stats."""
+        out = answer_batch([r.request_id for r in requests], answers)
+        self.stats.add(requests=len(requests), batches=1, bytes_out=out.nbytes)
+        return out, answer_metadata(seq)
+
+    def serve_batch(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Buffer | None]:
+        """One request batch of an exchange to its answer batch and app_metadata, on the exchange's
+        thread (a server that gathers the batches of many exchanges overrides this)."""
+        self.stats.add(bytes_in=batch.nbytes)
+        requests, ks = self.decode(batch)
+        answers, seq = self.retrieve_at(requests, ks) if requests else ([], self.current_seq())
+        return self.encode(requests, answers, seq)
+
     def apply_updates(self, body: bytes, started: float) -> dict:
         raise InvalidInput("this server takes no updates")
 
@@ -364,19 +382,14 @@ class RetrieveServer(flight.FlightServerBase):
                         f"the exchange is older than the server's deadline of {self.limits.deadline_s:g} s "
                         "(--deadline); open a new one")
                 with self.gate.reading():
-                    requests, ks = decode_request_batch(batch, seed=self.seed, experts=self.experts,
-                                                        width=self.width, limits=self.limits)
-                    answers, seq = self.retrieve_at(requests, ks) if requests else ([], self.current_seq())
-                    out = answer_batch([r.request_id for r in requests], answers)
+                    out, meta = self.serve_batch(batch)
                     if not began:
                         writer.begin(ANSWER_SCHEMA)
                         began = True
-                    meta = answer_metadata(seq)
                     if meta is None:
                         writer.write_batch(out)
                     else:
                         writer.write_with_metadata(out, meta)
-                self.stats.add(requests=len(requests), batches=1, bytes_in=batch.nbytes, bytes_out=out.nbytes)
             if not began:
                 writer.begin(ANSWER_SCHEMA)
         except Exception as exc:  # every failure reaches the client as a Flight error

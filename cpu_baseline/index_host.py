@@ -152,6 +152,8 @@ class IndexHostServer(RetrieveServer):
             raise RuntimeError(f"scoring service at {self.scorer_location} holds a different corpus "
                                f"(lineage {health.get('lineage')}, fingerprint {health.get('fingerprint')}; "
                                f"expected lineage {self.lineage}, fingerprint {self.corpus_fingerprint})")
+        if isinstance(health.get("max_request_bytes"), int):  # longer candidate lists go in pieces within it
+            self.scorer.max_batch_bytes = health["max_request_bytes"]
 
     # --- keeping both services on one sequence ------------------------------------------------------
     def _apply_to_index(self, items) -> None:

@@ -6,7 +6,9 @@ Protocol (Arrow Flight; docs/PROTOCOL.md has the full text):
   request: column `ad_id` int64, the candidates, with the request's user side as the batch's
   `app_metadata`: float32 little-endian U (E, D), Q (E, D), gamma (F, D), beta (F, D), concatenated
   (`user_side_bytes`). For every batch the service writes one batch back: column `score` float32,
-  one per candidate, same order.
+  one per candidate, same order. A batch may hold at most the service's `max_request_bytes`
+  (candidates and user side together; `health` says the figure): a longer candidate list goes as
+  several batches in a row, each with the request's user side, and its scores are theirs in order.
   With the path `["score", "SEQ"]` the caller says which update it expects the service to be at;
   a service at another sequence number refuses the exchange (`stale:`), so a scorer that restarted
   and lost updates can never score against the wrong embeddings: the index host catches it up and
@@ -62,6 +64,7 @@ ACTIONS = {
     "stats": "counters: requests, candidates, batches, bytes_in, bytes_out, errors, updates, device_seconds (JSON)",
     "update": "body: the index host's log records, JSON Lines {seq, update}; answer: {\"applied\": n, \"seq\": s}",
 }
+CANDIDATE_BYTES = 8  # an int64 ad id on the wire
 STALE = "stale:"  # starts the error of a score exchange sent for another sequence number
 
 
@@ -192,7 +195,8 @@ class ScoringServer(flight.FlightServerBase):
             return {"status": "ok", "server": self.name, "ads": len(self.table), "rows": self.table.n_rows,
                     "device": self.device, "D": self.D, "E": self.E, "F": self.F, "top_k": self.table.top_k,
                     "precision": self.precision, "fingerprint": self.fingerprint, "lineage": self.lineage,
-                    "seq": self.seq, "guard": self.guard.describe()}
+                    "seq": self.seq, "max_request_bytes": self.limits.max_request_bytes,
+                    "guard": self.guard.describe()}
 
     def apply_records(self, body: bytes) -> dict:
         """Apply the index host's log records after this service's sequence number (module
@@ -292,9 +296,11 @@ class ScorerClient:
     """The index host's side of the `["score"]` hop: one exchange per group of requests, and the
     delivery of its log's records."""
 
-    def __init__(self, location: str, *, timeout_s: float = 10.0, credentials: ClientCredentials | None = None):
+    def __init__(self, location: str, *, timeout_s: float = 10.0, credentials: ClientCredentials | None = None,
+                 max_batch_bytes: int = DEFAULT_LIMITS.max_request_bytes):
         self.location = location
         self.timeout_s = timeout_s
+        self.max_batch_bytes = int(max_batch_bytes)  # the service's request limit (its `health` says it)
         self.credentials = credentials
         self.client = connect(location, credentials)
         self.calls = 0
@@ -351,7 +357,15 @@ class ScorerClient:
         if not work:
             return []
         self.calls += 1
-        out = []
+        pieces = []  # per request: its candidate list in batches within the service's request limit
+        for ad_ids, side in work:
+            per_batch = (self.max_batch_bytes - len(side)) // CANDIDATE_BYTES
+            if per_batch < 1:
+                raise ValueError(f"a user side of {len(side)} bytes leaves no room for candidates in the scoring "
+                                 f"service's request limit of {self.max_batch_bytes} bytes (--max-request-bytes)")
+            ad_ids = np.asarray(ad_ids, np.int64)
+            pieces.append([ad_ids[lo : lo + per_batch] for lo in range(0, max(1, len(ad_ids)), per_batch)])
+        got: list[list[np.ndarray]] = [[] for _ in work]
         path = SCORE_PATH if seq is None else (*SCORE_PATH, str(seq))
         client = self.client
         try:
@@ -359,21 +373,25 @@ class ScorerClient:
                                                      options=flight.FlightCallOptions(timeout=self.timeout_s))
             with writer:
                 writer.begin(CANDIDATE_SCHEMA)
-                for ad_ids, side in work:  # lock-step: one answer read per batch written (no flow-control stall)
-                    batch = pa.record_batch([pa.array(np.asarray(ad_ids, np.int64))], schema=CANDIDATE_SCHEMA)
-                    writer.write_with_metadata(batch, pa.py_buffer(side))
-                    out.append(reader.read_chunk().data.column(0).to_numpy(zero_copy_only=False))
+                for i, (parts, (_, side)) in enumerate(zip(pieces, work)):
+                    meta = pa.py_buffer(side)
+                    for part in parts:  # lock-step: one answer read per batch written (no flow-control stall)
+                        writer.write_with_metadata(pa.record_batch([pa.array(part)], schema=CANDIDATE_SCHEMA), meta)
+                        got[i].append(reader.read_chunk().data.column(0).to_numpy(zero_copy_only=False))
                 writer.done_writing()
                 for chunk in reader:  # end of stream
                     if chunk.data is not None:
-                        out.append(chunk.data.column(0).to_numpy(zero_copy_only=False))
+                        raise flight.FlightInternalError(f"scoring service at {self.location} answered more "
+                                                         "batches than it was sent")
         except Exception as exc:
             if isinstance(exc, flight.FlightServerError) and STALE in str(exc):
                 raise ScorerBehind(str(exc).split(". Detail")[0]) from None
             raise self._error(exc, f"{len(work)} candidate lists", client) from None
-        if len(out) != len(work) or any(len(s) != len(r) for s, (r, _) in zip(out, work)):
-            raise flight.FlightInternalError(f"scoring service at {self.location} answered "
-                                             f"{len(out)} score lists for {len(work)} requests")
+        out = [np.concatenate(parts) if len(parts) != 1 else parts[0] for parts in got]
+        bad = [i for i, (s, (r, _)) in enumerate(zip(out, work)) if len(s) != len(r)]
+        if bad:
+            raise flight.FlightInternalError(f"scoring service at {self.location} answered {len(out[bad[0]])} "
+                                             f"scores for {len(work[bad[0]][0])} candidates")
         return out
 
     def close(self) -> None:

@@ -129,3 +129,54 @@ def test_stats_say_where_the_worker_spends_a_batch():
     finally:
         waiting.close()
         computing.close()
+
+
+def test_payloads_are_decoded_and_encoded_on_the_worker_and_a_bad_one_fails_alone():
+    """`submit_payload`: decode and encode run on the worker thread (not the callers'), each caller
+    gets its own encoded answers, a payload that does not decode fails its own caller only while the
+    calls beside it are answered, and a payload with no request is encoded as an empty answer."""
+    threads_seen = set()
+
+    def decode(payload):
+        threads_seen.add(threading.current_thread().name)
+        if payload == "bad":
+            raise ValueError("payload 'bad' does not decode")
+        return list(payload), [2] * len(payload)
+
+    def encode(requests, answers, tag):
+        threads_seen.add(threading.current_thread().name)
+        return {"requests": list(requests), "ids": [ids.tolist() for ids, _ in answers], "tag": tag}
+
+    engine = FakeEngine(delay_s=0.01)
+    batcher = RequestBatcher(engine, max_wait_s=0.02, decode=decode, encode=encode, name="worker-under-test")
+    results, errors = {}, {}
+    payloads = {0: (1, 2), 1: "bad", 2: (3,), 3: (), 4: (4, 5, 6)}
+
+    def client(i):
+        try:
+            results[i] = batcher.submit_payload(payloads[i])
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            errors[i] = exc
+
+    try:
+        threads = [threading.Thread(target=client, args=(i,)) for i in payloads]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    finally:
+        batcher.close()
+    plain = RequestBatcher(FakeEngine())
+    try:
+        with pytest.raises(TypeError, match="without decode and encode"):
+            plain.submit_payload((1,))
+    finally:
+        plain.close()
+    assert threads_seen == {"worker-under-test"}
+    assert set(errors) == {1} and "does not decode" in str(errors[1])
+    assert results[3] == {"requests": [], "ids": [], "tag": None}
+    for i in (0, 2, 4):
+        assert results[i]["requests"] == list(payloads[i])
+        assert results[i]["ids"] == [[r * 1000, r * 1000 + 1] for r in payloads[i]]
+        assert results[i]["tag"] >= 1
+    assert sum(len(b) for b in engine.batches) == 6

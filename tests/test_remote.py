@@ -376,3 +376,46 @@ def test_remote_retriever_connects_to_running_services(services):
         assert_equals_reference(reference, dataset.requests, remote.retrieve(dataset.requests, 15), 15, "connected")
         assert remote.action("health")["status"] == "ok"
     assert fl.flight_action(svc.location, "health")["status"] == "ok"  # still running after close()
+
+
+def test_candidate_lists_over_the_scorers_request_limit_go_in_pieces():
+    """At a large pool one request's candidates can pass the scoring service's request limit (at 10M
+    ads, 596,225 candidates: 4.8 MB against 4 MiB). The index host learns the limit from the
+    service's health and sends such a list as several batches, each within it: answers still equal
+    the reference, and the service saw more batches than requests, none over its limit."""
+    from dataclasses import replace
+
+    from andromeda_nb.limits import DEFAULT_LIMITS
+    from andromeda_nb.model import user_side
+    from cpu_baseline.scoring_service import ScorerClient, user_side_bytes
+
+    dataset, _ = make_dataset(31, n_ads=400, n_requests=10)
+    side = user_side(dataset.model, dataset.requests[0]).float32()
+    side_bytes = len(user_side_bytes(side["U"], side["Q"], side["gamma"], side["beta"]))
+    limits = replace(DEFAULT_LIMITS, max_request_bytes=side_bytes + 8 * 7)  # 7 candidates a batch
+    scorer = ScoringServer(dataset, "grpc://127.0.0.1:0", limits=limits)
+    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=2)
+    location = f"grpc://127.0.0.1:{host.port}"
+    try:
+        assert host.scorer.max_batch_bytes == limits.max_request_bytes
+        reference = ReferenceRetriever.build(dataset)
+        eligible = [len(reference.score_eligible(r)[0]) for r in dataset.requests]
+        assert max(eligible) > 7, "the corpus must give some request more candidates than one batch holds"
+        answers = fl.retrieve_over_flight(location, dataset.requests, 5)
+        assert_equals_reference(reference, dataset.requests, answers, 5, "candidates in pieces")
+        stats = fl.flight_action(f"grpc://127.0.0.1:{scorer.port}", "stats")
+        assert stats["errors"] == 0
+        assert stats["batches"] == sum(-(-n // 7) for n in eligible if n), stats
+        # a client that does not know the limit is refused by the service, naming it
+        plain = ScorerClient(f"grpc://127.0.0.1:{scorer.port}")
+        try:
+            ids = reference.score_eligible(dataset.requests[int(np.argmax(eligible))])[0]
+            side = user_side(dataset.model, dataset.requests[int(np.argmax(eligible))]).float32()
+            with pytest.raises(flight.FlightError, match="max-request-bytes"):
+                plain.score([(ids, user_side_bytes(side["U"], side["Q"], side["gamma"], side["beta"]))])
+        finally:
+            plain.close()
+    finally:
+        host.shutdown()
+        host.close_resources()
+        scorer.shutdown()
