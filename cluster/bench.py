@@ -72,16 +72,20 @@ class _ShardProcesses:
     def __init__(self, data_dir, shards: int, device: str, say):
         from andromeda_nb.services import ServiceProcess
 
-        self.procs = []
-        try:
-            for s in range(shards):
-                say(f"  starting shard {s} of {shards} as a process on {device}")
-                self.procs.append(ServiceProcess("cluster.shard_process", ["--data", str(data_dir), "--shard", str(s),
-                                                                           "--of", str(shards), "--device", device],
-                                                 name=f"shard {s} of {shards}"))
-        except BaseException:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def start(s: int):
+            return ServiceProcess("cluster.shard_process", ["--data", str(data_dir), "--shard", str(s), "--of",
+                                                            str(shards), "--device", device], name=f"shard {s} of {shards}")
+
+        say(f"  starting {shards} shard process(es) on {device}, all at once (each loads the corpus and cuts its slice)")
+        with ThreadPoolExecutor(max_workers=shards) as pool:  # side by side: a 10M corpus takes a while to load
+            futures = [pool.submit(start, s) for s in range(shards)]
+        self.procs = [f.result() for f in futures if f.exception() is None]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
             self.close()
-            raise
+            raise failed[0]
         self.locations = [p.location for p in self.procs]
 
     def close(self) -> None:
@@ -90,12 +94,14 @@ class _ShardProcesses:
 
 
 def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1, 64), device: str = "cpu",
-            placement: str = "ray", data_dir=None, say=print) -> dict:
+            placement: str = "ray", data_dir=None, say=print, partial=None) -> dict:
     """Per shard count: the in-process engine, the actor path and the Flight path timed in turn within
     each repetition (so drift in the machine's load falls on all three alike). `device` 'gpu': the
     in-process engine and every shard on the GPU(s) Ray sees (several shards share one GPU, each its
     1/N of it in Ray's accounting). `placement` 'processes': no Ray (where it is not installed): one
-    `cluster.shard_process` per shard, cut from the corpus at `data_dir`, and the Flight path only."""
+    `cluster.shard_process` per shard, cut from the corpus at `data_dir`, and the Flight path only.
+    `partial(result)`: called with the result so far after each shard count (a long run cut short
+    keeps what it measured)."""
     from migration.architectures import build_engine
 
     if placement not in ("ray", "processes"):
@@ -107,6 +113,13 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
     engine = build_engine(dataset, device)
     want = engine.retrieve(requests, k)
     rows = []
+
+    def result(done: bool) -> dict:
+        return {"kind": "cluster_data_path", "ads": dataset.n_ads, "requests": len(requests), "k": k,
+                "repeat": repeat, "device": device, "placement": placement, "rows": list(rows), "complete": done,
+                "checked": "every path's answers equal the in-process engine's",
+                "software": {**software(), "ray": ray_version() if placement == "ray" else None}}
+
     for shards in shard_counts:
         cluster = (Cluster.start(dataset, shards=shards, replicas=1, device=device, progress=say) if placement == "ray"
                    else _ShardProcesses(data_dir, shards, device, say))
@@ -134,11 +147,10 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
                                  "overhead_us": round((statistics.median(per_pass) - base) * 1e6, 1)})
         finally:
             cluster.close()
+        if partial is not None:
+            partial(result(False))
     engine.close()
-    return {"kind": "cluster_data_path", "ads": dataset.n_ads, "requests": len(requests), "k": k, "repeat": repeat,
-            "device": device, "placement": placement, "rows": rows,
-            "checked": "every path's answers equal the in-process engine's",
-            "software": {**software(), "ray": ray_version() if placement == "ray" else None}}
+    return result(True)
 
 
 def ray_version() -> str:
@@ -173,10 +185,18 @@ def main(argv=None) -> int:
 
     resolve(args.device)
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    provenance = {"command": shlex.join(["python", "-m", "cluster.bench", *(argv or sys.argv[1:])]),
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info()}
+
+    def keep(partial_result: dict) -> None:  # after each shard count: what is measured so far survives a cut
+        print(table(partial_result), file=sys.stderr, flush=True)
+        if args.out:
+            write_json({**partial_result, "provenance": provenance}, args.out)
+
     result = measure(load_dataset(args.data), [int(s) for s in args.shards.split(",")], k=args.k,
-                     repeat=args.repeat, device=args.device, placement=args.placement, data_dir=args.data, say=say)
-    result["provenance"] = {"command": shlex.join(["python", "-m", "cluster.bench", *(argv or sys.argv[1:])]),
-                            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info()}
+                     repeat=args.repeat, device=args.device, placement=args.placement, data_dir=args.data, say=say,
+                     partial=keep)
+    result["provenance"] = provenance
     print(table(result))
     if args.out:
         write_json(result, args.out)

@@ -192,11 +192,15 @@ def test_shards_as_plain_processes_answer_as_one_engine_through_the_flight_fan_o
     made = CliRunner().invoke(cli.main, ["generate", "--ads", "400", "--requests", "3", "--seed", "4", "--out",
                                          str(data), "-q"])
     assert made.exit_code == 0, made.output
-    result = measure(load_dataset(str(data)), [2], k=K, repeat=1, batches=(1,), placement="processes",
-                     data_dir=data, say=lambda message: None)
-    assert result["placement"] == "processes" and result["software"]["ray"] is None
-    assert {(r["path"], r["shards"], r["batch"]) for r in result["rows"]} == {("in-process", 2, 1), ("flight", 2, 1)}
+    partials = []
+    result = measure(load_dataset(str(data)), [1, 2], k=K, repeat=1, batches=(1,), placement="processes",
+                     data_dir=data, say=lambda message: None, partial=partials.append)
+    assert result["placement"] == "processes" and result["software"]["ray"] is None and result["complete"]
+    assert {(r["path"], r["shards"], r["batch"]) for r in result["rows"]} == {
+        (path, shards, 1) for path in ("in-process", "flight") for shards in (1, 2)}
     assert all(r["median_us"] > 0 for r in result["rows"])
+    # what was measured so far is handed over after each shard count, so a run cut short keeps it
+    assert [len(p["rows"]) for p in partials] == [2, 4] and not any(p["complete"] for p in partials)
 
 
 # --- on Ray -----------------------------------------------------------------------------------------
