@@ -13,7 +13,34 @@ from andromeda_nb.devices import DEVICES
 _PRECISION = click.Choice(list(PRECISIONS))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """The command group: a service that fails during a run (compare, demo, retrieve against the
+    services they start) ends the command with its message, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            message = _service_failure(exc)
+            if message is None:
+                raise
+            raise click.ClickException(message) from None
+
+
+def _service_failure(exc: BaseException) -> str | None:
+    """A Flight error's message (its first line, without gRPC's debug context), or None when `exc`
+    is not one."""
+    if not type(exc).__module__.startswith("pyarrow"):
+        return None
+    import pyarrow.flight as flight
+
+    if not isinstance(exc, flight.FlightError):
+        return None
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return "a service failed: " + text.split(". Detail:")[0].split(". gRPC client debug context")[0]
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="andromeda-nb")
 def main():
     """GPU ads retrieval by model-system co-design: run, compare and measure a remote-scoring CPU

@@ -233,3 +233,32 @@ def test_export_then_import_gives_the_same_answers(corpus_dir, tmp_path):
         a = _run(*command, "--data", corpus_dir, "--quiet").stdout
         b = _run(*command, "--data", tmp_path / "back", "--quiet").stdout
         assert a == b and a.strip()
+
+
+def test_a_service_failing_mid_run_ends_the_command_with_its_message(corpus_dir, monkeypatch):
+    """A Flight error from a service the command started (a scoring service refusing a batch, say)
+    ends the command with exit 1 and the service's own words, without gRPC's debug context or a
+    traceback."""
+    import pyarrow.flight as flight
+
+    class Failing:
+        def retrieve_traffic(self, requests, k):
+            raise flight.FlightInternalError(
+                "scoring service at grpc://127.0.0.1:9 failed: invalid request: candidate batch of bytes (5) is over "
+                "the server's limit of 4 (--max-request-bytes). Detail: Failed. gRPC client debug context: UNKNOWN")
+
+        retrieve = retrieve_traffic
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(architectures, "build_retriever", lambda *a, **kw: Failing())
+    result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert "a service failed: scoring service at grpc://127.0.0.1:9 failed" in result.stderr
+    assert "--max-request-bytes)" in result.stderr
+    assert "Traceback" not in result.stderr and "debug context" not in result.stderr
+    # anything else still surfaces as itself
+    monkeypatch.setattr(architectures, "build_retriever", lambda *a, **kw: 1 / 0)
+    result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
+    assert isinstance(result.exception, ZeroDivisionError)
