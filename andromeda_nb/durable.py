@@ -17,7 +17,8 @@ clients (the co-located server, the remote index host) run for an `update` call:
    (one within the last `ACTIVE_S`), it also pauses between slices so that applying takes at most
    `limits.update_cpu_share` of the call's time (`_keep_share`), leaving the cores to retrieval for
    the rest (docs/RELIABILITY.md has the figures);
-6. acknowledge: `{"applied": n, "rejected": [...], "seq": last sequence number}`.
+6. acknowledge: `{"applied": n, "rejected": [...], "seq": last sequence number, "seconds": {"parse":
+   ..., "log": ..., "apply": ...}}` (where the call's time went).
 
 The cyclic garbage collector is paused during a call (`store.paused_gc`): the tens of thousands of
 parsed objects of a large call hold no cycles, and a full collection over them stalled every request
@@ -211,6 +212,7 @@ class UpdateJournal:
             return self._submit(bytes(body), live, apply, started)
 
     def _submit(self, body: bytes, live, apply: Applier, started: float) -> dict:
+        t_parse = time.monotonic()
         parsed, rejections = self._parse(body)
         remaining = self.limits.deadline_s - (time.monotonic() - started)
         if remaining <= 0 or not self.lock.acquire(timeout=remaining):
@@ -226,7 +228,9 @@ class UpdateJournal:
                     rejections.append(Rejection(line_no, _ad_id(update), reason))
                 else:
                     accepted.append((obj, update))
+            t_log = time.monotonic()
             records = self.log.append([obj for obj, _ in accepted], pause=self._yield_to_readers)  # durable: acknowledged
+            t_apply = time.monotonic()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
             step, done, self._window = self.limits.update_slice, 0, None
             while done < len(items):
@@ -240,9 +244,12 @@ class UpdateJournal:
                 if done < len(items):
                     self._keep_share(time.monotonic() - t0)
             seq = self.log.last_seq
+            t_end = time.monotonic()
         finally:
             self.lock.release()
-        return {**update_answer(len(items), rejections), "seq": seq}
+        # where the call's time went: parsing and checking, the log (written and synced), applying
+        seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
+        return {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
 
     # --- start and compaction --------------------------------------------------------------------------
     def replay(self, apply: Applier, live: Callable[[int], bool]) -> int:

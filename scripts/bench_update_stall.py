@@ -106,13 +106,24 @@ def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progr
     probe.client.close()
     idle = percentiles(probe.between(t_idle, t_call))
     during = percentiles(probe.between(t_call, t_done))
+    # the call's phases as the server timed them, laid back from the call's end: the probe's latencies
+    # within each (parse also holds the body's transfer before it)
+    seconds = ack.get("seconds") or {}
+    phases = {}
+    if seconds:
+        apply_from = t_done - seconds["apply"]
+        log_from = apply_from - seconds["log"]
+        for phase, lo, hi in (("parse", t_call, log_from), ("log", log_from, apply_from), ("apply", apply_from, t_done)):
+            phases[phase] = {"seconds": seconds[phase], **percentiles(probe.between(lo, hi))}
     result = {"server": name, "idle": idle, "during_update": during, "update_call_s": round(t_done - t_call, 2),
               "updates_per_s": round(ack["applied"] / (t_done - t_call)), "applied": ack["applied"],
-              "probe_errors": probe.errors,
+              "probe_errors": probe.errors, "phases": phases,
               "p99_ratio": round(during["p99_ms"] / idle["p99_ms"], 2) if during.get("n") else None}
     log(progress, f"{name}: idle p99 {idle['p99_ms']} ms, during the call p99 {during.get('p99_ms')} ms "
                   f"(x{result['p99_ratio']}), max {during.get('max_ms')} ms; the call took {result['update_call_s']} s "
                   f"({result['updates_per_s']} updates/s)")
+    for phase_name, phase in phases.items():
+        log(progress, f"  {phase_name}: {phase['seconds']:.2f} s, p99 {phase.get('p99_ms')} ms over {phase['n']} requests")
     return result
 
 

@@ -172,6 +172,8 @@ def test_updates_while_serving(server):
     reference = ReferenceRetriever.build(dataset)
     updates = _updates(rng, reference, dataset, 20)
     ack = fl.flight_action(location, "update", "\n".join(json.dumps(update_to_json(u)) for u in updates))
+    seconds = ack.pop("seconds")  # where the call's time went
+    assert set(seconds) == {"parse", "log", "apply"} and all(v >= 0 for v in seconds.values()), seconds
     assert ack == {"applied": len(updates), "rejected": [], "seq": len(updates)}
     for u in updates:
         reference.apply(u)

@@ -111,6 +111,7 @@ def test_remote_equals_reference_through_updates(services):
         assert sum(len(a[0]) for a in answers) > 0
         updates = random_updates(rng, list(reference.index.ads.values()), 20, dim=dataset.model.D)
         ack = fl.flight_action(svc.location, "update", "\n".join(json.dumps(update_to_json(u)) for u in updates))
+        assert set(ack.pop("seconds")) == {"parse", "log", "apply"}
         assert ack == {"applied": len(updates), "rejected": [], "seq": 20 * (step + 1)}
         for update in updates:
             reference.apply(update)
