@@ -1195,15 +1195,17 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     from what co-location buys. With --json the last line is one object (eligible_equal, topk_equal,
     bytes_per_request, traffic_reduction, architectures, ...). Exits non-zero when they disagree."""
     import json as _json
+    import time
 
     from migration.harness import format_report, run_comparison
 
+    started = time.monotonic()
     dataset = _load_dataset(data, quiet)
-    try:
+    try:  # progress lines carry the time since the start: at 10M ads a step takes minutes
         report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
                                 oracle_requests=oracle_requests, traffic_requests=traffic_requests, runs=runs,
                                 scorer_devices=scorer_devices, link=_link(link_latency_us, link_gbps),
-                                log=lambda m: _info(m, quiet))
+                                log=lambda m: _info(f"[{time.monotonic() - started:7.1f} s] {m}", quiet))
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     _stamp(report, "compare")
