@@ -25,6 +25,10 @@
 #   profile   `ncu` (speed of light, occupancy) of the shipped scoring kernel and the final top-K over a
 #             10M-slot pool with a random 8% eligible, for 1 and for 64 requests (PROFILE_ELIGIBLE,
 #             PROFILE_VERSION)
+#   host      this machine's CPU and numpy's BLAS threads, and the host-side costs of a request
+#             (`scripts/time_host_side.py`: decoding, encoding, match preparation, the user side) with
+#             the BLAS threads as they are and with one thread, on a generated 200,000-ad corpus
+#             (HOST_DATA: another corpus directory)
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
 set -uo pipefail
 OUT=${OUT:-out/device}
@@ -112,12 +116,21 @@ for stage in "${stages[@]}"; do
         grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Grid Size" \
           "$OUT/ncu_pipeline_r$R.txt" | cut -c1-150 | head -40
       done ;;
+    host)
+      lscpu 2>/dev/null | grep -E "^Model name|^CPU\(s\)|^Thread|^Core|^Socket|MHz" | tee "$OUT/lscpu.txt"
+      data=${HOST_DATA:-/tmp/c200000}
+      [ -d $data ] || timeout 200 $A generate --ads 200000 --requests 64 --seed 1 --workers 15 --out $data --quiet > /dev/null
+      for threads in default 1; do
+        ( [ $threads = default ] || export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+          timeout 200 python3 scripts/time_host_side.py --data $data --out "$OUT/host_side_threads_$threads.json" ) \
+          | python3 -c "import json,sys; d=json.loads(sys.stdin.read().splitlines()[-1]); print('$threads', {k: round(v, 3) for k, v in d['ms'].items()}, d['blas'])"
+      done ;;
     demo)
       timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
       tail -c 400 "$OUT/demo_gpu.json"; echo
       timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
       python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
-    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, corpus, threeway, shards, stall, served, profile, demo, all)"; exit 2 ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, corpus, threeway, shards, stall, served, profile, host, demo, all)"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done
