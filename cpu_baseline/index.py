@@ -99,6 +99,12 @@ def _csr(terms: np.ndarray, slot: np.ndarray, clause: np.ndarray):
     return terms[starts].copy(), ptr, np.ascontiguousarray(slot, np.int32), np.ascontiguousarray(clause, np.int8)
 
 
+def _starts(terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique terms and CSR pointers of flat entries already in term order."""
+    starts = np.flatnonzero(np.r_[True, terms[1:] != terms[:-1]]) if len(terms) else np.empty(0, np.int64)
+    return terms[starts].copy(), np.r_[starts, len(terms)].astype(np.int64)
+
+
 class _Postings:
     """One segment's posting lists and circle list."""
 
@@ -108,6 +114,34 @@ class _Postings:
         self.circles = np.ascontiguousarray(circles[order], np.float64).reshape(-1, 3)
         self.circle_slot = np.ascontiguousarray(circle_slot[order], np.int32)
         self.circle_clause = np.ascontiguousarray(circle_clause[order], np.int8)
+
+    @classmethod
+    def ordered(cls, terms, slot, clause, circles, circle_slot, circle_clause) -> "_Postings":
+        """From flat entries already sorted by (term, slot) and circles already sorted by slot: no sort."""
+        self = cls.__new__(cls)
+        self.terms, self.ptr = _starts(terms)
+        self.slot, self.clause = np.ascontiguousarray(slot, np.int32), np.ascontiguousarray(clause, np.int8)
+        self.circles = np.ascontiguousarray(circles, np.float64).reshape(-1, 3)
+        self.circle_slot = np.ascontiguousarray(circle_slot, np.int32)
+        self.circle_clause = np.ascontiguousarray(circle_clause, np.int8)
+        return self
+
+    def updated(self, stale: np.ndarray, added) -> "_Postings":
+        """These postings less every entry of the slots in `stale` (int32, sorted), plus the flat
+        entries `added` (the six arrays of `_entries`, in any order): one linear merge in compiled
+        code, no sort of the whole segment (a writer refreshes the delta after every slice)."""
+        a_terms, a_slot, a_clause, a_circles, a_cslot, a_cclause = self.flat()
+        b_terms, b_slot, b_clause, b_circles, b_cslot, b_cclause = added
+        order = np.lexsort((b_slot, b_terms))  # the few added entries: sorted alone
+        terms, slot, clause = _merge_entries(a_terms, a_slot, a_clause, b_terms[order], b_slot[order],
+                                             b_clause[order], stale)
+        corder = np.argsort(b_cslot, kind="stable")
+        keep = _not_in_sorted(a_cslot, stale)
+        c_slot = np.concatenate([a_cslot[keep], b_cslot[corder]])
+        cpos = np.argsort(c_slot, kind="stable")  # circles are few: a sort of them is cheap
+        circles = np.concatenate([a_circles[keep], np.asarray(b_circles, np.float64).reshape(-1, 3)[corder]])
+        c_clause = np.concatenate([a_cclause[keep], b_cclause[corder]])
+        return _Postings.ordered(terms, slot, clause, circles[cpos], c_slot[cpos], c_clause[cpos])
 
     @classmethod
     def empty(cls) -> "_Postings":
@@ -123,6 +157,54 @@ class _Postings:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.terms, self.ptr, self.slot, self.clause, self.circles,
                                       self.circle_slot, self.circle_clause))
+
+
+@numba.njit(cache=True, nogil=True)
+def _in_sorted(values, x) -> bool:
+    lo, hi = 0, values.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if values[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < values.shape[0] and values[lo] == x
+
+
+@numba.njit(cache=True, nogil=True)
+def _not_in_sorted(slots, stale):
+    """bool[n]: slots[i] is not in `stale` (sorted)."""
+    keep = np.empty(slots.shape[0], np.bool_)
+    for i in range(slots.shape[0]):
+        keep[i] = not _in_sorted(stale, slots[i])
+    return keep
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_entries(a_terms, a_slot, a_clause, b_terms, b_slot, b_clause, stale):
+    """Two runs of flat entries, each sorted by (term, slot), merged into one; entries of `a` whose
+    slot is in `stale` (sorted) are dropped."""
+    n = a_terms.shape[0] + b_terms.shape[0]
+    terms = np.empty(n, np.int64)
+    slot = np.empty(n, np.int32)
+    clause = np.empty(n, np.int8)
+    i = j = k = 0
+    na, nb = a_terms.shape[0], b_terms.shape[0]
+    check = stale.shape[0] > 0
+    while i < na or j < nb:
+        if i < na and check and _in_sorted(stale, a_slot[i]):
+            i += 1
+            continue
+        take_b = j < nb and (i >= na or b_terms[j] < a_terms[i]
+                             or (b_terms[j] == a_terms[i] and b_slot[j] < a_slot[i]))
+        if take_b:
+            terms[k], slot[k], clause[k] = b_terms[j], b_slot[j], b_clause[j]
+            j += 1
+        else:
+            terms[k], slot[k], clause[k] = a_terms[i], a_slot[i], a_clause[i]
+            i += 1
+        k += 1
+    return terms[:k], slot[:k], clause[:k]
 
 
 # --- the numba match kernel ------------------------------------------------------------------------------
@@ -514,14 +596,11 @@ class CpuTargetingIndex:
         # incremental: the postings built last time, less the entries of slots replaced or retired
         # since, plus the entries added since (rebuilding from every delta ad cost a slice of updates
         # more than applying it)
-        flat = list(self._delta.flat())
-        if self._delta_stale:
-            stale = np.fromiter(self._delta_stale, np.int32, len(self._delta_stale))
-            keep, keep_c = ~np.isin(flat[1], stale), ~np.isin(flat[4], stale)
-            flat = [a[keep] if i < 3 else a[keep_c] for i, a in enumerate(flat)]
+        stale = np.sort(np.fromiter(self._delta_stale, np.int32, len(self._delta_stale)))
         added = [self._delta_entries[s] for s in dict.fromkeys(self._delta_added) if s in self._delta_entries]
-        parts = [tuple(flat), *added]
-        self._delta = _Postings(*(_concat([p[i] for p in parts], i) for i in range(6)))
+        empty = _Postings.empty().flat()
+        added_flat = tuple(_concat([p[i] for p in [empty, *added]], i) for i in range(6))
+        self._delta = self._delta.updated(stale, added_flat)  # a linear merge: no sort of the whole delta
         self._delta_added.clear()
         self._delta_stale.clear()
 

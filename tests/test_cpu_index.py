@@ -168,5 +168,27 @@ def test_incremental_delta_equals_oracle_between_small_batches(seed, monkeypatch
         if step % 2:  # refreshed by the writer, else by the next match
             cpu.refresh()
         eligible += _assert_same(cpu, oracle, requests, f"seed {100 + seed}, step {step}")
+        _assert_delta_is_a_rebuild(cpu, f"seed {100 + seed}, step {step}")
     assert cpu.merges == 0 and cpu.describe()["delta_ads"] > 20 and eligible > 0
     cpu.close()
+
+
+def _assert_delta_is_a_rebuild(cpu, context):
+    """The delta postings, kept up to date by merging (no sort of the whole segment), hold exactly
+    the entries of the delta's live ads, in the order a fresh build sorts them: terms ascending,
+    slots ascending within a term, circles by slot."""
+    d = cpu._delta
+    entries = list(cpu._delta_entries.values())
+    fresh = cpu_index._Postings(*(cpu_index._concat([e[i] for e in [cpu_index._Postings.empty().flat(), *entries]], i)
+                                  for i in range(6)))
+    assert np.all(np.diff(d.terms) > 0) and d.ptr[0] == 0 and d.ptr[-1] == len(d.slot), context
+    for t in range(len(d.terms)):
+        assert np.all(np.diff(d.slot[d.ptr[t] : d.ptr[t + 1]]) >= 0), f"{context}: slots out of order in a term"
+    assert np.all(np.diff(d.circle_slot) >= 0), context
+
+    def flat_set(p):
+        terms = np.repeat(p.terms, np.diff(p.ptr))
+        return sorted(zip(terms.tolist(), p.slot.tolist(), p.clause.tolist())), sorted(
+            zip(p.circle_slot.tolist(), p.circle_clause.tolist(), map(tuple, p.circles.tolist())))
+
+    assert flat_set(d) == flat_set(fresh), f"{context}: the merged delta differs from a rebuild"
