@@ -14,9 +14,10 @@ clients (the co-located server, the remote index host) run for an `update` call:
    early when a request is waiting); between two slices the journal waits (a bounded time) for the
    retrieval batches in flight (`ReadGate`), and while parsing and logging it steps aside for them
    at every line, so a large call never holds the server for long; while retrievals keep arriving
-   (one within the last `ACTIVE_S`), it also pauses between slices so that applying takes at most
-   `limits.update_cpu_share` of the call's time (`_keep_share`), leaving the cores to retrieval for
-   the rest (docs/RELIABILITY.md has the figures);
+   (one within the last `ACTIVE_S`), it also pauses between slices, and every `PACE_EVERY` lines
+   while parsing and logging, so that the call works at most `limits.update_cpu_share` of its time
+   (`_keep_share`), leaving the cores to retrieval for the rest (docs/RELIABILITY.md has the
+   figures);
 6. acknowledge: `{"applied": n, "rejected": [...], "seq": last sequence number, "seconds": {"parse":
    ..., "log": ..., "apply": ...}}` (where the call's time went).
 
@@ -47,6 +48,7 @@ DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches
 ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within this many seconds
 MIN_PAUSE_S = 0.002  # an update call pauses for its CPU share once it owes at least this much
 SHARE_WINDOW_S = 0.25  # the span over which an update call's CPU share is kept
+PACE_EVERY = 16  # lines parsed or records encoded between two looks at the share
 
 
 class DeadlineExceeded(TimeoutError):
@@ -148,7 +150,7 @@ class UpdateJournal:
 
     def _keep_share(self, slice_s: float) -> None:
         """After a slice that took `slice_s`: while retrievals arrive, pause so that the call's time
-        applying stays within `limits.update_cpu_share` of the time since its share window began.
+        working stays within `limits.update_cpu_share` of the time since its share window began.
         Pauses are taken once at least MIN_PAUSE_S is owed (each one hands the interpreter over,
         which costs more than a few microseconds), and a window lasts SHARE_WINDOW_S."""
         share = self.limits.update_cpu_share
@@ -173,6 +175,23 @@ class UpdateJournal:
         if self.gate is not None and self.gate.busy:
             self.gate.wait_idle(self.yield_s)
 
+    def _pacer(self, every: int = PACE_EVERY):
+        """A callable for a long loop over lines or records (parsing, encoding the log's records),
+        called once per item: it yields to a batch in flight at every item, and every `every` items
+        keeps the call's share of the time (`_keep_share`) as the apply loop does between slices, so
+        the whole call, not only its applying, leaves the cores to retrieval."""
+        state = {"n": 0, "t": time.monotonic()}
+
+        def pace() -> None:
+            self._yield_to_readers()
+            state["n"] += 1
+            if state["n"] % every == 0:
+                now = time.monotonic()
+                self._keep_share(now - state["t"])
+                state["t"] = time.monotonic()  # a pause is not work
+
+        return pace
+
     def _parse(self, body: bytes) -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
         limits = self.limits
         if len(body) > limits.max_update_bytes:
@@ -183,10 +202,11 @@ class UpdateJournal:
             raise limits.over("max_updates", n_lines, "update call of lines")
         parsed: list[tuple[int, dict, Update]] = []
         rejections: list[Rejection] = []
+        pace = self._pacer()
         for line_no, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
-            self._yield_to_readers()
+            pace()
             try:
                 obj = jsontext.loads(raw, max_depth=limits.max_json_depth)
             except jsontext.JsonInputError as err:
@@ -229,7 +249,7 @@ class UpdateJournal:
                 else:
                     accepted.append((obj, update))
             t_log = time.monotonic()
-            records = self.log.append([obj for obj, _ in accepted], pause=self._yield_to_readers)  # durable: acknowledged
+            records = self.log.append([obj for obj, _ in accepted], pause=self._pacer())  # durable: acknowledged
             t_apply = time.monotonic()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
             step, done, self._window = self.limits.update_slice, 0, None

@@ -155,3 +155,41 @@ def test_an_update_call_keeps_to_its_cpu_share_only_while_retrievals_arrive():
     assert run(1.0, reading=True)[0] == 0 and run(0.5, reading=False)[0] == 0
     with pytest.raises(ValueError, match="update_cpu_share: expected a share in"):
         ServiceLimits(update_cpu_share=1.5)
+
+
+def test_parsing_and_logging_keep_to_the_share_too():
+    """A large call's parsing and log encoding pause like its applying while retrievals arrive (every
+    PACE_EVERY lines), so the whole call leaves the cores to retrieval; with no retrieval, or a share
+    of 1, parsing never pauses."""
+    from andromeda_nb.durable import ReadGate, UpdateJournal
+    from andromeda_nb.wal import WriteAheadLog
+
+    lines = "\n".join(json.dumps({"op": "retire", "ad_id": i}) for i in range(1, 4001)).encode()
+
+    def run(share: float, reading: bool) -> tuple[float, float]:
+        gate = ReadGate()
+        journal = UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2, gate=gate,
+                                limits=ServiceLimits(update_slice=1 << 20, update_cpu_share=share))
+        stop = threading.Event()
+
+        def retrievals():  # a retrieval every 5 ms while the call runs
+            while not stop.is_set():
+                with gate.reading():
+                    pass
+                time.sleep(0.005)
+
+        thread = threading.Thread(target=retrievals, daemon=True)
+        if reading:
+            thread.start()
+            time.sleep(0.02)
+        try:
+            ack = journal.submit(lines, live=lambda ad_id: True, apply=lambda items: None)
+        finally:
+            stop.set()
+        assert ack["applied"] == 4000
+        return journal.paused_s, ack["seconds"]["parse"]
+
+    paused, parse_s = run(0.25, True)  # one slice and a log in memory: every pause is the parse's
+    # at a share of a quarter about three quarters of the parse's time are pauses; half of that at least
+    assert paused >= 0.35 * parse_s, (paused, parse_s)
+    assert run(1.0, True)[0] == 0 and run(0.25, False)[0] == 0
