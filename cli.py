@@ -609,8 +609,8 @@ def _server_options(service: str, log: bool = True):
         click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=None,
                      help=f"Seconds one call may take [default: {L.deadline_s:g}]."),
         click.option("--update-cpu-share", type=click.FloatRange(0, 1, min_open=True), default=None,
-                     help=f"Share of an update call's time spent applying while retrievals arrive; the rest is "
-                          f"left to them [default: {L.update_cpu_share}]."),
+                     help=f"Share of an update call's time spent working (parsing, logging, applying) while "
+                          f"retrievals arrive; the rest is left to them [default: {L.update_cpu_share}]."),
         click.option("--stop-deadline", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
                      help="Seconds from SIGTERM to exit, whatever clients do (batches in flight finish)."),
         _QUIET_OPTION,

@@ -15,7 +15,7 @@ send (64 requests per batch, about 1.5 kB per request) and well below what hurt 
 | `max_json_depth` | 64 | nesting of any JSON text (a targeting spec needs about 6) |
 | `deadline_s` | 60 s | one call: a batch is not started, an update not logged, after it |
 | `update_slice` | 16 | updates applied between two looks at waiting retrievals |
-| `update_cpu_share` | 0.5 | share of an update call's time spent applying while retrievals arrive |
+| `update_cpu_share` | 0.25 | share of an update call's time spent working (parsing, logging, applying) while retrievals arrive |
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ServiceLimits:
     max_json_depth: int = DEFAULT_MAX_DEPTH
     deadline_s: float = 60.0
     update_slice: int = 16
-    update_cpu_share: float = 0.5
+    update_cpu_share: float = 0.25
 
     def __post_init__(self):
         for f in fields(self):
