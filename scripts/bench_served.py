@@ -18,6 +18,7 @@ concurrent clients at least 70% of the in-process batch throughput).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -51,13 +52,38 @@ def in_process(dataset, device: str, k: int, batch: int, repeat: int):
         engine.close()
 
 
+def server_cpus(spec: str | None) -> list[int] | None:
+    """`--server-cpus`: a count N (the first N CPUs this process may use) or a comma-separated list."""
+    if not spec:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = allowed[: int(spec)] if "," not in spec else [int(c) for c in spec.split(",")]
+    if not cpus or not set(cpus) <= set(allowed):
+        raise SystemExit(f"--server-cpus {spec}: this process may use CPUs {allowed}")
+    return cpus
+
+
+def pin(pid: int, cpus: list[int]) -> int:
+    """Confine every thread of process `pid` to `cpus` (Linux: each thread's affinity is its own, so
+    each is set, as `taskset -a -p` does); threads it starts later inherit it. Returns the count."""
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    return len(tids)
+
+
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
-           exchange: str = "call"):
+           exchange: str = "call", cpus: list[int] | None = None):
     from migration.clients import drive
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms)], name="the co-located server")
     try:
+        if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
+            pin(proc.proc.pid, cpus)
         cpu0 = proc.cpu_seconds()
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange)
@@ -91,8 +117,12 @@ def main(argv=None) -> int:
     ap.add_argument("--exchange", default="call",
                     help="how clients send, comma-separated to run each against its own server in turn: 'call' "
                          "(an exchange per request), 'stream' (one exchange per client, a batch per request)")
+    ap.add_argument("--server-cpus", default=None,
+                    help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
+                         "the clients are not confined (Linux)")
     ap.add_argument("--out", default=None, help="JSON file to write")
     args = ap.parse_args(argv)
+    cpus = server_cpus(args.server_cpus)
 
     from andromeda_nb.devices import resolve
     from andromeda_nb.store import load_dataset
@@ -105,7 +135,8 @@ def main(argv=None) -> int:
     by_exchange = {}
     for exchange in args.exchange.split(","):
         srv = served(args.data, device, want, args.k, args.clients, args.client_processes, args.seconds,
-                     args.batch_wait_ms, exchange)
+                     args.batch_wait_ms, exchange, cpus)
+        srv["server_cpus"] = cpus
         by_exchange[exchange] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]
         log(True, f"served, {args.clients} clients in {args.client_processes} processes, exchange per {exchange}: "

@@ -1,6 +1,7 @@
 """The served-path load driver (migration/clients.py): clients over several processes against a real
 server on 127.0.0.1, the first pass of answers checked against what each request must get."""
 
+import os
 import threading
 
 import numpy as np
@@ -63,3 +64,43 @@ def test_stream_clients_keep_one_exchange_and_reopen_it_when_the_server_ends_it(
         server.shutdown()
     with pytest.raises(ValueError, match="exchange is one of"):
         drive(location, str(tmp_path / "corpus"), k=10, clients=1, exchange="pipe")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is a Linux call")
+def test_bench_served_confines_every_thread_of_the_server_to_its_cpus():
+    """`bench_served.py --server-cpus`: every thread of the server process (its threads exist before it
+    is pinned) ends on the CPUs given, and threads it starts later inherit them; a CPU this process
+    may not use is refused."""
+    import importlib.util
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_served.py"
+    spec = importlib.util.spec_from_file_location("bench_served_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cpus = bench.server_cpus("1")
+    assert cpus == sorted(os.sched_getaffinity(0))[:1]
+    with pytest.raises(SystemExit, match="may use CPUs"):
+        bench.server_cpus(str(max(os.sched_getaffinity(0)) + 1) + ",0")
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import threading, time, sys\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('up', flush=True); sys.stdin.readline()\n"
+        "t = threading.Thread(target=time.sleep, args=(30,), daemon=True); t.start()\n"
+        "print('more', flush=True); time.sleep(30)\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        assert bench.pin(child.pid, cpus) >= 2  # the main thread and the one it started
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "more"
+        tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(tids) >= 3
+        assert all(os.sched_getaffinity(tid) == set(cpus) for tid in tids)
+    finally:
+        child.kill()
+        child.wait()
