@@ -53,9 +53,8 @@ class EngineServer(RetrieveServer):
             self.engine.retrieve(dataset.requests[:1], 1)
         rows.warm_up()  # ... and what the first update needs
         # requests of concurrent exchanges share engine batches (andromeda_nb.batcher), at most
-        # batch_wait_s later than alone, never more than one batch's limit of requests
-        # exchanges' batches are decoded and their answers encoded on the batcher's worker, not on the
-        # exchanges' threads (`andromeda_nb.batcher`, `submit_payload`)
+        # batch_wait_s later than alone, never more than one batch's limit of requests; the batcher's
+        # worker decodes the exchanges' batches and encodes their answers (`submit_payload`)
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name="colocated-batcher", decode=self.decode, encode=self.encode)
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
@@ -87,6 +86,9 @@ class EngineServer(RetrieveServer):
 
     def serve_batch(self, batch):
         self.stats.add(bytes_in=batch.nbytes)
+        if batch.num_rows == 0:  # nothing for the engine: checked and answered here, at the current seq
+            self.decode(batch)
+            return self.encode([], [], self.seq)
         return self.batcher.submit_payload(batch)
 
     def retrieve_at(self, requests, ks):

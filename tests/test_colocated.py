@@ -248,3 +248,25 @@ def test_both_engines_break_a_request_into_stages_over_the_same_eligible_ads():
     finally:
         gpu.close()
         cpu.close()
+
+
+def test_an_empty_request_batch_gets_an_empty_answer_at_the_current_seq(server):
+    """A batch of no requests on an exchange (requests are decoded on the batcher's worker, but this
+    one never reaches it) is answered with no rows and the sequence number the server is at, and a
+    request batch after it on the same exchange is answered as usual."""
+    srv, location, dataset, rng = server
+    client = flight.connect(location)
+    try:
+        writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
+        with writer:
+            writer.begin(fl.REQUEST_SCHEMA)
+            writer.write_batch(pa.RecordBatch.from_pylist([], schema=fl.REQUEST_SCHEMA))
+            chunk = reader.read_chunk()
+            assert chunk.data.num_rows == 0 and fl.answer_seq(chunk) == srv.seq
+            writer.write_batch(fl.request_batch(dataset.requests[:1], 5))
+            chunk = reader.read_chunk()
+            assert set(chunk.data.column("request_id").to_pylist()) == {dataset.requests[0].request_id}
+            assert fl.answer_seq(chunk) == srv.seq
+            writer.done_writing()
+    finally:
+        client.close()
