@@ -70,22 +70,14 @@ class _ShardProcesses:
     """One `cluster.shard_process` per shard (no Ray): their Flight locations, ended on `close()`."""
 
     def __init__(self, data_dir, shards: int, device: str, say):
-        from andromeda_nb.services import ServiceProcess
-
-        from concurrent.futures import ThreadPoolExecutor
+        from andromeda_nb.services import ServiceProcess, start_side_by_side
 
         def start(s: int):
             return ServiceProcess("cluster.shard_process", ["--data", str(data_dir), "--shard", str(s), "--of",
                                                             str(shards), "--device", device], name=f"shard {s} of {shards}")
 
         say(f"  starting {shards} shard process(es) on {device}, all at once (each loads the corpus and cuts its slice)")
-        with ThreadPoolExecutor(max_workers=shards) as pool:  # side by side: a 10M corpus takes a while to load
-            futures = [pool.submit(start, s) for s in range(shards)]
-        self.procs = [f.result() for f in futures if f.exception() is None]
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:
-            self.close()
-            raise failed[0]
+        self.procs = start_side_by_side([lambda s=s: start(s) for s in range(shards)], close=ServiceProcess.stop)
         self.locations = [p.location for p in self.procs]
 
     def close(self) -> None:

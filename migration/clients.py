@@ -30,6 +30,17 @@ class AnswerTable:
     def __init__(self, answers: dict):
         self.answers = answers
 
+    @classmethod
+    def computed(cls, dataset, k: int) -> "AnswerTable":
+        """The answers to every request of `dataset` at `k`, computed once by the CPU engine."""
+        from .architectures import build_engine
+
+        engine = build_engine(dataset, "cpu")
+        try:
+            return cls({r.request_id: a for r, a in zip(dataset.requests, engine.retrieve(dataset.requests, k))})
+        finally:
+            engine.close()
+
     def retrieve(self, requests, k):
         return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
 

@@ -268,23 +268,6 @@ def scorer_columns(scorer_devices) -> list[tuple[str, str]]:
     return out
 
 
-def start_side_by_side(builders) -> list:
-    """Call every builder (each starts a design's services, which load the corpus: minutes at 10M
-    ads) at once, on threads; the built retrievers in order. If one fails, the others are closed and
-    its error is raised."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=max(1, len(builders))) as pool:
-        futures = [pool.submit(build) for build in builders]
-    failed = [f.exception() for f in futures if f.exception() is not None]
-    if failed:
-        for f in futures:
-            if f.exception() is None:
-                f.result().close()
-        raise failed[0]
-    return [f.result() for f in futures]
-
-
 def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
                    requests: int | None = None, oracle_requests: int | None = None, traffic_requests: int = 16,
                    runs: int = TIMED_RUNS, scorer_devices=("cpu", "auto"), link=None, log: Log = _quiet) -> dict:
@@ -323,6 +306,8 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     columns = [(key, RemoteRetriever, {} if dev == "cpu" else remote_scorer(dev), dev)
                for key, dev in scorer_columns(scorer_devices)]
     columns.append(("colocated", ColocatedRetriever, {"device": device}, None))
+    from andromeda_nb.services import start_side_by_side
+
     measured: dict[str, ArchMeasurement] = {}
     log(f"starting the services of {', '.join(c[0] for c in columns)} on 127.0.0.1, side by side")
     retrievers = start_side_by_side(

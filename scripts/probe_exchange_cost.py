@@ -10,7 +10,6 @@ what both ends spend on it (the interpreter, Arrow and gRPC alike).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from andromeda_nb.bench import write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 
@@ -46,18 +46,15 @@ def main(argv=None) -> int:
     from andromeda_nb import flight as fl
     from andromeda_nb.engine_server import EngineServer
     from andromeda_nb.store import load_dataset
-    from migration.architectures import build_engine
     from migration.clients import AnswerTable, KeptExchange
 
     dataset = load_dataset(args.data)
     requests = dataset.requests
-    cpu = build_engine(dataset, "cpu")
-    answers = {r.request_id: a for r, a in zip(requests, cpu.retrieve(requests, args.k))}
-    cpu.close()
+    table = AnswerTable.computed(dataset, args.k)
     batch = [requests[i % len(requests)] for i in range(64)]  # a client batch of 64 (encoding needs no distinct ids)
     out = {"encode_batch_of_64": _timed(lambda i: fl.request_batch(batch, args.k), max(1, args.calls // 20))}
     out["encode_per_request_us"] = 1e3 * out["encode_batch_of_64"]["wall_ms"] / len(batch)
-    server = EngineServer(AnswerTable(answers), dataset)
+    server = EngineServer(table, dataset)
     threading.Thread(target=server.serve, daemon=True).start()
     client = flight.connect(f"grpc://127.0.0.1:{server.port}")
     stream = KeptExchange(client)
@@ -75,7 +72,7 @@ def main(argv=None) -> int:
           f"{out['exchange_per_call']['wall_ms']:.3f} ms, {out['exchange_per_call']['cpu_ms']:.3f} ms CPU; "
           f"one exchange kept: {out['one_exchange']['wall_ms']:.3f} ms, {out['one_exchange']['cpu_ms']:.3f} ms CPU")
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(out, args.out)
     return 0
 
 

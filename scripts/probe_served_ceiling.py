@@ -13,7 +13,6 @@ whatever the engine does; the fix is then in the server's per-call host work.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from andromeda_nb.bench import write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 
@@ -42,14 +42,10 @@ def main(argv=None) -> int:
 
     from andromeda_nb.engine_server import EngineServer
     from andromeda_nb.store import load_dataset
-    from migration.architectures import build_engine
     from migration.clients import AnswerTable, drive
 
     dataset = load_dataset(args.data)
-    cpu = build_engine(dataset, "cpu")
-    answers = {r.request_id: a for r, a in zip(dataset.requests, cpu.retrieve(dataset.requests, args.k))}
-    cpu.close()
-    server = EngineServer(AnswerTable(answers), dataset, batch_wait_s=args.batch_wait_ms / 1e3)
+    server = EngineServer(AnswerTable.computed(dataset, args.k), dataset, batch_wait_s=args.batch_wait_ms / 1e3)
     location = f"grpc://127.0.0.1:{server.port}"
     threading.Thread(target=server.serve, daemon=True).start()
     cpu0 = time.process_time()  # this process is the server: the clients run in their own processes
@@ -66,7 +62,7 @@ def main(argv=None) -> int:
           f"p50 {out['latency_ms']['p50']:.2f} ms, p99 {out['latency_ms']['p99']:.2f} ms, "
           f"{args.clients} clients in {args.client_processes} processes, batching {stats}")
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        write_json(out, args.out)
     return 0
 
 
