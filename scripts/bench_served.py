@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,8 +78,32 @@ def pin(pid: int, cpus: list[int]) -> int:
     return len(tids)
 
 
+def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Thread:
+    """Sample with py-spy while the clients send: the whole process tree (the server and the client
+    processes, every thread on a CPU) for the first half of `seconds`, then the server's thread that
+    holds the interpreter lock for the second half. Raw collapsed stacks, one file each."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        raise SystemExit("--profile needs py-spy on the PATH (pip install py-spy)")
+    half = max(1, int(seconds / 2))
+    runs = [(os.getpid(), ["--subprocesses", "--threads"], f"spy_{tag}_all.txt"),
+            (server_pid, ["--threads", "--gil"], f"spy_{tag}_server_gil.txt")]
+
+    def record():
+        time.sleep(min(3.0, seconds / 4))  # the clients have started
+        for pid, extra, name in runs:
+            done = subprocess.run([exe, "record", "--pid", str(pid), "--duration", str(half), "--rate", "250",
+                                   "--nonblocking", "--format", "raw", "--output", str(Path(out_dir) / name), *extra],
+                                  capture_output=True, text=True)
+            log(True, f"py-spy {name}: rc {done.returncode} {done.stderr.strip()[-200:]}")
+
+    thread = threading.Thread(target=record, name="py-spy", daemon=True)
+    thread.start()
+    return thread
+
+
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
-           exchange: str = "call", cpus: list[int] | None = None):
+           exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None):
     from migration.clients import drive
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
@@ -85,9 +112,12 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
             pin(proc.proc.pid, cpus)
         cpu0 = proc.cpu_seconds()
+        spying = None if profile is None else spy(proc.proc.pid, seconds, profile, exchange)
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange)
         cpu1 = proc.cpu_seconds()
+        if spying is not None:
+            spying.join()
         stats = fl.flight_action(proc.location, "stats")
         result["batching"] = stats.get("batching")
         # where a batch's time goes in the server: the batcher's own split (batcher.stats), the device's
@@ -120,8 +150,12 @@ def main(argv=None) -> int:
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="sample the server and the clients with py-spy while they run; raw stacks under DIR")
     ap.add_argument("--out", default=None, help="JSON file to write")
     args = ap.parse_args(argv)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     cpus = server_cpus(args.server_cpus)
 
     from andromeda_nb.devices import resolve
@@ -135,7 +169,7 @@ def main(argv=None) -> int:
     by_exchange = {}
     for exchange in args.exchange.split(","):
         srv = served(args.data, device, want, args.k, args.clients, args.client_processes, args.seconds,
-                     args.batch_wait_ms, exchange, cpus)
+                     args.batch_wait_ms, exchange, cpus, args.profile)
         srv["server_cpus"] = cpus
         by_exchange[exchange] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]

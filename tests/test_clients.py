@@ -104,3 +104,29 @@ def test_bench_served_confines_every_thread_of_the_server_to_its_cpus():
     finally:
         child.kill()
         child.wait()
+
+
+def test_spy_summary_reads_nested_processes_and_command_lines_with_semicolons():
+    """`scripts/spy_summary.py` on py-spy's raw stacks of a process tree: a client process spawned by
+    multiprocessing has ';' in its command line, which must not be taken for a frame boundary."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "spy_summary.py"
+    spec = importlib.util.spec_from_file_location("spy_summary_under_test", path)
+    spy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(spy)
+    lines = [
+        'process 10:"python bench.py";process 11:"python -c from m import a; a(fd=7) --fork";'
+        "thread (0x1f): Thread-3 (client);run (t.py:1);retrieve (c.py:82) 30",
+        'process 10:"python bench.py";process 11:"python -c from m import a; a(fd=7) --fork";'
+        "thread (0x2f): Thread-4 (client);run (t.py:1);split (f.py:9) 10",
+        'process 10:"python bench.py";process 12:"python -m serve";thread (0x3f): batcher;run (t.py:1);score (s.py:4) 60',
+    ]
+    result = spy.summarize(lines)
+    assert result["samples"] == 100
+    first, second = result["threads"]
+    assert first["thread"] == "batcher" and first["process"].startswith("12 ") and first["samples"] == 60
+    assert second["process"].startswith("11 ") and second["thread"] == "Thread (client)" and second["samples"] == 40
+    assert dict(second["self"]) == {"retrieve (c.py:82)": 30, "split (f.py:9)": 10}
+    assert dict(second["inclusive"])["run"] == 40
