@@ -23,7 +23,7 @@
 #             (STALL_SHARES, STALL_ARGS: more `bench_update_stall.py` options, e.g. "--servers colocated")
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
 #             in-process batch; the server's own ceiling with an answer table (no engine time)
-#             (SERVED_PROCS, SERVED_EXCHANGE, SERVED_SECONDS, SERVED_CEILING; SERVED_ARGS: more
+#             (SERVED_PROCS, SERVED_EXCHANGE, SERVED_SECONDS, SERVED_CEILING (empty: none); SERVED_ARGS: more
 #             `bench_served.py` options, e.g. "--server-cpus 2", with SERVED_TAG naming its file)
 #   profile   `ncu` (speed of light, occupancy) of the shipped scoring kernel and the final top-K over a
 #             10M-slot pool with a random 8% eligible, for 1 and for 64 requests (PROFILE_ELIGIBLE,
@@ -106,7 +106,7 @@ for stage in "${stages[@]}"; do
           --client-processes $procs --seconds ${SERVED_SECONDS:-15} --exchange ${SERVED_EXCHANGE:-call,stream} ${SERVED_ARGS:-} \
           --out "$OUT/served_1m_gpu_p$procs${SERVED_TAG:-}.json" 2>&1 | tail -3
       done
-      for ex in ${SERVED_CEILING:-call stream}; do
+      for ex in ${SERVED_CEILING-call stream}; do
         timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
           --seconds ${SERVED_SECONDS:-15} --exchange $ex --out "$OUT/served_ceiling_1m_$ex.json" 2>&1 | tail -1
       done ;;
