@@ -24,7 +24,9 @@
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
 #             in-process batch; the server's own ceiling with an answer table (no engine time)
 #             (SERVED_PROCS, SERVED_EXCHANGE, SERVED_SECONDS, SERVED_CEILING (empty: none); SERVED_ARGS: more
-#             `bench_served.py` options, e.g. "--server-cpus 2", with SERVED_TAG naming its file)
+#             `bench_served.py` options, e.g. "--server-cpus 2", with SERVED_TAG naming its file; with
+#             "--profile $OUT/spy" (py-spy on the PATH) the samples' summaries are printed and the raw
+#             stacks come back as one spy.tgz: a call brings back at most 8 files)
 #   profile   `ncu` (speed of light, occupancy) of the shipped scoring kernel and the final top-K over a
 #             10M-slot pool with a random 8% eligible, for 1 and for 64 requests (PROFILE_ELIGIBLE,
 #             PROFILE_VERSION)
@@ -106,6 +108,10 @@ for stage in "${stages[@]}"; do
           --client-processes $procs --seconds ${SERVED_SECONDS:-15} --exchange ${SERVED_EXCHANGE:-call,stream} ${SERVED_ARGS:-} \
           --out "$OUT/served_1m_gpu_p$procs${SERVED_TAG:-}.json" 2>&1 | tail -3
       done
+      if [ -d "$OUT/spy" ]; then  # --profile DIR in SERVED_ARGS: summaries here, the raw stacks as one file
+        for f in "$OUT"/spy/*.txt; do echo "-- $f"; python3 scripts/spy_summary.py "$f" --top 8 | head -70; done
+        tar czf "$OUT/spy${SERVED_TAG:-}.tgz" -C "$OUT" spy && rm -rf "$OUT/spy"
+      fi
       for ex in ${SERVED_CEILING-call stream}; do
         timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
           --seconds ${SERVED_SECONDS:-15} --exchange $ex --out "$OUT/served_ceiling_1m_$ex.json" 2>&1 | tail -1
