@@ -49,8 +49,9 @@ class EngineServer(RetrieveServer):
         self.journal = UpdateJournal(self.log, seed=dataset.seed, dim=model.D, formats=model.F, limits=limits,
                                      gate=self.gate)
         self.replayed = self.journal.replay(self._apply, engine.__contains__)  # before anyone can call
-        if dataset.requests:  # compile / load every kernel before the first client
-            self.engine.retrieve(dataset.requests[:1], 1)
+        if dataset.requests:  # compile / load every kernel before the first client: at the smallest and the
+            for k in sorted({1, limits.max_k}):  # largest k, whose top-K paths differ (one segment or many)
+                self.engine.retrieve(dataset.requests[:1], k)
         rows.warm_up()  # ... and what the first update needs
         # requests of concurrent exchanges share engine batches (andromeda_nb.batcher), at most
         # batch_wait_s later than alone, never more than one batch's limit of requests; the batcher's

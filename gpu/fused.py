@@ -44,7 +44,7 @@ class FusedScorer:
         self._slot_ad_id = np.ascontiguousarray(slot_ad_id, np.int64)
         self._check_shapes()
         self._upload()
-        self._bufs_key = None
+        self._bufs_key, self._bufs_rows = None, 0
 
     @classmethod
     def on_device(cls, d_emb, d_scale, chunk_format: np.ndarray, slot_ad_id: np.ndarray, *, precision: str,
@@ -61,7 +61,7 @@ class FusedScorer:
         self.d_emb, self.d_scale = d_emb, d_scale
         self.d_chunk_format = cuda.to_device(self._chunk_format)
         self.d_slot_ad_id = cuda.to_device(self._slot_ad_id)
-        self._bufs_key = None
+        self._bufs_key, self._bufs_rows = None, 0
         return self
 
     @property
@@ -132,30 +132,43 @@ class FusedScorer:
         self._slot_ad_id = np.ascontiguousarray(slot_ad_id, np.int64).copy()
         self._check_shapes()
         self._upload()
-        self._bufs_key = None
+        self._bufs_key, self._bufs_rows = None, 0
 
     # --- scoring --------------------------------------------------------------------------------------
     def _buffers(self, R: int, k: int):
-        key = (R, k, self.n_slots)
-        if self._bufs_key != key:
+        """The launch buffers for `R` requests at `k`: views of the first R rows of one set of device
+        (and pinned host) arrays the scorer keeps. The set grows to the largest batch seen (a power of
+        two) and is remade only when k or the pool changes, so batches of changing sizes, as a server's
+        are, allocate nothing (an allocation or a free synchronizes the device); the views of each
+        batch size are made once."""
+        key = (k, self.n_slots)
+        if self._bufs_key != key or self._bufs_rows < R:
+            rows = max(R, self._bufs_rows if self._bufs_key == key else 0)
+            rows = 1 << (rows - 1).bit_length()
             nb = score_kernels.n_blocks(self.n_slots, self.kernel.ads_per_block)
             cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
             P = topk_kernels.scratch_size(k)
             n_seg = topk_kernels.n_segments(nb * cap)
-            self._bufs = dict(
-                cand_key=cuda.device_array((R, nb, cap), np.uint32),
-                cand_slot=cuda.device_array((R, nb, cap), np.int32),
-                sk=cuda.device_array((R, P), np.uint32),
-                ss=cuda.device_array((R, P), np.int32),
-                sid=cuda.device_array((R, P), np.int64),
-                out_id=cuda.device_array((R, k), np.int64),
-                out_score=cuda.device_array((R, k), np.float32),
-                out_count=cuda.device_array(R, np.int32),
-                seg_key=cuda.device_array((R, n_seg, k), np.uint32),
-                seg_slot=cuda.device_array((R, n_seg, k), np.int32),
+            self._full = dict(
+                cand_key=cuda.device_array((rows, nb, cap), np.uint32),
+                cand_slot=cuda.device_array((rows, nb, cap), np.int32),
+                sk=cuda.device_array((rows, P), np.uint32),
+                ss=cuda.device_array((rows, P), np.int32),
+                sid=cuda.device_array((rows, P), np.int64),
+                out_id=cuda.device_array((rows, k), np.int64),
+                out_score=cuda.device_array((rows, k), np.float32),
+                out_count=cuda.device_array(rows, np.int32),
+                seg_key=cuda.device_array((rows, n_seg, k), np.uint32),
+                seg_slot=cuda.device_array((rows, n_seg, k), np.int32),
             )
-            self._bufs_key = key
-        return self._bufs
+            self._shared = {}  # pinned host buffers and the tables' upload state, for every view (see fetch)
+            self._views = {}
+            self._bufs_key, self._bufs_rows = key, rows
+        b = self._views.get(R)
+        if b is None:
+            b = self._views[R] = {name: arr[:R] for name, arr in self._full.items()}
+            b["shared"], b["rows"] = self._shared, R
+        return b
 
     def topk(self, elig, tabs, k: int, stream=0) -> list[tuple[np.ndarray, np.ndarray]]:
         """Top-k (ad ids int64, scores float32) per request. `elig` uint32 (R, S/32), `tabs` float32
@@ -190,36 +203,49 @@ class FusedScorer:
         still reading it. On a stream the copy goes through a pinned host buffer, so it is truly
         asynchronous: the host goes on to launch scoring and top-K while the match kernel before it
         still runs (from pageable memory the host would wait for the stream to reach the copy). The
-        pinned buffer is refilled only once the copy of the previous launch is done (an event)."""
-        if b.get("tabs") is None or tuple(b["tabs"].shape) != tabs.shape:
-            b["tabs"] = cuda.device_array(tabs.shape, np.float32)
-            b["host_tabs"] = cuda.pinned_array(tabs.shape, np.float32) if stream else None
-            b["tabs_copied"] = None
-        if not stream or b.get("host_tabs") is None:
-            b["tabs"].copy_to_device(tabs, stream=stream)
-            return b["tabs"]
-        if b["tabs_copied"] is not None:
-            b["tabs_copied"].synchronize()  # the previous launch's copy has read the pinned buffer
-        np.copyto(b["host_tabs"], tabs)
-        b["tabs"].copy_to_device(b["host_tabs"], stream=stream)
-        if b["tabs_copied"] is None:
-            b["tabs_copied"] = cuda.event()
-        b["tabs_copied"].record(stream)
-        return b["tabs"]
+        pinned buffer is refilled only once the copy of the previous launch is done (an event). Both
+        buffers hold the scorer's largest batch; a batch uses its first rows."""
+        shared, R = b["shared"], tabs.shape[0]
+        if shared.get("tabs") is None or shared["tabs"].shape[1:] != tabs.shape[1:]:
+            shape = (self._bufs_rows, *tabs.shape[1:])
+            shared["tabs"] = cuda.device_array(shape, np.float32)
+            shared["host_tabs"] = cuda.pinned_array(shape, np.float32) if stream else None
+            shared["tabs_copied"] = None
+            shared["tabs_views"] = {}
+        views = shared["tabs_views"].get(R)
+        if views is None:
+            host = shared["host_tabs"]
+            views = shared["tabs_views"][R] = (shared["tabs"][:R], None if host is None else host[:R])
+        device, host = views
+        if not stream or host is None:
+            device.copy_to_device(tabs, stream=stream)
+            return device
+        if shared["tabs_copied"] is not None:
+            shared["tabs_copied"].synchronize()  # the previous launch's copy has read the pinned buffer
+        np.copyto(host, tabs)
+        device.copy_to_device(host, stream=stream)
+        if shared["tabs_copied"] is None:
+            shared["tabs_copied"] = cuda.event()
+        shared["tabs_copied"].record(stream)
+        return device
 
     def fetch(self, b, R: int, stream=0) -> list[tuple[np.ndarray, np.ndarray]]:
         """The answers of a launch, to the host. On a stream: three asynchronous copies into pinned
-        buffers kept with the others, then one synchronization; on the default stream each copy waits."""
+        buffers kept with the others (the first R rows of each), then one synchronization; on the
+        default stream each copy waits."""
         if not stream:
             counts = b["out_count"].copy_to_host()
             ids = b["out_id"].copy_to_host()
             scores = b["out_score"].copy_to_host()
         else:
-            if b.get("host_count") is None:
-                b["host_count"] = cuda.pinned_array(b["out_count"].shape, np.int32)
-                b["host_id"] = cuda.pinned_array(b["out_id"].shape, np.int64)
-                b["host_score"] = cuda.pinned_array(b["out_score"].shape, np.float32)
-            counts, ids, scores = b["host_count"], b["host_id"], b["host_score"]
+            shared = b["shared"]
+            if shared.get("host_count") is None:
+                full = self._full
+                shared["host_count"] = cuda.pinned_array(full["out_count"].shape, np.int32)
+                shared["host_id"] = cuda.pinned_array(full["out_id"].shape, np.int64)
+                shared["host_score"] = cuda.pinned_array(full["out_score"].shape, np.float32)
+            n = b["rows"]
+            counts, ids, scores = shared["host_count"][:n], shared["host_id"][:n], shared["host_score"][:n]
             b["out_count"].copy_to_host(counts, stream=stream)
             b["out_id"].copy_to_host(ids, stream=stream)
             b["out_score"].copy_to_host(scores, stream=stream)

@@ -548,7 +548,7 @@ class GpuTargetingIndex:
         self._request_buffers = ({}, {})  # two sets of staging, device buffer and views: prepare(..., reuse=True)
         self._next_buffers = 0
         self.stream = self._cuda.stream()  # uploads and match launches: ordered, off the host's critical path
-        self._outputs: dict[int, object] = {}  # requests -> output array (kept_output)
+        self._outputs: dict = {}  # 'full' -> the kept output array, requests -> its first rows (kept_output)
         self.updates_applied = 0
         self.compactions = 0
 
@@ -692,11 +692,19 @@ class GpuTargetingIndex:
         return self._cuda.device_array((n_requests, self.capacity // 32), np.uint32)
 
     def kept_output(self, n_requests: int):
-        """An output array for `n_requests` that the index keeps and hands out again (remade when the
-        capacity grows): for a serving loop, which uses up one answer before asking the next."""
+        """An output array for `n_requests` that the index keeps and hands out again: for a serving
+        loop, which uses up one answer before asking the next. The first rows of one array sized for
+        the largest batch seen (a power of two), remade only when that grows or the capacity does:
+        batches of changing sizes allocate nothing."""
+        words = self.capacity // 32
+        full = self._outputs.get("full")
+        if full is None or full.shape[1] != words or full.shape[0] < n_requests:
+            rows = max(n_requests, full.shape[0] if full is not None and full.shape[1] == words else 0)
+            full = self.new_output(1 << (max(1, rows) - 1).bit_length())
+            self._outputs = {"full": full}
         out = self._outputs.get(n_requests)
-        if out is None or tuple(out.shape) != (n_requests, self.capacity // 32):
-            out = self._outputs[n_requests] = self.new_output(n_requests)
+        if out is None:
+            out = self._outputs[n_requests] = full[:n_requests]
         return out
 
     def run(self, batch: RequestBatch, out, version=None) -> None:

@@ -324,6 +324,33 @@ def test_reused_upload_buffers_and_output():
         index.match_slots([encode_request(r) for r in requests[:2]], out=out)
 
 
+def test_kept_output_for_changing_batch_sizes_allocates_once(monkeypatch):
+    """`kept_output` for batches of changing sizes: after the largest, the first rows of one kept
+    array (no allocation), and the match written there is the oracle's for each batch."""
+    rng = np.random.default_rng(43)
+    ads = random_ads(rng, 40, formats=2)
+    requests = random_requests(rng, 10)
+    index = GpuTargetingIndex.build(ads, version=_kernels().SIMULATOR_FALLBACK, chunk_slots=CHUNK)
+    oracle = OracleIndex.build(ads)
+    made = []
+    real = index.new_output
+    monkeypatch.setattr(index, "new_output", lambda n: made.append(n) or real(n))
+    first = index.kept_output(4)
+    assert made == [4] and tuple(first.shape) == (4, index.capacity // 32)
+    at = 0
+    for n in (2, 4, 1, 3):
+        part = requests[at:at + n]
+        at += n
+        out = index.kept_output(n)
+        assert tuple(out.shape) == (n, index.capacity // 32)
+        index.match_slots([encode_request(r) for r in part], out=out)
+        _assert_same(oracle.match(part), index.slot_masks_to_ids(out.copy_to_host()), f"batch of {n}")
+    assert made == [4], f"kept_output allocated again: {made[1:]}"
+    assert index.kept_output(3) is index.kept_output(3)
+    index.kept_output(6)  # a larger batch: one new array, a power of two rows
+    assert made == [4, 8]
+
+
 def test_empty_index_and_no_requests():
     index = GpuTargetingIndex.build([], chunk_slots=CHUNK)
     assert len(index) == 0 and index.capacity == 0

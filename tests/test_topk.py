@@ -103,9 +103,46 @@ def test_segmented_final_topk_equals_single_block(monkeypatch):
     elig = rng.integers(0, 2**32, (1, S // 32), dtype=np.uint64).astype(np.uint32)
     u = rng.standard_normal(Dm)
     got = fs.topk(elig, dot_table(u, 1, 1)[None], 10)
-    assert fs._bufs["seg_key"].shape[1] > 1  # the segmented path ran
+    assert fs._full["seg_key"].shape[1] > 1  # the segmented path ran
     for r in range(1):
         rows = np.flatnonzero(np.unpackbits(elig[r].view(np.uint8), bitorder="little"))
         want = topk_host(ids[rows], (values[rows].astype(np.float64) @ u).astype(np.float32), 10)
         assert np.array_equal(got[r][0], want[0]), f"request {r}"
         assert np.allclose(got[r][1], want[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("on_stream", [False, True])
+def test_batches_of_changing_sizes_allocate_nothing_and_answer_right(monkeypatch, on_stream):
+    """A server's batches change size from one to the next: after the largest, the scorer and the
+    index hand out the first rows of the buffers they keep (no device or pinned allocation, each of
+    which synchronizes the device), and every batch still gets the reference answer."""
+    from gpu import fused
+    from gpu.fused import FusedScorer
+    from gpu.lab import score as score_lab
+    from andromeda_nb.scoring import dot_table
+
+    rng = np.random.default_rng(21)
+    S, Dm, k = 1024, 16, 12
+    values = (rng.standard_normal((S, Dm)) / 4).astype(np.float32)
+    ids = rng.permutation(9000)[:S].astype(np.int64)
+    fs = FusedScorer(values, np.ones(S, np.float32), np.zeros(S // 256, np.int16), ids, experts=1, top_e=1,
+                     version=score_lab.VERSIONS[2], kind="dot")
+    stream = fused.cuda.stream() if on_stream else 0
+    allocations = []
+    for name in ("device_array", "pinned_array"):
+        real = getattr(fused.cuda, name)
+        monkeypatch.setattr(fused.cuda, name, lambda *a, _real=real, _name=name, **kw: allocations.append(_name) or _real(*a, **kw))
+    for n, R in enumerate([3, 1, 3, 2]):
+        if n == 1:
+            allocations.clear()  # the first (largest) batch made the buffers
+        elig = rng.integers(0, 2**32, (R, S // 32), dtype=np.uint64).astype(np.uint32)
+        users = rng.standard_normal((R, Dm))
+        tabs = np.stack([dot_table(u, 1, 1) for u in users]).astype(np.float32)
+        got = fs.topk(elig, tabs, k, stream)
+        assert len(got) == R
+        for r in range(R):
+            rows = np.flatnonzero(np.unpackbits(elig[r].view(np.uint8), bitorder="little"))
+            want = topk_host(ids[rows], (values[rows].astype(np.float64) @ users[r]).astype(np.float32), k)
+            assert np.array_equal(got[r][0], want[0]), f"batch {n} of {R}, request {r}"
+            assert np.allclose(got[r][1], want[1], atol=1e-5)
+    assert allocations == [], f"allocated after the largest batch: {allocations}"

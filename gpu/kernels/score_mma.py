@@ -599,11 +599,18 @@ class MmaScoreKernel:
         R, F = tabs.shape[0], tabs.shape[1]
         if self._dims is None:
             self._dims = cuda.to_device(dim_map(self.spec.precision, self.spec.dim))
-        key = (R, F)
-        if key not in self._bufs:
-            n = R * F * groups(self.spec.dim, self.spec.experts) * 128
-            self._bufs = {key: (cuda.device_array(n, np.uint32), cuda.device_array((R, F), np.float32))}
-        frag, fscale = self._bufs[key]
+        # one pair of buffers for the largest batch seen (a power of two), its first R requests' part
+        # handed out: batches of changing sizes allocate nothing (an allocation synchronizes the device)
+        per_request = F * groups(self.spec.dim, self.spec.experts) * 128
+        if self._bufs.get("F") != F or self._bufs["rows"] < R:
+            rows = 1 << (max(R, self._bufs.get("rows", 0) if self._bufs.get("F") == F else 0) - 1).bit_length()
+            self._bufs = {"F": F, "rows": rows, "views": {},
+                          "full": (cuda.device_array(rows * per_request, np.uint32), cuda.device_array((rows, F), np.float32))}
+        views = self._bufs["views"].get(R)
+        if views is None:
+            frag_full, fscale_full = self._bufs["full"]
+            views = self._bufs["views"][R] = (frag_full[: R * per_request], fscale_full[:R])
+        frag, fscale = views
         prep_tables[(F, R), PREP_THREADS, stream](tabs, self._dims, np.int32(self.spec.experts),
                                                   np.int32(n_gate_tiles(self.spec.experts)), frag, fscale)
         return frag, fscale
