@@ -501,6 +501,34 @@ def read_targeting(root, meta: dict, n_ads: int, formats: int | None = None) -> 
     return ct
 
 
+def _read_requests(root: Path, seed: int, model: MoeModel, progress: Progress | None = None) -> list[Request]:
+    from .targeting import parse_request
+
+    req_table = _read_parquet(root / REQUESTS_FILE, REQUESTS_SCHEMA)
+    requests: list[Request] = []
+    rids, texts = req_table.column("request_id").to_pylist(), req_table.column("request").to_pylist()
+    for i in _progress_chunks(range(len(rids)), progress):
+        try:
+            requests.append(parse_request(jsontext.loads(texts[i]), seed=seed, experts=model.E, width=model.S,
+                                          request_id=rids[i]))
+        except (ValueError, TargetingError) as exc:
+            raise StoreError(f"{root / REQUESTS_FILE}: row {i}: {exc}") from None
+    return requests
+
+
+def load_requests(data_dir) -> list[Request]:
+    """Only the requests of a corpus directory, parsed and validated as `load_dataset` does, without
+    reading its ads (a client that sends the corpus's requests needs nothing else)."""
+    root = Path(data_dir)
+    meta = read_meta(root)
+    try:
+        model = MoeModel.load(root / MODEL_FILE)
+    except ModelError as exc:
+        raise StoreError(str(exc)) from None
+    _check_parquet_schema(root / REQUESTS_FILE, REQUESTS_SCHEMA)
+    return _read_requests(root, int(meta["seed"]), model)
+
+
 def load_dataset(data_dir, progress: Progress | None = None):
     """Read a corpus directory into a `Dataset` without parsing any ad: the compiled targeting comes
     from targeting.npz (checked to belong to ads.parquet), ids and formats from its columns, the
@@ -509,7 +537,6 @@ def load_dataset(data_dir, progress: Progress | None = None):
     validated here. A directory without targeting.npz (written before it existed) is read the slow
     way: every ad parsed and compiled now. `progress(n)` is called as ads and requests are done."""
     from .dataset import Dataset
-    from .targeting import parse_request
 
     root = Path(data_dir)
     meta = read_meta(root)
@@ -552,15 +579,7 @@ def load_dataset(data_dir, progress: Progress | None = None):
         row = int(np.flatnonzero(bad_scale)[0])
         raise StoreError(f"{root / ADS_FILE}: row {row}: scale {float(embeddings.scale[row])!r} is not a finite "
                          "number >= 0")
-    req_table = _read_parquet(root / REQUESTS_FILE, REQUESTS_SCHEMA)
-    requests: list[Request] = []
-    rids, texts = req_table.column("request_id").to_pylist(), req_table.column("request").to_pylist()
-    for i in _progress_chunks(range(len(rids)), progress):
-        try:
-            requests.append(parse_request(jsontext.loads(texts[i]), seed=seed, experts=model.E, width=model.S,
-                                          request_id=rids[i]))
-        except (ValueError, TargetingError) as exc:
-            raise StoreError(f"{root / REQUESTS_FILE}: row {i}: {exc}") from None
+    requests = _read_requests(root, seed, model, progress)
     loader.progress = None
     return Dataset(ads=ads, embeddings=embeddings, requests=requests, model=model, seed=seed,
                    precision=precision, meta=meta, compiled=compiled, ads_loader=loader, source_dir=root)
@@ -810,6 +829,6 @@ def export_jsonl(dataset, out_dir) -> tuple[Path, Path]:
 __all__ = [
     "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
     "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "export_jsonl",
-    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "paused_gc", "read_meta", "read_targeting",
+    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta", "read_targeting",
     "refuse_existing_corpus", "reindex", "save_dataset", "write_meta", "write_requests", "write_targeting",
 ]

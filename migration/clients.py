@@ -15,6 +15,7 @@ engine that answers from a table computed beforehand, to measure a server with n
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import threading
 import time
 
@@ -95,16 +96,19 @@ class KeptExchange:
 
 
 def _process(location: str, data: str, k: int, threads: int, first: int, stride: int, seconds: float,
-             want, out, exchange: str = "call") -> None:
+             want, out, exchange: str = "call", ready=None, go=None) -> None:
     from andromeda_nb import flight as fl
     from andromeda_nb.guard import connect
-    from andromeda_nb.store import load_dataset
+    from andromeda_nb.store import load_requests
 
-    requests = load_dataset(data).requests
+    requests = load_requests(data)  # the requests alone: loading the ads would only compete with the server
     encoded = [fl.encode_requests_for_exchange([r], k) for r in requests] if exchange == "stream" else None
     latencies: list[float] = []
     wrong: list[str] = []
     lock = threading.Lock()
+    if ready is not None:  # every process starts sending at once, when all are ready
+        ready.put(first)
+        go.wait()
     stop = time.perf_counter() + seconds
 
     def client(t: int) -> None:
@@ -150,13 +154,27 @@ def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1,
         raise ValueError(f"exchange is one of {', '.join(EXCHANGES)}, not {exchange!r}")
     want = None if want is None else [np.asarray(ids) for ids, _ in want]
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     per = clients // processes
-    procs = [ctx.Process(target=_process, args=(location, data, k, per, p, processes, seconds, want, out, exchange))
+    procs = [ctx.Process(target=_process, args=(location, data, k, per, p, processes, seconds, want, out, exchange,
+                                                ready, go))
              for p in range(processes)]
-    started = time.perf_counter()
     for p in procs:
         p.start()
+    waiting, deadline = len(procs), time.monotonic() + 300
+    while waiting:
+        try:
+            ready.get(timeout=0.5)
+            waiting -= 1
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode is not None]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a client process ended before sending (exit codes {dead})" if dead
+                                   else "the client processes were not ready within 300 s")
+    started = time.perf_counter()
+    go.set()
     results = [out.get(timeout=seconds + 300) for _ in procs]
     elapsed = time.perf_counter() - started
     for p in procs:

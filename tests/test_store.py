@@ -61,6 +61,24 @@ def test_generated_corpus_loads_with_the_stored_precision(generated):
     assert meta["counts"] == {"ads": 400, "requests": 6}
 
 
+def test_load_requests_reads_the_requests_alone(generated, tmp_path):
+    """`load_requests` gives what `load_dataset` gives as requests, without touching ads.parquet."""
+    out, _ = generated
+    want = [request_to_json(r) for r in store.load_dataset(out).requests]
+    copy = tmp_path / "requests-only"
+    copy.mkdir()
+    for path in out.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    (copy / "ads.parquet").write_bytes(b"ads that cannot be read")
+    with pytest.raises(store.StoreError):
+        store.load_dataset(copy)
+    got = store.load_requests(copy)  # never opens ads.parquet
+    assert [request_to_json(r) for r in got] == want and len(want) == 6
+    (copy / "requests.parquet").write_bytes(b"not parquet")
+    with pytest.raises(store.StoreError, match="requests.parquet"):
+        store.load_requests(copy)
+
+
 def test_parquet_round_trip(generated, tmp_path):
     out, _ = generated
     first = store.load_dataset(out)
