@@ -351,6 +351,29 @@ def test_kept_output_for_changing_batch_sizes_allocates_once(monkeypatch):
     assert made == [4, 8]
 
 
+def test_kept_output_follows_the_capacity_as_it_grows():
+    """After updates grow the pool, the kept output is remade at the new width (a stale one would be
+    refused by match_slots, or miss the new slots) and the match in it is the oracle's."""
+    rng = np.random.default_rng(44)
+    # two formats, each filling exactly one chunk: the first create of a format grows the pool
+    ads = [dataclasses.replace(a, format=i % 2) for i, a in enumerate(random_ads(rng, 2 * CHUNK, formats=2))]
+    requests = random_requests(rng, 3)
+    index = GpuTargetingIndex.build(ads, version=_kernels().SIMULATOR_FALLBACK, chunk_slots=CHUNK)
+    oracle = OracleIndex.build(ads)
+    before = index.kept_output(3)
+    cap0 = index.capacity
+    live = LiveAds(a.ad_id for a in ads)
+    accepted = [u for u in random_updates(rng, ads, 60, invalid=0.0, formats=FORMATS) if live.accept(u) is None]
+    for u in accepted:
+        oracle.apply(u)
+    index.apply_many(accepted)
+    assert index.capacity > cap0
+    out = index.kept_output(3)
+    assert tuple(out.shape) == (3, index.capacity // 32) != tuple(before.shape)
+    index.match_slots([encode_request(r) for r in requests], out=out)
+    _assert_same(oracle.match(requests), index.slot_masks_to_ids(out.copy_to_host()), "after growth")
+
+
 def test_empty_index_and_no_requests():
     index = GpuTargetingIndex.build([], chunk_slots=CHUNK)
     assert len(index) == 0 and index.capacity == 0
