@@ -41,6 +41,7 @@ class _Call:
     answers: list | None = None
     tag: object = None
     error: BaseException | None = None
+    times: dict | None = None  # perf_counter stamps a caller asked for: queued, taken, answered, woke
 
 
 class BatcherClosed(RuntimeError):
@@ -92,17 +93,23 @@ class RequestBatcher:
             raise call.error
         return call.answers, call.tag
 
-    def submit_payload(self, payload):
+    def submit_payload(self, payload, times: dict | None = None):
         """What `encode` makes of the answers to the requests `decode` finds in `payload`, both run
         on the worker (module docstring). An error decoding `payload` is raised here, to this
-        caller alone."""
+        caller alone. `times`: a dict that gets the call's `time.perf_counter()` stamps: 'queued'
+        (handed over), 'taken' (the worker took it), 'answered' (its answer made), 'woke' (this
+        caller running again)."""
         if self.decode is None or self.encode is None:
             raise TypeError("this batcher was made without decode and encode: use submit(requests, ks)")
         if self._closed.is_set():
             raise BatcherClosed("the server is shutting down")
-        call = _Call(None, None, payload)
+        call = _Call(None, None, payload, times=times)
+        if times is not None:
+            times["queued"] = time.perf_counter()
         self._queue.put(call)
         call.done.wait()
+        if times is not None:
+            times["woke"] = time.perf_counter()
         if call.error is not None:
             raise call.error
         return call.answers
@@ -129,6 +136,8 @@ class RequestBatcher:
         holds no request."""
         if call.requests is not None:
             return True
+        if call.times is not None:
+            call.times["taken"] = time.perf_counter()
         try:
             requests, ks = self.decode(call.payload)
             call.requests, call.ks = list(requests), list(ks)
@@ -195,6 +204,8 @@ class RequestBatcher:
                     c.answers = self.encode(c.requests, cut, tag)
                 except BaseException as exc:
                     c.error = exc
+                if c.times is not None:
+                    c.times["answered"] = time.perf_counter()
             c.done.set()
         with self._stats_lock:
             self.batches += 1

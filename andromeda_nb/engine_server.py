@@ -85,12 +85,12 @@ class EngineServer(RetrieveServer):
         with self._lock:
             return self.engine.retrieve(requests, k), self.seq
 
-    def serve_batch(self, batch):
+    def serve_batch(self, batch, times=None):
         self.stats.add(bytes_in=batch.nbytes)
         if batch.num_rows == 0:  # nothing for the engine: checked and answered here, at the current seq
             self.decode(batch)
             return self.encode([], [], self.seq)
-        return self.batcher.submit_payload(batch)
+        return self.batcher.submit_payload(batch, times)
 
     def retrieve_at(self, requests, ks):
         if not requests:
@@ -121,7 +121,8 @@ class EngineServer(RetrieveServer):
 
     def extra_stats(self) -> dict:
         # device seconds in the engine's launches so far (None: no device, or the simulator)
-        return {"batching": self.batcher.stats(), "device_seconds": getattr(self.engine, "device_seconds", None)}
+        return {"batching": self.batcher.stats(), "call_path": self.call_path.snapshot(),
+                "device_seconds": getattr(self.engine, "device_seconds", None)}
 
     def close_resources(self) -> None:
         self.batcher.close()

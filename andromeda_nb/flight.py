@@ -117,6 +117,48 @@ class ServiceStats:
             }
 
 
+class CallPath:
+    """Where a served call's time goes, summed over the calls of a batching server (DoAction "stats",
+    `call_path`), each phase between two `time.perf_counter()` stamps:
+
+    * `exchange_in`: the exchange thread, from the batch's arrival to handing it to the batcher;
+    * `queued`: waiting for the batcher's worker to take it;
+    * `batched`: from taken to answered: decoding, waiting for the batch to close, the engine, encoding;
+    * `handback`: from answered to the exchange thread running again;
+    * `write`: writing the answer batch;
+    * `turnaround`: from an answer written to the next batch arriving on the same exchange: the
+      answer's way out, the client, the next request's way in and the exchange thread waking (only
+      for exchanges that carry several batches)."""
+
+    PHASES = ("exchange_in", "queued", "batched", "handback", "write", "turnaround")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sums = dict.fromkeys(self.PHASES, 0.0)
+        self.calls = self.turnarounds = 0
+
+    def add(self, t: dict, written: float, previous_written: float | None) -> None:
+        """One call's stamps (`t`: arrived, and the batcher's queued, taken, answered, woke)."""
+        if "answered" not in t or "woke" not in t:
+            return  # not through the batcher, or it failed
+        phases = {"exchange_in": t["queued"] - t["arrived"], "queued": t["taken"] - t["queued"],
+                  "batched": t["answered"] - t["taken"], "handback": t["woke"] - t["answered"],
+                  "write": written - t["woke"]}
+        with self._lock:
+            self.calls += 1
+            for name, value in phases.items():
+                self._sums[name] += value
+            if previous_written is not None:
+                self.turnarounds += 1
+                self._sums["turnaround"] += t["arrived"] - previous_written
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            per = {name: 1e3 * value / max(1, self.turnarounds if name == "turnaround" else self.calls)
+                   for name, value in self._sums.items()}
+            return {"calls": self.calls, "turnarounds": self.turnarounds, "ms_per_call": per}
+
+
 # --- request and answer batches -----------------------------------------------------------------------
 
 
@@ -301,6 +343,7 @@ class RetrieveServer(flight.FlightServerBase):
         self.limits = limits or DEFAULT_LIMITS
         self.guard = guard or OPEN
         self.stats = ServiceStats()
+        self.call_path = CallPath()  # where a batched call's time goes (stats: call_path)
         self.gate = getattr(self, "gate", None) or ReadGate()  # retrieval batches in flight
         self._stopping = threading.Event()
         super().__init__(self.guard.server_location(location), **self.guard.server_kwargs(), **kwargs)
@@ -327,9 +370,10 @@ class RetrieveServer(flight.FlightServerBase):
         self.stats.add(requests=len(requests), batches=1, bytes_out=out.nbytes)
         return out, answer_metadata(seq)
 
-    def serve_batch(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Buffer | None]:
+    def serve_batch(self, batch: pa.RecordBatch, times: dict | None = None) -> tuple[pa.RecordBatch, pa.Buffer | None]:
         """One request batch of an exchange to its answer batch and app_metadata, on the exchange's
-        thread (a server that gathers the batches of many exchanges overrides this)."""
+        thread (a server that gathers the batches of many exchanges overrides this, and fills
+        `times` with the stamps `CallPath` reads)."""
         self.stats.add(bytes_in=batch.nbytes)
         requests, ks = self.decode(batch)
         answers, seq = self.retrieve_at(requests, ks) if requests else ([], self.current_seq())
@@ -370,8 +414,9 @@ class RetrieveServer(flight.FlightServerBase):
                 p.decode() if isinstance(p, bytes) else p for p in descriptor.path
             ) != RETRIEVE_PATH:
                 raise InvalidInput(f"unknown exchange {descriptor}; this server serves path {list(RETRIEVE_PATH)}")
-            began = False
+            began, written = False, None
             for chunk in reader:
+                times = {"arrived": time.perf_counter()}
                 batch = chunk.data
                 if batch is None:
                     continue
@@ -382,7 +427,7 @@ class RetrieveServer(flight.FlightServerBase):
                         f"the exchange is older than the server's deadline of {self.limits.deadline_s:g} s "
                         "(--deadline); open a new one")
                 with self.gate.reading():
-                    out, meta = self.serve_batch(batch)
+                    out, meta = self.serve_batch(batch, times)
                     if not began:
                         writer.begin(ANSWER_SCHEMA)
                         began = True
@@ -390,6 +435,8 @@ class RetrieveServer(flight.FlightServerBase):
                         writer.write_batch(out)
                     else:
                         writer.write_with_metadata(out, meta)
+                previous, written = written, time.perf_counter()
+                self.call_path.add(times, written, previous)
             if not began:
                 writer.begin(ANSWER_SCHEMA)
         except Exception as exc:  # every failure reaches the client as a Flight error

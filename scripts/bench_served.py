@@ -124,6 +124,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
             spying.join()
         stats = fl.flight_action(proc.location, "stats")
         result["batching"] = stats.get("batching")
+        result["call_path"] = stats.get("call_path")  # where a call's time went (flight.CallPath)
         # where a batch's time goes in the server: the batcher's own split (batcher.stats), the device's
         # busy time, and the server process's CPU per request (all its threads)
         batches = max(1, (result["batching"] or {}).get("batches", 0))
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
         log(True, f"served, {args.clients} clients in {args.client_processes} processes, exchange per {exchange}: "
             f"{srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
             f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
-            f"batching {srv['batching']}, device ms a batch {srv['device_ms_per_batch']}, server CPU ms a request "
+            f"batching {srv['batching']}, call path {srv.get('call_path')}, device ms a batch {srv['device_ms_per_batch']}, server CPU ms a request "
             f"{srv['server_cpu_ms_per_request']}, wrong answers {srv['n_wrong']}")
     srv = max(by_exchange.values(), key=lambda x: x["requests_per_s"])  # the target reads the best way
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]

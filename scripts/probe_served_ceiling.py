@@ -53,6 +53,7 @@ def main(argv=None) -> int:
                    seconds=args.seconds, exchange=args.exchange)
     result["server_cpu_ms_per_request"] = 1e3 * (time.process_time() - cpu0) / max(1, result["requests"])
     stats = server.batcher.stats()
+    result["call_path"] = server.call_path.snapshot()
     server.shutdown()
     out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats,
            "host": host_info(),
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     print(f"server ceiling (answers looked up, no engine time): {out['requests_per_s']:.0f} requests/s, "
           f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request, "
           f"p50 {out['latency_ms']['p50']:.2f} ms, p99 {out['latency_ms']['p99']:.2f} ms, "
-          f"{args.clients} clients in {args.client_processes} processes, batching {stats}")
+          f"{args.clients} clients in {args.client_processes} processes, batching {stats}, call path {result['call_path']}")
     if args.out:
         write_json(out, args.out)
     return 0

@@ -5,6 +5,7 @@ import os
 import threading
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from andromeda_nb.engine_server import EngineServer
@@ -64,6 +65,44 @@ def test_stream_clients_keep_one_exchange_and_reopen_it_when_the_server_ends_it(
         server.shutdown()
     with pytest.raises(ValueError, match="exchange is one of"):
         drive(location, str(tmp_path / "corpus"), k=10, clients=1, exchange="pipe")
+
+
+def test_call_path_accounts_each_batched_call_and_each_turnaround(tmp_path):
+    """`stats` of a batching server carries `call_path`: one entry per call that went through the
+    batcher, a turnaround for each batch after the first on an exchange, every phase a duration; a
+    batch that fails to decode is not counted."""
+    import pyarrow.flight as flight
+
+    from andromeda_nb import flight as fl
+
+    generate_corpus(tmp_path / "corpus", 60, 4, 9)
+    dataset = load_dataset(tmp_path / "corpus")
+    server = EngineServer(AnswerTable.computed(dataset, 5), dataset)
+    threading.Thread(target=server.serve, daemon=True).start()
+    location = f"grpc://127.0.0.1:{server.port}"
+    try:
+        client = flight.FlightClient(location)
+        writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
+        writer.begin(fl.REQUEST_SCHEMA)
+        for r in dataset.requests:  # one exchange, four batches of one request each
+            writer.write_batch(fl.encode_requests_for_exchange([r], 5)[0][0])
+            reader.read_chunk()
+        writer.close()
+        bad = fl.request_batch(dataset.requests[:1], 5)
+        bad = bad.set_column(bad.schema.get_field_index("request"), "request", pa.array(["not json"], pa.utf8()))
+        w2, r2 = client.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
+        w2.begin(fl.REQUEST_SCHEMA)
+        w2.write_batch(bad)
+        with pytest.raises(flight.FlightError):
+            r2.read_chunk()
+        with pytest.raises(flight.FlightError):
+            w2.close()  # the exchange already failed
+        path = fl.flight_action(location, "stats")["call_path"]
+        assert path["calls"] == 4 and path["turnarounds"] == 3
+        assert set(path["ms_per_call"]) == set(fl.CallPath.PHASES)
+        assert all(v >= 0 for v in path["ms_per_call"].values()) and path["ms_per_call"]["batched"] > 0
+    finally:
+        server.shutdown()
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is a Linux call")
