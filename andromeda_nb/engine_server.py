@@ -24,7 +24,7 @@ import threading
 from . import rows
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from .durable import ReadGate, UpdateJournal
-from .flight import RetrieveServer
+from .flight import RetrieveServer, batch_bytes
 from .limits import DEFAULT_LIMITS
 from .services import fingerprint
 from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
@@ -86,7 +86,7 @@ class EngineServer(RetrieveServer):
             return self.engine.retrieve(requests, k), self.seq
 
     def serve_batch(self, batch, times=None):
-        self.stats.add(bytes_in=batch.nbytes)
+        self.stats.add(bytes_in=batch_bytes(batch))
         if batch.num_rows == 0:  # nothing for the engine: checked and answered here, at the current seq
             self.decode(batch)
             return self.encode([], [], self.seq)

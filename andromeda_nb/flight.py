@@ -209,6 +209,22 @@ def check_k(k: int, request_id=None, max_k: int = MAX_K) -> int:
     return k
 
 
+_INT64, _INT32, _UTF8 = pa.int64(), pa.int32(), pa.utf8()
+
+
+def _column_as(batch: pa.RecordBatch, name: str, kind: pa.DataType):
+    """A column of `batch` as `kind`, cast only when it is another type (a cast costs microseconds a
+    call even when there is nothing to convert)."""
+    column = batch.column(name)
+    return column if column.type == kind else column.cast(kind)
+
+
+def batch_bytes(batch: pa.RecordBatch) -> int:
+    """The bytes of a record batch's buffers, for limits and stats (`RecordBatch.nbytes` walks the
+    buffers' used ranges and costs microseconds a call; a batch read off the wire fills its buffers)."""
+    return batch.get_total_buffer_size()
+
+
 def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, width: int,
                          limits: ServiceLimits = DEFAULT_LIMITS) -> tuple[list[Request], list[int]]:
     """Parse and validate one client batch: (requests, ks). The batch's size is checked against
@@ -219,14 +235,15 @@ def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, widt
         raise InvalidInput(f"batch lacks column(s) {', '.join(missing)}; expected {REQUEST_SCHEMA}")
     if batch.num_rows > limits.max_batch_requests:
         raise limits.over("max_batch_requests", batch.num_rows, "batch of requests")
-    if batch.nbytes > limits.max_request_bytes:
-        raise limits.over("max_request_bytes", batch.nbytes, "request batch of bytes")
+    size = batch_bytes(batch)
+    if size > limits.max_request_bytes:
+        raise limits.over("max_request_bytes", size, "request batch of bytes")
     from .targeting import parse_request
 
     try:
-        ids = batch.column("request_id").cast(pa.int64()).to_pylist()
-        ks = batch.column("k").cast(pa.int32()).to_pylist()
-        texts = batch.column("request").cast(pa.utf8()).to_pylist()
+        ids = _column_as(batch, "request_id", _INT64).to_pylist()
+        ks = _column_as(batch, "k", _INT32).to_pylist()
+        texts = _column_as(batch, "request", _UTF8).to_pylist()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"batch columns have the wrong types or encoding ({exc}); expected {REQUEST_SCHEMA}") from None
     if len(set(ids)) != len(ids):
@@ -374,7 +391,7 @@ class RetrieveServer(flight.FlightServerBase):
         """One request batch of an exchange to its answer batch and app_metadata, on the exchange's
         thread (a server that gathers the batches of many exchanges overrides this, and fills
         `times` with the stamps `CallPath` reads)."""
-        self.stats.add(bytes_in=batch.nbytes)
+        self.stats.add(bytes_in=batch_bytes(batch))
         requests, ks = self.decode(batch)
         answers, seq = self.retrieve_at(requests, ks) if requests else ([], self.current_seq())
         return self.encode(requests, answers, seq)
