@@ -516,15 +516,20 @@ def _read_requests(root: Path, seed: int, model: MoeModel, progress: Progress | 
     return requests
 
 
-def load_requests(data_dir) -> list[Request]:
-    """Only the requests of a corpus directory, parsed and validated as `load_dataset` does, without
-    reading its ads (a client that sends the corpus's requests needs nothing else)."""
-    root = Path(data_dir)
+def _meta_and_model(root: Path) -> tuple[dict, MoeModel]:
     meta = read_meta(root)
     try:
         model = MoeModel.load(root / MODEL_FILE)
     except ModelError as exc:
         raise StoreError(str(exc)) from None
+    return meta, model
+
+
+def load_requests(data_dir) -> list[Request]:
+    """Only the requests of a corpus directory, parsed and validated as `load_dataset` does, without
+    reading its ads (a client that sends the corpus's requests needs nothing else)."""
+    root = Path(data_dir)
+    meta, model = _meta_and_model(root)
     _check_parquet_schema(root / REQUESTS_FILE, REQUESTS_SCHEMA)
     return _read_requests(root, int(meta["seed"]), model)
 
@@ -539,11 +544,7 @@ def load_dataset(data_dir, progress: Progress | None = None):
     from .dataset import Dataset
 
     root = Path(data_dir)
-    meta = read_meta(root)
-    try:
-        model = MoeModel.load(root / MODEL_FILE)
-    except ModelError as exc:
-        raise StoreError(str(exc)) from None
+    meta, model = _meta_and_model(root)
     _check_sizes(root / META_FILE, meta, model)
     precision, seed = meta["precision"], int(meta["seed"])
     schema = ads_schema(precision, model.D)
