@@ -54,7 +54,7 @@ class RequestBatcher:
     of the last update the batch reflects) goes back to every caller of the batch."""
 
     def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
-                 name: str = "request-batcher", decode=None, encode=None):
+                 name: str = "request-batcher", decode=None, encode=None, encode_many=None):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
         if max_requests < 1:
@@ -63,6 +63,9 @@ class RequestBatcher:
         # `submit_payload`: decode(payload) -> (requests, ks); encode(requests, answers, tag) -> what the
         # caller gets back (both run on the worker)
         self.decode, self.encode = decode, encode
+        # encode_many([(requests, answers), ...], tag) -> one output per call: a batch's answers encoded
+        # together (optional; on an error each call is encoded alone, so only its own caller hears of it)
+        self.encode_many = encode_many
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
@@ -192,18 +195,30 @@ class RequestBatcher:
                 c.error = exc
                 c.done.set()
             return
-        at = 0
+        at, cuts = 0, []
         for c in calls:
             part = answers[at : at + len(c.requests)]
             at += len(c.requests)
-            cut = [(ids[:k], scores[:k]) for (ids, scores), k in zip(part, c.ks)]
+            cuts.append([(ids[:k], scores[:k]) for (ids, scores), k in zip(part, c.ks)])
+        encoded = None
+        payload_calls = [(c, cut) for c, cut in zip(calls, cuts) if c.payload is not None]
+        if self.encode_many is not None and len(payload_calls) > 1:
+            try:
+                encoded = dict(zip(map(id, (c for c, _ in payload_calls)),
+                                   self.encode_many([(c.requests, cut) for c, cut in payload_calls], tag)))
+            except Exception:  # noqa: BLE001 - encoded one call at a time below, each error to its caller
+                encoded = None
+        for c, cut in zip(calls, cuts):
             if c.payload is None:
                 c.answers, c.tag = cut, tag
             else:
-                try:
-                    c.answers = self.encode(c.requests, cut, tag)
-                except BaseException as exc:
-                    c.error = exc
+                if encoded is not None:
+                    c.answers = encoded[id(c)]
+                else:
+                    try:
+                        c.answers = self.encode(c.requests, cut, tag)
+                    except BaseException as exc:
+                        c.error = exc
                 if c.times is not None:
                     c.times["answered"] = time.perf_counter()
             c.done.set()

@@ -57,7 +57,8 @@ class EngineServer(RetrieveServer):
         # batch_wait_s later than alone, never more than one batch's limit of requests; the batcher's
         # worker decodes the exchanges' batches and encodes their answers (`submit_payload`)
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
-                                      name="colocated-batcher", decode=self.decode, encode=self.encode)
+                                      name="colocated-batcher", decode=self.decode, encode=self.encode,
+                                      encode_many=self.encode_many)
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
     def _apply(self, items) -> int:

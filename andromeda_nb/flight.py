@@ -387,6 +387,22 @@ class RetrieveServer(flight.FlightServerBase):
         self.stats.add(requests=len(requests), batches=1, bytes_out=out.nbytes)
         return out, answer_metadata(seq)
 
+    def encode_many(self, parts: list, seq: int | None) -> list[tuple[pa.RecordBatch, pa.Buffer | None]]:
+        """`encode` for the calls of one engine batch at once (`parts`: each call's requests and
+        answers): one answer batch built for all, each call given its own rows as a slice of it
+        (no copy), all with one app_metadata."""
+        requests = [r for reqs, _ in parts for r in reqs]
+        answers = [a for _, ans in parts for a in ans]
+        out = answer_batch([r.request_id for r in requests], answers)
+        meta = answer_metadata(seq)
+        self.stats.add(requests=len(requests), batches=len(parts), bytes_out=out.nbytes)
+        result, row = [], 0
+        for _, ans in parts:
+            rows = sum(len(ids) for ids, _ in ans)
+            result.append((out.slice(row, rows), meta))
+            row += rows
+        return result
+
     def serve_batch(self, batch: pa.RecordBatch, times: dict | None = None) -> tuple[pa.RecordBatch, pa.Buffer | None]:
         """One request batch of an exchange to its answer batch and app_metadata, on the exchange's
         thread (a server that gathers the batches of many exchanges overrides this, and fills
