@@ -19,6 +19,9 @@
 #             THREEWAY_LINKS, default "0 100": loopback and 100 us; THREEWAY_REQUESTS, default 64)
 #   shards    the shards' Flight fan-out on the one GPU (no Ray there: shards as plain processes,
 #             `cluster.bench --placement processes`) against one in-process engine (SHARDS_ADS, SHARDS)
+#   ray       the shards as Ray actors on the one GPU (fractional num_gpus), actor and Flight paths, against one
+#             in-process engine (`cluster.bench --placement ray`; RAY_ADS, RAY_SHARDS); Ray is not on the
+#             machine's image: scripts/device_wheels.sh makes wheels to carry (.whl) and install first
 #   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
 #             (STALL_SHARES, STALL_ARGS: more `bench_update_stall.py` options, e.g. "--servers colocated")
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
@@ -97,6 +100,12 @@ for stage in "${stages[@]}"; do
       [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
       timeout ${SHARDS_TIMEOUT:-300} python3 -m cluster.bench --data $data --device gpu --placement processes \
         --shards ${SHARDS:-1,2,4} ${SHARDS_ARGS:-} --out "$OUT/shards_${ads}_gpu.json" 2>&1 | tail -14 ;;
+    ray)
+      python3 -c "import ray" 2>/dev/null || { echo "ray: not importable here; make the wheels with scripts/device_wheels.sh, carry .whl and install them first"; continue; }
+      ads=${RAY_ADS:-1000000}; data=/tmp/c$ads
+      [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
+      RAY_AUTH_MODE=disabled timeout ${RAY_TIMEOUT:-400} python3 -m cluster.bench --data $data --device gpu --placement ray \
+        --shards ${RAY_SHARDS:-1,2} --out "$OUT/ray_${ads}_gpu.json" 2>&1 | grep -v "Warning\|warn(" | tail -20 ;;
     stall)
       timeout ${STALL_TIMEOUT:-300} python3 scripts/bench_update_stall.py --device gpu --cpu-shares ${STALL_SHARES:-1,0.5} ${STALL_ARGS:-} \
         --out "$OUT/update_stall_gpu.json" 2>&1 | grep -E "idle p99|Error" | cut -c1-240 ;;
@@ -140,7 +149,7 @@ for stage in "${stages[@]}"; do
       tail -c 400 "$OUT/demo_gpu.json"; echo
       timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
       python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
-    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, corpus, threeway, shards, stall, served, profile, host, demo, all)"; exit 2 ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, corpus, threeway, shards, ray, stall, served, profile, host, demo, all)"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done
