@@ -180,3 +180,64 @@ def test_payloads_are_decoded_and_encoded_on_the_worker_and_a_bad_one_fails_alon
         assert results[i]["ids"] == [[r * 1000, r * 1000 + 1] for r in payloads[i]]
         assert results[i]["tag"] >= 1
     assert sum(len(b) for b in engine.batches) == 6
+
+
+def test_a_batch_of_payloads_is_encoded_at_once_and_falls_back_call_by_call():
+    """With `encode_many` the worker encodes every call of a batch in one go, and each caller gets its
+    own part; when `encode_many` fails, each call is encoded alone, and an error there reaches only
+    its own caller. With the co-located server's own encoders: each caller's rows are its answers."""
+    import pyarrow as pa
+
+    from andromeda_nb import flight as fl
+    from andromeda_nb.types import Request
+
+    server = fl.RetrieveServer.__new__(fl.RetrieveServer)  # the encoders alone, no listening server
+    server.stats = fl.ServiceStats()
+    many_calls = []
+
+    def encode_many(parts, tag):
+        many_calls.append(len(parts))
+        if any(r[0].request_id == 13 for r, _ in parts):
+            raise RuntimeError("encode_many cannot")
+        return server.encode_many(parts, tag)
+
+    def encode(requests, answers, tag):
+        if requests and requests[0].request_id == 13:
+            raise ValueError("request 13 does not encode")
+        return server.encode(requests, answers, tag)
+
+    def decode(payload):
+        return [Request(request_id=r, user=None, context=None, signals=None) for r in payload], [3] * len(payload)
+
+    engine = FakeEngine(delay_s=0.02)
+    batcher = RequestBatcher(lambda reqs, k: engine([r.request_id for r in reqs], k), max_wait_s=0.05,
+                             decode=decode, encode=encode, encode_many=encode_many)
+    payloads = [(1, 2), (3,), (4, 5, 6), (7,)]
+    results, errors = {}, {}
+
+    def run(batch):
+        def client(i):
+            try:
+                results[batch[i]] = batcher.submit_payload(batch[i])
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                errors[batch[i]] = exc
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(batch))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+
+    try:
+        run(payloads)
+        run([(11,), (12,), (13,)])  # encode_many fails: one call at a time, only 13 fails
+    finally:
+        batcher.close()
+    assert max(many_calls) > 1  # calls did share a batch and were encoded at once
+    for payload in payloads + [(11,), (12,)]:
+        out, meta = results[payload]
+        assert isinstance(out, pa.RecordBatch) and fl.answer_seq(type("C", (), {"app_metadata": meta})()) is not None
+        got = fl.split_answers(out, list(payload))
+        assert [ids.tolist() for ids, _ in got] == [[r * 1000, r * 1000 + 1, r * 1000 + 2] for r in payload]
+    assert set(errors) == {(13,)} and "does not encode" in str(errors[(13,)])
+    assert server.stats.snapshot()["requests"] == 9
