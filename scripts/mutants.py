@@ -200,7 +200,7 @@ MUTANTS: list[Mutant] = [
       ("tests/test_reference.py", "tests/test_topk.py"), "equal scores ordered by ad id descending"),
     # --- the wire protocol ----------------------------------------------------------------------------
     M("wire-k-ignored", "wire protocol", "andromeda_nb/flight.py",
-      'ks = batch.column("k").cast(pa.int32()).to_pylist()', "ks = [100] * len(ids)",
+      'ks = _column_as(batch, "k", _INT32).to_pylist()', "ks = [100] * len(ids)",
       ("tests/test_colocated.py::test_plain_flight_client_gets_correct_answers",),
       "a server decodes every request of a batch with k = 100 instead of the batch's k column"),
 ]
