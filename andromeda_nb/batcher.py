@@ -15,10 +15,10 @@ An error of a batch goes to every caller of that batch; the worker carries on wi
 A server with many callers should hand over what arrived as it is (`submit_payload`): the worker
 decodes each call's payload into requests as it takes the call (`decode`; an error there goes to that
 caller alone) and encodes each caller's answers (`encode`, or `encode_many` for all the calls of a
-batch at once), so the callers' threads only pass bytes and wait. Every step in Python wants the interpreter lock: done on thirty-two callers' threads, each
-step of each call queues for it behind the others, and the lock changes hands many times per
-request; done on the worker, it is one thread's uninterrupted work (docs/BENCHMARKS.md, "The served
-path").
+batch at once), so the callers' threads only pass bytes and wait. Every step in Python wants the
+interpreter lock: done on thirty-two callers' threads, each step of each call queues for it behind
+the others, and the lock changes hands many times per request; done on the worker, it is one
+thread's uninterrupted work (docs/BENCHMARKS.md, "The served path").
 """
 
 from __future__ import annotations

@@ -830,6 +830,7 @@ def export_jsonl(dataset, out_dir) -> tuple[Path, Path]:
 __all__ = [
     "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
     "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "export_jsonl",
-    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta", "read_targeting",
+    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta",
+    "read_targeting",
     "refuse_existing_corpus", "reindex", "save_dataset", "write_meta", "write_requests", "write_targeting",
 ]

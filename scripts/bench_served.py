@@ -184,8 +184,9 @@ def main(argv=None) -> int:
         log(True, f"served, {args.clients} clients in {args.client_processes} processes, exchange per {exchange}: "
             f"{srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
             f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
-            f"batching {srv['batching']}, call path {srv.get('call_path')}, device ms a batch {srv['device_ms_per_batch']}, server CPU ms a request "
-            f"{srv['server_cpu_ms_per_request']}, wrong answers {srv['n_wrong']}")
+            f"batching {srv['batching']}, call path {srv.get('call_path')}, "
+            f"device ms a batch {srv['device_ms_per_batch']}, "
+            f"server CPU ms a request {srv['server_cpu_ms_per_request']}, wrong answers {srv['n_wrong']}")
     srv = max(by_exchange.values(), key=lambda x: x["requests_per_s"])  # the target reads the best way
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
     # the target reads the in-process batch of --batch; the batch as large as the clients can make it
