@@ -200,21 +200,19 @@ class RequestBatcher:
             part = answers[at : at + len(c.requests)]
             at += len(c.requests)
             cuts.append([(ids[:k], scores[:k]) for (ids, scores), k in zip(part, c.ks)])
-        encoded = None
         payload_calls = [(c, cut) for c, cut in zip(calls, cuts) if c.payload is not None]
         if self.encode_many is not None and len(payload_calls) > 1:
             try:
-                encoded = dict(zip(map(id, (c for c, _ in payload_calls)),
-                                   self.encode_many([(c.requests, cut) for c, cut in payload_calls], tag)))
+                outs = self.encode_many([(c.requests, cut) for c, cut in payload_calls], tag)
             except Exception:  # noqa: BLE001 - encoded one call at a time below, each error to its caller
-                encoded = None
+                outs = [None] * len(payload_calls)
+            for (c, _), out in zip(payload_calls, outs):
+                c.answers = out
         for c, cut in zip(calls, cuts):
             if c.payload is None:
                 c.answers, c.tag = cut, tag
             else:
-                if encoded is not None:
-                    c.answers = encoded[id(c)]
-                else:
+                if c.answers is None:  # not encoded with the batch
                     try:
                         c.answers = self.encode(c.requests, cut, tag)
                     except BaseException as exc:

@@ -143,8 +143,7 @@ class FusedScorer:
         batch size are made once."""
         key = (k, self.n_slots)
         if self._bufs_key != key or self._bufs_rows < R:
-            rows = max(R, self._bufs_rows if self._bufs_key == key else 0)
-            rows = 1 << (rows - 1).bit_length()
+            rows = runtime.kept_rows(R, self._bufs_rows if self._bufs_key == key else 0)
             nb = score_kernels.n_blocks(self.n_slots, self.kernel.ads_per_block)
             cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
             P = topk_kernels.scratch_size(k)

@@ -699,8 +699,8 @@ class GpuTargetingIndex:
         words = self.capacity // 32
         full = self._outputs.get("full")
         if full is None or full.shape[1] != words or full.shape[0] < n_requests:
-            rows = max(n_requests, full.shape[0] if full is not None and full.shape[1] == words else 0)
-            full = self.new_output(1 << (max(1, rows) - 1).bit_length())
+            full = self.new_output(runtime.kept_rows(n_requests, full.shape[0] if full is not None and
+                                                     full.shape[1] == words else 0))
             self._outputs = {"full": full}
         out = self._outputs.get(n_requests)
         if out is None:

@@ -25,6 +25,14 @@ def cuda():
     return module
 
 
+def kept_rows(need: int, have: int = 0) -> int:
+    """Rows for buffers a serving loop keeps across batches of changing sizes: `have` while it holds
+    `need`, else the power of two at or above `need`, so a few sizes ever get allocated and every
+    batch uses the first rows of what is kept."""
+    need = max(1, need)
+    return have if have >= need else 1 << (need - 1).bit_length()
+
+
 def has_tensor_cores() -> bool:
     """Whether the kernels run where `mma.sync` m16n8k16 with fp16 inputs exists: a device of compute
     capability 8.0 or newer, or the simulator (where `gpu.kernels.mma` emulates it)."""

@@ -603,7 +603,7 @@ class MmaScoreKernel:
         # handed out: batches of changing sizes allocate nothing (an allocation synchronizes the device)
         per_request = F * groups(self.spec.dim, self.spec.experts) * 128
         if self._bufs.get("F") != F or self._bufs["rows"] < R:
-            rows = 1 << (max(R, self._bufs.get("rows", 0) if self._bufs.get("F") == F else 0) - 1).bit_length()
+            rows = runtime.kept_rows(R, self._bufs.get("rows", 0) if self._bufs.get("F") == F else 0)
             full = (cuda.device_array(rows * per_request, np.uint32), cuda.device_array((rows, F), np.float32))
             self._bufs = {"F": F, "rows": rows, "views": {}, "full": full}
         views = self._bufs["views"].get(R)
