@@ -68,8 +68,9 @@ def fold_tables_batch(U, Q, gamma, beta) -> np.ndarray:
     out = np.zeros((R, F, table_width(E, D)), np.float32)
     out[:, :, : E * D] = (Q[:, None, :, :] * gamma[:, :, None, :] * inv).reshape(R, F, E * D)
     out[:, :, E * D : 2 * E * D] = (U[:, None, :, :] * gamma[:, :, None, :]).reshape(R, F, E * D)
-    out[:, :, 2 * E * D : 2 * E * D + E] = np.einsum("rfd,red->rfe", beta, Q) * inv
-    out[:, :, 2 * E * D + E : 2 * E * D + 2 * E] = np.einsum("rfd,red->rfe", beta, U)
+    # (R, F, D) @ (R, D, E): batched matrix products (BLAS), not einsum contractions
+    out[:, :, 2 * E * D : 2 * E * D + E] = np.matmul(beta, Q.transpose(0, 2, 1)) * inv
+    out[:, :, 2 * E * D + E : 2 * E * D + 2 * E] = np.matmul(beta, U.transpose(0, 2, 1))
     return out
 
 
