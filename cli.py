@@ -745,8 +745,11 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
               help="Scoring kernel version of the kernel lab (default: the shipped one).")
 @click.option("--batch-wait-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="Longest a request waits for requests of other exchanges to share its engine batch (0: none).")
+@click.option("--decode-ahead/--no-decode-ahead", default=True, show_default=True,
+              help="Decode arriving requests on a thread of their own while a batch is on the engine, or "
+                   "between batches on the batch's thread.")
 @_server_options("colocated")
-def serve_colocated(data, device, version, batch_wait_ms, quiet, **options):
+def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
@@ -760,7 +763,7 @@ def serve_colocated(data, device, version, batch_wait_ms, quiet, **options):
 
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
-                      on_ready=_on_listening("colocated", settings, quiet,
+                      decode_ahead=decode_ahead, on_ready=_on_listening("colocated", settings, quiet,
                                              lambda srv: _holds(data, srv.health_info(), srv.engine.device)))
 
     _serve(run, **options)

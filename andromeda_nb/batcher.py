@@ -12,13 +12,18 @@ for company.
 
 An error of a batch goes to every caller of that batch; the worker carries on with the next.
 
-A server with many callers should hand over what arrived as it is (`submit_payload`): the worker
-decodes each call's payload into requests as it takes the call (`decode`; an error there goes to that
-caller alone) and encodes each caller's answers (`encode`, or `encode_many` for all the calls of a
-batch at once), so the callers' threads only pass bytes and wait. Every step in Python wants the
-interpreter lock: done on thirty-two callers' threads, each step of each call queues for it behind
-the others, and the lock changes hands many times per request; done on the worker, it is one
-thread's uninterrupted work (docs/BENCHMARKS.md, "The served path").
+A server with many callers should hand over what arrived as it is (`submit_payload`): the payloads
+are decoded into requests (`decode`, or `decode_many` for all the calls waiting at once; an error
+there goes to that caller alone) and the worker encodes each caller's answers (`encode`, or
+`encode_many` for all the calls of a batch at once), so the callers' threads only pass bytes and
+wait. Every step in Python wants the interpreter lock: done on thirty-two callers' threads, each step
+of each call queues for it behind the others, and the lock changes hands many times per request;
+done on one thread, it is that thread's uninterrupted work (docs/BENCHMARKS.md, "The served path").
+
+With `decode_ahead` (the default) the payloads are decoded on a thread of their own, a stage ahead
+of the worker: while a batch is on the device (the worker waits for it without the interpreter
+lock), the calls that arrive meanwhile are decoded, and the next batch starts with its requests in
+hand. Without it the worker decodes each call as it takes it, between batches.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ class RequestBatcher:
     of the last update the batch reflects) goes back to every caller of the batch."""
 
     def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
-                 name: str = "request-batcher", decode=None, encode=None, encode_many=None):
+                 name: str = "request-batcher", decode=None, encode=None, encode_many=None, decode_many=None,
+                 decode_ahead: bool = True):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
         if max_requests < 1:
@@ -66,6 +72,8 @@ class RequestBatcher:
         # encode_many([(requests, answers), ...], tag) -> one output per call: a batch's answers encoded
         # together (optional; on an error each call is encoded alone, so only its own caller hears of it)
         self.encode_many = encode_many
+        # decode_many([payload, ...]) -> one (requests, ks) or exception per payload (optional)
+        self.decode_many = decode_many
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
@@ -78,6 +86,14 @@ class RequestBatcher:
         # difference is waiting, for a device or for the interpreter lock), gathering company for a
         # batch, and idle with nothing queued
         self.run_s = self.run_cpu_s = self.gather_s = self.idle_s = 0.0
+        self.decode_s = 0.0  # decoding payloads, wherever it runs
+        # payloads wait here for the decoding thread, decoded calls in `_queue` for the worker
+        self._inbox: queue.SimpleQueue[_Call | None] | None = None
+        self._decoder = None
+        if decode is not None and decode_ahead:
+            self._inbox = queue.SimpleQueue()
+            self._decoder = threading.Thread(target=self._decode_ahead, name=f"{name}-decode", daemon=True)
+            self._decoder.start()
         self._worker = threading.Thread(target=self._serve, name=name, daemon=True)
         self._worker.start()
 
@@ -109,7 +125,7 @@ class RequestBatcher:
         call = _Call(None, None, payload, times=times)
         if times is not None:
             times["queued"] = time.perf_counter()
-        self._queue.put(call)
+        (self._inbox if self._inbox is not None else self._queue).put(call)
         call.done.wait()
         if times is not None:
             times["woke"] = time.perf_counter()
@@ -123,36 +139,88 @@ class RequestBatcher:
         with self._stats_lock:
             per = 1e3 / max(1, self.batches)
             return {"batches": self.batches, "calls": self.calls, "requests": self.requests,
-                    "max_wait_ms": self.max_wait_s * 1e3,
+                    "max_wait_ms": self.max_wait_s * 1e3, "decode_ahead": self._decoder is not None,
                     "per_batch_ms": {"run": self.run_s * per, "run_cpu": self.run_cpu_s * per,
-                                     "gather": self.gather_s * per, "idle": self.idle_s * per}}
+                                     "gather": self.gather_s * per, "idle": self.idle_s * per,
+                                     "decode": self.decode_s * per}}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop taking calls; the batch in hand finishes, calls still queued get BatcherClosed."""
         self._closed.set()
-        self._queue.put(None)
+        if self._inbox is not None:  # the decoding thread passes the end on to the worker
+            self._inbox.put(None)
+            self._decoder.join(timeout_s)
+        else:
+            self._queue.put(None)
         self._worker.join(timeout_s)
+
+    # --- the decoding thread -----------------------------------------------------------------------------
+    def _decode_ahead(self) -> None:
+        while True:
+            calls = [self._inbox.get()]
+            while True:  # everything that arrived meanwhile is decoded together
+                try:
+                    calls.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            ending = None in calls
+            for call in self._decode_calls([c for c in calls if c is not None]):
+                self._queue.put(call)
+            if ending:
+                break
+        while True:  # calls that came in after the close
+            try:
+                call = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                call.error = BatcherClosed("the server is shutting down")
+                call.done.set()
+        self._queue.put(None)
+
+    def _decode_calls(self, calls: list[_Call]) -> list[_Call]:
+        """Decode the payloads of `calls` (together when `decode_many` is given); a call that does not
+        decode, or holds no request, is answered here. Returns the calls with requests."""
+        if not calls:
+            return []
+        t0 = time.perf_counter()
+        for call in calls:
+            if call.times is not None:
+                call.times["taken"] = t0
+        results = None
+        if self.decode_many is not None and len(calls) > 1:
+            try:
+                results = self.decode_many([c.payload for c in calls])
+            except Exception:  # noqa: BLE001 - decoded one call at a time below, each error to its caller
+                results = None
+        if results is None:
+            results = []
+            for call in calls:
+                try:
+                    results.append(self.decode(call.payload))
+                except BaseException as exc:  # this caller's input: only this caller hears of it
+                    results.append(exc)
+        with self._stats_lock:
+            self.decode_s += time.perf_counter() - t0
+        ready = []
+        for call, result in zip(calls, results):
+            if isinstance(result, BaseException):
+                call.error = result
+                call.done.set()
+                continue
+            call.requests, call.ks = list(result[0]), list(result[1])
+            if not call.requests:
+                call.answers = self.encode([], [], None)
+                call.done.set()
+                continue
+            ready.append(call)
+        return ready
 
     # --- the worker ------------------------------------------------------------------------------------
     def _take(self, call: _Call) -> bool:
-        """Decode a call that came as a payload; False (the caller told) when it does not decode or
-        holds no request."""
-        if call.requests is not None:
-            return True
-        if call.times is not None:
-            call.times["taken"] = time.perf_counter()
-        try:
-            requests, ks = self.decode(call.payload)
-            call.requests, call.ks = list(requests), list(ks)
-        except BaseException as exc:  # this caller's input: only this caller hears of it
-            call.error = exc
-            call.done.set()
-            return False
-        if not call.requests:
-            call.answers = self.encode([], [], None)
-            call.done.set()
-            return False
-        return True
+        """Decode a call that came as a payload (unless decoded ahead); False (the caller told) when it
+        does not decode or holds no request."""
+        return call.requests is not None or bool(self._decode_calls([call]))
 
     def _gather(self, first: _Call) -> list[_Call]:
         if not self._take(first):

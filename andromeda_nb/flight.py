@@ -225,19 +225,83 @@ def batch_bytes(batch: pa.RecordBatch) -> int:
     return batch.get_total_buffer_size()
 
 
-def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, width: int,
-                         limits: ServiceLimits = DEFAULT_LIMITS) -> tuple[list[Request], list[int]]:
-    """Parse and validate one client batch: (requests, ks). The batch's size is checked against
-    `limits` before anything in it is decoded. Raises `InvalidInput` or `LimitExceeded` naming the
-    offending request id and field, or the limit."""
-    missing = [f.name for f in REQUEST_SCHEMA if f.name not in batch.schema.names]
-    if missing:
-        raise InvalidInput(f"batch lacks column(s) {', '.join(missing)}; expected {REQUEST_SCHEMA}")
+def check_batch_limits(batch: pa.RecordBatch, limits: ServiceLimits) -> None:
+    """A client batch's size against `limits`, before anything in it is decoded."""
     if batch.num_rows > limits.max_batch_requests:
         raise limits.over("max_batch_requests", batch.num_rows, "batch of requests")
     size = batch_bytes(batch)
     if size > limits.max_request_bytes:
         raise limits.over("max_request_bytes", size, "request batch of bytes")
+
+
+def decode_request_batches(batches: Sequence[pa.RecordBatch], *, seed: int, experts: int, width: int,
+                           limits: ServiceLimits = DEFAULT_LIMITS) -> list:
+    """`decode_request_batch` of the batches of many calls: one (requests, ks) or the exception per
+    batch. Columnar batches of one schema are checked as one batch (a few array operations for all
+    of them, instead of a few per call); when that finds a fault, each of them is checked alone, so
+    only the call at fault gets its error."""
+    from .request_columns import decode_columns, is_columnar
+
+    kw = dict(seed=seed, experts=experts, width=width, limits=limits)
+    out: list = [None] * len(batches)
+    groups: list[tuple[pa.Schema, list[int]]] = []  # (schema, its batches); a schema's hash costs 14 us
+    for i, batch in enumerate(batches):
+        schema = batch.schema
+        if is_columnar(schema):
+            try:
+                check_batch_limits(batch, limits)
+            except LimitExceeded as exc:
+                out[i] = exc
+                continue
+            group = next((members for first, members in groups if first.equals(schema)), None)
+            if group is None:
+                groups.append((schema, [i]))
+            else:
+                group.append(i)
+        else:
+            out[i] = _decoded_or_error(batch, kw)
+    for _, members in groups:
+        if len(members) == 1:
+            out[members[0]] = _decoded_or_error(batches[members[0]], kw)
+            continue
+        sizes = [batches[i].num_rows for i in members]
+        try:
+            table = pa.Table.from_batches([batches[i] for i in members]).combine_chunks()
+            requests, ks = decode_columns(table, segments=sizes, **kw)
+        except Exception:  # noqa: BLE001 - each call checked alone below, each fault to its own caller
+            for i in members:
+                out[i] = _decoded_or_error(batches[i], kw)
+            continue
+        at = 0
+        for i, size in zip(members, sizes):
+            out[i] = (requests[at : at + size], ks[at : at + size])
+            at += size
+    return out
+
+
+def _decoded_or_error(batch: pa.RecordBatch, kw: dict):
+    try:
+        return decode_request_batch(batch, **kw)
+    except Exception as exc:  # noqa: BLE001 - handed to the batch's caller
+        return exc
+
+
+def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, width: int,
+                         limits: ServiceLimits = DEFAULT_LIMITS) -> tuple[list[Request], list[int]]:
+    """Parse and validate one client batch: (requests, ks). The batch's size is checked against
+    `limits` before anything in it is decoded. Raises `InvalidInput` or `LimitExceeded` naming the
+    offending request id and field, or the limit."""
+    from .request_columns import decode_columns, is_columnar
+
+    columnar = is_columnar(batch.schema)
+    if not columnar:
+        missing = [f.name for f in REQUEST_SCHEMA if f.name not in batch.schema.names]
+        if missing:
+            raise InvalidInput(f"batch lacks column(s) {', '.join(missing)}; expected {REQUEST_SCHEMA}, or the "
+                               "columns of a columnar request batch (docs/PROTOCOL.md section 1)")
+    check_batch_limits(batch, limits)
+    if columnar:
+        return decode_columns(batch, seed=seed, experts=experts, width=width, limits=limits)
     from .targeting import parse_request
 
     try:
@@ -267,9 +331,10 @@ def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, widt
             raise InvalidInput(f"request {rid}: request must be a JSON object")
         try:  # the request_id column is the request's id; a request_id in the text must agree with it
             requests.append(parse_request(obj, seed=seed, experts=experts, width=width, request_id=rid))
-        except TargetingError as exc:
-            raise InvalidInput(f"request {rid}: {exc.path}: {exc.message}" if exc.path
-                               else f"request {rid}: {exc.message}") from None
+        except TargetingError as exc:  # its message starts with the request id, named here once
+            message = exc.message.removeprefix(f"request {rid}: ")
+            raise InvalidInput(f"request {rid}: {exc.path}: {message}" if exc.path
+                               else f"request {rid}: {message}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"request {rid}: {exc}") from None
     return requests, ks
@@ -380,6 +445,11 @@ class RetrieveServer(flight.FlightServerBase):
     def decode(self, batch: pa.RecordBatch) -> tuple[list[Request], list[int]]:
         """A request batch of the exchange to requests and their k (`InvalidInput` naming what is wrong)."""
         return decode_request_batch(batch, seed=self.seed, experts=self.experts, width=self.width, limits=self.limits)
+
+    def decode_many(self, batches: list[pa.RecordBatch]) -> list:
+        """`decode` of many calls' batches at once: (requests, ks) or the exception, per batch."""
+        return decode_request_batches(batches, seed=self.seed, experts=self.experts, width=self.width,
+                                      limits=self.limits)
 
     def encode(self, requests: list[Request], answers: list, seq: int | None) -> tuple[pa.RecordBatch, pa.Buffer | None]:
         """Answers to the answer batch and its app_metadata; counted in the stats."""
@@ -585,10 +655,11 @@ def exchange_batches(client: flight.FlightClient, batches: Iterable[pa.RecordBat
                      timeout: float | None = None, seqs: list | None = None) -> list[pa.RecordBatch]:
     """Send request batches over one `["retrieve"]` exchange; one answer batch per request batch.
     `seqs`: a list to which each answer's update sequence number (`answer_seq`) is appended."""
+    batches = list(batches)
     writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*RETRIEVE_PATH), options=_options(timeout))
     out = []
     with writer:
-        writer.begin(REQUEST_SCHEMA)
+        writer.begin(batches[0].schema if batches else REQUEST_SCHEMA)  # a stream has one schema
         for batch in batches:
             writer.write_batch(batch)
             chunk = reader.read_chunk()
@@ -604,12 +675,13 @@ def exchange_batches(client: flight.FlightClient, batches: Iterable[pa.RecordBat
 
 def retrieve_over_flight(location, requests: Sequence, k: int, *, timeout: float | None = 60.0,
                          batch_size: int = DEFAULT_CLIENT_BATCH, client: flight.FlightClient | None = None,
-                         credentials: ClientCredentials | None = None, seqs: list | None = None
-                         ) -> list[tuple[np.ndarray, np.ndarray]]:
+                         credentials: ClientCredentials | None = None, seqs: list | None = None,
+                         request_format: str = "json") -> list[tuple[np.ndarray, np.ndarray]]:
     """Top-K answers from any `["retrieve"]` server: one (ad ids int64, scores float32) per request, in
-    rank order. `requests` are `Request` objects, JSON-ready dicts or JSON strings. `seqs`: see
+    rank order. `requests` are `Request` objects, JSON-ready dicts or JSON strings (`request_format`
+    "json"), or `Request` objects ("columns": `andromeda_nb.request_columns`). `seqs`: see
     `exchange_batches`."""
-    encoded = encode_requests_for_exchange(requests, k, batch_size)
+    encoded = encode_requests_for_exchange(requests, k, batch_size, request_format)
     own = client is None
     client = client or connect(location_of(location), credentials)
     try:
@@ -619,13 +691,23 @@ def retrieve_over_flight(location, requests: Sequence, k: int, *, timeout: float
             client.close()
 
 
-def encode_requests_for_exchange(requests: Sequence, k: int, batch_size: int = DEFAULT_CLIENT_BATCH
-                                 ) -> tuple[list[pa.RecordBatch], list[int]]:
+REQUEST_FORMATS = ("json", "columns")
+
+
+def encode_requests_for_exchange(requests: Sequence, k: int, batch_size: int = DEFAULT_CLIENT_BATCH,
+                                 request_format: str = "json") -> tuple[list[pa.RecordBatch], list[int]]:
     """The request batches of a `["retrieve"]` exchange and the request ids, encoded once: a router
-    sends the same batches to every shard (`retrieve_encoded`)."""
+    sends the same batches to every shard (`retrieve_encoded`). `request_format`: "json" (the
+    `request` column) or "columns" (`andromeda_nb.request_columns`)."""
     check_k(k)
+    if request_format not in REQUEST_FORMATS:
+        raise ValueError(f"request_format: expected one of {', '.join(REQUEST_FORMATS)}, got {request_format!r}")
+    if request_format == "columns":
+        from .request_columns import request_columns as encode
+    else:
+        encode = request_batch
     requests = list(requests)
-    batches = [request_batch(requests[i : i + batch_size], k) for i in range(0, len(requests), batch_size)]
+    batches = [encode(requests[i : i + batch_size], k) for i in range(0, len(requests), batch_size)]
     return batches, [_request_id(r) for r in requests]
 
 
@@ -643,6 +725,7 @@ __all__ = [
     "ANSWER_SCHEMA",
     "InvalidInput",
     "REQUEST_SCHEMA",
+    "REQUEST_FORMATS",
     "RETRIEVE_PATH",
     "RetrieveServer",
     "ServiceStats",
@@ -650,7 +733,9 @@ __all__ = [
     "answer_metadata",
     "answer_seq",
     "check_k",
+    "check_batch_limits",
     "decode_request_batch",
+    "decode_request_batches",
     "encode_requests_for_exchange",
     "exchange_batches",
     "flight_action",

@@ -5,9 +5,10 @@ in-process co-located engine over the whole pool, against the same pool in shard
   gets the shard's top-K arrays back (what `cluster.router` ships);
 * `flight`: each replica also listens as a co-located Flight server (`ShardReplica.serve_flight`); the
   router writes the requests as a `["retrieve"]` exchange to every shard at once (one thread per
-  shard) and merges the answer batches.
+  shard) and merges the answer batches; `flight-columns` the same with columnar request batches
+  (`andromeda_nb.request_columns`), which each shard decodes in fewer steps.
 
-Both merge with `cluster.shards.merge_topk`, and both are checked to equal the in-process engine
+All merge with `cluster.shards.merge_topk`, and all are checked to equal the in-process engine
 before they are timed. Requests go one at a time (latency: what a request pays for the hops) and in
 batches of 64 (throughput). The figures are medians of `--repeat` passes, with their range.
 """
@@ -48,9 +49,9 @@ def _same(got, want) -> bool:
     return all(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(got, want))
 
 
-def flight_fanout(locations: list[str], k: int):
-    """A router over Flight: the requests encoded once, each shard's `["retrieve"]` exchange on its own
-    thread with those batches, the answers merged."""
+def flight_fanout(locations: list[str], k: int, request_format: str = "json"):
+    """A router over Flight: the requests encoded once (JSON or columnar request batches), each
+    shard's `["retrieve"]` exchange on its own thread with those batches, the answers merged."""
     import pyarrow.flight as flight
 
     from andromeda_nb.flight import encode_requests_for_exchange, retrieve_encoded
@@ -59,7 +60,7 @@ def flight_fanout(locations: list[str], k: int):
     pool = ThreadPoolExecutor(len(locations))
 
     def retrieve(requests):
-        encoded = encode_requests_for_exchange(requests, k)
+        encoded = encode_requests_for_exchange(requests, k, request_format=request_format)
         parts = list(pool.map(lambda client: retrieve_encoded(client, encoded), clients))
         return [merge_topk([p[i] for p in parts], k) for i in range(len(requests))]
 
@@ -91,7 +92,7 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
     each repetition (so drift in the machine's load falls on all three alike). `device` 'gpu': the
     in-process engine and every shard on the GPU(s) Ray sees (several shards share one GPU, each its
     1/N of it in Ray's accounting). `placement` 'processes': no Ray (where it is not installed): one
-    `cluster.shard_process` per shard, cut from the corpus at `data_dir`, and the Flight path only.
+    `cluster.shard_process` per shard, cut from the corpus at `data_dir`, and the Flight paths only.
     `partial(result)`: called with the result so far after each shard count (a long run cut short
     keeps what it measured)."""
     from migration.architectures import build_engine
@@ -124,6 +125,7 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
             else:
                 locations = cluster.locations
             paths["flight"] = flight_fanout(locations, k)
+            paths["flight-columns"] = flight_fanout(locations, k, "columns")  # columnar request batches
             for name, fn in paths.items():
                 if not _same(fn(requests), want):
                     raise AssertionError(f"{name} path with {shards} shards differs from the in-process engine")

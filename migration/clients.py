@@ -28,21 +28,27 @@ class AnswerTable:
 
     device = "table"
 
-    def __init__(self, answers: dict):
+    def __init__(self, answers: dict, wait_s: float = 0.0):
         self.answers = answers
+        # a wait per batch without the interpreter lock, as a device's: the server's host work can
+        # overlap it (a probe of the pipeline, not of any engine)
+        self.wait_s = float(wait_s)
 
     @classmethod
-    def computed(cls, dataset, k: int) -> "AnswerTable":
+    def computed(cls, dataset, k: int, wait_s: float = 0.0) -> "AnswerTable":
         """The answers to every request of `dataset` at `k`, computed once by the CPU engine."""
         from .architectures import build_engine
 
         engine = build_engine(dataset, "cpu")
         try:
-            return cls({r.request_id: a for r, a in zip(dataset.requests, engine.retrieve(dataset.requests, k))})
+            return cls({r.request_id: a for r, a in zip(dataset.requests, engine.retrieve(dataset.requests, k))},
+                       wait_s)
         finally:
             engine.close()
 
     def retrieve(self, requests, k):
+        if self.wait_s:
+            time.sleep(self.wait_s)
         return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
 
     def apply(self, update):
@@ -77,7 +83,7 @@ class KeptExchange:
         for attempt in (0, 1):
             if self.writer is None:
                 self.writer, self.reader = self.conn.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
-                self.writer.begin(fl.REQUEST_SCHEMA)
+                self.writer.begin(batches[0].schema)
             try:
                 self.writer.write_batch(batches[0])
                 return fl.split_answers(self.reader.read_chunk().data, ids)
@@ -96,13 +102,14 @@ class KeptExchange:
 
 
 def _process(location: str, data: str, k: int, threads: int, first: int, stride: int, seconds: float,
-             want, out, exchange: str = "call", ready=None, go=None) -> None:
+             want, out, exchange: str = "call", ready=None, go=None, request_format: str = "json") -> None:
     from andromeda_nb import flight as fl
     from andromeda_nb.guard import connect
     from andromeda_nb.store import load_requests
 
     requests = load_requests(data)  # the requests alone: loading the ads would only compete with the server
-    encoded = [fl.encode_requests_for_exchange([r], k) for r in requests] if exchange == "stream" else None
+    encoded = ([fl.encode_requests_for_exchange([r], k, request_format=request_format) for r in requests]
+               if exchange == "stream" else None)
     latencies: list[float] = []
     wrong: list[str] = []
     lock = threading.Lock()
@@ -120,7 +127,7 @@ def _process(location: str, data: str, k: int, threads: int, first: int, stride:
                 r = requests[i % len(requests)]
                 s = time.perf_counter()
                 if stream is None:
-                    ids, _ = fl.retrieve_over_flight(location, [r], k, client=conn)[0]
+                    ids, _ = fl.retrieve_over_flight(location, [r], k, client=conn, request_format=request_format)[0]
                 else:
                     ids, _ = stream.retrieve(encoded[i % len(requests)])[0]
                 mine.append(time.perf_counter() - s)
@@ -144,10 +151,11 @@ def _process(location: str, data: str, k: int, threads: int, first: int, stride:
 
 
 def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1, seconds: float = 20.0,
-          want=None, exchange: str = "call") -> dict:
+          want=None, exchange: str = "call", request_format: str = "json") -> dict:
     """Run the clients (module docstring); returns requests/s, latency p50/p99 and the wrong answers.
     `exchange`: 'call' opens an exchange for every request; 'stream' keeps one open per client and
-    sends each request as the next batch on it (requests encoded beforehand)."""
+    sends each request as the next batch on it (requests encoded beforehand). `request_format`: the
+    request batches' kind, 'json' or 'columns' (`andromeda_nb.flight.REQUEST_FORMATS`)."""
     if clients < 1 or processes < 1 or clients % processes:
         raise ValueError(f"{clients} clients do not split evenly over {processes} processes")
     if exchange not in EXCHANGES:
@@ -157,7 +165,7 @@ def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1,
     out, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     per = clients // processes
     procs = [ctx.Process(target=_process, args=(location, data, k, per, p, processes, seconds, want, out, exchange,
-                                                ready, go))
+                                                ready, go, request_format))
              for p in range(processes)]
     for p in procs:
         p.start()
@@ -182,7 +190,8 @@ def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1,
     ms = np.asarray([x for lat, _ in results for x in lat]) * 1e3
     wrong = [w for _, ws in results for w in ws]
     return {"requests_per_s": len(ms) / seconds, "requests": int(len(ms)), "clients": clients,
-            "client_processes": processes, "exchange": exchange, "seconds": seconds, "wall_s": elapsed,
+            "client_processes": processes, "exchange": exchange, "request_format": request_format,
+            "seconds": seconds, "wall_s": elapsed,
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
                            "p99": float(np.percentile(ms, 99)) if len(ms) else None},
             "wrong_answers": wrong[:10], "n_wrong": len(wrong)}

@@ -28,14 +28,15 @@ SERVE_MODULE = "migration.serve"
 
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
-                limits=None, guard=None, batch_wait_s: float | None = None):
+                limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = True):
     """The co-located server over the engine for `device`, listening at `location` (`log`: its
     write-ahead log, replayed before it listens; `limits`, `guard`: `andromeda_nb.limits`, `.guard`)."""
     from andromeda_nb.engine_server import EngineServer  # pyarrow.flight loads only when serving
 
     engine = build_engine(dataset, device, version=version)
     try:
-        options = {} if batch_wait_s is None else {"batch_wait_s": batch_wait_s}
+        options = {"decode_ahead": decode_ahead} if batch_wait_s is None else {
+            "batch_wait_s": batch_wait_s, "decode_ahead": decode_ahead}
         return EngineServer(engine, dataset, location, log=log, limits=limits, guard=guard, **options)
     except BaseException:
         engine.close()

@@ -8,7 +8,9 @@ concurrent clients at least 70% of the in-process batch throughput).
 2. Served: `serve colocated` (same device, `--batch-wait-ms`) as a process; `--clients` threads over
    `--client-processes` processes (`migration.clients`), each its own pyarrow.flight client, send one
    request at a time for `--seconds`, each in its own exchange or as the next batch of an exchange
-   the client keeps open (`--exchange call,stream` runs both, each against a fresh server):
+   the client keeps open (`--exchange call,stream` runs both, each against a fresh server), as JSON
+   or columnar request batches (`--request-format json,columns`), with the server decoding a stage
+   ahead of the engine or between batches (`--decode-ahead on,off`):
    requests per second, latency p50/p99, the server's batching counters (how many engine batches the
    calls shared) and where a batch's time went. Every answer of the first pass is checked against
    the in-process engine's. The target reads the better way of sending.
@@ -19,6 +21,7 @@ concurrent clients at least 70% of the in-process batch throughput).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -107,18 +110,22 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 
 
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
-           exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None):
+           exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
+           request_format: str = "json", decode_ahead: bool = True):
     from migration.clients import drive
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
-                                              "--batch-wait-ms", str(wait_ms)], name="the co-located server")
+                                              "--batch-wait-ms", str(wait_ms),
+                                              *([] if decode_ahead else ["--no-decode-ahead"])],
+                          name="the co-located server")
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
             pin(proc.proc.pid, cpus)
         cpu0 = proc.cpu_seconds()
-        spying = None if profile is None else spy(proc.proc.pid, seconds, profile, exchange)
+        tag = f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}"
+        spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
-                       exchange=exchange)
+                       exchange=exchange, request_format=request_format)
         cpu1 = proc.cpu_seconds()
         if spying is not None:
             spying.join()
@@ -152,6 +159,12 @@ def main(argv=None) -> int:
     ap.add_argument("--exchange", default="call",
                     help="how clients send, comma-separated to run each against its own server in turn: 'call' "
                          "(an exchange per request), 'stream' (one exchange per client, a batch per request)")
+    ap.add_argument("--request-format", default="json",
+                    help="the clients' request batches, comma-separated to run each in turn: 'json' (the request "
+                         "column) or 'columns' (the columnar batch)")
+    ap.add_argument("--decode-ahead", default="on",
+                    help="'on' (requests decoded on a thread of their own, a stage ahead of the engine), 'off', "
+                         "or 'on,off' to run both in turn")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
@@ -174,14 +187,21 @@ def main(argv=None) -> int:
     inproc = runs[0]
     for run in runs:
         log(True, f"in process, batches of {run['batch']}: {run['requests_per_s']:.1f} requests/s")
+    formats, aheads = args.request_format.split(","), args.decode_ahead.split(",")
+    if not set(formats) <= {"json", "columns"} or not set(aheads) <= {"on", "off"}:
+        ap.error("--request-format takes json and columns, --decode-ahead on and off")
     by_exchange = {}
-    for exchange in args.exchange.split(","):
+    for exchange, request_format, ahead in itertools.product(args.exchange.split(","), formats, aheads):
         srv = served(args.data, device, want, args.k, args.clients, args.client_processes, args.seconds,
-                     args.batch_wait_ms, exchange, cpus, args.profile)
+                     args.batch_wait_ms, exchange, cpus, args.profile, request_format, ahead == "on")
         srv["server_cpus"] = cpus
-        by_exchange[exchange] = srv
+        srv["decode_ahead"] = ahead == "on"
+        # one key per way of serving: the exchange alone when it is the only thing varied
+        key = "/".join([exchange] + ([request_format] if len(formats) > 1 else [])
+                       + ([f"decode-ahead-{ahead}"] if len(aheads) > 1 else []))
+        by_exchange[key] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]
-        log(True, f"served, {args.clients} clients in {args.client_processes} processes, exchange per {exchange}: "
+        log(True, f"served, {args.clients} clients in {args.client_processes} processes, {key}: "
             f"{srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
             f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
             f"batching {srv['batching']}, call path {srv.get('call_path')}, "

@@ -35,6 +35,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-wait-ms", type=float, default=0.2)
     ap.add_argument("--exchange", default="call", choices=("call", "stream"),
                     help="'call': an exchange per request; 'stream': one exchange per client, a batch per request")
+    ap.add_argument("--request-format", default="json", choices=("json", "columns"),
+                    help="the clients' request batches: the JSON column, or the columnar batch")
+    ap.add_argument("--engine-ms", type=float, default=0.0,
+                    help="a wait per engine batch without the interpreter lock, as a device's (0: none)")
+    ap.add_argument("--no-decode-ahead", action="store_true",
+                    help="decode on the batcher's worker between batches, not on a thread a stage ahead")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.clients % args.client_processes:
@@ -45,12 +51,13 @@ def main(argv=None) -> int:
     from migration.clients import AnswerTable, drive
 
     dataset = load_dataset(args.data)
-    server = EngineServer(AnswerTable.computed(dataset, args.k), dataset, batch_wait_s=args.batch_wait_ms / 1e3)
+    server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3), dataset,
+                          batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=not args.no_decode_ahead)
     location = f"grpc://127.0.0.1:{server.port}"
     threading.Thread(target=server.serve, daemon=True).start()
     cpu0 = time.process_time()  # this process is the server: the clients run in their own processes
     result = drive(location, args.data, k=args.k, clients=args.clients, processes=args.client_processes,
-                   seconds=args.seconds, exchange=args.exchange)
+                   seconds=args.seconds, exchange=args.exchange, request_format=args.request_format)
     result["server_cpu_ms_per_request"] = 1e3 * (time.process_time() - cpu0) / max(1, result["requests"])
     stats = server.batcher.stats()
     result["call_path"] = server.call_path.snapshot()

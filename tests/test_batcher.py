@@ -172,7 +172,7 @@ def test_payloads_are_decoded_and_encoded_on_the_worker_and_a_bad_one_fails_alon
             plain.submit_payload((1,))
     finally:
         plain.close()
-    assert threads_seen == {"worker-under-test"}
+    assert threads_seen == {"worker-under-test", "worker-under-test-decode"}  # never a caller's thread
     assert set(errors) == {1} and "does not decode" in str(errors[1])
     assert results[3] == {"requests": [], "ids": [], "tag": None}
     for i in (0, 2, 4):
@@ -241,3 +241,87 @@ def test_a_batch_of_payloads_is_encoded_at_once_and_falls_back_call_by_call():
         assert [ids.tolist() for ids, _ in got] == [[r * 1000, r * 1000 + 1, r * 1000 + 2] for r in payload]
     assert set(errors) == {(13,)} and "does not encode" in str(errors[(13,)])
     assert server.stats.snapshot()["requests"] == 9
+
+
+def _payload_calls(batcher, payloads, gap_s=0.0):
+    """Each payload submitted from its own thread, `gap_s` apart; (results, errors) by payload."""
+    results, errors = {}, {}
+
+    def client(p):
+        try:
+            results[p] = batcher.submit_payload(p)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            errors[p] = exc
+
+    threads = []
+    for p in payloads:
+        threads.append(threading.Thread(target=client, args=(p,)))
+        threads[-1].start()
+        time.sleep(gap_s)
+    for t in threads:
+        t.join(10)
+    return results, errors
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_decode_ahead_decodes_while_a_batch_is_on_the_engine(ahead):
+    """With `decode_ahead` a call that arrives while a batch is on the engine (which waits without the
+    interpreter lock, as for a device) is decoded before that batch ends; without it, only after,
+    on the worker. Every caller gets its own answer either way."""
+    stamps = {}
+    engine = FakeEngine(delay_s=0.3)
+
+    def run(requests, k):
+        out = engine(requests, k)
+        stamps.setdefault(("ended", tuple(requests)), time.perf_counter())
+        return out
+
+    def decode(payload):
+        stamps[("decoded", payload)] = time.perf_counter()
+        return [payload], [2]
+
+    batcher = RequestBatcher(run, max_wait_s=0.0, decode=decode, encode=lambda reqs, answers, tag: (reqs, tag),
+                             decode_ahead=ahead)
+    try:
+        results, errors = _payload_calls(batcher, [1, 2], gap_s=0.1)  # 2 arrives while 1 is on the engine
+    finally:
+        batcher.close()
+    assert not errors and results[1][0] == [1] and results[2][0] == [2]
+    assert batcher.stats()["decode_ahead"] is ahead
+    assert (stamps[("decoded", 2)] < stamps[("ended", (1,))]) is ahead, stamps
+
+
+def test_calls_waiting_together_are_decoded_at_once_and_a_failing_group_falls_back_call_by_call():
+    """`decode_many` gets every call that arrived while the decoding thread was busy; its per-call
+    errors reach their own callers; when it raises, each call is decoded alone and only the bad one
+    fails."""
+    groups = []
+
+    def decode(payload):
+        if payload in (1, 2):
+            time.sleep(0.3)  # the decoding thread is busy while the rest arrive
+        if payload == 13:
+            raise ValueError("payload 13 does not decode")
+        return [payload], [2]
+
+    def decode_many(payloads):
+        groups.append(list(payloads))
+        if 99 in payloads:
+            raise RuntimeError("decode_many cannot")
+        return [ValueError(f"payload {p} is odd") if p == 7 else decode(p) for p in payloads]
+
+    for first, rest in ((1, [5, 6, 7, 8]), (2, [11, 12, 13, 99])):
+        groups.clear()
+        batcher = RequestBatcher(FakeEngine(), max_wait_s=0.0, decode=decode, decode_many=decode_many,
+                                 encode=lambda reqs, answers, tag: reqs)
+        try:
+            hold = threading.Thread(target=batcher.submit_payload, args=(first,))
+            hold.start()
+            time.sleep(0.1)  # `first` is being decoded; the rest arrive meanwhile
+            results, errors = _payload_calls(batcher, rest)
+            hold.join(10)
+        finally:
+            batcher.close()
+        assert sorted(max(groups, key=len)) == sorted(rest), groups  # decoded together
+        bad = {7} if first == 1 else {13}
+        assert set(errors) == bad and all(results[p] == [p] for p in rest if p not in bad)

@@ -197,10 +197,10 @@ def test_shards_as_plain_processes_answer_as_one_engine_through_the_flight_fan_o
                      data_dir=data, say=lambda message: None, partial=partials.append)
     assert result["placement"] == "processes" and result["software"]["ray"] is None and result["complete"]
     assert {(r["path"], r["shards"], r["batch"]) for r in result["rows"]} == {
-        (path, shards, 1) for path in ("in-process", "flight") for shards in (1, 2)}
+        (path, shards, 1) for path in ("in-process", "flight", "flight-columns") for shards in (1, 2)}
     assert all(r["median_us"] > 0 for r in result["rows"])
     # what was measured so far is handed over after each shard count, so a run cut short keeps it
-    assert [len(p["rows"]) for p in partials] == [2, 4] and not any(p["complete"] for p in partials)
+    assert [len(p["rows"]) for p in partials] == [3, 6] and not any(p["complete"] for p in partials)
 
 
 # --- on Ray -----------------------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""What a server pays to decode requests: the JSON request batch against the columnar one
+(`andromeda_nb.request_columns`), at several batch sizes, and the one-request calls of many clients
+decoded one by one against together (`flight.decode_request_batches`). Both kinds are decoded and
+checked equal to the corpus's requests before anything is timed.
+
+    PYTHONPATH=. python3 scripts/time_request_decode.py --data DIR --out decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from andromeda_nb.bench import write_json  # noqa: E402
+from andromeda_nb.provenance import host_info  # noqa: E402
+
+
+def median_ms(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="corpus directory (its requests are decoded)")
+    ap.add_argument("--sizes", default="1,8,32,64", help="requests per batch, comma-separated")
+    ap.add_argument("--calls", type=int, default=32, help="one-request calls decoded together")
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from andromeda_nb import flight as fl
+    from andromeda_nb.request_columns import request_columns
+    from andromeda_nb.store import load_requests, read_meta
+
+    meta = read_meta(args.data)
+    sizes = meta["sizes"]
+    kw = dict(seed=int(meta["seed"]), experts=int(sizes["E"]), width=int(sizes["S"]))
+    base = load_requests(args.data)
+    need = max([int(s) for s in args.sizes.split(",")] + [args.calls])
+    requests = [dataclasses.replace(base[i % len(base)], request_id=i) for i in range(need)]
+
+    def check(batch, want):
+        got, ks = fl.decode_request_batch(batch, **kw)
+        assert got == want and ks == [100] * len(want)
+        assert all(np.array_equal(a.signals, b.signals) for a, b in zip(got, want))
+
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        as_json, as_columns = fl.request_batch(requests[:n], 100), request_columns(requests[:n], 100)
+        check(as_json, requests[:n])
+        check(as_columns, requests[:n])
+        rows.append({"requests": n,
+                     "bytes": {"json": fl.batch_bytes(as_json), "columns": fl.batch_bytes(as_columns)},
+                     "decode_ms": {"json": median_ms(lambda: fl.decode_request_batch(as_json, **kw), args.repeat),
+                                   "columns": median_ms(lambda: fl.decode_request_batch(as_columns, **kw),
+                                                        args.repeat)},
+                     "encode_ms": {"json": median_ms(lambda: fl.request_batch(requests[:n], 100), args.repeat),
+                                   "columns": median_ms(lambda: request_columns(requests[:n], 100), args.repeat)}})
+    calls = {}
+    for kind, encode in (("json", fl.request_batch), ("columns", request_columns)):
+        singles = [encode([r], 100) for r in requests[: args.calls]]
+        together = fl.decode_request_batches(singles, **kw)
+        assert [reqs[0] for reqs, _ in together] == requests[: args.calls]
+        calls[kind] = {"one_by_one_ms": median_ms(lambda: [fl.decode_request_batch(b, **kw) for b in singles],
+                                                  args.repeat),
+                       "together_ms": median_ms(lambda: fl.decode_request_batches(singles, **kw), args.repeat)}
+    out = {"what": "request decoding on the server: JSON against columnar request batches (medians)",
+           "requests_of": args.data, "batches": rows, f"calls_of_one_request_x{args.calls}": calls,
+           "host": host_info(),
+           "command": "python3 scripts/time_request_decode.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    for row in rows:
+        print(f"{row['requests']:>3} requests: decode {row['decode_ms']['json']:.3f} ms as JSON, "
+              f"{row['decode_ms']['columns']:.3f} ms as columns; {row['bytes']['json']:,} against "
+              f"{row['bytes']['columns']:,} bytes")
+    for kind, c in calls.items():
+        print(f"{args.calls} one-request calls as {kind}: {c['one_by_one_ms']:.3f} ms one by one, "
+              f"{c['together_ms']:.3f} ms together")
+    if args.out:
+        write_json(out, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
