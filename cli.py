@@ -745,7 +745,7 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
               help="Scoring kernel version of the kernel lab (default: the shipped one).")
 @click.option("--batch-wait-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="Longest a request waits for requests of other exchanges to share its engine batch (0: none).")
-@click.option("--decode-ahead/--no-decode-ahead", default=True, show_default=True,
+@click.option("--decode-ahead/--no-decode-ahead", default=False, show_default=True,
               help="Decode arriving requests on a thread of their own while a batch is on the engine, or "
                    "between batches on the batch's thread.")
 @_server_options("colocated")

@@ -20,10 +20,12 @@ wait. Every step in Python wants the interpreter lock: done on thirty-two caller
 of each call queues for it behind the others, and the lock changes hands many times per request;
 done on one thread, it is that thread's uninterrupted work (docs/BENCHMARKS.md, "The served path").
 
-With `decode_ahead` (the default) the payloads are decoded on a thread of their own, a stage ahead
-of the worker: while a batch is on the device (the worker waits for it without the interpreter
-lock), the calls that arrive meanwhile are decoded, and the next batch starts with its requests in
-hand. Without it the worker decodes each call as it takes it, between batches.
+With `decode_ahead` the payloads are decoded on a thread of their own, a stage ahead of the worker:
+while a batch is on the device (the worker waits for it without the interpreter lock), the calls
+that arrive meanwhile are decoded, and the next batch starts with its requests in hand. Without it
+(the default) the worker decodes each call as it takes it, between batches. Around an engine with no
+wait of its own the extra thread costs: the server's ceiling on a 2-core host fell by about a tenth
+with it (docs/BENCHMARKS.md, "The served path").
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class RequestBatcher:
 
     def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
                  name: str = "request-batcher", decode=None, encode=None, encode_many=None, decode_many=None,
-                 decode_ahead: bool = True):
+                 decode_ahead: bool = False):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
         if max_requests < 1:

@@ -35,7 +35,7 @@ class EngineServer(RetrieveServer):
 
     def __init__(self, engine, dataset, location: str = "grpc://127.0.0.1:0", *, log: WriteAheadLog | None = None,
                  limits=None, guard=None, data_dir=None, batch_wait_s: float = DEFAULT_MAX_WAIT_S,
-                 decode_ahead: bool = True):
+                 decode_ahead: bool = False):
         model = dataset.model
         limits = limits or DEFAULT_LIMITS
         self.engine = engine
@@ -56,8 +56,8 @@ class EngineServer(RetrieveServer):
         rows.warm_up()  # ... and what the first update needs
         # requests of concurrent exchanges share engine batches (andromeda_nb.batcher), at most
         # batch_wait_s later than alone, never more than one batch's limit of requests; the batcher
-        # decodes the exchanges' batches (a stage ahead of the engine, with `decode_ahead`) and
-        # encodes their answers (`submit_payload`)
+        # decodes the exchanges' batches (between batches, or a stage ahead of the engine with
+        # `decode_ahead`) and encodes their answers (`submit_payload`)
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name="colocated-batcher", decode=self.decode, encode=self.encode,
                                       encode_many=self.encode_many, decode_many=self.decode_many,

@@ -28,7 +28,7 @@ SERVE_MODULE = "migration.serve"
 
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
-                limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = True):
+                limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = False):
     """The co-located server over the engine for `device`, listening at `location` (`log`: its
     write-ahead log, replayed before it listens; `limits`, `guard`: `andromeda_nb.limits`, `.guard`)."""
     from andromeda_nb.engine_server import EngineServer  # pyarrow.flight loads only when serving

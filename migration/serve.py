@@ -21,7 +21,7 @@ from andromeda_nb.services import announce, open_corpus
 
 
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
-                  on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = True) -> None:
+                  on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False) -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
     (a number of the kernel lab; default: the shipped one)."""
     from .colocated import make_server
@@ -54,15 +54,15 @@ def main(argv=None) -> int:
     parser.add_argument("--version", type=int, default=None, help="scoring kernel version (of the kernel lab)")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
-    parser.add_argument("--no-decode-ahead", action="store_true",
-                        help="decode requests between engine batches, not on a thread a stage ahead")
+    parser.add_argument("--decode-ahead", action="store_true",
+                        help="decode requests on a thread a stage ahead of the engine, not between batches")
     args = parser.parse_args(argv)
     with service_errors("colocated"):
         settings = settings_from_args(args)
         resolve(args.device)  # before anything imports numba.cuda
         run_colocated(args.data, settings, device=args.device, version=args.version,
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
-                      decode_ahead=not args.no_decode_ahead)
+                      decode_ahead=args.decode_ahead)
     return 0
 
 

@@ -116,7 +116,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms),
-                                              *([] if decode_ahead else ["--no-decode-ahead"])],
+                                              *(["--decode-ahead"] if decode_ahead else [])],
                           name="the co-located server")
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
@@ -162,9 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--request-format", default="json",
                     help="the clients' request batches, comma-separated to run each in turn: 'json' (the request "
                          "column) or 'columns' (the columnar batch)")
-    ap.add_argument("--decode-ahead", default="on",
-                    help="'on' (requests decoded on a thread of their own, a stage ahead of the engine), 'off', "
-                         "or 'on,off' to run both in turn")
+    ap.add_argument("--decode-ahead", default="off",
+                    help="'off' (requests decoded between engine batches), 'on' (on a thread of their own, a stage "
+                         "ahead of the engine), or 'on,off' to run both in turn")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")

@@ -39,8 +39,8 @@ def main(argv=None) -> int:
                     help="the clients' request batches: the JSON column, or the columnar batch")
     ap.add_argument("--engine-ms", type=float, default=0.0,
                     help="a wait per engine batch without the interpreter lock, as a device's (0: none)")
-    ap.add_argument("--no-decode-ahead", action="store_true",
-                    help="decode on the batcher's worker between batches, not on a thread a stage ahead")
+    ap.add_argument("--decode-ahead", action="store_true",
+                    help="decode on a thread a stage ahead of the engine, not on the batcher's worker between batches")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.clients % args.client_processes:
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
     dataset = load_dataset(args.data)
     server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3), dataset,
-                          batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=not args.no_decode_ahead)
+                          batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead)
     location = f"grpc://127.0.0.1:{server.port}"
     threading.Thread(target=server.serve, daemon=True).start()
     cpu0 = time.process_time()  # this process is the server: the clients run in their own processes

@@ -131,7 +131,8 @@ def test_stats_say_where_the_worker_spends_a_batch():
         computing.close()
 
 
-def test_payloads_are_decoded_and_encoded_on_the_worker_and_a_bad_one_fails_alone():
+@pytest.mark.parametrize("ahead", [False, True])
+def test_payloads_are_decoded_and_encoded_on_the_worker_and_a_bad_one_fails_alone(ahead):
     """`submit_payload`: decode and encode run on the worker thread (not the callers'), each caller
     gets its own encoded answers, a payload that does not decode fails its own caller only while the
     calls beside it are answered, and a payload with no request is encoded as an empty answer."""
@@ -148,7 +149,8 @@ def test_payloads_are_decoded_and_encoded_on_the_worker_and_a_bad_one_fails_alon
         return {"requests": list(requests), "ids": [ids.tolist() for ids, _ in answers], "tag": tag}
 
     engine = FakeEngine(delay_s=0.01)
-    batcher = RequestBatcher(engine, max_wait_s=0.02, decode=decode, encode=encode, name="worker-under-test")
+    batcher = RequestBatcher(engine, max_wait_s=0.02, decode=decode, encode=encode, name="worker-under-test",
+                             decode_ahead=ahead)
     results, errors = {}, {}
     payloads = {0: (1, 2), 1: "bad", 2: (3,), 3: (), 4: (4, 5, 6)}
 
@@ -172,7 +174,8 @@ def test_payloads_are_decoded_and_encoded_on_the_worker_and_a_bad_one_fails_alon
             plain.submit_payload((1,))
     finally:
         plain.close()
-    assert threads_seen == {"worker-under-test", "worker-under-test-decode"}  # never a caller's thread
+    # never a caller's thread: the worker's, and with decode_ahead the decoding thread's
+    assert threads_seen == ({"worker-under-test", "worker-under-test-decode"} if ahead else {"worker-under-test"})
     assert set(errors) == {1} and "does not decode" in str(errors[1])
     assert results[3] == {"requests": [], "ids": [], "tag": None}
     for i in (0, 2, 4):
@@ -313,7 +316,7 @@ def test_calls_waiting_together_are_decoded_at_once_and_a_failing_group_falls_ba
     for first, rest in ((1, [5, 6, 7, 8]), (2, [11, 12, 13, 99])):
         groups.clear()
         batcher = RequestBatcher(FakeEngine(), max_wait_s=0.0, decode=decode, decode_many=decode_many,
-                                 encode=lambda reqs, answers, tag: reqs)
+                                 encode=lambda reqs, answers, tag: reqs, decode_ahead=True)
         try:
             hold = threading.Thread(target=batcher.submit_payload, args=(first,))
             hold.start()
