@@ -143,7 +143,8 @@ for stage in "${stages[@]}"; do
         ( [ $threads = default ] || export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
           timeout 200 python3 scripts/time_host_side.py --data $data --out "$OUT/host_side_threads_$threads.json" ) \
           | python3 -c "import json,sys; d=json.loads(sys.stdin.read().splitlines()[-1]); print('$threads', {k: round(v, 3) for k, v in d['ms'].items()}, d['blas'])"
-      done ;;
+      done
+      timeout 200 python3 scripts/time_request_decode.py --data $data --out "$OUT/request_decode.json" ;;
     demo)
       timeout ${DEMO_TIMEOUT:-240} $A demo --json --quiet > "$OUT/demo_gpu.json" 2>&1; echo "demo rc=$?"
       tail -c 400 "$OUT/demo_gpu.json"; echo
