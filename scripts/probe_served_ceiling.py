@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats,
            "host": host_info(),
            "command": "python3 scripts/probe_served_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    print(f"server ceiling (answers looked up, no engine time): {out['requests_per_s']:.0f} requests/s, "
+    engine = "no engine time" if not args.engine_ms else f"a wait of {args.engine_ms:g} ms a batch"
+    print(f"server ceiling (answers looked up, {engine}): {out['requests_per_s']:.0f} requests/s, "
           f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request, "
           f"p50 {out['latency_ms']['p50']:.2f} ms, p99 {out['latency_ms']['p99']:.2f} ms, "
           f"{args.clients} clients in {args.client_processes} processes, batching {stats}, call path {result['call_path']}")
