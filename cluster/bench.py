@@ -153,10 +153,10 @@ def ray_version() -> str:
 
 def table(result: dict) -> str:
     lines = [f"{result['ads']:,} ads, {result['requests']} requests, k = {result['k']} (us per request, median of "
-             f"{result['repeat']})", f"{'path':<11}{'shards':>7}{'batch':>7}{'median':>11}{'range':>21}{'overhead':>11}"]
+             f"{result['repeat']})", f"{'path':<15}{'shards':>7}{'batch':>7}{'median':>11}{'range':>21}{'overhead':>11}"]
     for r in result["rows"]:
         spread = f"{r['min_us']:,.0f}..{r['max_us']:,.0f}"
-        lines.append(f"{r['path']:<11}{r['shards']:>7}{r['batch']:>7}{r['median_us']:>11,.0f}{spread:>21}"
+        lines.append(f"{r['path']:<15}{r['shards']:>7}{r['batch']:>7}{r['median_us']:>11,.0f}{spread:>21}"
                      f"{r['overhead_us']:>11,.0f}")
     return "\n".join(lines)
 
