@@ -51,6 +51,21 @@ class _Call:
     times: dict | None = None  # perf_counter stamps a caller asked for: queued, taken, answered, woke
 
 
+def _kept(requests):
+    """A call's requests as they are when they join with others' (`concat`: requests as arrays,
+    `andromeda_nb.request_columns.RequestColumns`), else as a list."""
+    return requests if hasattr(requests, "concat") else list(requests)
+
+
+def _joined(parts: list):
+    """The requests of several calls as one sequence: joined as arrays when every call's are arrays of
+    one kind (an engine takes them whole), else one list."""
+    first = parts[0]
+    if hasattr(first, "concat") and all(type(p) is type(first) for p in parts):
+        return type(first).concat(parts)
+    return [r for p in parts for r in p]
+
+
 class BatcherClosed(RuntimeError):
     """The batcher was closed: no more calls are taken."""
 
@@ -107,7 +122,7 @@ class RequestBatcher:
             raise BatcherClosed("the server is shutting down")
         if not requests:
             return [], None
-        call = _Call(list(requests), list(ks))
+        call = _Call(_kept(requests), list(ks))
         self._queue.put(call)
         call.done.wait()
         if call.error is not None:
@@ -210,7 +225,7 @@ class RequestBatcher:
                 call.error = result
                 call.done.set()
                 continue
-            call.requests, call.ks = list(result[0]), list(result[1])
+            call.requests, call.ks = _kept(result[0]), list(result[1])
             if not call.requests:
                 call.answers = self.encode([], [], None)
                 call.done.set()
@@ -249,7 +264,7 @@ class RequestBatcher:
         return calls
 
     def _run(self, calls: list[_Call]) -> None:
-        requests = [r for c in calls for r in c.requests]
+        requests = _joined([c.requests for c in calls])
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             try:

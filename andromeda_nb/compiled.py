@@ -500,7 +500,11 @@ _ID_NAMESPACES = tuple(NS_FLEX.items()) + (("custom_audiences", NS_CUSTOM_AUDIEN
 def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
     """`encode_request` of every request, as one `EncodedBatch`. The fields are read once per request;
     the id sets become arrays by `np.fromiter` (no Python step per id), and the terms are namespaced,
-    sorted and made unique for the whole batch at once."""
+    sorted and made unique for the whole batch at once. Requests that come as arrays
+    (`andromeda_nb.request_columns.RequestColumns`) are encoded from them, with no step per request."""
+    encoded = getattr(requests, "encoded", None)
+    if encoded is not None:
+        return encoded()
     requests = list(requests)
     n = len(requests)
     users = [r.user for r in requests]
@@ -511,23 +515,16 @@ def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
     scalar_ids = np.stack([country, np.asarray([u.region for u in users], np.int64).reshape(n),
                            np.asarray([u.city for u in users], np.int64).reshape(n),
                            np.asarray([u.locale for u in users], np.int64).reshape(n)], axis=1)
-    scalar_ns = np.asarray([NS_COUNTRY, NS_REGION, NS_CITY, NS_LOCALE], np.int64)
-    has = scalar_ids >= 0
-    parts_req = [np.repeat(np.arange(n, dtype=np.int64), has.sum(axis=1))]
-    parts_term = [((scalar_ns[None, :] << TERM_SHIFT) | scalar_ids)[has]]
     empty: frozenset[int] = frozenset()
-    for key, ns in _ID_NAMESPACES:
+    id_lists = {}
+    for key, _ in _ID_NAMESPACES:
         sets = [u.ids.get(key, empty) for u in users]
         counts = np.fromiter(map(len, sets), np.int64, n)
         total = int(counts.sum())
-        if total == 0:
-            continue
-        ids = np.fromiter(itertools.chain.from_iterable(sets), np.int64, total)
-        parts_req.append(np.repeat(np.arange(n, dtype=np.int64), counts))
-        parts_term.append((np.int64(ns) << TERM_SHIFT) | ids)
-    terms, ptr = _sorted_unique_per_request(np.concatenate(parts_req), np.concatenate(parts_term), n)
-    return EncodedBatch(
-        terms=terms, term_ptr=ptr,
+        if total:
+            id_lists[key] = (counts, np.fromiter(itertools.chain.from_iterable(sets), np.int64, total))
+    return encode_arrays(
+        n, scalar_ids, id_lists,
         age=np.asarray([u.age for u in users], np.int64).reshape(n),
         gender=np.asarray([u.gender for u in users], np.int64).reshape(n),
         latitude=np.asarray([u.latitude for u in users], np.float64).reshape(n),
@@ -537,6 +534,24 @@ def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
         os=np.asarray([_OS_INDEX[c.user_os] for c in ctx], np.int64).reshape(n),
         time=np.asarray([c.time for c in ctx], np.int64).reshape(n),
     )
+
+
+def encode_arrays(n: int, scalar_ids: np.ndarray, id_lists: dict, **fields) -> EncodedBatch:
+    """The `EncodedBatch` of n requests given as arrays: `scalar_ids` int64 (n, 4), each request's
+    country code, region, city and locale (-1: none); `id_lists` key of USER_ID_KEYS -> (counts
+    int64 (n,), the ids of request 0, then of request 1, ...); `fields`: the `EncodedBatch` arrays
+    age, gender, latitude, longitude, publisher, device, os, time."""
+    scalar_ns = np.asarray([NS_COUNTRY, NS_REGION, NS_CITY, NS_LOCALE], np.int64)
+    has = scalar_ids >= 0
+    parts_req = [np.repeat(np.arange(n, dtype=np.int64), has.sum(axis=1))]
+    parts_term = [((scalar_ns[None, :] << TERM_SHIFT) | scalar_ids)[has]]
+    for key, ns in _ID_NAMESPACES:
+        if key in id_lists:
+            counts, ids = id_lists[key]
+            parts_req.append(np.repeat(np.arange(n, dtype=np.int64), counts))
+            parts_term.append((np.int64(ns) << TERM_SHIFT) | np.asarray(ids, np.int64))
+    terms, ptr = _sorted_unique_per_request(np.concatenate(parts_req), np.concatenate(parts_term), n)
+    return EncodedBatch(terms=terms, term_ptr=ptr, **{name: np.asarray(v) for name, v in fields.items()})
 
 
 def _clause_holds(ct: CompiledTargeting, j: int, enc: EncodedRequest) -> bool:

@@ -247,19 +247,19 @@ def decode_request_batches(batches: Sequence[pa.RecordBatch], *, seed: int, expe
     groups: list[tuple[pa.Schema, list[int]]] = []  # (schema, its batches); a schema's hash costs 14 us
     for i, batch in enumerate(batches):
         schema = batch.schema
-        if is_columnar(schema):
-            try:
-                check_batch_limits(batch, limits)
-            except LimitExceeded as exc:
-                out[i] = exc
-                continue
-            group = next((members for first, members in groups if first.equals(schema)), None)
-            if group is None:
-                groups.append((schema, [i]))
-            else:
-                group.append(i)
-        else:
+        group = next((members for first, members in groups if first.equals(schema)), None)
+        if group is None and not is_columnar(schema):
             out[i] = _decoded_or_error(batch, kw)
+            continue
+        try:
+            check_batch_limits(batch, limits)
+        except LimitExceeded as exc:
+            out[i] = exc
+            continue
+        if group is None:
+            groups.append((schema, [i]))
+        else:
+            group.append(i)
     for _, members in groups:
         if len(members) == 1:
             out[members[0]] = _decoded_or_error(batches[members[0]], kw)
@@ -354,6 +354,12 @@ def answer_seq(chunk) -> int | None:
         return int(json.loads(meta.to_pybytes())["seq"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def request_ids(requests) -> Sequence[int]:
+    """The ids of decoded requests: a `RequestColumns`'s array, or each `Request`'s."""
+    ids = getattr(requests, "request_id", None)
+    return ids if isinstance(ids, np.ndarray) else [r.request_id for r in requests]
 
 
 def answer_batch(request_ids: Sequence[int], answers: Sequence[tuple[np.ndarray, np.ndarray]]) -> pa.RecordBatch:
@@ -453,7 +459,7 @@ class RetrieveServer(flight.FlightServerBase):
 
     def encode(self, requests: list[Request], answers: list, seq: int | None) -> tuple[pa.RecordBatch, pa.Buffer | None]:
         """Answers to the answer batch and its app_metadata; counted in the stats."""
-        out = answer_batch([r.request_id for r in requests], answers)
+        out = answer_batch(request_ids(requests), answers)
         self.stats.add(requests=len(requests), batches=1, bytes_out=out.nbytes)
         return out, answer_metadata(seq)
 
@@ -461,11 +467,11 @@ class RetrieveServer(flight.FlightServerBase):
         """`encode` for the calls of one engine batch at once (`parts`: each call's requests and
         answers): one answer batch built for all, each call given its own rows as a slice of it
         (no copy), all with one app_metadata."""
-        requests = [r for reqs, _ in parts for r in reqs]
+        ids = np.concatenate([np.asarray(request_ids(reqs), np.int64) for reqs, _ in parts])
         answers = [a for _, ans in parts for a in ans]
-        out = answer_batch([r.request_id for r in requests], answers)
+        out = answer_batch(ids, answers)
         meta = answer_metadata(seq)
-        self.stats.add(requests=len(requests), batches=len(parts), bytes_out=out.nbytes)
+        self.stats.add(requests=len(ids), batches=len(parts), bytes_out=out.nbytes)
         result, row = [], 0
         for _, ans in parts:
             rows = sum(len(ids) for ids, _ in ans)
@@ -741,6 +747,7 @@ __all__ = [
     "flight_action",
     "location_of",
     "request_batch",
+    "request_ids",
     "request_text",
     "retrieve_encoded",
     "retrieve_over_flight",

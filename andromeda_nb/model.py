@@ -236,6 +236,21 @@ def hour_bucket(time: int) -> int:
     return (int(time) // 3600) % 24 // 6
 
 
+def context_vectors(publisher, device, os, time) -> np.ndarray:
+    """float64 (n, 17): `context_vector` of n contexts given as arrays (indexes into the constants'
+    tuples, and times)."""
+    publisher, device, os = (np.asarray(a, np.int64) for a in (publisher, device, os))
+    n = len(publisher)
+    rows = np.arange(n)
+    c = np.zeros((n, CONTEXT_WIDTH), np.float64)
+    offset = 0
+    for codes, universe in ((publisher, PUBLISHER_PLATFORMS), (device, DEVICE_PLATFORMS), (os, USER_OS)):
+        c[rows, offset + codes] = 1.0
+        offset += len(universe)
+    c[rows, offset + (np.asarray(time, np.int64) // 3600) % 24 // 6] = 1.0
+    return c
+
+
 def context_vector(context: Context) -> np.ndarray:
     """float64 (17,): one-hot publisher_platform (4) ++ device_platform (3) ++ user_os (6) ++ hour
     bucket (4), each in the order of `andromeda_nb.constants`."""
@@ -307,15 +322,22 @@ def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.nd
     """`user_side` of every request at once, float64: U, Q (R, E, D) and gamma, beta (R, F, D).
     The per-expert and per-format products are batched matrix products (BLAS), not `einsum`
     contractions, which numpy does not hand to BLAS: a batch of 64 costs a seventh of the time."""
-    requests = list(requests)
+    if getattr(requests, "model_inputs", None) is None:
+        requests = list(requests)
     W, b, K = (np.asarray(a, np.float64) for a in (model.W, model.b, model.K))
     A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
     E, D = b.shape
     F = A.shape[0]
     if not requests:
         return np.zeros((0, E, D)), np.zeros((0, E, D)), np.zeros((0, F, D)), np.zeros((0, F, D))
-    x = _batch_signals(model, requests)  # (R, E, S)
-    c = np.stack([context_vector(r.context) for r in requests])  # (R, C)
+    inputs = getattr(requests, "model_inputs", None)  # requests as arrays: their signals and contexts whole
+    if inputs is not None:
+        x, c = inputs()  # (R, E, S), (R, C)
+        if x.shape[1:] != (model.E, model.S) or not np.all(np.isfinite(x)):
+            x = _batch_signals(model, list(requests))  # names the first bad request
+    else:
+        x = _batch_signals(model, requests)
+        c = np.stack([context_vector(r.context) for r in requests])
     R = len(requests)
     # (E, R, S) @ (E, S, D) -> (E, R, D), then requests first
     U = np.tanh(np.matmul(x.transpose(1, 0, 2), W.transpose(0, 2, 1)).transpose(1, 0, 2) + b)

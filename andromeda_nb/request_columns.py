@@ -31,6 +31,7 @@ JSON request's own checker instead, which costs less for a few rows than the arr
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -48,6 +49,8 @@ from .types import Context, Request, TargetingError, User
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _ENUMS = {"publisher_platform": PUBLISHER_PLATFORMS, "device_platform": DEVICE_PLATFORMS, "user_os": USER_OS}
+_ENUM_SETS = {name: frozenset(universe) for name, universe in _ENUMS.items()}
+_ENUM_CODES = {name: {v: i for i, v in enumerate(universe)} for name, universe in _ENUMS.items()}
 _TERMS = ("region", "city", "locale")
 
 
@@ -145,6 +148,121 @@ def request_columns(requests: Sequence[Request], k: int | Sequence[int]) -> pa.R
 
 
 # --- server side ----------------------------------------------------------------------------------------
+
+
+class RequestColumns(SequenceABC):
+    """Checked requests as arrays, one entry per request: a sequence of `Request` objects, each made
+    when first asked for, whose arrays an engine takes whole (`encoded`, `model_inputs`) without a
+    Python step per request. Slices and `concat` are RequestColumns too (what the batcher joins).
+
+    `ids`: key -> (lengths, starts, values): request i holds values[starts[i] : starts[i] + lengths[i]];
+    `publisher`, `device`, `os`: indexes into the constants' tuples; `latitude`, `longitude`: NaN for
+    no location; `country`: "" for none; `signals`: float32 (n, E, S)."""
+
+    __slots__ = ("request_id", "age", "gender", "country", "region", "city", "locale", "latitude", "longitude",
+                 "ids", "publisher", "device", "os", "time", "signals", "_made")
+
+    def __init__(self, *, request_id, age, gender, country, region, city, locale, latitude, longitude, ids,
+                 publisher, device, os, time, signals):
+        self.request_id, self.age, self.gender, self.country = request_id, age, gender, country
+        self.region, self.city, self.locale = region, city, locale
+        self.latitude, self.longitude, self.ids = latitude, longitude, ids
+        self.publisher, self.device, self.os, self.time, self.signals = publisher, device, os, time, signals
+        self._made: dict[int, Request] = {}
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(lo, hi, step)]
+            return self._rows(lo, hi)
+        n = len(self)
+        i = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= i < n:
+            raise IndexError(f"request {i} of {n}")
+        made = self._made.get(i)
+        if made is None:
+            made = self._made[i] = self._request(i)
+        return made
+
+    def _rows(self, lo: int, hi: int) -> "RequestColumns":
+        return RequestColumns(
+            request_id=self.request_id[lo:hi], age=self.age[lo:hi], gender=self.gender[lo:hi],
+            country=self.country[lo:hi], region=self.region[lo:hi], city=self.city[lo:hi],
+            locale=self.locale[lo:hi], latitude=self.latitude[lo:hi], longitude=self.longitude[lo:hi],
+            ids={key: (lengths[lo:hi], starts[lo:hi], values) for key, (lengths, starts, values) in self.ids.items()},
+            publisher=self.publisher[lo:hi], device=self.device[lo:hi], os=self.os[lo:hi], time=self.time[lo:hi],
+            signals=self.signals[lo:hi])
+
+    @classmethod
+    def concat(cls, parts: Sequence["RequestColumns"]) -> "RequestColumns":
+        """The requests of `parts`, one after another."""
+        parts = list(parts)
+        if len(parts) == 1:
+            return parts[0]
+        ids = {}
+        for key in {key for p in parts for key in p.ids}:
+            lengths, starts, values, at = [], [], [], 0
+            for p in parts:
+                if key in p.ids:
+                    pl, ps, pv = p.ids[key]
+                    lengths.append(pl)
+                    starts.append(ps + at)
+                    values.append(pv)
+                    at += len(pv)
+                else:
+                    lengths.append(np.zeros(len(p), np.int64))
+                    starts.append(np.full(len(p), at, np.int64))
+            ids[key] = (np.concatenate(lengths), np.concatenate(starts),
+                        np.concatenate(values) if values else np.empty(0, np.int64))
+        joined = {name: np.concatenate([getattr(p, name) for p in parts])
+                  for name in ("request_id", "age", "gender", "region", "city", "locale", "latitude", "longitude",
+                               "publisher", "device", "os", "time", "signals")}
+        return cls(**joined, country=[c for p in parts for c in p.country], ids=ids)
+
+    def _request(self, i: int) -> Request:
+        lat, lon = float(self.latitude[i]), float(self.longitude[i])
+        no_location = lat != lat  # the one NO_LOCATION object, as from a JSON request
+        ids = {}
+        for key, (lengths, starts, values) in self.ids.items():
+            if lengths[i] > 0:
+                ids[key] = frozenset(values[starts[i] : starts[i] + lengths[i]].tolist())
+        user = User(age=int(self.age[i]), gender=int(self.gender[i]), country=self.country[i],
+                    region=int(self.region[i]), city=int(self.city[i]),
+                    latitude=NO_LOCATION if no_location else lat, longitude=NO_LOCATION if no_location else lon,
+                    locale=int(self.locale[i]), ids=ids)
+        context = Context(PUBLISHER_PLATFORMS[self.publisher[i]], DEVICE_PLATFORMS[self.device[i]],
+                          USER_OS[self.os[i]], int(self.time[i]))
+        return Request(request_id=int(self.request_id[i]), user=user, context=context, signals=self.signals[i])
+
+    def encoded(self):
+        """`andromeda_nb.compiled.encode_requests` of these requests, from the arrays."""
+        from .compiled import encode_arrays
+
+        n = len(self)
+        country = np.fromiter(((ord(c[0]) - 65) * 26 + (ord(c[1]) - 65) if len(c) == 2 else -1 for c in self.country),
+                              np.int64, n)
+        id_lists = {}
+        for key, (lengths, starts, values) in self.ids.items():
+            total = int(lengths.sum())
+            if total:
+                ends = np.cumsum(lengths)
+                index = np.repeat(starts - (ends - lengths), lengths) + np.arange(total)
+                id_lists[key] = (lengths, values[index])
+        return encode_arrays(n, np.stack([country, self.region, self.city, self.locale], axis=1), id_lists,
+                             age=self.age, gender=self.gender, latitude=self.latitude, longitude=self.longitude,
+                             publisher=self.publisher, device=self.device, os=self.os, time=self.time)
+
+    def model_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(signals float64 (n, E, S), context vectors float64 (n, C)) for `model.user_sides`."""
+        from .model import context_vectors
+
+        return self.signals.astype(np.float64), context_vectors(self.publisher, self.device, self.os, self.time)
+
+
 
 
 @dataclass
@@ -279,75 +397,185 @@ def _per_row_first(bad_items: np.ndarray, starts: np.ndarray, lengths: np.ndarra
     return rows, first
 
 
+@dataclass
+class _Arrays:
+    """A columnar batch's columns as numpy arrays, before any value is checked."""
+
+    n: int
+    rid: np.ndarray
+    rid_null: np.ndarray | None
+    k: np.ndarray
+    k_null: np.ndarray | None
+    ints: dict  # age, gender, region, city, locale, time -> (int64 values, null mask or None)
+    country: list | None
+    lat: np.ndarray
+    lon: np.ndarray
+    has_lat: np.ndarray
+    has_lon: np.ndarray
+    ids: dict  # key -> (lengths, starts, values, item null mask or None)
+    enums: dict  # name -> list of str or None
+    signals: tuple | None  # (lengths, starts, values, item null mask or None)
+
+
+def _extract(cols: _Columns) -> _Arrays:
+    n = cols.n
+    rid, rid_null = cols.ints("request_id")
+    k, k_null = cols.ints("k")
+    lat, lat_null = cols.floats("latitude")
+    lon, lon_null = cols.floats("longitude")
+    ids = {}
+    for key in USER_ID_KEYS:
+        got = cols.lists(key, floats=False)
+        if got is not None:
+            ids[key] = got
+    return _Arrays(
+        n=n, rid=rid, rid_null=rid_null, k=k, k_null=k_null,
+        ints={name: cols.ints(name) for name in ("age", "gender", *_TERMS, "time")},
+        country=cols.strings("country"), lat=lat, lon=lon,
+        has_lat=np.ones(n, bool) if lat_null is None else ~lat_null,
+        has_lon=np.ones(n, bool) if lon_null is None else ~lon_null,
+        ids=ids, enums={name: cols.strings(name) for name in _ENUMS}, signals=cols.lists("signals", floats=True))
+
+
+def _valid(a: _Arrays, limits: ServiceLimits, size: int) -> bool:
+    """Whether every value is right, in a few array operations (the happy path: `_faults` names the
+    first fault when this says no, and finds one whenever it does)."""
+    if a.rid_null is not None or a.k_null is not None:
+        return False
+    if a.k.min() < 1 or a.k.max() > min(MAX_K, limits.max_k):
+        return False
+    for name, lo, hi in (("age", *USER_AGE_RANGE), ("time", -MAX_ABS_TIME, MAX_ABS_TIME)):
+        values, nulls = a.ints[name]
+        if nulls is not None or values.min() < lo or values.max() > hi:
+            return False
+    gender, nulls = a.ints["gender"]
+    if (np.where(nulls, 0, gender) if nulls is not None else gender).min() < 0 or gender.max() > max(USER_GENDERS):
+        return False
+    for name in _TERMS:
+        values, nulls = a.ints[name]
+        present = values if nulls is None else values[~nulls]
+        if len(present) and (present.min() < 0 or present.max() > MAX_TERM_ID):
+            return False
+    if a.country is not None and not all(c is None or (len(c) == 2 and "A" <= c[0] <= "Z" and "A" <= c[1] <= "Z")
+                                         for c in a.country):
+        return False
+    if not np.array_equal(a.has_lat, a.has_lon):
+        return False
+    with np.errstate(invalid="ignore"):
+        if not (np.all(np.abs(a.lat[a.has_lat]) <= 90.0) and np.all(np.abs(a.lon[a.has_lon]) <= 180.0)):
+            return False
+    for lengths, starts, values, nulls in a.ids.values():
+        if nulls is not None or (len(values) and (values.min() < 0 or values.max() > MAX_TERM_ID)):
+            return False
+    for name, universe in _ENUMS.items():
+        if not set(a.enums[name]) <= _ENUM_SETS[name]:
+            return False
+    if a.signals is not None:
+        lengths, starts, values, nulls = a.signals
+        if nulls is not None or not np.all((lengths == size) | (lengths < 0)):
+            return False
+        with np.errstate(invalid="ignore"):
+            if not np.all(np.abs(values) <= _F32_MAX):  # False for NaN and the infinities too
+                return False
+    return True
+
+
 def decode_columns(data: pa.RecordBatch | pa.Table, *, seed: int, experts: int, width: int,
                    limits: ServiceLimits = DEFAULT_LIMITS, segments: Sequence[int] | None = None
-                   ) -> tuple[list[Request], list[int]]:
-    """Check a columnar request batch (module docstring) and return (requests, ks). `segments`: the
-    row counts of the calls concatenated in `data` (request ids need only be unique within one);
-    None: one call. Raises `InvalidInput` (or `LimitExceeded` for a k over `limits.max_k`) naming the
-    request and the JSON path of the first fault."""
+                   ) -> tuple[Sequence[Request], list[int]]:
+    """Check a columnar request batch (module docstring) and return (requests, ks): a
+    `RequestColumns` (a sequence of `Request` objects made as they are asked for, whose arrays an
+    engine can take whole), or a list for a batch checked row by row. `segments`: the row counts of
+    the calls concatenated in `data` (request ids need only be unique within one); None: one call.
+    Raises `InvalidInput` (or `LimitExceeded` for a k over `limits.max_k`) naming the request and the
+    JSON path of the first fault."""
     cols = _Columns(data)
     if cols.n <= ROW_PATH_MAX:
         return _decode_rows(data, seed=seed, experts=experts, width=width, limits=limits, segments=segments)
-    n = cols.n
-    rid, rid_null = cols.ints("request_id")
-    _check_unique(rid, segments, rid_null)  # first, as in a JSON batch
-    k, k_null = cols.ints("k")
-    faults: list[_Fault] = []
+    a = _extract(cols)
+    _check_unique(a.rid, segments, a.rid_null)  # first, as in a JSON batch
+    size = experts * width
+    if not _valid(a, limits, size):
+        _raise_first(_faults(a, limits, experts, width), a.n)
+        raise AssertionError("the quick check found a fault the detailed checks do not")  # kept in step by tests
+    n = a.n
+    signals = np.empty((n, experts, width), np.float32)
+    derived = np.ones(n, bool)
+    if a.signals is not None:
+        lengths, starts, values, _ = a.signals
+        derived = lengths < 0
+        take = np.flatnonzero(~derived)
+        if len(take):
+            index = starts[take, None] + np.arange(size)[None, :]
+            signals[take] = values[index].astype(np.float32).reshape(len(take), experts, width)
+    if derived.any():
+        take = np.flatnonzero(derived)
+        signals[take] = derive.request_signals_many(a.rid[take], seed, experts, width)
+    ints = {name: values if nulls is None else np.where(nulls, 0 if name == "gender" else -1, values)
+            for name, (values, nulls) in a.ints.items()}
+    ids = {key: (lengths.clip(min=0), starts, values) for key, (lengths, starts, values, _) in a.ids.items()}
+    codes = {name: np.fromiter((_ENUM_CODES[name][v] for v in a.enums[name]), np.int64, n) for name in _ENUMS}
+    requests = RequestColumns(
+        request_id=a.rid, age=ints["age"], gender=ints["gender"],
+        country=[c or "" for c in a.country] if a.country is not None else [""] * n,
+        region=ints["region"], city=ints["city"], locale=ints["locale"],
+        latitude=np.where(a.has_lat, a.lat, np.nan), longitude=np.where(a.has_lon, a.lon, np.nan), ids=ids,
+        publisher=codes["publisher_platform"], device=codes["device_platform"], os=codes["user_os"],
+        time=ints["time"], signals=signals)
+    return requests, a.k.tolist()
 
-    def fail(path: str, message: str) -> Callable[[int], BaseException]:
-        return lambda i: InvalidInput(f"request {_rid(i)}: {path}: {message(i) if callable(message) else message}")
+
+def _faults(a: _Arrays, limits: ServiceLimits, experts: int, width: int) -> list[_Fault]:
+    """Every check, one `_Fault` each, in the order the JSON checker makes them for one request."""
+    n = a.n
+    rid, rid_null, k = a.rid, a.rid_null, a.k
+    faults: list[_Fault] = []
 
     def _rid(i: int):
         return None if rid_null is not None and rid_null[i] else int(rid[i])
 
+    def fail(path: str, message) -> Callable[[int], BaseException]:
+        return lambda i: InvalidInput(f"request {_rid(i)}: {path}: {message(i) if callable(message) else message}")
+
     nulls = np.zeros(n, bool)
-    for mask in (rid_null, k_null):
+    for mask in (rid_null, a.k_null):
         if mask is not None:
             nulls |= mask
     faults.append(_Fault(nulls, lambda i: InvalidInput(f"request {_rid(i)}: null request_id or k")))
     faults.append(_Fault((k < 1) | (k > MAX_K) | (k > limits.max_k), lambda i: _k_error(int(k[i]), _rid(i), limits)))
 
-    def required_null(name: str, mask) -> None:
-        if mask is not None:
-            faults.append(_Fault(mask, fail(BY_NAME[name].path, "is required")))
+    def required(name: str, lo, hi) -> None:
+        values, null = a.ints[name]
+        path = BY_NAME[name].path
+        if null is not None:
+            faults.append(_Fault(null, fail(path, "is required")))
+        out_of_range(path, values, None if null is None else ~null, lo, hi)
 
-    def out_of_range(name: str, values, present, lo, hi) -> None:
+    def out_of_range(path: str, values, present, lo, hi) -> None:
         bad = (values < lo) | (values > hi)
         if present is not None:
             bad &= present
-        faults.append(_Fault(bad, fail(BY_NAME[name].path, lambda i: f"{values[i]} is out of range {lo}..{hi}")))
+        faults.append(_Fault(bad, fail(path, lambda i: f"{values[i]} is out of range {lo}..{hi}")))
 
-    age, age_null = cols.ints("age")
-    required_null("age", age_null)
-    out_of_range("age", age, None if age_null is None else ~age_null, *USER_AGE_RANGE)
-
-    gender, gender_null = cols.ints("gender")
+    required("age", *USER_AGE_RANGE)
+    gender, gender_null = a.ints["gender"]
     gender = np.where(gender_null, 0, gender) if gender_null is not None else gender
     faults.append(_Fault(~np.isin(gender, USER_GENDERS), fail(
         "user.gender", lambda i: f"{int(gender[i])!r} is not one of {', '.join(map(repr, USER_GENDERS))}")))
-
-    country = cols.strings("country")
+    country = a.country
     if country is not None:
         bad = np.fromiter((c is not None and not (len(c) == 2 and "A" <= c[0] <= "Z" and "A" <= c[1] <= "Z")
                            for c in country), bool, n)
         faults.append(_Fault(bad, fail("user.country", lambda i: f"{country[i]!r} is not an ISO-3166 alpha-2 code "
                                                                  "(two upper-case letters)")))
-
-    terms = {}
     for name in _TERMS:
-        values, null = cols.ints(name)
-        present = None if null is None else ~null
-        out_of_range(name, values, present, 0, MAX_TERM_ID)
-        terms[name] = np.where(null, -1, values) if null is not None else values
+        values, null = a.ints[name]
+        out_of_range(BY_NAME[name].path, values, None if null is None else ~null, 0, MAX_TERM_ID)
 
-    lat, lat_null = cols.floats("latitude")
-    lon, lon_null = cols.floats("longitude")
-    has_lat = np.ones(n, bool) if lat_null is None else ~lat_null
-    has_lon = np.ones(n, bool) if lon_null is None else ~lon_null
+    has_lat, has_lon = a.has_lat, a.has_lon
     faults.append(_Fault(has_lat != has_lon, lambda i: InvalidInput(
         f"request {_rid(i)}: user.{'longitude' if has_lat[i] else 'latitude'}: latitude and longitude come together")))
-    for name, values, present, bound in (("latitude", lat, has_lat, 90.0), ("longitude", lon, has_lon, 180.0)):
+    for name, values, present, bound in (("latitude", a.lat, has_lat, 90.0), ("longitude", a.lon, has_lon, 180.0)):
         faults.append(_Fault(present & ~np.isfinite(values),
                              fail(BY_NAME[name].path, lambda i, v=values: f"must be finite, got {float(v[i])}")))
         with np.errstate(invalid="ignore"):
@@ -355,13 +583,7 @@ def decode_columns(data: pa.RecordBatch | pa.Table, *, seed: int, experts: int, 
         faults.append(_Fault(bad, fail(BY_NAME[name].path,
                                        lambda i, v=values, b=bound: f"{float(v[i])} is out of range {-b}..{b}")))
 
-    ids = {}
-    for key in USER_ID_KEYS:
-        got = cols.lists(key, floats=False)
-        if got is None:
-            continue
-        lengths, starts, values, item_null = got
-        ids[key] = (lengths, starts, values)
+    for key, (lengths, starts, values, item_null) in a.ids.items():
         if item_null is not None:
             rows, first = _per_row_first(item_null, starts, lengths, n)
             faults.append(_Fault(rows, lambda i, key=key, first=first: InvalidInput(
@@ -374,30 +596,23 @@ def decode_columns(data: pa.RecordBatch | pa.Table, *, seed: int, experts: int, 
             f"request {_rid(i)}: user.{key}[{first[i]}]: {int(values[starts[i] + first[i]])} is out of range "
             f"0..{MAX_TERM_ID}")))
 
-    enums = {}
     for name, universe in _ENUMS.items():
-        values = cols.strings(name)
-        enums[name] = values
-        faults.append(_Fault(np.fromiter((v is None for v in values), bool, n), fail(BY_NAME[name].path, "is required")))
-        allowed = frozenset(universe)
+        values = a.enums[name]
+        path = BY_NAME[name].path
+        faults.append(_Fault(np.fromiter((v is None for v in values), bool, n), fail(path, "is required")))
+        allowed = _ENUM_SETS[name]
         faults.append(_Fault(np.fromiter((v is not None and v not in allowed for v in values), bool, n),
-                             fail(BY_NAME[name].path, lambda i, v=values, u=universe:
+                             fail(path, lambda i, v=values, u=universe:
                                   f"{v[i]!r} is not one of {', '.join(map(repr, u))}")))
-
-    time, time_null = cols.ints("time")
-    required_null("time", time_null)
-    out_of_range("time", time, None if time_null is None else ~time_null, -MAX_ABS_TIME, MAX_ABS_TIME)
+    required("time", -MAX_ABS_TIME, MAX_ABS_TIME)
 
     size = experts * width
-    signals = np.empty((n, experts, width), np.float32)
-    derived = np.ones(n, bool)
-    got = cols.lists("signals", floats=True)
-    if got is not None:
-        lengths, starts, values, item_null = got
-        derived = lengths < 0
-        faults.append(_Fault(~derived & (lengths != size), lambda i, lengths=lengths: InvalidInput(
+    if a.signals is not None:
+        lengths, starts, values, item_null = a.signals
+        given = lengths >= 0
+        faults.append(_Fault(given & (lengths != size), lambda i: InvalidInput(
             f"request {_rid(i)}: signals: has {int(lengths[i])} values; expected {size} ({experts} groups of {width})")))
-        good = ~derived & (lengths == size)
+        good = given & (lengths == size)
         if item_null is not None:
             rows, first = _per_row_first(item_null, starts, lengths, n)
             faults.append(_Fault(rows & good, lambda i, first=first: InvalidInput(
@@ -405,47 +620,15 @@ def decode_columns(data: pa.RecordBatch | pa.Table, *, seed: int, experts: int, 
             values = np.where(item_null, 0.0, values)
         finite = np.isfinite(values)
         rows, first = _per_row_first(~finite, starts, lengths, n)
-        faults.append(_Fault(rows & good, lambda i, first=first, starts=starts, values=values: InvalidInput(
-            f"request {_rid(i)}: {_signal_path(first[i], width)}: must be finite, got {float(values[starts[i] + first[i]])}")))
+        faults.append(_Fault(rows & good, lambda i, first=first, values=values: InvalidInput(
+            f"request {_rid(i)}: {_signal_path(first[i], width)}: must be finite, got "
+            f"{float(values[starts[i] + first[i]])}")))
         with np.errstate(invalid="ignore"):
             rows, first = _per_row_first(finite & (np.abs(values) > _F32_MAX), starts, lengths, n)
-        faults.append(_Fault(rows & good, lambda i, first=first, starts=starts, values=values: InvalidInput(
-            f"request {_rid(i)}: {_signal_path(first[i], width)}: {float(values[starts[i] + first[i]])} is out of range "
-            f"{-_F32_MAX}..{_F32_MAX}")))
-        _raise_first(faults, n)  # before the values are read as rows of `size`
-        if good.any():
-            take = np.flatnonzero(good)
-            index = starts[take, None] + np.arange(size)[None, :]
-            signals[take] = values[index].astype(np.float32).reshape(len(take), experts, width)
-    _raise_first(faults, n)
-    if derived.any():
-        take = np.flatnonzero(derived)
-        signals[take] = derive.request_signals_many(rid[take], seed, experts, width)
-
-    # the checked columns to Request objects, one Python step per request (and per id list held)
-    age_l, gender_l, time_l, rid_l = age.tolist(), gender.tolist(), time.tolist(), rid.tolist()
-    region_l, city_l, locale_l = (terms[name].tolist() for name in _TERMS)
-    # no location is the one NO_LOCATION object, as from a JSON request (equal requests compare equal)
-    lat_l = [v if h else NO_LOCATION for v, h in zip(lat.tolist(), has_lat.tolist())]
-    lon_l = [v if h else NO_LOCATION for v, h in zip(lon.tolist(), has_lon.tolist())]
-    country_l = [c or "" for c in country] if country is not None else [""] * n
-    user_ids: list[dict] = [{} for _ in range(n)]
-    for key, (lengths, starts, values) in ids.items():
-        held = np.flatnonzero(lengths > 0)
-        if len(held):
-            items = values.tolist()
-            for i, lo, m in zip(held.tolist(), starts[held].tolist(), lengths[held].tolist()):
-                user_ids[i][key] = frozenset(items[lo : lo + m])
-    pubs, devs, oses = enums["publisher_platform"], enums["device_platform"], enums["user_os"]
-    requests = [
-        Request(request_id=rid_l[i],
-                user=User(age=age_l[i], gender=gender_l[i], country=country_l[i], region=region_l[i],
-                          city=city_l[i], latitude=lat_l[i], longitude=lon_l[i], locale=locale_l[i],
-                          ids=user_ids[i]),
-                context=Context(pubs[i], devs[i], oses[i], time_l[i]), signals=signals[i])
-        for i in range(n)
-    ]
-    return requests, k.tolist()
+        faults.append(_Fault(rows & good, lambda i, first=first, values=values: InvalidInput(
+            f"request {_rid(i)}: {_signal_path(first[i], width)}: {float(values[starts[i] + first[i]])} is out of "
+            f"range {-_F32_MAX}..{_F32_MAX}")))
+    return faults
 
 
 def _decode_rows(data, *, seed: int, experts: int, width: int, limits: ServiceLimits, segments
@@ -527,4 +710,4 @@ def _check_unique(rid: np.ndarray, segments: Sequence[int] | None, nulls: np.nda
                            "would be ambiguous)")
 
 
-__all__ = ["COLUMNS", "Column", "decode_columns", "is_columnar", "request_columns"]
+__all__ = ["COLUMNS", "Column", "ROW_PATH_MAX", "RequestColumns", "decode_columns", "is_columnar", "request_columns"]

@@ -61,7 +61,8 @@ class GpuEngine(EngineBase):
         return fold_tables_batch(*user_sides(self.model, requests))
 
     def retrieve(self, requests: Sequence[Request], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        requests = list(requests)
+        if not hasattr(requests, "encoded"):  # requests as arrays (RequestColumns) stay arrays, sliced below
+            requests = list(requests)
         self._follow_slots()
         if self.index.capacity == 0:  # built from no ads, none created yet: nothing to launch over
             return [no_answer() for _ in requests]

@@ -1,7 +1,9 @@
 """What a server pays to decode requests: the JSON request batch against the columnar one
 (`andromeda_nb.request_columns`), at several batch sizes, and the one-request calls of many clients
-decoded one by one against together (`flight.decode_request_batches`). Both kinds are decoded and
-checked equal to the corpus's requests before anything is timed.
+decoded one by one against together (`flight.decode_request_batches`); then the GPU engine's host
+side of the largest batch (`compiled.encode_requests` and the folded user-side tables) from the
+`Request` objects JSON decodes to, and from the arrays columns decode to. Both kinds are decoded and
+checked equal to the corpus's requests, and both host sides checked equal, before anything is timed.
 
     PYTHONPATH=. python3 scripts/time_request_decode.py --data DIR --out decode.json
 """
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
 
     def check(batch, want):
         got, ks = fl.decode_request_batch(batch, **kw)
-        assert got == want and ks == [100] * len(want)
+        assert list(got) == want and ks == [100] * len(want)
         assert all(np.array_equal(a.signals, b.signals) for a, b in zip(got, want))
 
     rows = []
@@ -75,12 +77,31 @@ def main(argv=None) -> int:
     for kind, encode in (("json", fl.request_batch), ("columns", request_columns)):
         singles = [encode([r], 100) for r in requests[: args.calls]]
         together = fl.decode_request_batches(singles, **kw)
-        assert [reqs[0] for reqs, _ in together] == requests[: args.calls]
+        assert [list(reqs)[0] for reqs, _ in together] == requests[: args.calls]
         calls[kind] = {"one_by_one_ms": median_ms(lambda: [fl.decode_request_batch(b, **kw) for b in singles],
                                                   args.repeat),
                        "together_ms": median_ms(lambda: fl.decode_request_batches(singles, **kw), args.repeat)}
+    from andromeda_nb.compiled import encode_requests
+    from andromeda_nb.model import MoeModel, user_sides
+    from andromeda_nb.scoring import fold_tables_batch
+    from andromeda_nb.store import MODEL_FILE
+
+    model = MoeModel.load(Path(args.data) / MODEL_FILE)
+    n = max(int(s) for s in args.sizes.split(","))
+    objects = fl.decode_request_batch(fl.request_batch(requests[:n], 100), **kw)[0]
+    arrays = fl.decode_request_batch(request_columns(requests[:n], 100), **kw)[0]
+
+    def host_side(reqs):
+        return encode_requests(reqs), fold_tables_batch(*user_sides(model, reqs))
+
+    (eo, to), (ea, ta) = host_side(objects), host_side(arrays)
+    assert np.array_equal(eo.terms, ea.terms) and np.array_equal(eo.term_ptr, ea.term_ptr)
+    assert np.allclose(to, ta, rtol=1e-6, atol=1e-6)
+    engine_host = {"requests": n, "objects_ms": median_ms(lambda: host_side(objects), args.repeat),
+                   "arrays_ms": median_ms(lambda: host_side(arrays), args.repeat)}
     out = {"what": "request decoding on the server: JSON against columnar request batches (medians)",
            "requests_of": args.data, "batches": rows, f"calls_of_one_request_x{args.calls}": calls,
+           "engine_host_side": engine_host,
            "host": host_info(),
            "command": "python3 scripts/time_request_decode.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     for row in rows:
@@ -90,6 +111,8 @@ def main(argv=None) -> int:
     for kind, c in calls.items():
         print(f"{args.calls} one-request calls as {kind}: {c['one_by_one_ms']:.3f} ms one by one, "
               f"{c['together_ms']:.3f} ms together")
+    print(f"the engine's host side of {n} requests: {engine_host['objects_ms']:.3f} ms from Request objects, "
+          f"{engine_host['arrays_ms']:.3f} ms from arrays")
     if args.out:
         write_json(out, args.out)
     return 0

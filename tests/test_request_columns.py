@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -20,10 +21,14 @@ from andromeda_nb import testing
 from andromeda_nb.compiled import MAX_TERM_ID
 from andromeda_nb.constants import MAX_K
 from andromeda_nb.limits import LimitExceeded, ServiceLimits
-from andromeda_nb.request_columns import COLUMNS, ROW_PATH_MAX, decode_columns, request_columns
+from andromeda_nb.compiled import encode_requests
+from andromeda_nb.model import MoeModel, user_sides
+from andromeda_nb.request_columns import COLUMNS, ROW_PATH_MAX, RequestColumns, decode_columns, request_columns
 from andromeda_nb.targeting import MAX_ABS_TIME, request_to_json
 
-from _servers import colocated_server, location, saved_corpus, stop
+from andromeda_nb.reference import ReferenceRetriever
+
+from _servers import assert_equals_reference, colocated_server, location, saved_corpus, stop
 
 E, S = 3, 4
 KW = dict(seed=7, experts=E, width=S)
@@ -38,7 +43,7 @@ def _requests(n: int, seed: int = 1):
 
 def _same(got, want):
     assert got[1] == want[1]  # ks
-    assert got[0] == want[0]  # requests (signals are compared below)
+    assert list(got[0]) == list(want[0])  # requests (signals are compared below)
     for a, b in zip(got[0], want[0]):
         np.testing.assert_array_equal(a.signals, b.signals)
         assert a.signals.dtype == np.float32 and a.signals.shape == (E, S)
@@ -49,7 +54,7 @@ def test_a_columnar_batch_decodes_to_the_requests_of_the_json_batch():
     ks = [1 + i % 7 for i in range(40)]
     got = decode_columns(request_columns(requests, ks), **KW)
     _same(got, fl.decode_request_batch(fl.request_batch(requests, ks), **KW))
-    assert got[0] == requests
+    assert isinstance(got[0], RequestColumns) and list(got[0]) == requests
     # the server's entry point takes either kind
     _same(fl.decode_request_batch(request_columns(requests, ks), **KW), got)
     # every kind of field is in the drawn requests, or the equality above proves little
@@ -62,7 +67,7 @@ def test_a_columnar_batch_decodes_to_the_requests_of_the_json_batch():
 @given(testing.request_lists(0, 8, experts=E, width=S))
 def test_drawn_requests_round_trip(requests):
     got = decode_columns(request_columns(requests, 5), **KW)
-    assert got[0] == requests and got[1] == [5] * len(requests)
+    assert list(got[0]) == requests and got[1] == [5] * len(requests)
 
 
 @pytest.mark.parametrize("rows", [3, 12])
@@ -93,6 +98,97 @@ def test_optional_columns_may_be_left_out():
         assert g.user.age == r.user.age and g.context == r.context
         assert g.user.country == "" and g.user.region == -1 and not g.user.ids
         assert np.isnan(g.user.latitude) and np.isnan(g.user.longitude)
+
+
+# --- requests as arrays, taken whole ---------------------------------------------------------------------
+
+
+def _columns(requests, k=5):
+    got, _ = decode_columns(request_columns(requests, k), **KW)
+    assert isinstance(got, RequestColumns)
+    return got
+
+
+def _same_encoded(a, b):
+    for name in ("terms", "term_ptr", "age", "gender", "latitude", "longitude", "publisher", "device", "os", "time"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+@DRAWN
+@given(testing.request_lists(ROW_PATH_MAX + 1, 20, experts=E, width=S))
+def test_the_arrays_encode_and_feed_the_model_as_the_request_objects_do(requests):
+    cols = _columns(requests)
+    _same_encoded(encode_requests(cols), encode_requests(requests))
+    model = MoeModel.init(3, D=8, E=E, F=3, S=S)
+    for got, want in zip(user_sides(model, cols), user_sides(model, requests)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+
+
+def test_slices_and_joins_of_the_arrays_are_the_same_requests():
+    requests = _requests(30)
+    a, b = _columns(requests[:12]), _columns(requests[12:])
+    joined = RequestColumns.concat([a[3:12], b, a[:3]])
+    want = requests[3:12] + requests[12:] + requests[:3]
+    assert isinstance(joined, RequestColumns) and list(joined) == want
+    _same_encoded(encode_requests(joined), encode_requests(want))
+    assert joined[-1] == requests[2] and joined[5] is joined[5]  # made once
+    np.testing.assert_array_equal(fl.request_ids(joined), [r.request_id for r in want])
+    with pytest.raises(IndexError):
+        joined[len(want)]
+
+
+def test_the_batcher_hands_the_engine_the_calls_arrays_joined():
+    """Calls decoded to arrays reach the engine as one RequestColumns, answered per call; a call of
+    Request objects among them makes the batch a list."""
+    import threading
+
+    from andromeda_nb.batcher import RequestBatcher
+
+    requests = _requests(30)
+    seen = []
+
+    def run(batch, k):
+        seen.append(type(batch))
+        return [(np.array([r.request_id]), np.array([1.0], np.float32)) for r in batch], 0
+
+    batcher = RequestBatcher(run, max_wait_s=0.2)
+    parts = [_columns(requests[:10]), _columns(requests[10:20]), requests[20:]]
+    results = {}
+
+    def call(i, part):
+        results[i] = batcher.submit(part, [3] * len(part))[0]
+
+    try:
+        for group in ([0, 1], [0, 1, 2]):
+            threads = [threading.Thread(target=call, args=(i, parts[i])) for i in group]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+            for i in group:
+                assert [int(ids[0]) for ids, _ in results[i]] == [r.request_id for r in parts[i]]
+    finally:
+        batcher.close()
+    assert seen[0] is RequestColumns and list in seen
+
+
+def test_the_gpu_engine_answers_the_arrays_as_the_float64_reference(tmp_path):
+    """The GPU engine (the simulator here: one launch costs seconds) takes the arrays whole; its
+    answers equal the float64 reference's, request by request."""
+    from gpu.engine import GpuEngine
+
+    device = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
+    _, dataset = saved_corpus(tmp_path / "corpus", 11, n_ads=40, n_requests=ROW_PATH_MAX + 1)
+    cols, _ = decode_columns(request_columns(dataset.requests, 7), seed=dataset.seed, experts=dataset.model.E,
+                             width=dataset.model.S)
+    assert isinstance(cols, RequestColumns)
+    engine = GpuEngine(dataset, device)
+    try:
+        answers = engine.retrieve(cols, 7)
+    finally:
+        engine.close()
+    assert sum(len(ids) for ids, _ in answers) > 0
+    assert_equals_reference(ReferenceRetriever.build(dataset), list(dataset.requests), answers, 7, "columns")
 
 
 # --- the same fault, the same message ------------------------------------------------------------------
@@ -225,7 +321,7 @@ def test_columns_of_the_wrong_type_unknown_or_missing_are_named(rows):
     lacking = batch.drop_columns(["time", "user_os"])
     assert "lacks column(s) user_os, time" in _error(lacking)[1]
     dictionary = batch.set_column(at("user_os"), "user_os", batch.column("user_os").dictionary_encode())
-    assert fl.decode_request_batch(dictionary, **KW)[0] == fl.decode_request_batch(batch, **KW)[0]
+    assert list(fl.decode_request_batch(dictionary, **KW)[0]) == list(fl.decode_request_batch(batch, **KW)[0])
     neither = pa.record_batch([pa.array([1], pa.int64())], names=["request_id"])
     assert "lacks column(s) request, k" in _error(neither)[1]
     ids = batch.set_column(at("interests"), "interests", pa.array([["a"]] * rows, pa.list_(pa.utf8())))
