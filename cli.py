@@ -45,6 +45,9 @@ def _service_failure(exc: BaseException) -> str | None:
 def main():
     """GPU ads retrieval by model-system co-design: run, compare and measure a remote-scoring CPU
     architecture and a co-located GPU one on the same corpus."""
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
 
 
 # --- shared helpers --------------------------------------------------------------------------------

@@ -76,7 +76,11 @@ def preflight(host: str, port: int, guard: ServerGuard = OPEN) -> None:
 
 
 def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGuard = OPEN):
-    """`make(location)` for `host:port` under `guard`, or ServeError saying what is wrong."""
+    """`make(location)` for `host:port` under `guard`, or ServeError saying what is wrong. A serving
+    process keeps the memory its batches free (`andromeda_nb.hostmem`)."""
+    from .hostmem import keep_freed_memory
+
+    keep_freed_memory()
     preflight(host, port, guard)
     try:
         return make(guard.location(host, port))

@@ -162,6 +162,9 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(prog="python -m cluster.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="corpus directory")
     parser.add_argument("--shards", default="1,2,4", help="shard counts to time, comma-separated")

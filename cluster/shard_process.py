@@ -16,6 +16,9 @@ import threading
 
 
 def main(argv=None) -> int:
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(prog="python -m cluster.shard_process", description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="corpus directory (the shard's slice is cut here)")
     parser.add_argument("--shard", type=int, required=True)

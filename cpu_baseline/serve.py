@@ -85,6 +85,9 @@ def run_index_host(data, scorer: str, settings: ServerSettings | None = None, *,
 
 
 def main(argv=None) -> int:
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(prog="python -m cpu_baseline.serve", description=__doc__.split("\n")[0])
     parser.add_argument("service", choices=("scorer", "remote"))
     parser.add_argument("--data", help="corpus directory")

@@ -47,6 +47,9 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
 
 
 def main(argv=None) -> int:
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(prog="python -m migration.serve", description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="corpus directory")
     add_server_arguments(parser)

@@ -145,6 +145,9 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
 
 
 def main(argv=None) -> int:
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # as the servers do (andromeda_nb.hostmem)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="corpus directory (made by `andromeda generate`)")
     ap.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))

@@ -26,6 +26,9 @@ from andromeda_nb.provenance import host_info  # noqa: E402
 
 
 def main(argv=None) -> int:
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # as the servers do (andromeda_nb.hostmem)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--clients", type=int, default=32)

@@ -68,6 +68,9 @@ def blas_info() -> dict:
 
 
 def main(argv=None) -> int:
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # as the servers do (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="corpus directory (andromeda generate)")
     parser.add_argument("--repeat", type=int, default=20)

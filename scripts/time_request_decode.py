@@ -42,8 +42,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1,8,32,64", help="requests per batch, comma-separated")
     ap.add_argument("--calls", type=int, default=32, help="one-request calls decoded together")
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--allocator", default="kept", choices=("kept", "default"),
+                    help="'kept': freed memory kept, as the servers do (andromeda_nb.hostmem); 'default': glibc's own")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    from andromeda_nb.hostmem import keep_freed_memory
+
+    kept = keep_freed_memory() if args.allocator == "kept" else False
 
     from andromeda_nb import flight as fl
     from andromeda_nb.request_columns import request_columns
@@ -101,7 +106,7 @@ def main(argv=None) -> int:
                    "arrays_ms": median_ms(lambda: host_side(arrays), args.repeat)}
     out = {"what": "request decoding on the server: JSON against columnar request batches (medians)",
            "requests_of": args.data, "batches": rows, f"calls_of_one_request_x{args.calls}": calls,
-           "engine_host_side": engine_host,
+           "engine_host_side": engine_host, "allocator": {"asked": args.allocator, "freed_memory_kept": kept},
            "host": host_info(),
            "command": "python3 scripts/time_request_decode.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     for row in rows:

@@ -1,0 +1,51 @@
+"""The allocator setting of serving processes (andromeda_nb.hostmem): freed memory stays with the
+process, where glibc would hand it back, and the environment's own setting rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from andromeda_nb.hostmem import ENV_KEYS
+
+PROBE = """
+import json, sys
+import numpy as np
+from andromeda_nb.hostmem import keep_freed_memory
+
+kept = keep_freed_memory() if sys.argv[1] == "kept" else False
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+before = rss_mb()
+a = np.ones(20 * 2**20 // 8)  # 20 MiB, touched
+held = rss_mb()
+del a
+print(json.dumps({"kept": kept, "again": keep_freed_memory() if kept else None, "grew": held - before,
+                  "after_free": rss_mb() - before}))
+"""
+
+
+def _run(mode: str, env=None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS} | (env or {})
+    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not os.path.exists("/proc/self/statm"),
+                    reason="glibc on Linux")
+def test_freed_memory_stays_with_the_process_only_when_kept():
+    kept, default = _run("kept"), _run("default")
+    assert kept["kept"] is True and kept["again"] is True
+    assert kept["grew"] > 15 and default["grew"] > 15  # the array was there
+    assert kept["after_free"] > 15  # freed, and still the process's: the next batch faults nothing in
+    assert default["after_free"] < 5  # glibc's own thresholds hand it back
+
+
+def test_the_environments_setting_rules():
+    assert _run("kept", {"MALLOC_TRIM_THRESHOLD_": "131072"})["kept"] is False
