@@ -24,7 +24,10 @@ class ShardReplica:
     """`dataset`: the shard's `Dataset` (or a corpus directory, sliced here); `device`: where its engine runs."""
 
     def __init__(self, dataset, shard: int, n_shards: int, replica: int, device: str = "cpu"):
+        from andromeda_nb.hostmem import keep_freed_memory
         from migration.architectures import build_engine
+
+        keep_freed_memory()  # a replica's process serves batches as any server's (andromeda_nb.hostmem)
 
         if isinstance(dataset, (str, os.PathLike)):
             from andromeda_nb.store import load_dataset
