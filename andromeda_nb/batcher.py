@@ -20,7 +20,10 @@ wait. Every step in Python wants the interpreter lock: done on thirty-two caller
 of each call queues for it behind the others, and the lock changes hands many times per request;
 done on one thread, it is that thread's uninterrupted work (docs/BENCHMARKS.md, "The served path").
 
-With `decode_ahead` the payloads are decoded on a thread of their own, a stage ahead of the worker:
+Without `decode_ahead`, a batcher given `decode_many` and `count` (a payload's number of requests,
+or None for a payload to decode as it is taken) decodes the counted calls of a batch together when
+the batch closes, on the worker: columnar request batches are then checked as one
+(`andromeda_nb.flight.decode_request_batches`), however many calls they came in. With `decode_ahead` the payloads are decoded on a thread of their own, a stage ahead of the worker:
 while a batch is on the device (the worker waits for it without the interpreter lock), the calls
 that arrive meanwhile are decoded, and the next batch starts with its requests in hand. Without it
 (the default) the worker decodes each call as it takes it, between batches. Around an engine with no
@@ -49,6 +52,7 @@ class _Call:
     tag: object = None
     error: BaseException | None = None
     times: dict | None = None  # perf_counter stamps a caller asked for: queued, taken, answered, woke
+    size: int | None = None  # requests in a payload left to decode when its batch closes
 
 
 def _kept(requests):
@@ -77,7 +81,7 @@ class RequestBatcher:
 
     def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
                  name: str = "request-batcher", decode=None, encode=None, encode_many=None, decode_many=None,
-                 decode_ahead: bool = False):
+                 decode_ahead: bool = False, count=None):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
         if max_requests < 1:
@@ -91,6 +95,9 @@ class RequestBatcher:
         self.encode_many = encode_many
         # decode_many([payload, ...]) -> one (requests, ks) or exception per payload (optional)
         self.decode_many = decode_many
+        # count(payload) -> its number of requests, read without decoding it, or None: with decode_many,
+        # the worker decodes a batch's counted calls together when the batch closes
+        self.count = count
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
@@ -203,7 +210,7 @@ class RequestBatcher:
         t0 = time.perf_counter()
         for call in calls:
             if call.times is not None:
-                call.times["taken"] = t0
+                call.times.setdefault("taken", t0)
         results = None
         if self.decode_many is not None and len(calls) > 1:
             try:
@@ -235,14 +242,26 @@ class RequestBatcher:
 
     # --- the worker ------------------------------------------------------------------------------------
     def _take(self, call: _Call) -> bool:
-        """Decode a call that came as a payload (unless decoded ahead); False (the caller told) when it
-        does not decode or holds no request."""
-        return call.requests is not None or bool(self._decode_calls([call]))
+        """Decode a call that came as a payload (unless decoded ahead, or left for the batch's close);
+        False (the caller told) when it does not decode or holds no request."""
+        if call.requests is not None:
+            return True
+        if self._decoder is None and self.decode_many is not None and self.count is not None:
+            call.size = self.count(call.payload)
+            if call.size is not None:  # decoded with the batch's other calls when it closes
+                if call.times is not None:
+                    call.times["taken"] = time.perf_counter()
+                return True
+        return bool(self._decode_calls([call]))
+
+    @staticmethod
+    def _size(call: _Call) -> int:
+        return len(call.requests) if call.requests is not None else call.size
 
     def _gather(self, first: _Call) -> list[_Call]:
         if not self._take(first):
             return []
-        calls, n = [first], len(first.requests)
+        calls, n = [first], self._size(first)
         deadline = time.perf_counter() + self.max_wait_s
         while n < self.max_requests:
             try:
@@ -255,15 +274,22 @@ class RequestBatcher:
                 break
             if not self._take(call):
                 continue
-            if n + len(call.requests) > self.max_requests and n:
+            size = self._size(call)
+            if n + size > self.max_requests and n:
                 self._run([*calls])
                 calls, n = [], 0
                 deadline = time.perf_counter() + self.max_wait_s
             calls.append(call)
-            n += len(call.requests)
+            n += size
         return calls
 
     def _run(self, calls: list[_Call]) -> None:
+        pending = [c for c in calls if c.requests is None]
+        if pending:  # decoded together now that the batch is closed; a call at fault is answered there
+            self._decode_calls(pending)
+            calls = [c for c in calls if not c.done.is_set()]
+            if not calls:
+                return
         requests = _joined([c.requests for c in calls])
         t0, c0 = time.perf_counter(), time.thread_time()
         try:

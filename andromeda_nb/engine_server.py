@@ -30,6 +30,14 @@ from .services import fingerprint
 from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
 
+def _columnar_rows(batch) -> int | None:
+    """A columnar request batch's requests, counted without decoding it (its calls are decoded with
+    the rest of their engine batch, as one); None for a JSON batch, decoded as it is taken."""
+    from .request_columns import is_columnar
+
+    return batch.num_rows if is_columnar(batch.schema) else None
+
+
 class EngineServer(RetrieveServer):
     name = "colocated"
 
@@ -61,7 +69,7 @@ class EngineServer(RetrieveServer):
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name="colocated-batcher", decode=self.decode, encode=self.encode,
                                       encode_many=self.encode_many, decode_many=self.decode_many,
-                                      decode_ahead=decode_ahead)
+                                      decode_ahead=decode_ahead, count=_columnar_rows)
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
     def _apply(self, items) -> int:

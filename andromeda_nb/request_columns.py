@@ -37,7 +37,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import derive
 from .compiled import MAX_TERM_ID
@@ -95,7 +94,7 @@ _USER_FIELDS = tuple(c.name for c in COLUMNS if c.path.startswith("user."))
 _CONTEXT_FIELDS = tuple(c.name for c in COLUMNS if c.path.startswith("context."))
 # a batch of at most this many requests is checked row by row (`_decode_rows`): below it, a few
 # steps a row cost less than the array checks' fixed cost (about 0.5 ms on a 2-core host)
-ROW_PATH_MAX = 8
+ROW_PATH_MAX = 6
 
 
 def is_columnar(schema: pa.Schema) -> bool:
@@ -279,7 +278,7 @@ class _Columns:
     def __init__(self, data: pa.RecordBatch | pa.Table):
         self.data = data
         self.n = data.num_rows
-        names = data.schema.names
+        self._names = names = data.schema.names
         unknown = [name for name in names if name not in BY_NAME]
         if unknown:
             raise InvalidInput(f"batch has unknown column(s) {', '.join(unknown)}; a columnar request batch "
@@ -295,8 +294,10 @@ class _Columns:
             if expected:
                 raise InvalidInput(f"column {field.name} is {field.type}; expected {expected}")
 
+    # The accessors read the Arrow buffers with numpy: a pyarrow compute call lets go of the interpreter
+    # lock, and in a server whose exchange threads want it each call can wait for it to come back.
     def array(self, name: str) -> pa.Array | None:
-        if name not in self.data.schema.names:
+        if name not in self._names:
             return None
         column = self.data.column(name)
         if isinstance(column, pa.ChunkedArray):
@@ -308,20 +309,18 @@ class _Columns:
         column = self.array(name)
         if column is None:
             return np.zeros(self.n, np.int64), np.ones(self.n, bool)
-        if column.type != pa.int64():
-            try:
-                column = column.cast(pa.int64())
-            except pa.ArrowInvalid:
-                raise InvalidInput(f"column {name}: a value is outside the range of int64") from None
-        return _values(column, 0, np.int64)
+        values, nulls = _primitive(column)
+        return _as_int64(values, nulls, name), nulls
 
     def floats(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
         column = self.array(name)
         if column is None:
             return np.full(self.n, np.nan), np.ones(self.n, bool)
-        if column.type != pa.float64():
-            column = column.cast(pa.float64())
-        return _values(column, np.nan, np.float64)
+        values, nulls = _primitive(column)
+        values = values.astype(np.float64)
+        if nulls is not None:
+            values[nulls] = np.nan
+        return values, nulls
 
     def strings(self, name: str) -> list | None:
         column = self.array(name)
@@ -332,22 +331,71 @@ class _Columns:
         return column.to_pylist()
 
     def lists(self, name: str, *, floats: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
-        """(lengths with -1 for a null row, starts of each row's values, the values, the values' null
-        mask or None), or None when the column is absent."""
+        """(lengths with -1 for a null row, starts of each row's values in the values, the values, the
+        values' null mask or None), or None when the column is absent."""
         column = self.array(name)
         if column is None:
             return None
-        lengths = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        flat = column.flatten()  # the values of the non-null rows, in row order
-        target = pa.float64() if floats else pa.int64()
-        if flat.type != target:
-            try:
-                flat = flat.cast(target)
-            except pa.ArrowInvalid:
-                raise InvalidInput(f"column {name}: a value is outside the range of int64") from None
-        values, nulls = _values(flat, np.nan if floats else 0, np.float64 if floats else np.int64)
-        starts = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))[:-1]]).astype(np.int64)
-        return lengths, starts, values, nulls
+        n = len(column)
+        if pa.types.is_fixed_size_list(column.type):
+            size = column.type.list_size
+            starts = (column.offset + np.arange(n, dtype=np.int64)) * size
+            lengths = np.full(n, size, np.int64)
+        else:
+            offsets = np.asarray(column.offsets.to_numpy(zero_copy_only=False), np.int64)  # the slice's own
+            starts, lengths = offsets[:-1], np.diff(offsets)
+        nulls = _null_mask(column)
+        if nulls is not None:
+            lengths = np.where(nulls, -1, lengths)
+        values, item_nulls = _primitive(column.values)  # the whole child: rows index it by starts
+        held = np.maximum(lengths, 0)
+        ends = np.cumsum(held)
+        if len(values) != (int(ends[-1]) if n else 0) or (n and (starts[0] != 0 or np.any(starts[1:] != ends[:-1]))):
+            # a sliced column, or null rows over values of their own: the rows' values alone, in order
+            index = np.repeat(starts - (ends - held), held) + np.arange(int(ends[-1]) if n else 0)
+            values = values[index]
+            item_nulls = None if item_nulls is None else item_nulls[index]
+            starts = ends - held
+        if item_nulls is not None and not item_nulls.any():
+            item_nulls = None
+        if floats:
+            values = values.astype(np.float64)
+            if item_nulls is not None:
+                values[item_nulls] = np.nan
+        else:
+            values = _as_int64(values, item_nulls, name)
+        return lengths, starts, values, item_nulls
+
+
+def _null_mask(column: pa.Array) -> np.ndarray | None:
+    """bool per entry: null (None when none is), from the validity bitmap."""
+    if not column.null_count:
+        return None
+    bitmap = column.buffers()[0]
+    bits = np.unpackbits(np.frombuffer(bitmap, np.uint8), bitorder="little")
+    return bits[column.offset : column.offset + len(column)] == 0
+
+
+def _primitive(column: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """A primitive column's values as a numpy view of its data buffer (whatever sits under a null),
+    and its null mask."""
+    dtype = np.dtype(column.type.to_pandas_dtype())
+    data = column.buffers()[1]
+    values = np.frombuffer(data, dtype, count=column.offset + len(column))[column.offset :] if len(column) \
+        else np.empty(0, dtype)
+    return values, _null_mask(column)
+
+
+def _as_int64(values: np.ndarray, nulls: np.ndarray | None, name: str) -> np.ndarray:
+    """int64 values (0 under a null); an unsigned value beyond int64 is an error naming the column."""
+    if values.dtype == np.uint64:
+        present = values if nulls is None else values[~nulls]
+        if len(present) and present.max() > np.iinfo(np.int64).max:
+            raise InvalidInput(f"column {name}: a value is outside the range of int64")
+    out = values.astype(np.int64)
+    if nulls is not None:
+        out[nulls] = 0
+    return out
 
 
 def _is_text(kind: pa.DataType) -> bool:
@@ -372,13 +420,6 @@ def _type_fault(kind: str, arrow: pa.DataType) -> str | None:
         return None if _is_list(arrow) and t.is_integer(arrow.value_type) else "a list of integers"
     number = _is_list(arrow) and (t.is_floating(arrow.value_type) or t.is_integer(arrow.value_type))
     return None if number else "a list of floats"
-
-
-def _values(column: pa.Array, fill, dtype) -> tuple[np.ndarray, np.ndarray | None]:
-    if column.null_count:
-        nulls = column.is_null().to_numpy(zero_copy_only=False)
-        return np.asarray(column.fill_null(fill).to_numpy(zero_copy_only=False), dtype), nulls
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype), None
 
 
 def _per_row_first(bad_items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, n: int

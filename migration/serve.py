@@ -59,7 +59,11 @@ def main(argv=None) -> int:
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
     parser.add_argument("--decode-ahead", action="store_true",
                         help="decode requests on a thread a stage ahead of the engine, not between batches")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the interpreter's thread switch interval (default: Python's, 5 ms)")
     args = parser.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     with service_errors("colocated"):
         settings = settings_from_args(args)
         resolve(args.device)  # before anything imports numba.cuda

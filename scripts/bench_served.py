@@ -111,18 +111,19 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
-           request_format: str = "json", decode_ahead: bool = True):
+           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = ""):
     from migration.clients import drive
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms),
-                                              *(["--decode-ahead"] if decode_ahead else [])],
+                                              *(["--decode-ahead"] if decode_ahead else []),
+                                              *(["--switch-interval-ms", switch_ms] if switch_ms else [])],
                           name="the co-located server")
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
             pin(proc.proc.pid, cpus)
         cpu0 = proc.cpu_seconds()
-        tag = f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}"
+        tag = f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}{'-si' + switch_ms if switch_ms else ''}"
         spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
@@ -168,6 +169,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-ahead", default="off",
                     help="'off' (requests decoded between engine batches), 'on' (on a thread of their own, a stage "
                          "ahead of the engine), or 'on,off' to run both in turn")
+    ap.add_argument("--switch-interval-ms", default="",
+                    help="the server's thread switch interval in ms, comma-separated to run each in turn "
+                         "(empty: Python's default, 5 ms)")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
@@ -194,14 +198,18 @@ def main(argv=None) -> int:
     if not set(formats) <= {"json", "columns"} or not set(aheads) <= {"on", "off"}:
         ap.error("--request-format takes json and columns, --decode-ahead on and off")
     by_exchange = {}
-    for exchange, request_format, ahead in itertools.product(args.exchange.split(","), formats, aheads):
+    switches = args.switch_interval_ms.split(",")
+    for exchange, request_format, ahead, switch in itertools.product(args.exchange.split(","), formats, aheads,
+                                                                     switches):
         srv = served(args.data, device, want, args.k, args.clients, args.client_processes, args.seconds,
-                     args.batch_wait_ms, exchange, cpus, args.profile, request_format, ahead == "on")
+                     args.batch_wait_ms, exchange, cpus, args.profile, request_format, ahead == "on", switch)
         srv["server_cpus"] = cpus
         srv["decode_ahead"] = ahead == "on"
+        srv["switch_interval_ms"] = float(switch) if switch else None
         # one key per way of serving: the exchange alone when it is the only thing varied
         key = "/".join([exchange] + ([request_format] if len(formats) > 1 else [])
-                       + ([f"decode-ahead-{ahead}"] if len(aheads) > 1 else []))
+                       + ([f"decode-ahead-{ahead}"] if len(aheads) > 1 else [])
+                       + ([f"switch-{switch or 'default'}ms"] if len(switches) > 1 else []))
         by_exchange[key] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]
         log(True, f"served, {args.clients} clients in {args.client_processes} processes, {key}: "

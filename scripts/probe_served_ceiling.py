@@ -44,6 +44,8 @@ def main(argv=None) -> int:
                     help="a wait per engine batch without the interpreter lock, as a device's (0: none)")
     ap.add_argument("--decode-ahead", action="store_true",
                     help="decode on a thread a stage ahead of the engine, not on the batcher's worker between batches")
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="the server interpreter's thread switch interval (sys.setswitchinterval; Python's default 5 ms)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.clients % args.client_processes:
@@ -53,6 +55,8 @@ def main(argv=None) -> int:
     from andromeda_nb.store import load_dataset
     from migration.clients import AnswerTable, drive
 
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     dataset = load_dataset(args.data)
     server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3), dataset,
                           batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead)

@@ -328,3 +328,49 @@ def test_calls_waiting_together_are_decoded_at_once_and_a_failing_group_falls_ba
         assert sorted(max(groups, key=len)) == sorted(rest), groups  # decoded together
         bad = {7} if first == 1 else {13}
         assert set(errors) == bad and all(results[p] == [p] for p in rest if p not in bad)
+
+
+def test_counted_payloads_are_decoded_together_when_their_batch_closes():
+    """Without decode_ahead, payloads `count` can size are decoded together when the batch closes, on
+    the worker (one `decode_many` for the batch's calls); one it cannot size (None) is decoded as it is
+    taken; a counted payload that does not decode fails its own caller, and the batch goes on."""
+    groups, singles, threads_seen = [], [], set()
+
+    def decode(payload):
+        threads_seen.add(threading.current_thread().name)
+        singles.append(payload)
+        if payload == ("bad",):
+            raise ValueError("payload 'bad' does not decode")
+        return list(payload), [2] * len(payload)
+
+    def decode_many(payloads):
+        groups.append(list(payloads))
+        out = []
+        for p in payloads:
+            try:
+                out.append(decode(p))
+            except ValueError as exc:
+                out.append(exc)
+        return out
+
+    count = lambda payload: None if payload[0] == "plain" else len(payload)  # noqa: E731
+    engine = FakeEngine(delay_s=0.05)
+
+    def run(requests, k):
+        return engine([r for r in requests if r != "plain"] + [0] * requests.count("plain"), k)
+
+    batcher = RequestBatcher(run, max_wait_s=0.2, decode=decode, decode_many=decode_many, count=count,
+                             encode=lambda reqs, answers, tag: list(reqs), name="closing")
+    try:
+        payloads = [(1, 2), (3,), ("bad",), ("plain",), (4, 5, 6)]
+        results, errors = _payload_calls(batcher, payloads, gap_s=0.01)
+    finally:
+        batcher.close()
+    assert set(errors) == {("bad",)} and "does not decode" in str(errors[("bad",)])
+    for p in [(1, 2), (3,), (4, 5, 6), ("plain",)]:
+        assert results[p] == list(p)
+    counted = [(1, 2), (3,), ("bad",), (4, 5, 6)]
+    assert any(sorted(g, key=str) == sorted(counted, key=str) for g in groups), groups  # one decode for the batch
+    assert not any(("plain",) in g for g in groups)  # the one count could not size: decoded as taken
+    assert threads_seen == {"closing"}
+    assert sum(len(b) for b in engine.batches) == 7 and len(engine.batches) == 1

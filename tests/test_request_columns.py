@@ -369,3 +369,26 @@ def test_the_colocated_server_answers_a_columnar_batch_as_the_json_batch(tmp_pat
         assert fl.retrieve_over_flight(loc, dataset.requests[:3], 10, request_format="columns")[0][0].size
     finally:
         stop(server)
+
+
+def test_sliced_batches_and_null_rows_over_values_read_only_their_own_values():
+    """A batch that is a slice of a larger one, and list columns whose null rows cover values (Arrow
+    allows it), decode to the rows' own values: a bad id under a null row or outside the slice is
+    nobody's."""
+    requests = _requests(30)
+    whole = request_columns(requests, 5)
+    for lo, hi in ((3, 20), (10, 30), (0, 12)):
+        got = list(decode_columns(whole.slice(lo, hi - lo), **KW)[0])
+        assert got == requests[lo:hi]
+    n = len(requests)
+    offsets = pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32))
+    values = pa.array(np.tile([5, -1], n).astype(np.int64))  # every row's second id is out of range
+    mask = pa.array([i % 2 == 1 for i in range(n)])  # ... except that odd rows are null
+    bad = pa.ListArray.from_arrays(offsets, values, mask=mask)
+    batch = whole.set_column(whole.schema.get_field_index("interests"), "interests", bad)
+    assert _error(batch) == ("InvalidInput", f"request {requests[0].request_id}: user.interests[1]: -1 is out of "
+                             f"range 0..{MAX_TERM_ID}")
+    values = pa.array(np.tile([5, 6], n).astype(np.int64))
+    good = pa.ListArray.from_arrays(offsets, values, mask=mask)
+    got = list(decode_columns(whole.set_column(whole.schema.get_field_index("interests"), "interests", good), **KW)[0])
+    assert [g.user.ids.get("interests") for g in got] == [frozenset({5, 6}) if i % 2 == 0 else None for i in range(n)]
