@@ -118,6 +118,7 @@ class RequestBatcher:
             self._inbox = queue.SimpleQueue()
             self._decoder = threading.Thread(target=self._decode_ahead, name=f"{name}-decode", daemon=True)
             self._decoder.start()
+        self._in_hand: list[_Call] = []  # the calls the worker has taken and not answered yet
         self._worker = threading.Thread(target=self._serve, name=name, daemon=True)
         self._worker.start()
 
@@ -272,6 +273,7 @@ class RequestBatcher:
             if call is None:  # closing: serve what is in hand, then stop
                 self._queue.put(None)
                 break
+            self._in_hand.append(call)
             if not self._take(call):
                 continue
             size = self._size(call)
@@ -344,12 +346,20 @@ class RequestBatcher:
             if first is None:
                 break
             ran = self.run_s
-            calls = self._gather(first)
-            with self._stats_lock:
-                self.idle_s += t1 - t0
-                self.gather_s += time.perf_counter() - t1 - (self.run_s - ran)  # a full batch may run inside
-            if calls:
-                self._run(calls)
+            self._in_hand = [first]
+            try:
+                calls = self._gather(first)
+                with self._stats_lock:
+                    self.idle_s += t1 - t0
+                    self.gather_s += time.perf_counter() - t1 - (self.run_s - ran)  # a full batch may run inside
+                if calls:
+                    self._run(calls)
+            except BaseException as exc:  # a fault of the batcher's own: the callers in hand hear of it, and
+                for call in self._in_hand:  # the worker goes on (a dead worker would leave every caller waiting)
+                    if not call.done.is_set():
+                        call.error = exc
+                        call.done.set()
+            self._in_hand = []
             if self._closed.is_set():
                 break
         while True:  # calls that came in after the close

@@ -257,8 +257,8 @@ def _payload_calls(batcher, payloads, gap_s=0.0):
             errors[p] = exc
 
     threads = []
-    for p in payloads:
-        threads.append(threading.Thread(target=client, args=(p,)))
+    for p in payloads:  # daemon threads: a caller a broken batcher never answers fails the test, not the run
+        threads.append(threading.Thread(target=client, args=(p,), daemon=True))
         threads[-1].start()
         time.sleep(gap_s)
     for t in threads:
@@ -374,3 +374,20 @@ def test_counted_payloads_are_decoded_together_when_their_batch_closes():
     assert not any(("plain",) in g for g in groups)  # the one count could not size: decoded as taken
     assert threads_seen == {"closing"}
     assert sum(len(b) for b in engine.batches) == 7 and len(engine.batches) == 1
+
+
+def test_a_fault_of_the_batcher_itself_reaches_its_callers_and_the_worker_goes_on():
+    """A fault outside the engine and the codecs (here a `count` that answers a string) fails the calls
+    the worker holds, with that error, instead of killing the worker and leaving every caller waiting;
+    the next calls are served."""
+    count = lambda payload: "many" if payload == (13,) else len(payload)  # noqa: E731
+    batcher = RequestBatcher(FakeEngine(), max_wait_s=0.05, decode=lambda p: (list(p), [2] * len(p)),
+                             decode_many=lambda ps: [(list(p), [2] * len(p)) for p in ps], count=count,
+                             encode=lambda reqs, answers, tag: list(reqs))
+    try:
+        results, errors = _payload_calls(batcher, [(1,), (13,)], gap_s=0.01)
+        assert (13,) in errors and isinstance(errors[(13,)], TypeError)
+        later, none = _payload_calls(batcher, [(5, 6), (7,)])
+    finally:
+        batcher.close()
+    assert not none and later == {(5, 6): [5, 6], (7,): [7]}
