@@ -751,9 +751,9 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
 @click.option("--decode-ahead/--no-decode-ahead", default=False, show_default=True,
               help="Decode arriving requests on a thread of their own while a batch is on the engine, or "
                    "between batches on the batch's thread.")
-@click.option("--switch-interval-ms", type=click.FloatRange(min=0.001), default=None,
-              help="The interpreter's thread switch interval [default: Python's, 5 ms]: how long a thread "
-                   "that lets go of the interpreter lock (an Arrow or CUDA call) may wait to take it back.")
+@click.option("--switch-interval-ms", type=click.FloatRange(min=0.001), default=0.2, show_default=True,
+              help="The interpreter's thread switch interval (Python's own: 5): how long a thread that lets go "
+                   "of the interpreter lock (a CUDA or Arrow call) may wait to take it back.")
 @_server_options("colocated")
 def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
@@ -767,10 +767,9 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         where = resolve(device)
         from migration.serve import run_colocated
 
-        if switch_interval_ms is not None:
-            import sys
+        from andromeda_nb.serving import set_switch_interval
 
-            sys.setswitchinterval(switch_interval_ms / 1e3)
+        set_switch_interval(switch_interval_ms)
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
                       decode_ahead=decode_ahead, on_ready=_on_listening("colocated", settings, quiet,

@@ -75,6 +75,22 @@ def preflight(host: str, port: int, guard: ServerGuard = OPEN) -> None:
                          "or --port 0 for a free one")
 
 
+# The interpreter's thread switch interval of a co-located server. A thread that lets go of the
+# interpreter lock (every CUDA driver call through ctypes, every Arrow call) waits to take it back up
+# to this long while another thread holds it; a GPU batch makes dozens of such calls, and the
+# exchange threads hold the lock between them. Python's default is 5 ms (docs/BENCHMARKS.md, "The
+# served path": a stand-in engine of 60 foreign calls a batch served 13% and 26% more at 0.2 ms).
+SWITCH_INTERVAL_MS = 0.2
+
+
+def set_switch_interval(ms: float | None) -> None:
+    """The process's thread switch interval in milliseconds (None: leave it)."""
+    if ms is not None:
+        if not ms > 0:
+            raise ValueError(f"a switch interval must be positive, got {ms} ms")
+        sys.setswitchinterval(ms / 1e3)
+
+
 def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGuard = OPEN):
     """`make(location)` for `host:port` under `guard`, or ServeError saying what is wrong. A serving
     process keeps the memory its batches free (`andromeda_nb.hostmem`)."""

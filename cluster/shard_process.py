@@ -24,7 +24,13 @@ def main(argv=None) -> int:
     parser.add_argument("--shard", type=int, required=True)
     parser.add_argument("--of", dest="shards", type=int, required=True, help="number of shards")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the interpreter's thread switch interval (default: a co-located server's, "
+                             "andromeda_nb.serving.SWITCH_INTERVAL_MS)")
     args = parser.parse_args(argv)
+    from andromeda_nb.serving import SWITCH_INTERVAL_MS, set_switch_interval
+
+    set_switch_interval(SWITCH_INTERVAL_MS if args.switch_interval_ms is None else args.switch_interval_ms)
     if not 0 <= args.shard < args.shards:
         parser.error(f"--shard {args.shard} is outside 0..{args.shards - 1}")
     from andromeda_nb.devices import resolve

@@ -28,27 +28,36 @@ class AnswerTable:
 
     device = "table"
 
-    def __init__(self, answers: dict, wait_s: float = 0.0):
+    def __init__(self, answers: dict, wait_s: float = 0.0, calls: int = 1):
         self.answers = answers
         # a wait per batch without the interpreter lock, as a device's: the server's host work can
-        # overlap it (a probe of the pipeline, not of any engine)
+        # overlap it (a probe of the pipeline, not of any engine); in `calls` foreign calls, each of
+        # which lets go of the lock and takes it back, as a GPU batch's driver calls through ctypes do
         self.wait_s = float(wait_s)
+        self.calls = max(1, int(calls))
 
     @classmethod
-    def computed(cls, dataset, k: int, wait_s: float = 0.0) -> "AnswerTable":
+    def computed(cls, dataset, k: int, wait_s: float = 0.0, calls: int = 1) -> "AnswerTable":
         """The answers to every request of `dataset` at `k`, computed once by the CPU engine."""
         from .architectures import build_engine
 
         engine = build_engine(dataset, "cpu")
         try:
             return cls({r.request_id: a for r, a in zip(dataset.requests, engine.retrieve(dataset.requests, k))},
-                       wait_s)
+                       wait_s, calls)
         finally:
             engine.close()
 
     def retrieve(self, requests, k):
         if self.wait_s:
-            time.sleep(self.wait_s)
+            if self.calls == 1:
+                time.sleep(self.wait_s)
+            else:
+                import ctypes
+
+                usleep = ctypes.CDLL(None).usleep
+                for _ in range(self.calls):
+                    usleep(int(1e6 * self.wait_s / self.calls))
         return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
 
     def apply(self, update):

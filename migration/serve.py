@@ -15,8 +15,8 @@ import argparse
 import sys
 
 from andromeda_nb.devices import DEVICES, resolve
-from andromeda_nb.serving import (ServerSettings, add_server_arguments, listen, preflight, service_errors,
-                                  settings_from_args)
+from andromeda_nb.serving import (SWITCH_INTERVAL_MS, ServerSettings, add_server_arguments, listen, preflight,
+                                  service_errors, set_switch_interval, settings_from_args)
 from andromeda_nb.services import announce, open_corpus
 
 
@@ -59,11 +59,10 @@ def main(argv=None) -> int:
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
     parser.add_argument("--decode-ahead", action="store_true",
                         help="decode requests on a thread a stage ahead of the engine, not between batches")
-    parser.add_argument("--switch-interval-ms", type=float, default=None,
-                        help="the interpreter's thread switch interval (default: Python's, 5 ms)")
+    parser.add_argument("--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS,
+                        help=f"the interpreter's thread switch interval (default {SWITCH_INTERVAL_MS} ms; Python's: 5)")
     args = parser.parse_args(argv)
-    if args.switch_interval_ms is not None:
-        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    set_switch_interval(args.switch_interval_ms)
     with service_errors("colocated"):
         settings = settings_from_args(args)
         resolve(args.device)  # before anything imports numba.cuda

@@ -171,7 +171,7 @@ def main(argv=None) -> int:
                          "ahead of the engine), or 'on,off' to run both in turn")
     ap.add_argument("--switch-interval-ms", default="",
                     help="the server's thread switch interval in ms, comma-separated to run each in turn "
-                         "(empty: Python's default, 5 ms)")
+                         "(empty: the server's default, andromeda_nb.serving.SWITCH_INTERVAL_MS; Python's is 5)")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")

@@ -42,6 +42,9 @@ def main(argv=None) -> int:
                     help="the clients' request batches: the JSON column, or the columnar batch")
     ap.add_argument("--engine-ms", type=float, default=0.0,
                     help="a wait per engine batch without the interpreter lock, as a device's (0: none)")
+    ap.add_argument("--engine-calls", type=int, default=1,
+                    help="the --engine-ms wait made as this many foreign calls (ctypes), each letting go of the "
+                         "interpreter lock and taking it back, as a GPU batch's driver calls do")
     ap.add_argument("--decode-ahead", action="store_true",
                     help="decode on a thread a stage ahead of the engine, not on the batcher's worker between batches")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     dataset = load_dataset(args.data)
-    server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3), dataset,
+    server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3, args.engine_calls), dataset,
                           batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead)
     location = f"grpc://127.0.0.1:{server.port}"
     threading.Thread(target=server.serve, daemon=True).start()

@@ -49,3 +49,18 @@ def test_freed_memory_stays_with_the_process_only_when_kept():
 
 def test_the_environments_setting_rules():
     assert _run("kept", {"MALLOC_TRIM_THRESHOLD_": "131072"})["kept"] is False
+
+
+def test_the_switch_interval_is_set_and_nonsense_refused():
+    from andromeda_nb.serving import SWITCH_INTERVAL_MS, set_switch_interval
+
+    before = sys.getswitchinterval()
+    try:
+        set_switch_interval(SWITCH_INTERVAL_MS)
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_MS / 1e3)
+        set_switch_interval(None)  # left as it is
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_MS / 1e3)
+        with pytest.raises(ValueError, match="must be positive"):
+            set_switch_interval(0)
+    finally:
+        sys.setswitchinterval(before)
