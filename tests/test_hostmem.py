@@ -1,5 +1,5 @@
-"""The allocator setting of serving processes (andromeda_nb.hostmem): freed memory stays with the
-process, where glibc would hand it back, and the environment's own setting rules."""
+"""The process settings of serving processes: freed memory stays with the process where glibc would
+hand it back, the environment's own setting rules (andromeda_nb.hostmem); the thread switch interval."""
 
 from __future__ import annotations
 
