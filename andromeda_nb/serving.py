@@ -75,12 +75,15 @@ def preflight(host: str, port: int, guard: ServerGuard = OPEN) -> None:
                          "or --port 0 for a free one")
 
 
-# The interpreter's thread switch interval of a co-located server. A thread that lets go of the
+# The interpreter's thread switch interval of a serving process. A thread that lets go of the
 # interpreter lock (every CUDA driver call through ctypes, every Arrow call) waits to take it back up
 # to this long while another thread holds it; a GPU batch makes dozens of such calls, and the
 # exchange threads hold the lock between them. Python's default is 5 ms (docs/BENCHMARKS.md, "The
 # served path": a stand-in engine of 60 foreign calls a batch served 13% and 26% more at 0.2 ms).
 SWITCH_INTERVAL_MS = 0.2
+
+
+_switch_set: list[float] = []  # the interval this process was given, once given
 
 
 def set_switch_interval(ms: float | None) -> None:
@@ -89,14 +92,18 @@ def set_switch_interval(ms: float | None) -> None:
         if not ms > 0:
             raise ValueError(f"a switch interval must be positive, got {ms} ms")
         sys.setswitchinterval(ms / 1e3)
+        _switch_set[:] = [ms]
 
 
 def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGuard = OPEN):
-    """`make(location)` for `host:port` under `guard`, or ServeError saying what is wrong. A serving
-    process keeps the memory its batches free (`andromeda_nb.hostmem`)."""
+    """`make(location)` for `host:port` under `guard`, or ServeError saying what is wrong. Every
+    server runs with the same process settings: the memory its batches free kept
+    (`andromeda_nb.hostmem`), and the switch interval of `SWITCH_INTERVAL_MS` unless one was set."""
     from .hostmem import keep_freed_memory
 
     keep_freed_memory()
+    if not _switch_set:
+        set_switch_interval(SWITCH_INTERVAL_MS)
     preflight(host, port, guard)
     try:
         return make(guard.location(host, port))
