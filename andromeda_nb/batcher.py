@@ -193,14 +193,7 @@ class RequestBatcher:
                 self._queue.put(call)
             if ending:
                 break
-        while True:  # calls that came in after the close
-            try:
-                call = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if call is not None:
-                call.error = BatcherClosed("the server is shutting down")
-                call.done.set()
+        _refuse_waiting(self._inbox)
         self._queue.put(None)
 
     def _decode_calls(self, calls: list[_Call]) -> list[_Call]:
@@ -362,14 +355,19 @@ class RequestBatcher:
             self._in_hand = []
             if self._closed.is_set():
                 break
-        while True:  # calls that came in after the close
-            try:
-                call = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if call is not None:
-                call.error = BatcherClosed("the server is shutting down")
-                call.done.set()
+        _refuse_waiting(self._queue)
+
+
+def _refuse_waiting(calls: queue.SimpleQueue) -> None:
+    """Every call still waiting in `calls` after the close hears that the server is shutting down."""
+    while True:
+        try:
+            call = calls.get_nowait()
+        except queue.Empty:
+            return
+        if call is not None:
+            call.error = BatcherClosed("the server is shutting down")
+            call.done.set()
 
 
 __all__ = ["BatcherClosed", "DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_WAIT_S", "RequestBatcher"]

@@ -57,6 +57,11 @@ def median_seconds(fn: Callable[[], object], repeat: int, *, clock=time.perf_cou
     return float(np.median(timed_runs(fn, repeat, clock=clock, warmup=warmup)))
 
 
+def median_ms(fn: Callable[[], object], repeat: int, *, warmup: int = 1) -> float:
+    """Median milliseconds of `timed_runs` (one untimed call first, by default)."""
+    return 1e3 * median_seconds(fn, repeat, warmup=warmup)
+
+
 def spread_of(values) -> dict:
     """{"median", "min", "max", "runs"} of repeated figures (a timing, a rate), for JSON beside the
     median every table prints."""
@@ -111,5 +116,5 @@ def write_json(result: dict, path) -> None:
         f.write("\n")
 
 
-__all__ = ["UnresolvedTiming", "copy_bandwidth", "json_line", "log", "median_seconds", "package_version",
+__all__ = ["UnresolvedTiming", "copy_bandwidth", "json_line", "log", "median_ms", "median_seconds", "package_version",
            "repeat_timed", "software", "spread_of", "timed_runs", "write_json"]

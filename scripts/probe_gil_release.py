@@ -11,27 +11,15 @@ another thread holds it.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import write_json  # noqa: E402
+from andromeda_nb.bench import median_ms, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
-
-
-def median_ms(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 def main(argv=None) -> int:

@@ -27,21 +27,15 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import sys
-import time
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # only host code is timed; no device needed
 
 
 def median_ms(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    from andromeda_nb.bench import median_ms as median
+
+    return median(fn, repeat)
 
 
 def blas_info() -> dict:

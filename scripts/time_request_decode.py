@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,18 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from andromeda_nb.bench import write_json  # noqa: E402
+from andromeda_nb.bench import median_ms, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
-
-
-def median_ms(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 def main(argv=None) -> int:
