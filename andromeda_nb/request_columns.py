@@ -27,6 +27,12 @@ JSON checker would report first (the first faulty request; within it the first f
 above). Integer columns of any width are taken; a column of another type, or an unknown column, is
 an error naming the column. A batch of at most `ROW_PATH_MAX` requests is checked row by row by the
 JSON request's own checker instead, which costs less for a few rows than the array checks.
+
+The checked requests stay arrays (`RequestColumns`): a sequence of `Request` objects made one by one
+as they are asked for, whose arrays the co-located GPU engine takes whole (`encoded` for the match,
+`model_inputs` for the user side), so that a batch's host work has no Python step per request.
+The columns are read from their Arrow buffers with numpy, not with pyarrow's compute functions: those
+let go of the interpreter lock, and in a busy server each return can wait for it.
 """
 
 from __future__ import annotations
