@@ -497,6 +497,11 @@ _OS_INDEX = {name: i for i, name in enumerate(USER_OS)}
 _ID_NAMESPACES = tuple(NS_FLEX.items()) + (("custom_audiences", NS_CUSTOM_AUDIENCE),)
 
 
+def country_code(country: str) -> int:
+    """A country's term id: its two letters in base 26; -1 for none ("")."""
+    return (ord(country[0]) - 65) * 26 + (ord(country[1]) - 65) if len(country) == 2 else -1
+
+
 def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
     """`encode_request` of every request, as one `EncodedBatch`. The fields are read once per request;
     the id sets become arrays by `np.fromiter` (no Python step per id), and the terms are namespaced,
@@ -510,8 +515,7 @@ def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
     users = [r.user for r in requests]
     ctx = [r.context for r in requests]
     # one term per request for each of country, region, city, locale (-1: the user has none)
-    country = np.asarray([(ord(u.country[0]) - 65) * 26 + (ord(u.country[1]) - 65) if len(u.country) == 2 else -1
-                          for u in users], np.int64).reshape(n)
+    country = np.asarray([country_code(u.country) for u in users], np.int64).reshape(n)
     scalar_ids = np.stack([country, np.asarray([u.region for u in users], np.int64).reshape(n),
                            np.asarray([u.city for u in users], np.int64).reshape(n),
                            np.asarray([u.locale for u in users], np.int64).reshape(n)], axis=1)

@@ -302,8 +302,6 @@ def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, widt
     check_batch_limits(batch, limits)
     if columnar:
         return decode_columns(batch, seed=seed, experts=experts, width=width, limits=limits)
-    from .targeting import parse_request
-
     try:
         ids = _column_as(batch, "request_id", _INT64).to_pylist()
         ks = _column_as(batch, "k", _INT32).to_pylist()
@@ -329,15 +327,24 @@ def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, widt
                                else f"request {rid}: request: {exc}") from None
         if not isinstance(obj, dict):
             raise InvalidInput(f"request {rid}: request must be a JSON object")
-        try:  # the request_id column is the request's id; a request_id in the text must agree with it
-            requests.append(parse_request(obj, seed=seed, experts=experts, width=width, request_id=rid))
-        except TargetingError as exc:  # its message starts with the request id, named here once
-            message = exc.message.removeprefix(f"request {rid}: ")
-            raise InvalidInput(f"request {rid}: {exc.path}: {message}" if exc.path
-                               else f"request {rid}: {message}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidInput(f"request {rid}: {exc}") from None
+        # the request_id column is the request's id; a request_id in the text must agree with it
+        requests.append(parse_batch_request(obj, rid, seed=seed, experts=experts, width=width))
     return requests, ks
+
+
+def parse_batch_request(obj, rid: int, *, seed: int, experts: int, width: int) -> Request:
+    """`targeting.parse_request` of one request of a client batch, sent with id `rid`: a fault is an
+    `InvalidInput` that names the request once, then the JSON path."""
+    from .targeting import parse_request
+
+    try:
+        return parse_request(obj, seed=seed, experts=experts, width=width, request_id=rid)
+    except TargetingError as exc:  # its message starts with the request id, named here once
+        message = exc.message.removeprefix(f"request {rid}: ")
+        raise InvalidInput(f"request {rid}: {exc.path}: {message}" if exc.path
+                           else f"request {rid}: {message}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"request {rid}: {exc}") from None
 
 
 def answer_metadata(seq: int | None) -> pa.Buffer | None:
@@ -742,6 +749,7 @@ __all__ = [
     "check_batch_limits",
     "decode_request_batch",
     "decode_request_batches",
+    "parse_batch_request",
     "encode_requests_for_exchange",
     "exchange_batches",
     "flight_action",
