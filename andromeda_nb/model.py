@@ -322,7 +322,8 @@ def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.nd
     """`user_side` of every request at once, float64: U, Q (R, E, D) and gamma, beta (R, F, D).
     The per-expert and per-format products are batched matrix products (BLAS), not `einsum`
     contractions, which numpy does not hand to BLAS: a batch of 64 costs a seventh of the time."""
-    if getattr(requests, "model_inputs", None) is None:
+    inputs = getattr(requests, "model_inputs", None)  # requests as arrays: their signals and contexts whole
+    if inputs is None:
         requests = list(requests)
     W, b, K = (np.asarray(a, np.float64) for a in (model.W, model.b, model.K))
     A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
@@ -330,7 +331,6 @@ def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.nd
     F = A.shape[0]
     if not requests:
         return np.zeros((0, E, D)), np.zeros((0, E, D)), np.zeros((0, F, D)), np.zeros((0, F, D))
-    inputs = getattr(requests, "model_inputs", None)  # requests as arrays: their signals and contexts whole
     if inputs is not None:
         x, c = inputs()  # (R, E, S), (R, C)
         if x.shape[1:] != (model.E, model.S) or not np.all(np.isfinite(x)):

@@ -525,6 +525,13 @@ def _meta_and_model(root: Path) -> tuple[dict, MoeModel]:
     return meta, model
 
 
+def request_settings(data_dir) -> dict:
+    """What checking this corpus's requests takes (`flight.decode_request_batch`'s seed, experts and
+    width), from its meta.json."""
+    meta = read_meta(data_dir)
+    return {"seed": int(meta["seed"]), "experts": int(meta["sizes"]["E"]), "width": int(meta["sizes"]["S"])}
+
+
 def load_requests(data_dir) -> list[Request]:
     """Only the requests of a corpus directory, parsed and validated as `load_dataset` does, without
     reading its ads (a client that sends the corpus's requests needs nothing else)."""
@@ -830,7 +837,7 @@ def export_jsonl(dataset, out_dir) -> tuple[Path, Path]:
 __all__ = [
     "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
     "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "export_jsonl",
-    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta",
+    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta", "request_settings",
     "read_targeting",
     "refuse_existing_corpus", "reindex", "save_dataset", "write_meta", "write_requests", "write_targeting",
 ]

@@ -33,10 +33,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from andromeda_nb import flight as fl
-    from andromeda_nb.store import load_requests, read_meta
+    from andromeda_nb.store import load_requests, request_settings
 
-    meta = read_meta(args.data)
-    kw = dict(seed=int(meta["seed"]), experts=int(meta["sizes"]["E"]), width=int(meta["sizes"]["S"]))
+    kw = request_settings(args.data)
     requests = load_requests(args.data)
     calls = {kind: [fl.encode_requests_for_exchange([requests[i % len(requests)]], 100, request_format=kind)[0][0]
                     for i in range(args.calls)] for kind in ("json", "columns")}

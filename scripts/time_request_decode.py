@@ -40,11 +40,9 @@ def main(argv=None) -> int:
 
     from andromeda_nb import flight as fl
     from andromeda_nb.request_columns import request_columns
-    from andromeda_nb.store import load_requests, read_meta
+    from andromeda_nb.store import load_requests, request_settings
 
-    meta = read_meta(args.data)
-    sizes = meta["sizes"]
-    kw = dict(seed=int(meta["seed"]), experts=int(sizes["E"]), width=int(sizes["S"]))
+    kw = request_settings(args.data)
     base = load_requests(args.data)
     need = max([int(s) for s in args.sizes.split(",")] + [args.calls])
     requests = [dataclasses.replace(base[i % len(base)], request_id=i) for i in range(need)]
