@@ -481,7 +481,7 @@ class RetrieveServer(flight.FlightServerBase):
         self.stats.add(requests=len(ids), batches=len(parts), bytes_out=out.nbytes)
         result, row = [], 0
         for _, ans in parts:
-            rows = sum(len(ids) for ids, _ in ans)
+            rows = sum(len(ad_ids) for ad_ids, _ in ans)
             result.append((out.slice(row, rows), meta))
             row += rows
         return result
