@@ -81,6 +81,11 @@ class ReadGate:
     def busy(self) -> bool:
         return self._n > 0
 
+    @property
+    def in_flight(self) -> int:
+        """How many retrieval batches are being worked on now."""
+        return self._n
+
     def active(self, within_s: float = ACTIVE_S) -> bool:
         """Whether retrieval is going on: a batch in flight, or one within the last `within_s`."""
         return self._n > 0 or time.monotonic() - self.last_read < within_s

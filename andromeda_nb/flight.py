@@ -32,7 +32,7 @@ Wire format (see docs/PROTOCOL.md):
   order (score descending, ties by ad id ascending), requests in the order they came; its
   app_metadata is `{"seq": n}`, the last update the answers reflect (`answer_seq`).
 * `DoAction("health")` -> one JSON result `{"status": "ok" | "degraded", ...}`; `DoAction("stats")` ->
-  JSON counters (requests, batches, bytes_in, bytes_out, errors, updates, uptime_s);
+  JSON counters (requests, batches, bytes_in, bytes_out, errors, updates, uptime_s, in_flight);
   `DoAction("update")` with a JSON Lines body of updates (DESIGN section 6) -> JSON acknowledgement
   from `apply_updates`, once the updates are logged on disk; `DoAction("compact")`.
 
@@ -70,7 +70,7 @@ REQUEST_SCHEMA = pa.schema([("request_id", pa.int64()), ("request", pa.utf8()), 
 ANSWER_SCHEMA = pa.schema([("request_id", pa.int64()), ("ad_id", pa.int64()), ("score", pa.float32())])
 ACTIONS = {
     "health": "liveness, state (ok or degraded, with reasons) and what the server holds (JSON)",
-    "stats": "counters: requests, batches, bytes_in, bytes_out, errors, updates, uptime_s (JSON)",
+    "stats": "counters: requests, batches, bytes_in, bytes_out, errors, updates, uptime_s, in_flight (JSON)",
     "update": "body: JSON Lines updates (DESIGN section 6); answer: JSON acknowledgement, once logged on disk",
     "compact": "fold the update log into a new snapshot of the corpus directory (JSON summary)",
 }
@@ -571,7 +571,8 @@ class RetrieveServer(flight.FlightServerBase):
                 result = {"status": status, **({"reasons": reasons} if reasons else {}), "server": self.name,
                           "seq": self.current_seq(), **self.health_info(), "guard": self.guard.describe()}
             elif name == "stats":
-                result = {"server": self.name, **self.stats.snapshot(), **self.extra_stats()}
+                result = {"server": self.name, **self.stats.snapshot(), "in_flight": self.gate.in_flight,
+                          **self.extra_stats()}
             elif name == "update":
                 if self._stopping.is_set():
                     raise flight.FlightUnavailableError("the server is shutting down; send the update again later")

@@ -74,7 +74,7 @@ def test_a_batch_in_flight_is_answered_before_the_server_exits(tmp_path):
     try:
         thread = threading.Thread(target=lambda: _collect(answers, errors, host.location, dataset.requests))
         thread.start()
-        time.sleep(0.5)  # the batch is at the (slow) scorer now
+        _wait_in_flight(host.location)  # the batch is at the (slow) scorer now
         took, code = _sigterm_and_time(host)
         thread.join(30)
         assert not errors and len(answers) == len(dataset.requests), errors
@@ -82,6 +82,14 @@ def test_a_batch_in_flight_is_answered_before_the_server_exits(tmp_path):
     finally:
         host.stop()
         scorer.stop()
+
+
+def _wait_in_flight(location, timeout_s: float = 20.0) -> None:
+    """Until the server reports a retrieval batch in flight (`stats`), however slowly the client starts."""
+    deadline = time.monotonic() + timeout_s
+    while fl.flight_action(location, "stats")["in_flight"] == 0:
+        assert time.monotonic() < deadline, "the batch never reached the server"
+        time.sleep(0.02)
 
 
 def _collect(answers, errors, location, requests):
