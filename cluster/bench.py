@@ -10,7 +10,12 @@ in-process co-located engine over the whole pool, against the same pool in shard
 
 All merge with `cluster.shards.merge_topk`, and all are checked to equal the in-process engine
 before they are timed. Requests go one at a time (latency: what a request pays for the hops) and in
-batches of 64 (throughput). The figures are medians of `--repeat` passes, with their range.
+batches of 64 (throughput). The figures are medians of `--repeat` passes, with their range. Each
+Flight row also says where a request's time went (encoding at the router, the fan-out and within it
+the slowest shard's call, the merge), and `scaling` gives pool ads per second and the efficiency
+against one shard. With `--placement processes --device gpu` the shard processes go round the
+host's GPUs (`cluster.gpus`): one shard per GPU on a machine with several, all on the one GPU
+otherwise.
 """
 
 from __future__ import annotations
@@ -49,35 +54,74 @@ def _same(got, want) -> bool:
     return all(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(got, want))
 
 
-def flight_fanout(locations: list[str], k: int, request_format: str = "json"):
+class FlightFanOut:
     """A router over Flight: the requests encoded once (JSON or columnar request batches), each
-    shard's `["retrieve"]` exchange on its own thread with those batches, the answers merged."""
-    import pyarrow.flight as flight
+    shard's `["retrieve"]` exchange on its own thread with those batches, the answers merged. Each
+    call's time is split (`split()`): encoding, the fan-out (the first shard asked to the last
+    answer read), within it the slowest shard's own call, and the merge."""
 
-    from andromeda_nb.flight import encode_requests_for_exchange, retrieve_encoded
+    PHASES = ("encode", "fan_out", "slowest_shard", "merge")
 
-    clients = [flight.connect(loc) for loc in locations]
-    pool = ThreadPoolExecutor(len(locations))
+    def __init__(self, locations: list[str], k: int, request_format: str = "json"):
+        import pyarrow.flight as flight
 
-    def retrieve(requests):
-        encoded = encode_requests_for_exchange(requests, k, request_format=request_format)
-        parts = list(pool.map(lambda client: retrieve_encoded(client, encoded), clients))
-        return [merge_topk([p[i] for p in parts], k) for i in range(len(requests))]
+        self.k, self.request_format = k, request_format
+        self.clients = [flight.connect(location) for location in locations]
+        self.pool = ThreadPoolExecutor(len(locations))
+        self.reset()
 
-    return retrieve
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.requests = 0
+
+    def _shard(self, client, encoded):
+        from andromeda_nb.flight import retrieve_encoded
+
+        started = time.perf_counter()
+        answers = retrieve_encoded(client, encoded)
+        return answers, time.perf_counter() - started
+
+    def __call__(self, requests):
+        from andromeda_nb.flight import encode_requests_for_exchange
+
+        t0 = time.perf_counter()
+        encoded = encode_requests_for_exchange(requests, self.k, request_format=self.request_format)
+        t1 = time.perf_counter()
+        parts = list(self.pool.map(lambda client: self._shard(client, encoded), self.clients))
+        t2 = time.perf_counter()
+        merged = [merge_topk([answers[i] for answers, _ in parts], self.k) for i in range(len(requests))]
+        t3 = time.perf_counter()
+        for phase, seconds in zip(self.PHASES, (t1 - t0, t2 - t1, max(took for _, took in parts), t3 - t2)):
+            self.seconds[phase] += seconds
+        self.requests += len(requests)
+        return merged
+
+    def split(self) -> dict:
+        """Microseconds per request in each phase since `reset()`."""
+        return {phase: round(seconds / max(self.requests, 1) * 1e6, 1) for phase, seconds in self.seconds.items()}
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for client in self.clients:
+            client.close()
 
 
 class _ShardProcesses:
-    """One `cluster.shard_process` per shard (no Ray): their Flight locations, ended on `close()`."""
+    """One `cluster.shard_process` per shard (no Ray): their Flight locations, ended on `close()`.
+    `gpus`: the GPUs the shards go round (`cluster.gpus`), None on the CPU."""
 
-    def __init__(self, data_dir, shards: int, device: str, say):
+    def __init__(self, data_dir, shards: int, device: str, say, gpus: list[str] | None = None):
         from andromeda_nb.services import ServiceProcess, start_side_by_side
+
+        from .gpus import shard_environment
 
         def start(s: int):
             return ServiceProcess("cluster.shard_process", ["--data", str(data_dir), "--shard", str(s), "--of",
-                                                            str(shards), "--device", device], name=f"shard {s} of {shards}")
+                                                            str(shards), "--device", device], name=f"shard {s} of {shards}",
+                                  env=shard_environment(s, gpus))
 
-        say(f"  starting {shards} shard process(es) on {device}, all at once (each loads the corpus and cuts its slice)")
+        where = device if not gpus else f"{device} ({len(gpus)} GPU(s): {', '.join(gpus)})"
+        say(f"  starting {shards} shard process(es) on {where}, all at once (each loads the corpus and cuts its slice)")
         self.procs = start_side_by_side([lambda s=s: start(s) for s in range(shards)], close=ServiceProcess.stop)
         self.locations = [p.location for p in self.procs]
 
@@ -86,14 +130,31 @@ class _ShardProcesses:
             proc.stop()
 
 
+def scaling(rows: list[dict], ads: int) -> list[dict]:
+    """Per path and batch size: pool ads per second at each shard count, and the scaling efficiency
+    against one shard, t(1) / (N t(N)) (1.0: N shards answer N times as fast as one)."""
+    out = []
+    one = {(r["path"], r["batch"]): r["median_us"] for r in rows if r["shards"] == 1}
+    for r in rows:
+        if r["path"] == "in-process":
+            continue
+        base = one.get((r["path"], r["batch"]))
+        out.append({"path": r["path"], "batch": r["batch"], "shards": r["shards"],
+                    "pool_ads_per_s": round(ads / (r["median_us"] * 1e-6)),
+                    "efficiency": None if base is None else round(base / (r["shards"] * r["median_us"]), 3)})
+    return out
+
+
 def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1, 64), device: str = "cpu",
-            placement: str = "ray", data_dir=None, say=print, partial=None) -> dict:
+            placement: str = "ray", data_dir=None, gpus: int | None = None, say=print, partial=None) -> dict:
     """Per shard count: the in-process engine, the actor path and the Flight path timed in turn within
     each repetition (so drift in the machine's load falls on all three alike). `device` 'gpu': the
     in-process engine and every shard on the GPU(s) Ray sees (several shards share one GPU, each its
     1/N of it in Ray's accounting). `placement` 'processes': no Ray (where it is not installed): one
-    `cluster.shard_process` per shard, cut from the corpus at `data_dir`, and the Flight paths only.
-    `partial(result)`: called with the result so far after each shard count (a long run cut short
+    `cluster.shard_process` per shard, cut from the corpus at `data_dir`, and the Flight paths only;
+    on the GPU the shards go round the first `gpus` GPUs of the host (all by default; `cluster.gpus`).
+    Each Flight row splits its time (`FlightFanOut.split`), and `scaling` compares each shard count
+    with one shard. `partial(result)`: called with the result so far after each shard count (a long run cut short
     keeps what it measured)."""
     from migration.architectures import build_engine
 
@@ -101,6 +162,14 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
         raise ValueError(f"placement is 'ray' or 'processes', not {placement!r}")
     if placement == "processes" and data_dir is None:
         raise ValueError("placement 'processes' needs the corpus directory (data_dir) the shard processes load")
+    if gpus is not None and (placement != "processes" or device != "gpu"):
+        raise ValueError("gpus: the shard processes' GPUs are chosen with placement 'processes' on device 'gpu' "
+                         "(Ray places its actors on GPUs itself)")
+    placed = None
+    if placement == "processes" and device == "gpu":
+        from .gpus import choose_gpus, host_gpus
+
+        placed = choose_gpus(gpus, host_gpus())
     requests = list(dataset.requests)
     say(f"in-process engine over {dataset.n_ads:,} ads on {device}")
     engine = build_engine(dataset, device)
@@ -109,13 +178,15 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
 
     def result(done: bool) -> dict:
         return {"kind": "cluster_data_path", "ads": dataset.n_ads, "requests": len(requests), "k": k,
-                "repeat": repeat, "device": device, "placement": placement, "rows": list(rows), "complete": done,
+                "repeat": repeat, "device": device, "placement": placement, "gpus": placed, "rows": list(rows),
+                "scaling": scaling(rows, dataset.n_ads), "complete": done,
                 "checked": "every path's answers equal the in-process engine's",
                 "software": {**software(), "ray": ray_version() if placement == "ray" else None}}
 
     for shards in shard_counts:
         cluster = (Cluster.start(dataset, shards=shards, replicas=1, device=device, progress=say) if placement == "ray"
-                   else _ShardProcesses(data_dir, shards, device, say))
+                   else _ShardProcesses(data_dir, shards, device, say, placed))
+        fans = []
         try:
             paths = {"in-process": lambda r: engine.retrieve(r, k)}
             if placement == "ray":
@@ -124,22 +195,27 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
                 locations = router.ray.get([h.actor.serve_flight.remote() for hs in router.replicas for h in hs])
             else:
                 locations = cluster.locations
-            paths["flight"] = flight_fanout(locations, k)
-            paths["flight-columns"] = flight_fanout(locations, k, "columns")  # columnar request batches
+            fans = [FlightFanOut(locations, k), FlightFanOut(locations, k, "columns")]  # columnar request batches
+            paths["flight"], paths["flight-columns"] = fans
             for name, fn in paths.items():
                 if not _same(fn(requests), want):
                     raise AssertionError(f"{name} path with {shards} shards differs from the in-process engine")
             for b in batches:
                 say(f"timing {shards} shard(s), batches of {b}")
                 times = {name: [] for name in paths}
+                for fan in fans:
+                    fan.reset()
                 for _ in range(repeat):
                     for name, fn in paths.items():
                         times[name].append(_pass(fn, requests, b))
                 base = statistics.median(times["in-process"])
                 for name, per_pass in times.items():
+                    split = {"split_us": paths[name].split()} if isinstance(paths[name], FlightFanOut) else {}
                     rows.append({**_row(name, shards, b, per_pass),
-                                 "overhead_us": round((statistics.median(per_pass) - base) * 1e6, 1)})
+                                 "overhead_us": round((statistics.median(per_pass) - base) * 1e6, 1), **split})
         finally:
+            for fan in fans:
+                fan.close()
             cluster.close()
         if partial is not None:
             partial(result(False))
@@ -152,12 +228,23 @@ def ray_version() -> str:
 
 
 def table(result: dict) -> str:
-    lines = [f"{result['ads']:,} ads, {result['requests']} requests, k = {result['k']} (us per request, median of "
-             f"{result['repeat']})", f"{'path':<15}{'shards':>7}{'batch':>7}{'median':>11}{'range':>21}{'overhead':>11}"]
+    gpus = f", shards round GPU(s) {', '.join(result['gpus'])}" if result.get("gpus") else ""
+    lines = [f"{result['ads']:,} ads, {result['requests']} requests, k = {result['k']}{gpus} (us per request, "
+             f"median of {result['repeat']}; split: encode / fan-out (slowest shard) / merge, mean)",
+             f"{'path':<15}{'shards':>7}{'batch':>7}{'median':>11}{'range':>21}{'overhead':>11}  split"]
     for r in result["rows"]:
         spread = f"{r['min_us']:,.0f}..{r['max_us']:,.0f}"
+        split = r.get("split_us")
+        parts = (f"  {split['encode']:,.0f} / {split['fan_out']:,.0f} ({split['slowest_shard']:,.0f}) / "
+                 f"{split['merge']:,.0f}" if split else "")
         lines.append(f"{r['path']:<15}{r['shards']:>7}{r['batch']:>7}{r['median_us']:>11,.0f}{spread:>21}"
-                     f"{r['overhead_us']:>11,.0f}")
+                     f"{r['overhead_us']:>11,.0f}{parts}")
+    if any(row["shards"] != 1 for row in result.get("scaling", [])):
+        lines.append("scaling against one shard (pool ads/s, efficiency t(1) / (N t(N))):")
+        for row in result["scaling"]:
+            if row["shards"] != 1 and row["efficiency"] is not None:
+                lines.append(f"  {row['path']:<15}{row['shards']:>3} shards, batch {row['batch']:>3}: "
+                             f"{row['pool_ads_per_s']:>16,} ads/s, efficiency {row['efficiency']:.2f}")
     return "\n".join(lines)
 
 
@@ -173,8 +260,13 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where the engine and every shard run")
     parser.add_argument("--placement", default="ray", choices=("ray", "processes"),
                         help="shards as Ray actors (actor and Flight paths), or as plain processes (Flight only, no Ray)")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="with --placement processes --device gpu: the shards go round the first N GPUs this "
+                             "process may use (default: all; CUDA_VISIBLE_DEVICES narrows them)")
     parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args(argv)
+    if args.gpus is not None and (args.placement != "processes" or args.device != "gpu"):
+        parser.error("--gpus goes with --placement processes --device gpu (Ray places its actors on GPUs itself)")
     if args.placement == "ray":
         require_ray()
     from andromeda_nb.devices import resolve
@@ -191,8 +283,8 @@ def main(argv=None) -> int:
             write_json({**partial_result, "provenance": provenance}, args.out)
 
     result = measure(load_dataset(args.data), [int(s) for s in args.shards.split(",")], k=args.k,
-                     repeat=args.repeat, device=args.device, placement=args.placement, data_dir=args.data, say=say,
-                     partial=keep)
+                     repeat=args.repeat, device=args.device, placement=args.placement, data_dir=args.data,
+                     gpus=args.gpus, say=say, partial=keep)
     result["provenance"] = provenance
     print(table(result))
     if args.out:

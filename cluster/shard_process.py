@@ -10,6 +10,7 @@ without Ray's placement, health checks and restarts.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -43,7 +44,11 @@ def main(argv=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    announce("shard", replica.serve_flight(), shard=args.shard, of=args.shards, ads=len(replica.engine))
+    from .gpus import GPU_ENV
+
+    # the GPU it was placed on (cluster.gpus), as its environment names it; None: not placed
+    announce("shard", replica.serve_flight(), shard=args.shard, of=args.shards, ads=len(replica.engine),
+             gpu=os.environ.get(GPU_ENV))
     stop.wait()
     replica.close()
     return 0

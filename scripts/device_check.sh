@@ -17,8 +17,11 @@
 #             co-located server, on loopback and over a shaped 100 us / 25 Gb/s network
 #             (THREEWAY_ADS, default 1000000: the corpus /tmp/c$THREEWAY_ADS with 2,000 updates;
 #             THREEWAY_LINKS, default "0 100": loopback and 100 us; THREEWAY_REQUESTS, default 64)
-#   shards    the shards' Flight fan-out on the one GPU (no Ray there: shards as plain processes,
-#             `cluster.bench --placement processes`) against one in-process engine (SHARDS_ADS, SHARDS)
+#   shards    the shards' Flight fan-out (no Ray there: shards as plain processes, `cluster.bench
+#             --placement processes`) against one in-process engine, each Flight row split into encode,
+#             fan-out, slowest shard and merge, with the scaling against one shard (SHARDS_ADS, SHARDS;
+#             the shards go round the machine's GPUs: one per GPU on a kind with several, all on the
+#             one GPU otherwise; SHARDS_ARGS="--gpus N" keeps to the first N)
 #   ray       the shards as Ray actors on the one GPU (fractional num_gpus), actor and Flight paths, against one
 #             in-process engine (`cluster.bench --placement ray`; RAY_ADS, RAY_SHARDS); Ray is not on the
 #             machine's image: scripts/device_wheels.sh makes wheels to carry (.whl) and install first

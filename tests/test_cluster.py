@@ -186,7 +186,7 @@ def test_shards_as_plain_processes_answer_as_one_engine_through_the_flight_fan_o
     answers differ from the in-process engine's, so rows mean the fan-out answered exactly."""
     import cli
     from andromeda_nb.store import load_dataset
-    from cluster.bench import measure
+    from cluster.bench import measure, table
 
     data = tmp_path / "corpus"
     made = CliRunner().invoke(cli.main, ["generate", "--ads", "400", "--requests", "3", "--seed", "4", "--out",
@@ -201,6 +201,67 @@ def test_shards_as_plain_processes_answer_as_one_engine_through_the_flight_fan_o
     assert all(r["median_us"] > 0 for r in result["rows"])
     # what was measured so far is handed over after each shard count, so a run cut short keeps it
     assert [len(p["rows"]) for p in partials] == [3, 6] and not any(p["complete"] for p in partials)
+    # each Flight row says where its time went: the parts lie within the call, the slowest shard
+    # within the fan-out; the in-process engine has no split
+    for r in result["rows"]:
+        split = r.get("split_us")
+        assert (split is None) == (r["path"] == "in-process")
+        if split is not None:
+            assert 0 < split["slowest_shard"] <= split["fan_out"]
+            assert split["encode"] > 0 and split["merge"] > 0
+            assert split["encode"] + split["fan_out"] + split["merge"] <= r["max_us"] * 1.05
+    by = {(r["path"], r["shards"]): r for r in result["scaling"]}
+    assert set(by) == {(path, shards) for path in ("flight", "flight-columns") for shards in (1, 2)}
+    for (path, shards), row in by.items():
+        t1, tn = (next(r["median_us"] for r in result["rows"] if (r["path"], r["shards"]) == (path, n))
+                  for n in (1, shards))
+        assert row["efficiency"] == pytest.approx(t1 / (shards * tn), abs=1e-3)
+        assert row["pool_ads_per_s"] == round(400 / (tn * 1e-6))
+    assert "scaling against one shard" in table(result) and "efficiency" in table(result)
+
+
+def test_shard_processes_go_round_the_gpus_they_are_given(tmp_path):
+    """Shard s's process gets GPU s mod G in its CUDA_VISIBLE_DEVICES (it announces what it got); no
+    GPUs, no variable. The shards run on the CPU here: the placement is in their environment."""
+    import cli
+    from cluster.bench import _ShardProcesses
+
+    data = tmp_path / "corpus"
+    made = CliRunner().invoke(cli.main, ["generate", "--ads", "60", "--requests", "2", "--seed", "6", "--out",
+                                         str(data), "-q"])
+    assert made.exit_code == 0, made.output
+    said = []
+    procs = _ShardProcesses(data, 3, "cpu", said.append, gpus=["4", "7"])
+    try:
+        assert [p.announced["gpu"] for p in procs.procs] == ["4", "7", "4"]
+        assert [p.announced["shard"] for p in procs.procs] == [0, 1, 2]
+        assert "2 GPU(s): 4, 7" in said[0]
+    finally:
+        procs.close()
+
+
+def test_gpus_for_shards_come_from_the_process_own_view():
+    from cluster.gpus import GPU_ENV, choose_gpus, gpu_of_shard, host_gpus, shard_environment
+
+    assert host_gpus({GPU_ENV: "2, 3"}, count=lambda: 8) == ["2", "3"]  # narrowed by the caller
+    assert host_gpus({}, count=lambda: 4) == ["0", "1", "2", "3"]  # else every device the driver counts
+    assert host_gpus({GPU_ENV: ""}, count=lambda: 4) == []
+    assert choose_gpus(None, ["0", "1"]) == ["0", "1"] and choose_gpus(1, ["5", "6"]) == ["5"]
+    with pytest.raises(ValueError, match="--gpus 3: this process may use 2 GPU"):
+        choose_gpus(3, ["0", "1"])
+    with pytest.raises(RuntimeError, match="no GPU to place shards on"):
+        choose_gpus(None, [])
+    assert [gpu_of_shard(s, ["a", "b", "c"]) for s in range(7)] == ["a", "b", "c", "a", "b", "c", "a"]
+    assert shard_environment(1, ["0", "1"]) == {GPU_ENV: "1"} and shard_environment(1, None) == {}
+
+
+def test_cluster_bench_takes_gpus_only_where_it_places_the_shards(tmp_path):
+    from cluster.bench import main, measure
+
+    with pytest.raises(SystemExit):
+        main(["--data", str(tmp_path), "--placement", "processes", "--device", "cpu", "--gpus", "2"])
+    with pytest.raises(ValueError, match="Ray places its actors on GPUs itself"):
+        measure(make_dataset()[0], [1], placement="ray", device="gpu", gpus=2)
 
 
 # --- on Ray -----------------------------------------------------------------------------------------
