@@ -78,7 +78,9 @@ class ShardReplica:
 
     def describe(self) -> dict:
         return {"shard": self.shard, "replica": self.replica, "seq": self.applied, "requests": self.requests,
-                "uptime_s": round(time.time() - self.started, 3), "pid": os.getpid(), **self.engine.describe()}
+                "uptime_s": round(time.time() - self.started, 3), "pid": os.getpid(),
+                "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),  # where Ray or cluster.gpus placed it; None: not placed
+                **self.engine.describe()}
 
     def serve_flight(self, host: str = "127.0.0.1") -> str:
         """Listen as a co-located server on `host` (a free port) beside the actor calls; its location."""

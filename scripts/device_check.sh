@@ -25,6 +25,10 @@
 #   ray       the shards as Ray actors on the one GPU (fractional num_gpus), actor and Flight paths, against one
 #             in-process engine (`cluster.bench --placement ray`; RAY_ADS, RAY_SHARDS); Ray is not on the
 #             machine's image: scripts/device_wheels.sh makes wheels to carry (.whl) and install first
+#   sharded   the cluster on Ray with one shard per GPU (SHARDED_SHARDS, default: the machine's GPU count,
+#             at least 2) against one engine over the whole pool, both after the corpus's 2,000 updates,
+#             every request (`scripts/check_sharded.py`; SHARDED_ADS, default 10000000; Ray carried as
+#             for `ray`)
 #   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
 #             (STALL_SHARES, STALL_ARGS: more `bench_update_stall.py` options, e.g. "--servers colocated")
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
@@ -109,6 +113,15 @@ for stage in "${stages[@]}"; do
       [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
       RAY_AUTH_MODE=disabled timeout ${RAY_TIMEOUT:-400} python3 -m cluster.bench --data $data --device gpu --placement ray \
         --shards ${RAY_SHARDS:-1,2} --out "$OUT/ray_${ads}_gpu.json" 2>&1 | grep -v "Warning\|warn(" | tail -20 ;;
+    sharded)
+      python3 -c "import ray" 2>/dev/null || { echo "sharded: ray not importable here; make the wheels with scripts/device_wheels.sh, carry .whl and install them first"; continue; }
+      ads=${SHARDED_ADS:-10000000}; data=/tmp/c$ads
+      [ -f $data/updates.jsonl ] || timeout ${GENERATE_TIMEOUT:-300} $A generate --ads $ads --requests 32 --seed 1 --workers 15 \
+        --updates 2000 --out $data --quiet > /dev/null
+      n=$(nvidia-smi -L | wc -l); [ "$n" -lt 2 ] && n=2
+      RAY_AUTH_MODE=disabled timeout ${SHARDED_TIMEOUT:-500} python3 -W ignore scripts/check_sharded.py --data $data \
+        --shards ${SHARDED_SHARDS:-$n} --device gpu --updates $data/updates.jsonl --out "$OUT/sharded_${ads}_gpu.json" \
+        2>&1 | grep -v "Warning\|warn(" | tail -6 ;;
     stall)
       timeout ${STALL_TIMEOUT:-300} python3 scripts/bench_update_stall.py --device gpu --cpu-shares ${STALL_SHARES:-1,0.5} ${STALL_ARGS:-} \
         --out "$OUT/update_stall_gpu.json" 2>&1 | grep -E "idle p99|Error" | cut -c1-240 ;;

@@ -443,3 +443,39 @@ def test_serve_cluster_in_its_own_process_replays_acknowledged_updates_after_a_r
                             single_engine(dataset, lines).retrieve(dataset.requests, K), "after a restart")
     finally:
         assert front.stop() == 0
+
+
+def test_the_sharded_check_script_finds_the_cluster_equal_to_one_engine_and_says_where_replicas_ran(
+        ray_instance, tmp_path):
+    """`scripts/check_sharded.py` (the multi-GPU machine's first check): the same update stream to a
+    cluster and to one engine, then every request; equal answers exit 0 and the result names each
+    replica's placement; a changed answer is reported with its request."""
+    import importlib.util
+
+    import cli
+    from andromeda_nb.services import PROJECT_ROOT
+
+    spec = importlib.util.spec_from_file_location("check_sharded", PROJECT_ROOT / "scripts" / "check_sharded.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    data = tmp_path / "corpus"
+    made = CliRunner().invoke(cli.main, ["generate", "--ads", "300", "--requests", "4", "--seed", "8", "--updates",
+                                         "40", "--out", str(data), "-q"])
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "check.json"
+    code = script.main(["--data", str(data), "--shards", "2", "--device", "cpu", "--updates",
+                        str(data / "updates.jsonl"), "--k", "10", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["equal"] and not result["differences"]
+    assert result["updates_applied"][0] == result["updates_applied"][1] > 0
+    assert sorted(r["shard"] for r in result["replicas"]) == [0, 1]
+    assert sum(r["ads"] for r in result["replicas"]) > 0 and all(r["gpu"] is None for r in result["replicas"])
+    # the comparison itself: one changed score is a difference naming its request
+    from andromeda_nb.store import load_dataset
+
+    requests = load_dataset(str(data)).requests[:2]
+    answers = [(np.array([3, 1], np.int64), np.array([0.5, 0.25], np.float32)) for _ in requests]
+    changed = [answers[0], (answers[1][0], np.array([0.5, 0.2], np.float32))]
+    assert script.differences(answers, answers, requests) == []
+    assert [line.split(":")[0] for line in script.differences(changed, answers, requests)] == [
+        f"request {requests[1].request_id}"]
