@@ -10,6 +10,7 @@ per-shard log a restarted replica catches up from.
     router    the cluster: Ray start or join, placement, fan-out, fail-over, catch-up;
               `ShardedRetriever` (`retrieve --arch sharded`)
     serve     the front Flight server (`andromeda serve cluster`): the co-located server's protocol
+    gpus      which GPU each shard process of one host uses (shard s on GPU s mod G)
     bench     the data-path measurement (Ray actor calls against Flight to shard endpoints) and the
               fan-out overhead against one in-process engine
 
