@@ -37,17 +37,51 @@ from .router import Cluster
 from .shards import merge_topk
 
 
-def _pass(fn, requests, batch: int) -> float:
-    """Seconds per request of one pass of `fn(requests_batch)` over all requests."""
+def _pass(fn, requests, batch: int, calls: list[float] | None = None) -> float:
+    """Seconds per request of one pass of `fn(requests_batch)` over all requests; each call's seconds
+    go to `calls` as well, when given."""
     t0 = time.perf_counter()
     for lo in range(0, len(requests), batch):
+        started = time.perf_counter()
         fn(requests[lo : lo + batch])
+        if calls is not None:
+            calls.append(time.perf_counter() - started)
     return (time.perf_counter() - t0) / len(requests)
 
 
-def _row(path: str, shards: int, batch: int, per_pass: list[float]) -> dict:
-    return {"path": path, "shards": shards, "batch": batch, "median_us": round(statistics.median(per_pass) * 1e6, 1),
-            "min_us": round(min(per_pass) * 1e6, 1), "max_us": round(max(per_pass) * 1e6, 1)}
+def _row(path: str, shards: int, batch: int, per_pass: list[float], calls: list[float] | None = None) -> dict:
+    """A timing row: the median pass and its range (us per request); with the calls of one request
+    each (batch 1), their p50 and p99 over every pass."""
+    row = {"path": path, "shards": shards, "batch": batch, "median_us": round(statistics.median(per_pass) * 1e6, 1),
+           "min_us": round(min(per_pass) * 1e6, 1), "max_us": round(max(per_pass) * 1e6, 1)}
+    if batch == 1 and calls:
+        row["p50_us"], row["p99_us"] = (round(float(np.percentile(calls, q)) * 1e6, 1) for q in (50, 99))
+    return row
+
+
+def _time_paths(paths: dict, requests, shards: int, batches, repeat: int, say) -> list[dict]:
+    """Each path timed in turn within each repetition (drift in the machine's load falls on all
+    alike), per batch size; Flight rows carry their split (`FlightFanOut.split`)."""
+    rows = []
+    for b in batches:
+        say(f"timing {shards} shard(s), batches of {b}")
+        times = {name: [] for name in paths}
+        calls = {name: [] for name in paths}
+        for fn in paths.values():
+            if isinstance(fn, FlightFanOut):
+                fn.reset()
+        for _ in range(repeat):
+            for name, fn in paths.items():
+                times[name].append(_pass(fn, requests, b, calls[name]))
+        base = statistics.median(times["in-process"]) if "in-process" in times else None
+        for name, per_pass in times.items():
+            row = _row(name, shards, b, per_pass, calls[name])
+            if base is not None:
+                row["overhead_us"] = round((statistics.median(per_pass) - base) * 1e6, 1)
+            if isinstance(paths[name], FlightFanOut):
+                row["split_us"] = paths[name].split()
+            rows.append(row)
+    return rows
 
 
 def _same(got, want) -> bool:
@@ -108,40 +142,50 @@ class FlightFanOut:
 
 class _ShardProcesses:
     """One `cluster.shard_process` per shard (no Ray): their Flight locations, ended on `close()`.
-    `gpus`: the GPUs the shards go round (`cluster.gpus`), None on the CPU."""
+    `source`: the corpus directory each shard cuts its slice from, or a `gpu.tiled.TiledPool` whose
+    shard s holds its own copies; `gpus`: the GPUs the shards go round (`cluster.gpus`), None on the CPU."""
 
-    def __init__(self, data_dir, shards: int, device: str, say, gpus: list[str] | None = None):
+    def __init__(self, source, shards: int, device: str, say, gpus: list[str] | None = None):
         from andromeda_nb.services import ServiceProcess, start_side_by_side
 
         from .gpus import shard_environment
 
+        if hasattr(source, "copies"):  # a tiled pool: each shard lays out its copies on its GPU
+            given = ["--tiled", str(source.copies), "--base-ads", str(source.base_ads), "--seed", str(source.seed),
+                     "--dim", str(source.dim)]
+            what = f"each lays out {source.n_ads:,} ads of a tiled pool and checks them"
+        else:
+            given = ["--data", str(source)]
+            what = "each loads the corpus and cuts its slice"
+
         def start(s: int):
-            return ServiceProcess("cluster.shard_process", ["--data", str(data_dir), "--shard", str(s), "--of",
-                                                            str(shards), "--device", device], name=f"shard {s} of {shards}",
+            return ServiceProcess("cluster.shard_process", [*given, "--shard", str(s), "--of", str(shards),
+                                                            "--device", device], name=f"shard {s} of {shards}",
                                   env=shard_environment(s, gpus))
 
         where = device if not gpus else f"{device} ({len(gpus)} GPU(s): {', '.join(gpus)})"
-        say(f"  starting {shards} shard process(es) on {where}, all at once (each loads the corpus and cuts its slice)")
+        say(f"  starting {shards} shard process(es) on {where}, all at once ({what})")
         self.procs = start_side_by_side([lambda s=s: start(s) for s in range(shards)], close=ServiceProcess.stop)
         self.locations = [p.location for p in self.procs]
+        self.announced = [p.announced for p in self.procs]
 
     def close(self) -> None:
         for proc in self.procs:
             proc.stop()
 
 
-def scaling(rows: list[dict], ads: int) -> list[dict]:
-    """Per path and batch size: pool ads per second at each shard count, and the scaling efficiency
-    against one shard, t(1) / (N t(N)) (1.0: N shards answer N times as fast as one)."""
+def scaling(rows: list[dict], ads: int, *, per_shard: bool = False) -> list[dict]:
+    """Per path and batch size: pool ads per second at each shard count, and the efficiency against
+    one shard, rate(N) / (N rate(1)) (1.0: N shards do N times the work of one in the same time). The
+    pool is `ads` whatever N (a corpus split N ways) or, `per_shard`, N x `ads` (each shard its own
+    `ads`: a tiled pool): t(1) / (N t(N)) for the first, t(1) / t(N) for the second."""
     out = []
-    one = {(r["path"], r["batch"]): r["median_us"] for r in rows if r["shards"] == 1}
-    for r in rows:
-        if r["path"] == "in-process":
-            continue
-        base = one.get((r["path"], r["batch"]))
-        out.append({"path": r["path"], "batch": r["batch"], "shards": r["shards"],
-                    "pool_ads_per_s": round(ads / (r["median_us"] * 1e-6)),
-                    "efficiency": None if base is None else round(base / (r["shards"] * r["median_us"]), 3)})
+    rate = {(r["path"], r["batch"], r["shards"]): (ads * r["shards"] if per_shard else ads) / (r["median_us"] * 1e-6)
+            for r in rows if r["path"] != "in-process"}
+    for (path, batch, shards), pool_rate in rate.items():
+        one = rate.get((path, batch, 1))
+        out.append({"path": path, "batch": batch, "shards": shards, "pool_ads_per_s": round(pool_rate),
+                    "efficiency": None if one is None else round(pool_rate / (shards * one), 3)})
     return out
 
 
@@ -200,19 +244,7 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
             for name, fn in paths.items():
                 if not _same(fn(requests), want):
                     raise AssertionError(f"{name} path with {shards} shards differs from the in-process engine")
-            for b in batches:
-                say(f"timing {shards} shard(s), batches of {b}")
-                times = {name: [] for name in paths}
-                for fan in fans:
-                    fan.reset()
-                for _ in range(repeat):
-                    for name, fn in paths.items():
-                        times[name].append(_pass(fn, requests, b))
-                base = statistics.median(times["in-process"])
-                for name, per_pass in times.items():
-                    split = {"split_us": paths[name].split()} if isinstance(paths[name], FlightFanOut) else {}
-                    rows.append({**_row(name, shards, b, per_pass),
-                                 "overhead_us": round((statistics.median(per_pass) - base) * 1e6, 1), **split})
+            rows += _time_paths(paths, requests, shards, batches, repeat, say)
         finally:
             for fan in fans:
                 fan.close()
@@ -223,13 +255,65 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
     return result(True)
 
 
+def measure_tiled(pool, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1, 64), device: str = "gpu",
+                  gpus: int | None = None, say=print, partial=None) -> dict:
+    """The same Flight paths over a tiled pool (`gpu.tiled.TiledPool`) of which every shard holds its
+    own `pool.copies` copies: the pool grows with the shard count (N x `pool.n_ads`), as a cluster
+    does that adds a GPU for every 100M ads. No engine holds the whole pool, so the checks are: each
+    shard's answers against the float64 reference before it listens (`cluster.shard_process
+    --tiled`), and every path's answers equal to the merge of the shards' answers asked one by one."""
+    placed = None
+    if device == "gpu":
+        from .gpus import choose_gpus, host_gpus
+
+        placed = choose_gpus(gpus, host_gpus())
+    elif gpus is not None:
+        raise ValueError("gpus: a tiled pool's shards are placed on GPUs with device 'gpu'")
+    requests = list(pool.requests)
+    rows, checks = [], []
+
+    def result(done: bool) -> dict:
+        return {"kind": "cluster_tiled_scaling", "ads_per_shard": pool.n_ads, "base_ads": pool.base_ads,
+                "copies_per_shard": pool.copies, "seed": pool.seed, "D": pool.dim, "precision": pool.precision,
+                "requests": len(requests), "k": k, "repeat": repeat, "device": device, "gpus": placed,
+                "rows": list(rows), "scaling": scaling(rows, pool.n_ads, per_shard=True), "shard_checks": list(checks),
+                "complete": done, "checked": "each shard against the float64 reference; every path's answers equal "
+                                             "the merge of the shards' own",
+                "software": software()}
+
+    for shards in shard_counts:
+        procs = _ShardProcesses(pool, shards, device, say, placed)
+        fans = []
+        try:
+            checks.append({"shards": shards, "shard_checks": [a.get("checked") for a in procs.announced],
+                           "gpus": [a.get("gpu") for a in procs.announced]})
+            fans = [FlightFanOut(procs.locations, k), FlightFanOut(procs.locations, k, "columns")]
+            alone = [FlightFanOut([location], k) for location in procs.locations]
+            fans += alone
+            own = [fan(requests) for fan in alone]
+            want = [merge_topk([answers[i] for answers in own], k) for i in range(len(requests))]
+            paths = {"flight": fans[0], "flight-columns": fans[1]}
+            for name, fn in paths.items():
+                if not _same(fn(requests), want):
+                    raise AssertionError(f"{name} path with {shards} shards differs from the merge of the shards' answers")
+            rows += _time_paths(paths, requests, shards, batches, repeat, say)
+        finally:
+            for fan in fans:
+                fan.close()
+            procs.close()
+        if partial is not None:
+            partial(result(False))
+    return result(True)
+
+
 def ray_version() -> str:
     return require_ray().__version__
 
 
 def table(result: dict) -> str:
     gpus = f", shards round GPU(s) {', '.join(result['gpus'])}" if result.get("gpus") else ""
-    lines = [f"{result['ads']:,} ads, {result['requests']} requests, k = {result['k']}{gpus} (us per request, "
+    ads = f"{result['ads']:,} ads" if "ads" in result else f"{result['ads_per_shard']:,} ads per shard (tiled)"
+    lines = [f"{ads}, {result['requests']} requests, k = {result['k']}{gpus} (us per request, "
              f"median of {result['repeat']}; split: encode / fan-out (slowest shard) / merge, mean)",
              f"{'path':<15}{'shards':>7}{'batch':>7}{'median':>11}{'range':>21}{'overhead':>11}  split"]
     for r in result["rows"]:
@@ -237,8 +321,10 @@ def table(result: dict) -> str:
         split = r.get("split_us")
         parts = (f"  {split['encode']:,.0f} / {split['fan_out']:,.0f} ({split['slowest_shard']:,.0f}) / "
                  f"{split['merge']:,.0f}" if split else "")
+        overhead = f"{r['overhead_us']:>11,.0f}" if "overhead_us" in r else f"{'-':>11}"
+        tail = f"  p50 {r['p50_us']:,.0f} p99 {r['p99_us']:,.0f}" if "p99_us" in r else ""
         lines.append(f"{r['path']:<15}{r['shards']:>7}{r['batch']:>7}{r['median_us']:>11,.0f}{spread:>21}"
-                     f"{r['overhead_us']:>11,.0f}{parts}")
+                     f"{overhead}{parts}{tail}")
     if any(row["shards"] != 1 for row in result.get("scaling", [])):
         lines.append("scaling against one shard (pool ads/s, efficiency t(1) / (N t(N))):")
         for row in result["scaling"]:
@@ -253,11 +339,19 @@ def main(argv=None) -> int:
 
     keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(prog="python -m cluster.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True, help="corpus directory")
+    parser.add_argument("--data", help="corpus directory (or --tiled)")
+    parser.add_argument("--tiled", type=int, default=None, metavar="COPIES",
+                        help="instead of --data: a tiled pool on the GPU, COPIES copies of a generated base corpus per "
+                             "shard (so the pool grows with the shards: 12,208 copies of 8,192 ads is 100M a shard); "
+                             "shards as processes, checked against the float64 reference")
+    parser.add_argument("--base-ads", type=int, default=8192, help="--tiled: ads of the generated base corpus")
+    parser.add_argument("--seed", type=int, default=0, help="--tiled: the base corpus's and the model's seed")
+    parser.add_argument("--dim", type=int, default=64, help="--tiled: the embedding width D")
     parser.add_argument("--shards", default="1,2,4", help="shard counts to time, comma-separated")
     parser.add_argument("--k", type=int, default=100, help="answers per request")
     parser.add_argument("--repeat", type=int, default=3, help="passes over the requests per timing")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where the engine and every shard run")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "sim"),
+                        help="where the engine and every shard run (sim: --tiled only, tiny pools)")
     parser.add_argument("--placement", default="ray", choices=("ray", "processes"),
                         help="shards as Ray actors (actor and Flight paths), or as plain processes (Flight only, no Ray)")
     parser.add_argument("--gpus", type=int, default=None,
@@ -265,6 +359,14 @@ def main(argv=None) -> int:
                              "process may use (default: all; CUDA_VISIBLE_DEVICES narrows them)")
     parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args(argv)
+    if (args.data is None) == (args.tiled is None):
+        parser.error("give --data DIR (a corpus split into shards) or --tiled COPIES (a tiled pool per shard)")
+    if args.tiled is not None:
+        args.placement = "processes"
+        if args.device == "cpu":
+            parser.error("--tiled pools live on the GPU: --device gpu (or sim)")
+    elif args.device == "sim":
+        parser.error("--device sim goes with --tiled (a corpus's shards run on gpu or cpu)")
     if args.gpus is not None and (args.placement != "processes" or args.device != "gpu"):
         parser.error("--gpus goes with --placement processes --device gpu (Ray places its actors on GPUs itself)")
     if args.placement == "ray":
@@ -282,9 +384,15 @@ def main(argv=None) -> int:
         if args.out:
             write_json({**partial_result, "provenance": provenance}, args.out)
 
-    result = measure(load_dataset(args.data), [int(s) for s in args.shards.split(",")], k=args.k,
-                     repeat=args.repeat, device=args.device, placement=args.placement, data_dir=args.data,
-                     gpus=args.gpus, say=say, partial=keep)
+    counts = [int(s) for s in args.shards.split(",")]
+    if args.tiled is not None:
+        from gpu.tiled import TiledPool
+
+        result = measure_tiled(TiledPool(args.base_ads, args.tiled, seed=args.seed, dim=args.dim), counts, k=args.k,
+                               repeat=args.repeat, device=args.device, gpus=args.gpus, say=say, partial=keep)
+    else:
+        result = measure(load_dataset(args.data), counts, k=args.k, repeat=args.repeat, device=args.device,
+                         placement=args.placement, data_dir=args.data, gpus=args.gpus, say=say, partial=keep)
     result["provenance"] = provenance
     print(table(result))
     if args.out:

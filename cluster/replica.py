@@ -21,9 +21,11 @@ from andromeda_nb.updates import IndexLiveIds, apply_updates, read_updates
 
 
 class ShardReplica:
-    """`dataset`: the shard's `Dataset` (or a corpus directory, sliced here); `device`: where its engine runs."""
+    """`dataset`: the shard's `Dataset` (or a corpus directory, sliced here); `device`: where its engine
+    runs; `engine`: one built already over `dataset` (a tiled pool's, `gpu.tiled`), instead of
+    `build_engine`'s."""
 
-    def __init__(self, dataset, shard: int, n_shards: int, replica: int, device: str = "cpu"):
+    def __init__(self, dataset, shard: int, n_shards: int, replica: int, device: str = "cpu", *, engine=None):
         from andromeda_nb.hostmem import keep_freed_memory
         from migration.architectures import build_engine
 
@@ -38,7 +40,7 @@ class ShardReplica:
         self.shard, self.n_shards, self.replica = shard, n_shards, replica
         self.model = dataset.model
         self.seed = dataset.seed
-        self.engine = build_engine(dataset, device)
+        self.engine = engine if engine is not None else build_engine(dataset, device)
         self.dataset = dataset
         self.applied = 0  # update-log entries consumed (applied or rejected)
         self.requests = 0

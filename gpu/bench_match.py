@@ -54,18 +54,20 @@ class TiledSlotMap:
     """ad id -> slot for a tiled pool, computed instead of stored (a dict of 100M entries would take
     minutes to build), with an overlay for the ids that updates moved, added or removed."""
 
-    def __init__(self, base_ids: np.ndarray, base_slot0: np.ndarray, block_step: np.ndarray, copies: int, stride: int):
+    def __init__(self, base_ids: np.ndarray, base_slot0: np.ndarray, block_step: np.ndarray, copies: int, stride: int,
+                 first_copy: int = 0):
         self._order = np.argsort(base_ids)
         self._ids = base_ids[self._order]
         self._slot0 = base_slot0[self._order]  # slot of copy 0
         self._step = block_step[self._order]  # slots between copies (ads of the base row's format)
-        self.copies, self.stride = copies, stride
+        self.copies, self.stride, self.first_copy = copies, stride, first_copy
         self._moved: dict[int, int] = {}
         self._gone: set[int] = set()
         self._n = copies * len(base_ids)
 
     def _computed(self, ad_id: int) -> int | None:
         k, base = divmod(int(ad_id), self.stride)
+        k -= self.first_copy
         if not 0 <= k < self.copies:
             return None
         i = int(np.searchsorted(self._ids, base))
@@ -105,10 +107,15 @@ class TiledSlotMap:
 
 
 def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int | None = None,
-                      device: str = "auto", spare: float = 0.01, chunk_slots: int = CHUNK_SLOTS) -> GpuTargetingIndex:
+                      device: str = "auto", spare: float = 0.01, chunk_slots: int = CHUNK_SLOTS,
+                      first_copy: int = 0) -> GpuTargetingIndex:
     """A GpuTargetingIndex over `copies` copies of the base ads, laid out exactly as
     `GpuTargetingIndex.from_compiled(tile_compiled(base_ct, copies))` would lay it out (slots grouped
-    by format, copies in order inside a format), built from the base's programs by repetition."""
+    by format, copies in order inside a format), built from the base's programs by repetition.
+    `first_copy`: the copies are numbered from it (ids base_id + (first_copy + k) * stride), so pools
+    built with disjoint ranges of copies hold disjoint ads (the shards of a tiled pool)."""
+    if copies < 1 or first_copy < 0:
+        raise ValueError(f"a tiled pool needs at least one copy from copy 0 on, got {copies} from {first_copy}")
     index = GpuTargetingIndex(device=device, version=version)
     index.vocab = Vocabulary(base_ct.terms)
     dense = index.vocab.dense_bulk(base_ct.terms)
@@ -124,7 +131,8 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
         rows = np.flatnonzero(fmt == f)
         n_f = len(rows) * copies
         n_chunks = -(-int(n_f * (1.0 + spare)) // chunk_slots)
-        ids = (base_ct.ad_id[rows][None, :] + (np.arange(copies, dtype=np.int64) * stride)[:, None]).ravel()
+        ids = (base_ct.ad_id[rows][None, :] + (np.arange(first_copy, first_copy + copies, dtype=np.int64)
+                                               * stride)[:, None]).ravel()
         block = np.full(n_chunks * chunk_slots, EMPTY, np.int64)
         block[:n_f] = ids
         slot_ids.append(block)
@@ -145,7 +153,7 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
     slots = SlotAllocator(chunk_slots)
     slots.slot_ad_id = np.concatenate(slot_ids) if slot_ids else np.empty(0, np.int64)
     slots.chunk_format = np.asarray(chunk_fmt, np.int16)
-    slots._slot_of = TiledSlotMap(base_ct.ad_id, base_slot0, block_step, copies, stride)
+    slots._slot_of = TiledSlotMap(base_ct.ad_id, base_slot0, block_step, copies, stride, first_copy)
     for s in np.flatnonzero(slots.slot_ad_id == EMPTY)[::-1].tolist():
         slots._free.setdefault(int(slots.chunk_format[s // chunk_slots]), []).append(s)
     cat = np.concatenate
