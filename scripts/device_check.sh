@@ -22,6 +22,9 @@
 #             fan-out, slowest shard and merge, with the scaling against one shard (SHARDS_ADS, SHARDS;
 #             the shards go round the machine's GPUs: one per GPU on a kind with several, all on the
 #             one GPU otherwise; SHARDS_ARGS="--gpus N" keeps to the first N)
+#   tiled     a tiled pool per shard on the GPU(s) (`cluster.bench --tiled`: TILED_COPIES copies of an 8,192-ad base
+#             per shard, default 12208, 100M ads; TILED_SHARDS, default 1,2): each shard checked against the
+#             float64 reference, the pool growing with the shards, one shard per GPU where there are several
 #   ray       the shards as Ray actors on the one GPU (fractional num_gpus), actor and Flight paths, against one
 #             in-process engine (`cluster.bench --placement ray`; RAY_ADS, RAY_SHARDS); Ray is not on the
 #             machine's image: scripts/device_wheels.sh makes wheels to carry (.whl) and install first
@@ -107,6 +110,9 @@ for stage in "${stages[@]}"; do
       [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
       timeout ${SHARDS_TIMEOUT:-300} python3 -m cluster.bench --data $data --device gpu --placement processes \
         --shards ${SHARDS:-1,2,4} ${SHARDS_ARGS:-} --out "$OUT/shards_${ads}_gpu.json" 2>&1 | tail -14 ;;
+    tiled)
+      timeout ${TILED_TIMEOUT:-500} python3 -W ignore -m cluster.bench --tiled ${TILED_COPIES:-12208} --device gpu \
+        --shards ${TILED_SHARDS:-1,2} ${TILED_ARGS:-} --out "$OUT/tiled_${TILED_COPIES:-12208}_gpu.json" 2>&1 | tail -16 ;;
     ray)
       python3 -c "import ray" 2>/dev/null || { echo "ray: not importable here; make the wheels with scripts/device_wheels.sh, carry .whl and install them first"; continue; }
       ads=${RAY_ADS:-1000000}; data=/tmp/c$ads

@@ -106,3 +106,23 @@ def test_a_tiled_pool_refuses_updates_by_name(tiled):
         engine.apply(SetStatus(int(pool.ad_ids[0]), "paused"))
     with pytest.raises(ValueError, match="a tiled pool takes no updates"):
         engine.apply_many([])
+
+
+def test_cluster_bench_fans_out_to_tiled_shards_each_checked_and_equal_to_their_merge():
+    """`cluster.bench --tiled`: two shard processes, each its own copies of the pool laid out and
+    checked against the float64 reference before it listens; the timed paths' answers equal the
+    merge of the shards' own; the pool grows with the shards, so the scaling is per shard."""
+    from cluster.bench import measure_tiled, table
+
+    pool = small_pool(copies=2, n_requests=2)
+    result = measure_tiled(pool, [2], k=10, repeat=1, batches=(2,), device=KERNEL_DEVICE, say=lambda m: None)
+    assert result["complete"] and result["ads_per_shard"] == 240 and result["requests"] == 2
+    [checks] = result["shard_checks"]
+    assert checks["shards"] == 2 and all(c["ok"] and c["requests"] == 4 for c in checks["shard_checks"])
+    assert {(r["path"], r["shards"], r["batch"]) for r in result["rows"]} == {
+        ("flight", 2, 2), ("flight-columns", 2, 2)}
+    assert all(r["median_us"] > 0 and "overhead_us" not in r for r in result["rows"])
+    assert all(row["pool_ads_per_s"] == round(480 / (next(r["median_us"] for r in result["rows"]
+                                                            if r["path"] == row["path"]) * 1e-6))
+               for row in result["scaling"])
+    assert "240 ads per shard (tiled)" in table(result)
