@@ -347,6 +347,8 @@ def main(argv=None) -> int:
     parser.add_argument("--base-ads", type=int, default=8192, help="--tiled: ads of the generated base corpus")
     parser.add_argument("--seed", type=int, default=0, help="--tiled: the base corpus's and the model's seed")
     parser.add_argument("--dim", type=int, default=64, help="--tiled: the embedding width D")
+    parser.add_argument("--requests", type=int, default=64, help="--tiled: requests of the generated base corpus")
+    parser.add_argument("--batches", default="1,64", help="batch sizes to time, comma-separated")
     parser.add_argument("--shards", default="1,2,4", help="shard counts to time, comma-separated")
     parser.add_argument("--k", type=int, default=100, help="answers per request")
     parser.add_argument("--repeat", type=int, default=3, help="passes over the requests per timing")
@@ -385,14 +387,17 @@ def main(argv=None) -> int:
             write_json({**partial_result, "provenance": provenance}, args.out)
 
     counts = [int(s) for s in args.shards.split(",")]
+    batches = tuple(int(b) for b in args.batches.split(","))
     if args.tiled is not None:
         from gpu.tiled import TiledPool
 
-        result = measure_tiled(TiledPool(args.base_ads, args.tiled, seed=args.seed, dim=args.dim), counts, k=args.k,
-                               repeat=args.repeat, device=args.device, gpus=args.gpus, say=say, partial=keep)
+        pool = TiledPool(args.base_ads, args.tiled, seed=args.seed, dim=args.dim, n_requests=args.requests)
+        result = measure_tiled(pool, counts, k=args.k, repeat=args.repeat, batches=batches, device=args.device,
+                               gpus=args.gpus, say=say, partial=keep)
     else:
-        result = measure(load_dataset(args.data), counts, k=args.k, repeat=args.repeat, device=args.device,
-                         placement=args.placement, data_dir=args.data, gpus=args.gpus, say=say, partial=keep)
+        result = measure(load_dataset(args.data), counts, k=args.k, repeat=args.repeat, batches=batches,
+                         device=args.device, placement=args.placement, data_dir=args.data, gpus=args.gpus, say=say,
+                         partial=keep)
     result["provenance"] = provenance
     print(table(result))
     if args.out:
