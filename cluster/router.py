@@ -262,6 +262,7 @@ class Router:
                         pass
             ads += described["ads"] if described else 0
             shards.append({"shard": s, "log_seq": self.log.seq(s), "ads": described["ads"] if described else None,
+                           "gpu": described.get("gpu") if described else None,  # the first live replica's
                            "replicas": [{"replica": h.replica, "up": h.up, "seq": h.seq, "error": h.error,
                                          "failures": h.failures} for h in self.replicas[s]]})
         return {"shards": len(shards), "ads": ads, "available": all(x["ads"] is not None for x in shards),

@@ -1,7 +1,9 @@
-"""The sharded cluster against one engine over the whole pool: both get the same update stream, then
-every request of the corpus; the answers (ad ids and scores, in rank order) must be equal. On a
-machine with several GPUs each shard's replica is a Ray actor on its own GPU (`Cluster.start` asks
-`num_gpus` = min(1, GPUs / replicas)); the result says where each replica ran.
+"""`andromeda serve cluster` against one engine over the whole pool: the front is started as a process
+(its own local Ray), both get the same update stream (the front through its `update` action), then
+every request of the corpus (the front through a plain Flight exchange); the answers (ad ids and
+scores, in rank order) must be equal. On a machine with several GPUs each shard's replica is a Ray
+actor on its own GPU (`Cluster.start` asks `num_gpus` = min(1, GPUs / replicas)); the front's
+`health` says where each shard runs, and the result records it.
 
     PYTHONPATH=. python3 scripts/check_sharded.py --data DIR --shards 2 --device gpu \
         --updates DIR/updates.jsonl --out FILE
@@ -24,12 +26,16 @@ sys.path.insert(0, str(ROOT))
 from andromeda_nb.bench import software, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
+BATCH = 256  # requests per request batch to the front
+
 
 def differences(got, want, requests, limit: int = 5) -> list[str]:
     """What differs between two lists of answers [(ad ids, scores)], request by request."""
     import numpy as np
 
     out = []
+    if len(got) != len(want):
+        out.append(f"{len(got)} answers for {len(want)} requests")
     for request, (ids, scores), (want_ids, want_scores) in zip(requests, got, want):
         if not (np.array_equal(ids, want_ids) and np.array_equal(scores, want_scores)):
             out.append(f"request {request.request_id}: {len(ids)} answers, ids {list(ids[:5])}..., want "
@@ -51,8 +57,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    from andromeda_nb import flight as fl
     from andromeda_nb.answers import apply_updates_file
     from andromeda_nb.devices import resolve
+    from andromeda_nb.services import ServiceProcess
     from andromeda_nb.store import load_dataset
     from cluster import require_ray
     from migration.architectures import build_retriever
@@ -61,49 +69,54 @@ def main(argv=None) -> int:
     resolve(args.device)
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     dataset = load_dataset(args.data)
+    requests = list(dataset.requests)
     seconds = {}
     t = time.monotonic()
-    one = build_retriever(dataset, "colocated", args.device)
-    seconds["one_engine_start"] = time.monotonic() - t
-    t = time.monotonic()
-    sharded = build_retriever(dataset, "sharded", args.device, shards=args.shards, progress=say)
-    seconds["cluster_start"] = time.monotonic() - t
+    say(f"starting `serve cluster` with {args.shards} shard(s) on {args.device}")
+    front = ServiceProcess("cli", ["serve", "cluster", "--data", args.data, "--shards", str(args.shards), "--device",
+                                   args.device, "--port", "0", "--log", "off", "-q"], name="serve cluster",
+                           start_timeout_s=600)
+    seconds["front_start"] = time.monotonic() - t
+    one = None
     try:
+        t = time.monotonic()
+        one = build_retriever(dataset, "colocated", args.device)
+        seconds["one_engine_start"] = time.monotonic() - t
         applied = None
         if args.updates:
             t = time.monotonic()
-            applied = [apply_updates_file(args.updates, [target], dataset)[0] for target in (one, sharded)]
+            ack = fl.flight_action(front.location, "update", Path(args.updates).read_bytes(), timeout=600)
+            applied = [apply_updates_file(args.updates, [one], dataset)[0], ack["applied"]]
             seconds["updates"] = time.monotonic() - t
-            say(f"updates applied: {applied[0]} to the one engine, {applied[1]} to the cluster")
-        requests = list(dataset.requests)
+            say(f"updates applied: {applied[0]} to the one engine, {applied[1]} by the front")
         t = time.monotonic()
         want = one.retrieve(requests, args.k)
         seconds["one_engine_answers"] = time.monotonic() - t
         t = time.monotonic()
-        got = sharded.retrieve(requests, args.k)
-        seconds["cluster_answers"] = time.monotonic() - t
-        placed = []
-        for row in sharded.cluster.router.replicas:
-            for handle in row:
-                d = ray.get(handle.actor.describe.remote())
-                placed.append({key: d.get(key) for key in ("shard", "replica", "pid", "gpu", "ads", "seq")})
+        got = []
+        for lo in range(0, len(requests), BATCH):
+            got += fl.retrieve_over_flight(front.location, requests[lo : lo + BATCH], args.k, timeout=600)
+        seconds["front_answers"] = time.monotonic() - t
+        health = fl.flight_action(front.location, "health")
+        placed = [{key: s.get(key) for key in ("shard", "gpu", "ads", "log_seq")} for s in health["shard_state"]]
         diff = differences(got, want, requests)
     finally:
-        sharded.close()
-        one.close()
-    equal = not diff and applied in (None, [applied[0], applied[0]])
-    result = {"kind": "sharded_against_one_engine", "ads": dataset.n_ads, "requests": len(requests), "k": args.k,
-              "shards": args.shards, "device": args.device, "updates_applied": applied, "equal": equal,
-              "differences": diff, "replicas": placed, "seconds": {k: round(v, 2) for k, v in seconds.items()},
+        if one is not None:
+            one.close()
+        front.stop()
+    equal = not diff and (applied is None or applied[0] == applied[1])
+    result = {"kind": "serve_cluster_against_one_engine", "ads": dataset.n_ads, "requests": len(requests),
+              "k": args.k, "shards": args.shards, "device": args.device, "updates_applied": applied, "equal": equal,
+              "differences": diff, "shard_state": placed, "seconds": {k: round(v, 2) for k, v in seconds.items()},
               "software": {**software(), "ray": ray.__version__}, "host": host_info(),
               "command": shlex.join(["python3", "scripts/check_sharded.py", *(argv if argv is not None else sys.argv[1:])])}
-    say(f"{args.shards} shards on {args.device} against one engine, {len(requests)} requests, k = {args.k}: "
-        f"{'equal' if equal else 'DIFFERENT'}; replicas on GPU(s) {[p['gpu'] for p in placed]}")
+    say(f"serve cluster, {args.shards} shards on {args.device}, against one engine, {len(requests)} requests, "
+        f"k = {args.k}: {'equal' if equal else 'DIFFERENT'}; shards on GPU(s) {[p['gpu'] for p in placed]}")
     for line in diff:
         say("  " + line)
     if args.out:
         write_json(result, args.out)
-    print(json.dumps({"equal": equal, "replicas": placed}))
+    print(json.dumps({"equal": equal, "shard_state": placed}))
     return 0 if equal else 1
 
 

@@ -28,10 +28,10 @@
 #   ray       the shards as Ray actors on the one GPU (fractional num_gpus), actor and Flight paths, against one
 #             in-process engine (`cluster.bench --placement ray`; RAY_ADS, RAY_SHARDS); Ray is not on the
 #             machine's image: scripts/device_wheels.sh makes wheels to carry (.whl) and install first
-#   sharded   the cluster on Ray with one shard per GPU (SHARDED_SHARDS, default: the machine's GPU count,
-#             at least 2) against one engine over the whole pool, both after the corpus's 2,000 updates,
-#             every request (`scripts/check_sharded.py`; SHARDED_ADS, default 10000000; Ray carried as
-#             for `ray`)
+#   sharded   `serve cluster` (Ray) with one shard per GPU (SHARDED_SHARDS, default: the machine's GPU
+#             count, at least 2) against one engine over the whole pool, both after the corpus's 2,000
+#             updates, every request (`scripts/check_sharded.py`; SHARDED_ADS, default 10000000; Ray
+#             carried as for `ray`)
 #   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
 #             (STALL_SHARES, STALL_ARGS: more `bench_update_stall.py` options, e.g. "--servers colocated")
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the

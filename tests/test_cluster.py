@@ -445,11 +445,11 @@ def test_serve_cluster_in_its_own_process_replays_acknowledged_updates_after_a_r
         assert front.stop() == 0
 
 
-def test_the_sharded_check_script_finds_the_cluster_equal_to_one_engine_and_says_where_replicas_ran(
-        ray_instance, tmp_path):
-    """`scripts/check_sharded.py` (the multi-GPU machine's first check): the same update stream to a
-    cluster and to one engine, then every request; equal answers exit 0 and the result names each
-    replica's placement; a changed answer is reported with its request."""
+def test_the_sharded_check_script_finds_serve_cluster_equal_to_one_engine_and_says_where_shards_run(tmp_path):
+    """`scripts/check_sharded.py` (the multi-GPU machine's check): `serve cluster` as a process and one
+    engine get the same update stream, then every request; equal answers exit 0 and the result names
+    each shard's placement from the front's `health`; a changed answer is reported with its request."""
+    pytest.importorskip("ray", reason='the cluster tests need Ray: pip install -e ".[test,cluster]"')
     import importlib.util
 
     import cli
@@ -466,10 +466,10 @@ def test_the_sharded_check_script_finds_the_cluster_equal_to_one_engine_and_says
     code = script.main(["--data", str(data), "--shards", "2", "--device", "cpu", "--updates",
                         str(data / "updates.jsonl"), "--k", "10", "--out", str(out)])
     result = json.loads(out.read_text())
-    assert code == 0 and result["equal"] and not result["differences"]
+    assert code == 0 and result["equal"] and not result["differences"], result
     assert result["updates_applied"][0] == result["updates_applied"][1] > 0
-    assert sorted(r["shard"] for r in result["replicas"]) == [0, 1]
-    assert sum(r["ads"] for r in result["replicas"]) > 0 and all(r["gpu"] is None for r in result["replicas"])
+    assert [s["shard"] for s in result["shard_state"]] == [0, 1]
+    assert sum(s["ads"] for s in result["shard_state"]) > 0 and all(s["gpu"] is None for s in result["shard_state"])
     # the comparison itself: one changed score is a difference naming its request
     from andromeda_nb.store import load_dataset
 
@@ -479,3 +479,4 @@ def test_the_sharded_check_script_finds_the_cluster_equal_to_one_engine_and_says
     assert script.differences(answers, answers, requests) == []
     assert [line.split(":")[0] for line in script.differences(changed, answers, requests)] == [
         f"request {requests[1].request_id}"]
+    assert script.differences(answers[:1], answers, requests)[0] == "1 answers for 2 requests"
