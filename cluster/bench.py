@@ -21,6 +21,7 @@ otherwise.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -34,6 +35,7 @@ from andromeda_nb.provenance import host_info
 
 from . import require_ray
 from .router import Cluster
+from .shard_process import add_tiled_arguments, tiled_pool_of
 from .shards import merge_topk
 
 
@@ -57,6 +59,15 @@ def _row(path: str, shards: int, batch: int, per_pass: list[float], calls: list[
     if batch == 1 and calls:
         row["p50_us"], row["p99_us"] = (round(float(np.percentile(calls, q)) * 1e6, 1) for q in (50, 99))
     return row
+
+
+def _checked_then_timed(paths: dict, want, what: str, requests, shards: int, batches, repeat: int, say) -> list[dict]:
+    """Every path's answers against `want` (AssertionError naming the path and `what` it was held
+    to), then the timing rows (`_time_paths`)."""
+    for name, fn in paths.items():
+        if not _same(fn(requests), want):
+            raise AssertionError(f"{name} path with {shards} shards differs from {what}")
+    return _time_paths(paths, requests, shards, batches, repeat, say)
 
 
 def _time_paths(paths: dict, requests, shards: int, batches, repeat: int, say) -> list[dict]:
@@ -160,8 +171,8 @@ class _ShardProcesses:
 
         def start(s: int):
             return ServiceProcess("cluster.shard_process", [*given, "--shard", str(s), "--of", str(shards),
-                                                            "--device", device], name=f"shard {s} of {shards}",
-                                  env=shard_environment(s, gpus))
+                                                            "--device", device, "--parent-pid", str(os.getpid())],
+                                  name=f"shard {s} of {shards}", env=shard_environment(s, gpus))
 
         where = device if not gpus else f"{device} ({len(gpus)} GPU(s): {', '.join(gpus)})"
         say(f"  starting {shards} shard process(es) on {where}, all at once ({what})")
@@ -241,10 +252,7 @@ def measure(dataset, shard_counts, *, k: int = 100, repeat: int = 3, batches=(1,
                 locations = cluster.locations
             fans = [FlightFanOut(locations, k), FlightFanOut(locations, k, "columns")]  # columnar request batches
             paths["flight"], paths["flight-columns"] = fans
-            for name, fn in paths.items():
-                if not _same(fn(requests), want):
-                    raise AssertionError(f"{name} path with {shards} shards differs from the in-process engine")
-            rows += _time_paths(paths, requests, shards, batches, repeat, say)
+            rows += _checked_then_timed(paths, want, "the in-process engine", requests, shards, batches, repeat, say)
         finally:
             for fan in fans:
                 fan.close()
@@ -293,10 +301,8 @@ def measure_tiled(pool, shard_counts, *, k: int = 100, repeat: int = 3, batches=
             own = [fan(requests) for fan in alone]
             want = [merge_topk([answers[i] for answers in own], k) for i in range(len(requests))]
             paths = {"flight": fans[0], "flight-columns": fans[1]}
-            for name, fn in paths.items():
-                if not _same(fn(requests), want):
-                    raise AssertionError(f"{name} path with {shards} shards differs from the merge of the shards' answers")
-            rows += _time_paths(paths, requests, shards, batches, repeat, say)
+            rows += _checked_then_timed(paths, want, "the merge of the shards' answers", requests, shards, batches,
+                                        repeat, say)
         finally:
             for fan in fans:
                 fan.close()
@@ -340,13 +346,9 @@ def main(argv=None) -> int:
     keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(prog="python -m cluster.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="corpus directory (or --tiled)")
-    parser.add_argument("--tiled", type=int, default=None, metavar="COPIES",
-                        help="instead of --data: a tiled pool on the GPU, COPIES copies of a generated base corpus per "
-                             "shard (so the pool grows with the shards: 12,208 copies of 8,192 ads is 100M a shard); "
-                             "shards as processes, checked against the float64 reference")
-    parser.add_argument("--base-ads", type=int, default=8192, help="--tiled: ads of the generated base corpus")
-    parser.add_argument("--seed", type=int, default=0, help="--tiled: the base corpus's and the model's seed")
-    parser.add_argument("--dim", type=int, default=64, help="--tiled: the embedding width D")
+    add_tiled_arguments(parser, "a tiled pool on the GPU for every shard (so the pool grows with the shards: "
+                                "12,208 copies of 8,192 ads is 100M a shard), shards as processes, each checked "
+                                "against the float64 reference")
     parser.add_argument("--requests", type=int, default=64, help="--tiled: requests of the generated base corpus")
     parser.add_argument("--batches", default="1,64", help="batch sizes to time, comma-separated")
     parser.add_argument("--shards", default="1,2,4", help="shard counts to time, comma-separated")
@@ -389,10 +391,7 @@ def main(argv=None) -> int:
     counts = [int(s) for s in args.shards.split(",")]
     batches = tuple(int(b) for b in args.batches.split(","))
     if args.tiled is not None:
-        from gpu.tiled import TiledPool
-
-        pool = TiledPool(args.base_ads, args.tiled, seed=args.seed, dim=args.dim, n_requests=args.requests)
-        result = measure_tiled(pool, counts, k=args.k, repeat=args.repeat, batches=batches, device=args.device,
+        result = measure_tiled(tiled_pool_of(args, n_requests=args.requests), counts, k=args.k, repeat=args.repeat, batches=batches, device=args.device,
                                gpus=args.gpus, say=say, partial=keep)
     else:
         result = measure(load_dataset(args.data), counts, k=args.k, repeat=args.repeat, batches=batches,

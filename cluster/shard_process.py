@@ -21,22 +21,35 @@ import threading
 TILED_CHECKS, TILED_CHECK_K = 4, 100  # a tiled shard's requests checked against the reference before it listens
 
 
+def add_tiled_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--tiled COPIES (`what` it makes) and the recipe of the pool (`gpu.tiled.TiledPool`)."""
+    parser.add_argument("--tiled", type=int, default=None, metavar="COPIES",
+                        help=f"instead of --data: {what}; COPIES copies of a generated base corpus")
+    parser.add_argument("--base-ads", type=int, default=8192, help="--tiled: ads of the generated base corpus")
+    parser.add_argument("--seed", type=int, default=0, help="--tiled: the base corpus's and the model's seed")
+    parser.add_argument("--dim", type=int, default=64, help="--tiled: the embedding width D")
+
+
+def tiled_pool_of(args, **more):
+    """The `gpu.tiled.TiledPool` that `add_tiled_arguments`' options describe."""
+    from gpu.tiled import TiledPool
+
+    return TiledPool(args.base_ads, args.tiled, seed=args.seed, dim=args.dim, **more)
+
+
 def main(argv=None) -> int:
     from andromeda_nb.hostmem import keep_freed_memory
 
     keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
     parser = argparse.ArgumentParser(prog="python -m cluster.shard_process", description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="corpus directory (the shard's slice is cut here)")
-    parser.add_argument("--tiled", type=int, default=None, metavar="COPIES",
-                        help="instead of --data: a tiled pool on the GPU (gpu.tiled), COPIES copies of a generated base "
-                             "corpus for this shard (copies shard*COPIES onwards), checked against the float64 "
-                             "reference before it listens")
-    parser.add_argument("--base-ads", type=int, default=8192, help="--tiled: ads of the generated base corpus")
-    parser.add_argument("--seed", type=int, default=0, help="--tiled: the base corpus's and the model's seed")
-    parser.add_argument("--dim", type=int, default=64, help="--tiled: the embedding width D")
+    add_tiled_arguments(parser, "a tiled pool on the GPU (gpu.tiled) for this shard (copies shard*COPIES onwards), "
+                                "checked against the float64 reference before it listens")
     parser.add_argument("--shard", type=int, required=True)
     parser.add_argument("--of", dest="shards", type=int, required=True, help="number of shards")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "sim"))
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="stop when this process is gone (the command that started the shard, even when killed)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the interpreter's thread switch interval (default: a co-located server's, "
                              "andromeda_nb.serving.SWITCH_INTERVAL_MS)")
@@ -60,9 +73,9 @@ def main(argv=None) -> int:
     if args.tiled is None:
         replica = ShardReplica(args.data, args.shard, args.shards, 0, device=args.device)
     else:
-        from gpu.tiled import TiledEngine, TiledPool
+        from gpu.tiled import TiledEngine
 
-        pool = TiledPool(args.base_ads, args.tiled, seed=args.seed, dim=args.dim).shard(args.shard, args.shards)
+        pool = tiled_pool_of(args).shard(args.shard, args.shards)
         engine = TiledEngine(pool, args.device)
         checks = engine.check(pool.requests[:TILED_CHECKS], TILED_CHECK_K)
         checked = {"requests": len(checks), "k": TILED_CHECK_K, "ok": all(c["ok"] for c in checks),
@@ -74,6 +87,10 @@ def main(argv=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.parent_pid is not None:
+        from andromeda_nb.serving import watch_parent
+
+        watch_parent(args.parent_pid, stop)
     from .gpus import GPU_ENV
 
     # the GPU it was placed on (cluster.gpus), as its environment names it; None: not placed

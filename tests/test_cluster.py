@@ -480,3 +480,53 @@ def test_the_sharded_check_script_finds_serve_cluster_equal_to_one_engine_and_sa
     assert [line.split(":")[0] for line in script.differences(changed, answers, requests)] == [
         f"request {requests[1].request_id}"]
     assert script.differences(answers[:1], answers, requests)[0] == "1 answers for 2 requests"
+
+
+def test_shard_processes_end_when_the_command_that_started_them_is_killed(tmp_path):
+    """A `cluster.bench` killed with -9 cannot stop its shard processes; they watch it (`--parent-pid`)
+    and end by themselves."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    import cli
+    from andromeda_nb.services import PROJECT_ROOT
+
+    data = tmp_path / "corpus"
+    made = CliRunner().invoke(cli.main, ["generate", "--ads", "60", "--requests", "2", "--seed", "6", "--out",
+                                         str(data), "-q"])
+    assert made.exit_code == 0, made.output
+    parent = textwrap.dedent(f"""
+        import time
+        from cluster.bench import _ShardProcesses
+        procs = _ShardProcesses({str(data)!r}, 2, "cpu", lambda m: None)
+        print(" ".join(str(p.proc.pid) for p in procs.procs), flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    shards = []
+
+    def running(pid):
+        try:
+            return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
+        except FileNotFoundError:
+            return False
+
+    try:
+        shards = [int(p) for p in proc.stdout.readline().split()]
+        assert len(shards) == 2 and all(running(p) for p in shards)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(running(p) for p in shards):
+            time.sleep(0.1)
+        assert not [p for p in shards if running(p)], "a shard process outlived the command that started it"
+    finally:
+        proc.kill()
+        for pid in shards:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
