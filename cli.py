@@ -81,9 +81,10 @@ def _info(message: str, quiet: bool = False) -> None:
         click.echo(message, err=True)
 
 
-def _stamp(result: dict, kind: str) -> dict:
+def _stamp(result: dict, kind: str | None) -> dict:
     """Add "kind" and "provenance" (the command, its options, the time, host and versions) to a result,
-    so `andromeda bench report` can show each figure with what made it."""
+    so `andromeda bench report` can show each figure with what made it (`kind` None: the result keeps
+    its own)."""
     from andromeda_nb.provenance import stamp_from_click
 
     return stamp_from_click(result, kind)
@@ -1088,6 +1089,69 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")
     click.echo(json_line(result) if as_json else bs.pipeline_table(result))
+    _write_json(result, out, quiet)
+
+
+@bench.command("cluster")
+@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Corpus directory whose pool is split into the shards (or --tiled).")
+@click.option("--tiled", type=click.IntRange(1), default=None, metavar="COPIES",
+              help="Instead of --data: every shard holds its own tiled pool on the GPU, COPIES copies of a generated "
+                   "base corpus (12,208 copies of 8,192 ads: 100M ads a shard), so the pool grows with the shards.")
+@click.option("--base-ads", default=8192, show_default=True, help="--tiled: ads of the generated base corpus.")
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=64, show_default=True,
+              help="--tiled: requests of the generated base corpus.")
+@click.option("--dim", default=64, show_default=True, help="--tiled: embedding dim.")
+@click.option("--seed", default=0, show_default=True, help="--tiled: the base corpus's and the model's seed.")
+@int_list_option("--shards", default="1,2,4", help="Shard counts to time.")
+@int_list_option("--batches", default="1,64", help="Requests per batch.")
+@k_option()
+@click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="Passes over the requests per timing.")
+@device_option("Where the engine and every shard run (sim: --tiled only, tiny pools).")
+@click.option("--placement", type=click.Choice(["processes", "ray"]), default="processes", show_default=True,
+              help="Shards as plain processes (Flight fan-out; one per GPU where there are several), or as Ray "
+                   "actors (actor calls and Flight; needs the cluster extra). --tiled: processes.")
+@click.option("--gpus", type=click.IntRange(1), default=None,
+              help="Shard processes on the GPU go round the first N GPUs this process may use (default: all).")
+@_OUT_JSON_OPTION
+@_BENCH_JSON_OPTION
+@_QUIET_OPTION
+def bench_cluster(data, tiled, base_ads, n_requests, dim, seed, shards, batches, k, repeat, device, placement, gpus,
+                  out, as_json, quiet):
+    """Shards behind a router against one engine: microseconds per request by shard count and batch
+    size, each Flight row split into encoding, fan-out (slowest shard) and merge, pool ads/s and the
+    scaling efficiency against one shard. Every path's answers are checked first: against one
+    in-process engine (--data), or against each shard's float64 reference and the merge of the
+    shards' own answers (--tiled)."""
+    from andromeda_nb.bench import json_line
+    from andromeda_nb.devices import resolve
+
+    if (data is None) == (tiled is None):
+        raise click.UsageError("give --data DIR (a corpus split into shards) or --tiled COPIES (a tiled pool per shard)")
+    where = resolve(device)
+    say = lambda message: _info(message, quiet)  # noqa: E731
+    try:
+        from cluster import bench as cb
+
+        if tiled is not None:
+            if where == "cpu":
+                raise click.UsageError("--tiled pools live on the GPU: --device gpu (or sim)")
+            from gpu.tiled import TiledPool
+
+            pool = TiledPool(base_ads, tiled, seed=seed, dim=dim, n_requests=n_requests)
+            result = cb.measure_tiled(pool, shards, k=k, repeat=repeat, batches=batches, device=where, gpus=gpus,
+                                      say=say)
+        else:
+            if where == "sim":
+                raise click.UsageError("--device sim goes with --tiled (a corpus's shards run on gpu or cpu)")
+            if placement == "ray":
+                _require_ray()
+            result = cb.measure(_load_dataset(data, quiet), shards, k=k, repeat=repeat, batches=batches, device=where,
+                                placement=placement, data_dir=data, gpus=gpus, say=say)
+    except (RuntimeError, ValueError, ImportError) as exc:
+        raise click.ClickException(f"bench cluster: {exc}") from None
+    _stamp(result, None)  # its own kind: cluster_data_path or cluster_tiled_scaling
+    click.echo(json_line(result) if as_json else cb.table(result))
     _write_json(result, out, quiet)
 
 

@@ -95,13 +95,15 @@ def _jsonable(value):
     return str(value)
 
 
-def stamp(result: dict, kind: str, *, command_path: str = "andromeda", params: dict | None = None,
+def stamp(result: dict, kind: str | None, *, command_path: str = "andromeda", params: dict | None = None,
           argv: list[str] | None = None) -> dict:
-    """Add "kind" and "provenance" to a result dict (in place; returned for chaining)."""
-    if kind not in KINDS:
+    """Add "kind" and "provenance" to a result dict (in place; returned for chaining). `kind` None:
+    the result keeps its own "kind" (one `bench report` does not read)."""
+    if kind is not None and kind not in KINDS:
         raise ValueError(f"unknown result kind {kind!r}; expected one of {', '.join(KINDS)}")
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    result["kind"] = kind
+    if kind is not None:
+        result["kind"] = kind
     result["provenance"] = {
         "command": command_line(command_path, params, argv),
         "options": {k: _jsonable(v) for k, v in (params or {}).items()},
@@ -111,7 +113,7 @@ def stamp(result: dict, kind: str, *, command_path: str = "andromeda", params: d
     return result
 
 
-def stamp_from_click(result: dict, kind: str) -> dict:
+def stamp_from_click(result: dict, kind: str | None) -> dict:
     """`stamp` with the command path and options of the click command now running."""
     import click
 

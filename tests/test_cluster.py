@@ -530,3 +530,28 @@ def test_shard_processes_end_when_the_command_that_started_them_is_killed(tmp_pa
         for pid in shards:
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_bench_cluster_prints_one_json_line_of_checked_rows_and_refuses_what_does_not_go_together(tmp_path):
+    """`andromeda bench cluster`: the fan-out measurement from the command line, stamped with the
+    command that made it; --data and --tiled are one or the other, tiled pools need a GPU (or the
+    simulator), GPUs are chosen only for shards on the GPU."""
+    import cli
+
+    data = tmp_path / "corpus"
+    runner = CliRunner()
+    assert runner.invoke(cli.main, ["generate", "--ads", "120", "--requests", "2", "--seed", "12", "--out", str(data),
+                                    "-q"]).exit_code == 0
+    made = runner.invoke(cli.main, ["bench", "cluster", "--data", str(data), "--device", "cpu", "--shards", "1",
+                                    "--batches", "2", "--repeat", "1", "--k", "5", "--json", "-q"])
+    assert made.exit_code == 0, made.output
+    result = json.loads(made.output.strip().splitlines()[-1])
+    assert result["kind"] == "cluster_data_path" and result["complete"] and result["placement"] == "processes"
+    assert {r["path"] for r in result["rows"]} == {"in-process", "flight", "flight-columns"}
+    assert result["provenance"]["command"].startswith("andromeda bench cluster")
+    for args, code, message in ((["--data", str(data), "--tiled", "2"], 2, "or --tiled COPIES"),
+                                (["--tiled", "2", "--device", "cpu"], 2, "tiled pools live on the GPU"),
+                                (["--data", str(data), "--device", "cpu", "--gpus", "2"], 1,
+                                 "placement 'processes' on device 'gpu'")):
+        refused = runner.invoke(cli.main, ["bench", "cluster", *args])
+        assert refused.exit_code == code and message in refused.output, refused.output
