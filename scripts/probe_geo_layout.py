@@ -12,8 +12,9 @@ any bucket function, because an ad's clause term and a request's term set the sa
 Two slot orders within each format's chunks of 256: the corpus's (as `SlotAllocator.from_ads` lays
 it out), and clustered (ads sorted by mask popcount, then mask). For each, per request and per
 group of 64: the share of chunks the summary skips, the share no eligible ad touches (what a
-perfect skip would leave), and eligible ads per touched chunk (how full the scoring kernel's
-32-row tiles of one chunk's eligible slots would be). Eligibility from the CPU index.
+perfect skip would leave), eligible ads per touched chunk, and the 32-row tiles of one chunk's
+eligible slots that the scoring kernel's walk fills, per chunk of the pool (its work). Eligibility
+from the CPU index.
 
     PYTHONPATH=. python3 scripts/probe_geo_layout.py --data DIR --out FILE
 """
@@ -36,6 +37,7 @@ from andromeda_nb.provenance import host_info  # noqa: E402
 
 ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 GROUP = 64
+TILE_ROWS = 32  # rows of the scoring kernel's tile of one chunk's eligible slots
 
 
 def bucket_of(world):
@@ -110,7 +112,7 @@ def measure(masks, slot, eligible, req_masks, chunk: int) -> dict:
     n_chunks = int(slot.max()) // chunk + 1
     summary = np.zeros(n_chunks, np.uint64)
     np.bitwise_or.at(summary, slot // chunk, masks)
-    per = {"skipped": [], "untouched": [], "eligible_per_touched_chunk": []}
+    per = {"skipped": [], "untouched": [], "eligible_per_touched_chunk": [], "tiles_per_chunk": []}
     groups = {"skipped": [], "untouched": []}
     for lo in range(0, len(req_masks), GROUP):
         g_mask, g_touched = 0, np.zeros(n_chunks, bool)
@@ -122,6 +124,7 @@ def measure(masks, slot, eligible, req_masks, chunk: int) -> dict:
             per["untouched"].append((touched == 0).mean())
             if (touched > 0).any():
                 per["eligible_per_touched_chunk"].append(touched[touched > 0].mean())
+            per["tiles_per_chunk"].append((-(-touched // TILE_ROWS)).sum() / n_chunks)  # 32-row tiles the walk fills
             g_mask |= req_masks[r]
             g_touched |= touched > 0
         groups["skipped"].append(((summary & np.uint64(g_mask)) == 0).mean())
