@@ -96,7 +96,9 @@ def _time_paths(paths: dict, requests, shards: int, batches, repeat: int, say) -
 
 
 def _same(got, want) -> bool:
-    return all(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(got, want))
+    """Every request's answer (ad ids, scores) equal, and as many answers as requests."""
+    return len(got) == len(want) and all(np.array_equal(a, c) and np.array_equal(b, d)
+                                         for (a, b), (c, d) in zip(got, want))
 
 
 class FlightFanOut:
