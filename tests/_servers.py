@@ -131,3 +131,22 @@ def edit_corpus(root: Path, *, compiled: dict | None = None, ads_column: dict | 
     doc["targeting"]["ads_sha256"] = store.file_sha256(root / store.ADS_FILE)
     doc.update(meta or {})
     (root / store.META_FILE).write_text(json.dumps(doc))
+
+
+def process_running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in state
+
+
+def ends_within(pids, seconds: float) -> list[int]:
+    """Wait up to `seconds` for every process of `pids` to end; the ones still running."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(process_running(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if process_running(p)]

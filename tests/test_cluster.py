@@ -490,9 +490,9 @@ def test_shard_processes_end_when_the_command_that_started_them_is_killed(tmp_pa
     import subprocess
     import sys
     import textwrap
-    import time
 
     import cli
+    from _servers import ends_within, process_running
     from andromeda_nb.services import PROJECT_ROOT
 
     data = tmp_path / "corpus"
@@ -509,26 +509,16 @@ def test_shard_processes_end_when_the_command_that_started_them_is_killed(tmp_pa
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     shards = []
-
-    def running(pid):
-        try:
-            return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
-        except FileNotFoundError:
-            return False
-
     try:
         shards = [int(p) for p in proc.stdout.readline().split()]
-        assert len(shards) == 2 and all(running(p) for p in shards)
+        assert len(shards) == 2 and all(process_running(p) for p in shards)
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(running(p) for p in shards):
-            time.sleep(0.1)
-        assert not [p for p in shards if running(p)], "a shard process outlived the command that started it"
+        assert not ends_within(shards, 15), "a shard process outlived the command that started it"
     finally:
         proc.kill()
         for pid in shards:
-            if running(pid):
+            if process_running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

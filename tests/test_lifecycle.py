@@ -18,7 +18,7 @@ import pyarrow.flight as flight
 from andromeda_nb import flight as fl
 from andromeda_nb.services import PROJECT_ROOT, ServiceProcess
 
-from _servers import saved_corpus
+from _servers import ends_within, process_running, saved_corpus
 
 IDLE_CLIENTS = 20
 
@@ -99,14 +99,6 @@ def _collect(answers, errors, location, requests):
         errors.append(exc)
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in state  # a zombie has ended
-
-
 def test_services_started_for_a_command_end_when_it_is_killed(tmp_path):
     root, _ = saved_corpus(tmp_path / "corpus", 63, n_ads=60, n_requests=2)
     parent = textwrap.dedent(f"""
@@ -122,15 +114,12 @@ def test_services_started_for_a_command_end_when_it_is_killed(tmp_path):
     children = []
     try:
         children = [int(p) for p in proc.stdout.readline().split()]
-        assert len(children) == 2 and all(_running(p) for p in children)
+        assert len(children) == 2 and all(process_running(p) for p in children)
         proc.kill()  # as `kill -9` of `andromeda retrieve --arch remote`
         proc.wait()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_running(p) for p in children):
-            time.sleep(0.1)
-        assert not [p for p in children if _running(p)], "the scorer or index host outlived the command"
+        assert not ends_within(children, 10), "the scorer or index host outlived the command"
     finally:
         proc.kill()
         for pid in children:
-            if _running(pid):
+            if process_running(pid):
                 os.kill(pid, signal.SIGKILL)
