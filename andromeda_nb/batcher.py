@@ -100,7 +100,12 @@ class RequestBatcher:
         self.count = count
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
-        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        # queue.Queue, not SimpleQueue: the worker waits for company with a timed get, and CPython's
+        # SimpleQueue.get(timeout=t) can wait past t until the next put (its C loop recomputes the
+        # wait after taking a free lock with nothing queued, and a deadline passed by a microsecond
+        # or more, say while the OS ran another thread, becomes a negative wait: no timeout at all).
+        # A batch would then be held until another request arrived, or forever.
+        self._queue: queue.Queue[_Call | None] = queue.Queue()
         self._closed = threading.Event()
         self._stats_lock = threading.Lock()
         self.batches = 0
@@ -112,10 +117,10 @@ class RequestBatcher:
         self.run_s = self.run_cpu_s = self.gather_s = self.idle_s = 0.0
         self.decode_s = 0.0  # decoding payloads, wherever it runs
         # payloads wait here for the decoding thread, decoded calls in `_queue` for the worker
-        self._inbox: queue.SimpleQueue[_Call | None] | None = None
+        self._inbox: queue.Queue[_Call | None] | None = None
         self._decoder = None
         if decode is not None and decode_ahead:
-            self._inbox = queue.SimpleQueue()
+            self._inbox = queue.Queue()
             self._decoder = threading.Thread(target=self._decode_ahead, name=f"{name}-decode", daemon=True)
             self._decoder.start()
         self._in_hand: list[_Call] = []  # the calls the worker has taken and not answered yet
@@ -358,7 +363,7 @@ class RequestBatcher:
         _refuse_waiting(self._queue)
 
 
-def _refuse_waiting(calls: queue.SimpleQueue) -> None:
+def _refuse_waiting(calls: queue.Queue) -> None:
     """Every call still waiting in `calls` after the close hears that the server is shutting down."""
     while True:
         try:

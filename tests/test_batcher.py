@@ -391,3 +391,31 @@ def test_a_fault_of_the_batcher_itself_reaches_its_callers_and_the_worker_goes_o
     finally:
         batcher.close()
     assert not none and later == {(5, 6): [5, 6], (7,): [7]}
+
+
+def test_the_worker_waits_for_company_on_a_queue_whose_timed_get_keeps_its_timeout():
+    """The worker's timed wait for more calls must end at its deadline even when nothing more comes.
+    CPython's queue.SimpleQueue.get(timeout=t) does not promise that (a free lock taken with nothing
+    queued, then a deadline passed while the thread was not running, turns into a wait without end:
+    a whole suite once stalled there), so both of the batcher's queues are queue.Queue. Then, rounds
+    of two calls in quick succession followed by silence: each round is answered."""
+    import queue
+
+    for decode_ahead in (False, True):
+        engine = FakeEngine()
+        batcher = RequestBatcher(engine, max_wait_s=0.0002, decode=lambda p: (p, [3] * len(p)),
+                                 encode=lambda requests, answers, tag: answers, decode_ahead=decode_ahead)
+        try:
+            queues = [batcher._queue] + ([batcher._inbox] if decode_ahead else [])
+            assert all(type(q) is queue.Queue for q in queues)
+            for round_ in range(100):
+                done = []
+                threads = [threading.Thread(target=lambda r=r: done.append(batcher.submit_payload([r])))
+                           for r in (2 * round_, 2 * round_ + 1)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(5)
+                assert len(done) == 2, f"round {round_}: a call was not answered within 5 s"
+        finally:
+            batcher.close()
