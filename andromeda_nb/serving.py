@@ -10,10 +10,11 @@ ending with the process that started it.
   clients do: gRPC waits for every open call to end, and a client holding an idle exchange would keep
   it waiting for ever, so once nothing is being worked on (or at the deadline) the process exits
   anyway; its update log is already on disk. A serving process hands the interpreter between threads
-  every 0.5 ms (`SWITCH_INTERVAL_S`) rather than Python's 5 ms, so a request never queues long
-  behind a thread parsing a large update call; and what was built before serving (corpus, index,
-  compiled kernels) is moved out of the garbage collector's sight (`gc.freeze`), so a full
-  collection no longer walks it while requests wait.
+  every `SWITCH_INTERVAL_MS` (0.2 ms) rather than Python's 5 ms unless it was given another
+  interval (`set_switch_interval`, `--switch-interval-ms`), so a request never queues long behind a
+  thread parsing a large update call; and what was built before serving (corpus, index, compiled
+  kernels) is moved out of the garbage collector's sight (`gc.freeze`), so a full collection no
+  longer walks it while requests wait.
 * `watch_parent(pid, stopping)`: a server started for one command (`retrieve --arch remote`) stops
   when the process that started it is gone, even if that process was killed.
 """
@@ -34,10 +35,6 @@ from typing import Callable
 from .guard import OPEN, GuardError, ServerGuard
 
 DEFAULT_STOP_DEADLINE_S = 5.0
-# how long a thread may keep the interpreter while another waits for it (Python's default is 5 ms):
-# a request's handler takes and gives back the interpreter many times, and behind a long update
-# call each take would otherwise wait up to 5 ms
-SWITCH_INTERVAL_S = 0.0005
 PARENT_POLL_S = 0.25
 IDLE_GRACE_S = 0.5  # after SIGTERM, how long clients with no batch in flight get to close their calls
 
@@ -95,6 +92,12 @@ def set_switch_interval(ms: float | None) -> None:
         _switch_set[:] = [ms]
 
 
+def _serving_switch_interval() -> None:
+    """The serving default, unless this process was given an interval."""
+    if not _switch_set:
+        set_switch_interval(SWITCH_INTERVAL_MS)
+
+
 def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGuard = OPEN):
     """`make(location)` for `host:port` under `guard`, or ServeError saying what is wrong. Every
     server runs with the same process settings: the memory its batches free kept
@@ -102,8 +105,7 @@ def listen(make: Callable[[str], object], host: str, port: int, guard: ServerGua
     from .hostmem import keep_freed_memory
 
     keep_freed_memory()
-    if not _switch_set:
-        set_switch_interval(SWITCH_INTERVAL_MS)
+    _serving_switch_interval()
     preflight(host, port, guard)
     try:
         return make(guard.location(host, port))
@@ -147,7 +149,7 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
         stopping.set()
 
     previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _serving_switch_interval()  # never over an interval the process was given
     gc.collect()
     gc.freeze()  # what was built to serve lives as long as the process: no collection walks it again
     try:

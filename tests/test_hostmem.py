@@ -64,3 +64,31 @@ def test_the_switch_interval_is_set_and_nonsense_refused():
             set_switch_interval(0)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_serving_keeps_the_switch_interval_the_process_was_given():
+    """`serve colocated --switch-interval-ms 5` sets the interval before the server starts; the
+    serving loop applies the serving default only where none was given, never over it."""
+    import gc
+    import threading
+
+    from andromeda_nb import serving
+
+    class Stopped:
+        def shutdown(self):
+            pass
+
+        def wait(self):
+            pass
+
+    before, given = sys.getswitchinterval(), list(serving._switch_set)
+    try:
+        serving.set_switch_interval(3.0)
+        stopping = threading.Event()
+        stopping.set()
+        assert serving.serve_until_stopped(Stopped(), stopping, exit_when_stuck=False)
+        assert sys.getswitchinterval() == pytest.approx(0.003)
+    finally:
+        gc.unfreeze()
+        serving._switch_set[:] = given
+        sys.setswitchinterval(before)
