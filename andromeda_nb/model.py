@@ -236,6 +236,10 @@ def hour_bucket(time: int) -> int:
     return (int(time) // 3600) % 24 // 6
 
 
+_CONTEXT_FIELDS = (("publisher_platform", PUBLISHER_PLATFORMS), ("device_platform", DEVICE_PLATFORMS),
+                   ("user_os", USER_OS))
+
+
 def context_vectors(publisher, device, os, time) -> np.ndarray:
     """float64 (n, 17): `context_vector` of n contexts given as arrays (indexes into the constants'
     tuples, and times)."""
@@ -244,25 +248,25 @@ def context_vectors(publisher, device, os, time) -> np.ndarray:
     rows = np.arange(n)
     c = np.zeros((n, CONTEXT_WIDTH), np.float64)
     offset = 0
-    for codes, universe in ((publisher, PUBLISHER_PLATFORMS), (device, DEVICE_PLATFORMS), (os, USER_OS)):
+    for codes, (_, universe) in zip((publisher, device, os), _CONTEXT_FIELDS):
         c[rows, offset + codes] = 1.0
         offset += len(universe)
-    c[rows, offset + (np.asarray(time, np.int64) // 3600) % 24 // 6] = 1.0
+    c[rows, offset + (np.asarray(time, np.int64) // 3600) % 24 // 6] = 1.0  # hour_bucket
+    assert offset + HOUR_BUCKETS == CONTEXT_WIDTH
     return c
+
+
+def _contexts_as_arrays(contexts) -> tuple[list, ...]:
+    """The arguments of `context_vectors` for Context objects (ModelError naming an unknown value)."""
+    codes = [[_one_hot_index(field, getattr(c, field), universe) for c in contexts]
+             for field, universe in _CONTEXT_FIELDS]
+    return (*codes, [c.time for c in contexts])
 
 
 def context_vector(context: Context) -> np.ndarray:
     """float64 (17,): one-hot publisher_platform (4) ++ device_platform (3) ++ user_os (6) ++ hour
     bucket (4), each in the order of `andromeda_nb.constants`."""
-    c = np.zeros(CONTEXT_WIDTH, np.float64)
-    offset = 0
-    for field, universe in (("publisher_platform", PUBLISHER_PLATFORMS),
-                            ("device_platform", DEVICE_PLATFORMS), ("user_os", USER_OS)):
-        c[offset + _one_hot_index(field, getattr(context, field), universe)] = 1.0
-        offset += len(universe)
-    c[offset + hour_bucket(context.time)] = 1.0
-    assert offset + HOUR_BUCKETS == CONTEXT_WIDTH
-    return c
+    return context_vectors(*_contexts_as_arrays([context]))[0]
 
 
 @dataclass(frozen=True)
@@ -337,7 +341,7 @@ def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.nd
             x = _batch_signals(model, list(requests))  # names the first bad request
     else:
         x = _batch_signals(model, requests)
-        c = np.stack([context_vector(r.context) for r in requests])
+        c = context_vectors(*_contexts_as_arrays([r.context for r in requests]))
     R = len(requests)
     # (E, R, S) @ (E, S, D) -> (E, R, D), then requests first
     U = np.tanh(np.matmul(x.transpose(1, 0, 2), W.transpose(0, 2, 1)).transpose(1, 0, 2) + b)
