@@ -182,6 +182,27 @@ def check_answer(xp, ids_slots, scores, ref, ties, k: int) -> dict:
     return out
 
 
+def check_pool_answers(xp, pool: Pool, slots, model: MoeModel, requests, answers, words: np.ndarray,
+                       k: int) -> list[dict]:
+    """Each request's answer (ad ids, scores) over a pool on the device against the float64 reference
+    over the eligible slots the match reported (`words`: uint32 (R, slots / 32), bit s of request r:
+    slot s eligible), by `check_answer`, with the request's id and its number of eligible slots."""
+    bits = np.unpackbits(np.asarray(words).view(np.uint8), axis=1, bitorder="little")
+    checks = []
+    for r, (ids, scores) in enumerate(answers):
+        eligible = np.flatnonzero(bits[r])
+        ref_el, ties_el = unfused_scores(xp, pool_values(xp, pool, eligible), pool.scale[eligible],
+                                         pool.fmt_slot[eligible], user_side(model, requests[r]), model.top_k, "moe")
+        ref = xp.full(pool.n, -xp.inf)
+        ties = xp.zeros(pool.n, bool)
+        ref[xp.asarray(eligible)] = ref_el
+        ties[xp.asarray(eligible)] = ties_el
+        slot_ids = np.asarray([slots.slot_of(int(i)) for i in ids], np.int64)
+        c = check_answer(xp, slot_ids, scores, ref, ties, min(k, len(eligible)))
+        checks.append({**c, "request_id": requests[r].request_id, "eligible": int(len(eligible))})
+    return checks
+
+
 # --- bench score ---------------------------------------------------------------------------------------
 
 
@@ -474,25 +495,11 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
 
     # check against the float64 reference on the eligible slots the match reported; the first call
     # compiles (or loads from the cache) every kernel: the start-up a server pays before it listens
-    checks = []
     t1 = time.time()
     answers, elig = run(requests[:4])
     result["startup_s"] = {"index_and_pool": round(index_s, 3), "table_and_scorer": round(t1 - t0 - index_s, 3),
                            "first_batch": round(time.time() - t1, 3), "total": round(time.time() - t0, 3)}
-    bits = np.unpackbits(elig.copy_to_host().view(np.uint8), axis=1, bitorder="little")
-    for r, (ids, scores) in enumerate(answers):
-        el = np.flatnonzero(bits[r])
-        us = user_side(model, requests[r])
-        vals = pool_values(xp, dpool, el)
-        ref, ties = unfused_scores(xp, vals, dpool.scale[el], dpool.fmt_slot[el], us, model.top_k, "moe")
-        full_ref = xp.full(S, -xp.inf)
-        full_ties = xp.zeros(S, bool)
-        full_ref[xp.asarray(el)] = ref
-        full_ties[xp.asarray(el)] = ties
-        slot_ids = np.asarray([slots.slot_of(int(i)) for i in ids], np.int64)
-        c = check_answer(xp, slot_ids, scores, full_ref, full_ties, min(k, len(el)))
-        c["eligible"] = int(len(el))
-        checks.append(c)
+    checks = check_pool_answers(xp, dpool, slots, model, requests[:4], answers, elig.copy_to_host(), k)
     result["checks"] = checks
     result["checks_ok"] = all(c["ok"] for c in checks)
     log(progress, f"pipeline check vs float64 reference: {'ok' if result['checks_ok'] else 'FAILED'} "

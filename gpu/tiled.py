@@ -140,30 +140,13 @@ class TiledEngine(GpuEngine):
         reported (`gpu.bench_score.check_answer`: scores within SCORE_ATOL but for gate ties, no
         eligible ad left out that beats the lowest answer by more than TOPK_TIE_ATOL, rank order)."""
         from andromeda_nb.compiled import encode_requests
-        from andromeda_nb.model import user_side
-        from andromeda_nb.unfused import unfused_scores
 
-        from .bench_score import check_answer, pool_values
+        from .bench_score import check_pool_answers
 
-        xp, stored, slots = self.xp, self.stored, self.index.slots
         requests = list(requests)
         answers = self.retrieve(requests, k)
         words = self.index.match_slots(encode_requests(requests)).copy_to_host()
-        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
-        out = []
-        for r, (ids, scores) in enumerate(answers):
-            eligible = np.flatnonzero(bits[r])
-            ref_el, ties_el = unfused_scores(xp, pool_values(xp, stored, eligible), stored.scale[eligible],
-                                             stored.fmt_slot[eligible], user_side(self.model, requests[r]),
-                                             self.top_e, "moe")
-            ref = xp.full(slots.capacity, -xp.inf)
-            ties = xp.zeros(slots.capacity, bool)
-            ref[xp.asarray(eligible)] = ref_el
-            ties[xp.asarray(eligible)] = ties_el
-            slot_ids = np.asarray([slots.slot_of(int(i)) for i in ids], np.int64)
-            c = check_answer(xp, slot_ids, scores, ref, ties, min(k, len(eligible)))
-            out.append({**c, "request_id": requests[r].request_id, "eligible": int(len(eligible))})
-        return out
+        return check_pool_answers(self.xp, self.stored, self.index.slots, self.model, requests, answers, words, k)
 
     def describe(self) -> dict:
         return {**super().describe(), "tiled": dataclasses.asdict(self.pool)}
