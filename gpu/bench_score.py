@@ -105,6 +105,23 @@ def make_pool(xp, n: int, dim: int, precision: str, formats: int, seed: int, kee
     return Pool(precision, dim, n, tiles, scale, rows, fmt_slot, chunk_format)
 
 
+def slot_pool(xp, slots, model: MoeModel, precision: str, seed: int, *, version=None):
+    """(Pool, FusedScorer): a fresh embedding for every slot of `slots` (a `SlotAllocator`), drawn
+    where `xp` computes (CuPy: on the device), in the slots' chunk formats, and the fused scorer over
+    it (`version`: the scoring kernel, None for the shipped one)."""
+    from .fused import FusedScorer
+
+    pool = make_pool(xp, slots.capacity, model.D, precision, model.F, seed, keep_rows=False)
+    pool.chunk_format = slots.chunk_format.astype(np.int32)
+    pool.fmt_slot = xp.asarray(np.repeat(pool.chunk_format, slots.chunk_slots))
+    cuda = runtime.cuda()
+    on_device = cuda.to_device if xp is np else cuda.as_cuda_array
+    scorer = FusedScorer.on_device(on_device(pool.tiles), on_device(pool.scale), pool.chunk_format, slots.slot_ad_id,
+                                   precision=precision, dim=model.D, experts=model.E, top_e=model.top_k,
+                                   version=version)
+    return pool, scorer
+
+
 def pool_values(xp, pool: Pool, slots):
     """Stored values (len(slots), D) of the given slots, read back from the tiled words."""
     W = pool.tiles.size // pool.n
@@ -443,7 +460,6 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     from andromeda_nb.tiling import generate_base
 
     from .bench_match import build_tiled_index, environment
-    from .fused import FusedScorer
 
     t0 = time.time()
     base = generate_base(base_ads, n_requests, seed, progress)
@@ -456,16 +472,12 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     S = slots.capacity
     index_s = time.time() - t0
     log(progress, f"pipeline pool: {len(index):,} ads in {S:,} slots, built in {index_s:.1f} s")
-    dpool = make_pool(xp, S, dim, precision, model.F, seed + 1, keep_rows=False)
-    dpool.chunk_format = slots.chunk_format.astype(np.int32)
-    dpool.fmt_slot = xp.asarray(np.repeat(dpool.chunk_format, CHUNK_SLOTS))
     from .lab import score as lab
 
     if score_version is not None and score_version not in lab.VERSIONS:
         raise ValueError(f"no scoring kernel v{score_version}; the lab has {sorted(lab.VERSIONS)}")
-    fs = FusedScorer.on_device(cuda.as_cuda_array(dpool.tiles), cuda.as_cuda_array(dpool.scale), dpool.chunk_format,
-                               slots.slot_ad_id, precision=precision, dim=dim, experts=model.E, top_e=model.top_k,
-                               version=None if score_version is None else lab.VERSIONS[score_version])
+    dpool, fs = slot_pool(xp, slots, model, precision, seed + 1,
+                          version=None if score_version is None else lab.VERSIONS[score_version])
     result = {"env": environment(cuda), "pool_ads": len(index), "slots": S, "precision": precision, "D": dim, "k": k,
               "score_version": fs.version, "match_version": index.version, "arithmetic": "float32 (default mode)"}
 

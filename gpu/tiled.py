@@ -105,28 +105,18 @@ class TiledEngine(GpuEngine):
 
     def __init__(self, pool: TiledPool, device: str = "auto", *, version=None):
         self.device = resolve(device, kernels=True, what="the tiled engine")
-        from . import runtime
         from .bench_match import build_tiled_index
-        from .bench_score import make_pool
-        from .fused import FusedScorer
+        from .bench_score import slot_pool
         from .runtime import DeviceClock
 
         self.pool = pool
         self.model, self.seed, self.precision = pool.model, pool.seed, pool.precision
         self.E, self.D, self.F, self.top_e = self.model.E, self.model.D, self.model.F, self.model.top_k
         self.index = build_tiled_index(pool.base.compiled, pool.copies, first_copy=pool.first_copy, device=self.device)
-        slots = self.index.slots
         self.xp = _array_module(self.device)
         # a fresh draw for every slot, its own seed per range of copies (so shards differ)
-        self.stored = make_pool(self.xp, slots.capacity, self.D, pool.precision, self.F,
-                                pool.seed + 1 + pool.first_copy, keep_rows=False)
-        self.stored.chunk_format = slots.chunk_format.astype(np.int32)
-        self.stored.fmt_slot = self.xp.asarray(np.repeat(self.stored.chunk_format, slots.chunk_slots))
-        cuda = runtime.cuda()
-        on_device = cuda.as_cuda_array if self.xp is not np else cuda.to_device
-        self.scorer = FusedScorer.on_device(on_device(self.stored.tiles), on_device(self.stored.scale),
-                                            self.stored.chunk_format, slots.slot_ad_id, precision=pool.precision,
-                                            dim=self.D, experts=self.E, top_e=self.top_e, version=version)
+        self.stored, self.scorer = slot_pool(self.xp, self.index.slots, self.model, pool.precision,
+                                             pool.seed + 1 + pool.first_copy, version=version)
         self.clock = DeviceClock()
 
     def apply(self, update) -> None:
