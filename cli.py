@@ -1126,24 +1126,21 @@ def bench_cluster(data, tiled, base_ads, n_requests, dim, seed, shards, batches,
     from andromeda_nb.bench import json_line
     from andromeda_nb.devices import resolve
 
-    if (data is None) == (tiled is None):
-        raise click.UsageError("give --data DIR (a corpus split into shards) or --tiled COPIES (a tiled pool per shard)")
+    from cluster import bench as cb
+
     where = resolve(device)
+    problem = cb.options_problem(data, tiled, where)
+    if problem:
+        raise click.UsageError(problem)
     say = lambda message: _info(message, quiet)  # noqa: E731
     try:
-        from cluster import bench as cb
-
         if tiled is not None:
-            if where == "cpu":
-                raise click.UsageError("--tiled pools live on the GPU: --device gpu (or sim)")
             from gpu.tiled import TiledPool
 
             pool = TiledPool(base_ads, tiled, seed=seed, dim=dim, n_requests=n_requests)
             result = cb.measure_tiled(pool, shards, k=k, repeat=repeat, batches=batches, device=where, gpus=gpus,
                                       say=say)
         else:
-            if where == "sim":
-                raise click.UsageError("--device sim goes with --tiled (a corpus's shards run on gpu or cpu)")
             if placement == "ray":
                 _require_ray()
             result = cb.measure(_load_dataset(data, quiet), shards, k=k, repeat=repeat, batches=batches, device=where,

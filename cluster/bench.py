@@ -314,6 +314,19 @@ def measure_tiled(pool, shard_counts, *, k: int = 100, repeat: int = 3, batches=
     return result(True)
 
 
+def options_problem(data, tiled, device: str) -> str | None:
+    """What is wrong with a command line's pool and device, for both front ends (`main`, `andromeda
+    bench cluster`): a corpus (`data`) or a tiled pool (`tiled`), one of them; a tiled pool lives on
+    the GPU (or the simulator); a corpus's shards run on the GPU or the CPU. None when nothing is."""
+    if (data is None) == (tiled is None):
+        return "give --data DIR (a corpus split into shards) or --tiled COPIES (a tiled pool per shard)"
+    if tiled is not None and device == "cpu":
+        return "--tiled pools live on the GPU: --device gpu (or sim)"
+    if tiled is None and device == "sim":
+        return "--device sim goes with --tiled (a corpus's shards run on gpu or cpu)"
+    return None
+
+
 def ray_version() -> str:
     return require_ray().__version__
 
@@ -365,14 +378,11 @@ def main(argv=None) -> int:
                              "process may use (default: all; CUDA_VISIBLE_DEVICES narrows them)")
     parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args(argv)
-    if (args.data is None) == (args.tiled is None):
-        parser.error("give --data DIR (a corpus split into shards) or --tiled COPIES (a tiled pool per shard)")
+    problem = options_problem(args.data, args.tiled, args.device)
+    if problem:
+        parser.error(problem)
     if args.tiled is not None:
         args.placement = "processes"
-        if args.device == "cpu":
-            parser.error("--tiled pools live on the GPU: --device gpu (or sim)")
-    elif args.device == "sim":
-        parser.error("--device sim goes with --tiled (a corpus's shards run on gpu or cpu)")
     if args.gpus is not None and (args.placement != "processes" or args.device != "gpu"):
         parser.error("--gpus goes with --placement processes --device gpu (Ray places its actors on GPUs itself)")
     if args.placement == "ray":
@@ -393,8 +403,8 @@ def main(argv=None) -> int:
     counts = [int(s) for s in args.shards.split(",")]
     batches = tuple(int(b) for b in args.batches.split(","))
     if args.tiled is not None:
-        result = measure_tiled(tiled_pool_of(args, n_requests=args.requests), counts, k=args.k, repeat=args.repeat, batches=batches, device=args.device,
-                               gpus=args.gpus, say=say, partial=keep)
+        result = measure_tiled(tiled_pool_of(args, n_requests=args.requests), counts, k=args.k, repeat=args.repeat,
+                               batches=batches, device=args.device, gpus=args.gpus, say=say, partial=keep)
     else:
         result = measure(load_dataset(args.data), counts, k=args.k, repeat=args.repeat, batches=batches,
                          device=args.device, placement=args.placement, data_dir=args.data, gpus=args.gpus, say=say,
