@@ -281,11 +281,16 @@ def test_engine_overlaps_preparation_and_synchronizes_once_per_batch(monkeypatch
     engine = engine_module.GpuEngine(dataset, device="sim")
     log: list[str] = []
     engine.index.stream = _CountingStream(log)
-    prepare, fetch = engine.index.prepare, engine.scorer.fetch
+    prepare, fetch, run, tables = engine.index.prepare, engine.scorer.fetch, engine.index.run, engine.tables
     monkeypatch.setattr(engine.index, "prepare", lambda *a, **kw: (log.append("prepare"), prepare(*a, **kw))[1])
     monkeypatch.setattr(engine.scorer, "fetch", lambda *a, **kw: (log.append("fetch"), fetch(*a, **kw))[1])
+    monkeypatch.setattr(engine.index, "run", lambda *a, **kw: (log.append("match"), run(*a, **kw))[1])
+    monkeypatch.setattr(engine, "tables", lambda *a, **kw: (log.append("user"), tables(*a, **kw))[1])
     answers = engine.retrieve(requests, 7)
-    assert log == ["prepare", "prepare", "fetch", "sync", "prepare", "fetch", "sync", "fetch", "sync"], log
+    # the first batch's user side runs while its match does; each later batch is prepared whole
+    # (user side included) while the device runs the one before
+    assert log == ["prepare", "match", "user", "prepare", "user", "fetch", "sync", "match", "prepare", "user",
+                   "fetch", "sync", "match", "fetch", "sync"], log
     reference = ReferenceRetriever.build(dataset)
     assert sum(len(ids) for ids, _ in answers) > 0
     for request, (ids, scores) in zip(requests, answers):
