@@ -5,7 +5,8 @@ any request of the group could match on geography.
 For every ad, a 64-bit geo mask: bit b(t) for every term t of its geo_locations clause, where b maps a
 country to its own bit and a region or city to its country's bit (`andromeda_nb.corpus.build_world`
 for the corpus's seed; any other term to a hash); all 64 bits for an ad with custom locations or no
-geo clause. A request's mask: the bits of the geo terms it holds. A chunk's summary: the OR of its
+geo clause (with `--bucket hash`, every term its own hashed bit: what an index knows without the
+geographic hierarchy). A request's mask: the bits of the geo terms it holds. A chunk's summary: the OR of its
 ads' masks. Where summary AND mask is 0, no ad of the chunk can be eligible: the test is exact for
 any bucket function, because an ad's clause term and a request's term set the same bit.
 
@@ -13,7 +14,8 @@ Two slot orders within each format's chunks of 256: the corpus's (as `SlotAlloca
 it out), and clustered (ads sorted by mask popcount, then mask). For each, per request and per
 group of 64: the share of chunks the summary skips, the share no eligible ad touches (what a
 perfect skip would leave), eligible ads per touched chunk, and the 32-row tiles of one chunk's
-eligible slots that the scoring kernel's walk fills, per chunk of the pool (its work). Eligibility
+eligible slots that the scoring kernel's walk fills, per chunk of the pool (its work); and per ad,
+the share of the pool whose mask meets one request's (what a per-slot test would pass). Eligibility
 from the CPU index.
 
     PYTHONPATH=. python3 scripts/probe_geo_layout.py --data DIR --out FILE
@@ -56,6 +58,11 @@ def bucket_of(world):
         return (t * 0x9E3779B97F4A7C15 >> 58) & 63
 
     return bucket
+
+
+def hash_bucket(t: int) -> int:
+    """term -> bit (0..63) by the term id alone: what an index knows without a geographic hierarchy."""
+    return (t * 0x9E3779B97F4A7C15 >> 58) & 63
 
 
 def ad_masks(ct, bucket) -> np.ndarray:
@@ -139,6 +146,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="a generated corpus directory")
     ap.add_argument("--chunk", type=int, default=256, help="slots per chunk")
+    ap.add_argument("--bucket", choices=("country", "hash"), default="country",
+                    help="country: a region or city sets its country's bit (the corpus's world); hash: every "
+                         "term its own hashed bit (no hierarchy needed)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from andromeda_nb.corpus import build_world
@@ -147,7 +157,7 @@ def main(argv=None) -> int:
 
     dataset = load_dataset(args.data)
     ct = dataset.compiled
-    bucket = bucket_of(build_world(dataset.seed))
+    bucket = bucket_of(build_world(dataset.seed)) if args.bucket == "country" else hash_bucket
     masks = ad_masks(ct, bucket)
     requests = list(dataset.requests)
     req_masks = [request_mask(r, bucket) for r in requests]
@@ -162,11 +172,15 @@ def main(argv=None) -> int:
     result = {"kind": "geo_layout_probe", "ads": len(ct), "requests": len(requests), "chunk": args.chunk,
               "ads_with_geo_mask": round(float((masks != ALL).mean()), 4),
               "single_country_ads": round(float((popcount == 1).mean()), 4),
+              "bucket": args.bucket,
+              # per ad, one request: the share of the pool whose geo mask meets the request's
+              "ads_passing_geo_test": round(float(np.mean([((masks & np.uint64(m)) != 0).mean() for m in req_masks])), 4),
               "eligible_share": round(float(np.mean([len(e) for e in eligible]) / len(ct)), 4),
               "layouts": {name: measure(masks, slot, eligible, req_masks, args.chunk) for name, slot in layouts.items()},
               "software": software(), "host": host_info(),
               "command": shlex.join(["python3", "scripts/probe_geo_layout.py", *(argv if argv is not None else sys.argv[1:])])}
-    print(json.dumps({k: result[k] for k in ("ads", "ads_with_geo_mask", "single_country_ads", "eligible_share",
+    print(json.dumps({k: result[k] for k in ("ads", "bucket", "ads_with_geo_mask", "single_country_ads", "eligible_share",
+                                              "ads_passing_geo_test",
                                               "layouts")}, indent=1))
     if args.out:
         write_json(result, args.out)
