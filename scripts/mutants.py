@@ -253,6 +253,11 @@ MUTANTS: list[Mutant] = [
       "merged = [merge_topk([parts[0][0][i]], self.k) for i in range(len(requests))]",
       ("tests/test_cluster.py::test_shards_as_plain_processes_answer_as_one_engine_through_the_flight_fan_out",),
       "the router's Flight fan-out answers with the first shard's ads alone"),
+    M("lone-batch-user-side-first", "GPU engine", "gpu/engine.py",
+      "prepared = self._prepare(parts[0], tables=False) if parts else None",
+      "prepared = self._prepare(parts[0]) if parts else None",
+      ("tests/test_host_prepare.py::test_engine_overlaps_preparation_and_synchronizes_once_per_batch",),
+      "a lone batch's user side is computed before its match is launched, not while the match runs"),
     # --- answers --------------------------------------------------------------------------------------
     M("topk-ties-descending", "top-K ties", "andromeda_nb/reference.py",
       "order = np.lexsort((ids[cand], -scores[cand]))[:k]", "order = np.lexsort((-ids[cand], -scores[cand]))[:k]",
