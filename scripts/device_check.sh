@@ -48,6 +48,8 @@
 #             the BLAS threads as they are and with one thread, on a generated 200,000-ad corpus
 #             (HOST_DATA: another corpus directory)
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
+# A call of the device tool brings back at most 8 files from its $OUT: with PACK=FILE every result of
+# this run is also packed into that one file at the end (e.g. OUT=/tmp/o PACK=$OUT/results.tgz).
 set -uo pipefail
 OUT=${OUT:-out/device}
 mkdir -p "$OUT"
@@ -176,3 +178,4 @@ for stage in "${stages[@]}"; do
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done
+if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$OUT" . && echo "packed $OUT into $PACK"; fi
