@@ -258,6 +258,10 @@ MUTANTS: list[Mutant] = [
       "prepared = self._prepare(parts[0]) if parts else None",
       ("tests/test_host_prepare.py::test_engine_overlaps_preparation_and_synchronizes_once_per_batch",),
       "a lone batch's user side is computed before its match is launched, not while the match runs"),
+    M("geo-mask-drops-city", "geo layout", "andromeda_nb/geo_layout.py",
+      "        if u.city >= 0:\n", "        if u.city >= 0 and not u.region >= 0:\n",
+      ("tests/test_geo_layout.py",),
+      "a request's geographic mask leaves out its city's bit when it has a region, so a chunk summary can skip an eligible ad"),
     # --- answers --------------------------------------------------------------------------------------
     M("topk-ties-descending", "top-K ties", "andromeda_nb/reference.py",
       "order = np.lexsort((ids[cand], -scores[cand]))[:k]", "order = np.lexsort((-ids[cand], -scores[cand]))[:k]",

@@ -18,6 +18,8 @@ eligible slots that the scoring kernel's walk fills, per chunk of the pool (its 
 the share of the pool whose mask meets one request's (what a per-slot test would pass). Eligibility
 from the CPU index.
 
+The masks, the clustered order and the chunk summaries are `andromeda_nb.geo_layout`'s.
+
     PYTHONPATH=. python3 scripts/probe_geo_layout.py --data DIR --out FILE
 """
 
@@ -35,70 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.bench import software, write_json  # noqa: E402
+from andromeda_nb.geo_layout import ALL, GeoBuckets, chunk_summaries, clustered_order  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
-ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 GROUP = 64
 TILE_ROWS = 32  # rows of the scoring kernel's tile of one chunk's eligible slots
-
-
-def bucket_of(world):
-    """term -> bit (0..63): a country its own, a region or city its country's, anything else a hash."""
-    from andromeda_nb.compiled import NS_CITY, NS_COUNTRY, NS_REGION, TERM_SHIFT, country_code
-
-    country_bit = {country_code(c): i % 64 for i, c in enumerate(world.countries)}
-    region_bit = {int(r): int(c) % 64 for r, c in zip(world.region_id, world.region_country)}
-    city_bit = {int(t): region_bit[int(world.region_id[r])] for t, r in zip(world.city_id, world.city_region)}
-
-    def bucket(t: int) -> int:
-        ns, ident = t >> TERM_SHIFT, t & ((1 << TERM_SHIFT) - 1)
-        table = {NS_COUNTRY: country_bit, NS_REGION: region_bit, NS_CITY: city_bit}.get(ns)
-        if table is not None and ident in table:
-            return table[ident]
-        return (t * 0x9E3779B97F4A7C15 >> 58) & 63
-
-    return bucket
-
-
-def hash_bucket(t: int) -> int:
-    """term -> bit (0..63) by the term id alone: what an index knows without a geographic hierarchy."""
-    return (t * 0x9E3779B97F4A7C15 >> 58) & 63
-
-
-def ad_masks(ct, bucket) -> np.ndarray:
-    """uint64 per ad: the bits of its geo_locations clause (all bits: custom locations, or none)."""
-    from andromeda_nb.compiled import NS_CITY, NS_COUNTRY, NS_REGION, TERM_SHIFT
-
-    geo_ns = {NS_COUNTRY, NS_REGION, NS_CITY}
-    out = np.full(len(ct), ALL, np.uint64)
-    for i in range(len(ct)):
-        lo, hi = ct.clause_ptr[i], ct.clause_ptr[i + 1]
-        if ct.n_positive[i] == 0:
-            continue
-        c = lo  # the geo clause comes first among the positive clauses when there is one
-        terms = ct.terms[ct.term_ptr[c]:ct.term_ptr[c + 1]]
-        if ct.circle_ptr[c + 1] > ct.circle_ptr[c] or not len(terms) or not all(
-                (int(t) >> TERM_SHIFT) in geo_ns for t in terms):
-            continue
-        m = 0
-        for t in terms:
-            m |= 1 << bucket(int(t))
-        out[i] = np.uint64(m)
-    return out
-
-
-def request_mask(request, bucket) -> int:
-    from andromeda_nb.compiled import NS_CITY, NS_COUNTRY, NS_REGION, country_code, term
-
-    u = request.user
-    m = 0
-    if len(u.country) == 2:
-        m |= 1 << bucket(term(NS_COUNTRY, country_code(u.country)))
-    if u.region >= 0:
-        m |= 1 << bucket(term(NS_REGION, u.region))
-    if u.city >= 0:
-        m |= 1 << bucket(term(NS_CITY, u.city))
-    return m
 
 
 def layout(formats: np.ndarray, key: np.ndarray | None, chunk: int) -> np.ndarray:
@@ -117,8 +60,7 @@ def layout(formats: np.ndarray, key: np.ndarray | None, chunk: int) -> np.ndarra
 
 def measure(masks, slot, eligible, req_masks, chunk: int) -> dict:
     n_chunks = int(slot.max()) // chunk + 1
-    summary = np.zeros(n_chunks, np.uint64)
-    np.bitwise_or.at(summary, slot // chunk, masks)
+    summary = chunk_summaries(slot, masks, n_chunks, chunk)
     per = {"skipped": [], "untouched": [], "eligible_per_touched_chunk": [], "tiles_per_chunk": []}
     groups = {"skipped": [], "untouched": []}
     for lo in range(0, len(req_masks), GROUP):
@@ -157,17 +99,15 @@ def main(argv=None) -> int:
 
     dataset = load_dataset(args.data)
     ct = dataset.compiled
-    bucket = bucket_of(build_world(dataset.seed)) if args.bucket == "country" else hash_bucket
-    masks = ad_masks(ct, bucket)
+    buckets = GeoBuckets.of_world(build_world(dataset.seed)) if args.bucket == "country" else GeoBuckets()
+    masks = buckets.ad_masks(ct)
     requests = list(dataset.requests)
-    req_masks = [request_mask(r, bucket) for r in requests]
+    req_masks = [buckets.request_mask(r) for r in requests]
     row_of = {int(a): i for i, a in enumerate(ct.ad_id)}
     eligible = [np.asarray([row_of[int(a)] for a in ids], np.int64)
                 for ids in CpuTargetingIndex.from_compiled(ct).match(requests)]
     popcount = np.asarray([bin(int(m)).count("1") for m in masks], np.uint64)
-    order_key = np.lexsort((masks, popcount))  # popcount, then the mask itself
-    rank = np.empty(len(masks), np.int64)
-    rank[order_key] = np.arange(len(masks))
+    rank = clustered_order(ct.format, masks)  # within each format: bits, then the mask itself
     layouts = {"corpus_order": layout(ct.format, None, args.chunk), "clustered": layout(ct.format, rank, args.chunk)}
     result = {"kind": "geo_layout_probe", "ads": len(ct), "requests": len(requests), "chunk": args.chunk,
               "ads_with_geo_mask": round(float((masks != ALL).mean()), 4),

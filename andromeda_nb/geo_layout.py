@@ -1,0 +1,124 @@
+"""Geographic masks for a slot layout co-designed with the targeting match (docs/BENCHMARKS.md, "A layout
+by geography"): slots clustered by the places an ad's geo clause names, and per chunk of slots a summary
+that lets a match skip every chunk none of whose ads a request could match on geography.
+
+Every geo term gets one bit of a 64-bit mask (`GeoBuckets.bit`): with a geographic hierarchy, a
+country its own bit and a region or city its country's; without one, or for a place the hierarchy
+does not know, a hash of the term id.
+
+* An ad's mask: the bits of the terms of its geo clause; every bit (`ALL`) when it has no geo clause
+  or its clause has custom locations (a circle can hold a user of any country).
+* A request's mask: the bits of the geo terms it holds (its country, region and city).
+* A chunk's summary: the OR of its ads' masks (`chunk_summaries`).
+
+Where a chunk's summary AND a request's mask is 0, no ad of the chunk is eligible for the request:
+an ad's geo clause needs the request to hold one of the clause's terms, and that term sets the same
+bit in both masks. The test is exact for any bucket function; the hierarchy only makes it skip more.
+
+    buckets = GeoBuckets.of_world(build_world(seed))    # or GeoBuckets() for hashed bits alone
+    masks = buckets.ad_masks(compiled)
+    rows = clustered_order(compiled.format, masks)       # within each format, by mask
+    skip = (chunk_summaries(slot_of_row, masks, n_chunks) & buckets.request_mask(request)) == 0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compiled import NS_CITY, NS_COUNTRY, NS_REGION, TERM_SHIFT, CompiledTargeting, country_code, term
+from .slots import CHUNK_SLOTS
+
+ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+BITS = 64
+GEO_NAMESPACES = (NS_COUNTRY, NS_REGION, NS_CITY)
+_IDENT_MASK = (1 << TERM_SHIFT) - 1
+
+
+def hashed_bit(t: int) -> int:
+    """A term's bit by its id alone (Fibonacci hashing: the top 6 bits of id x 2^64 / phi)."""
+    return ((int(t) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF) >> 58
+
+
+class GeoBuckets:
+    """term id -> bit (0..63) of a geographic mask. The hierarchy: `countries` (ISO alpha-2, the i-th
+    taking bit i mod 64), `region_country` a region id's country, `city_region` a city id's region;
+    places it does not name are hashed. With none (`GeoBuckets()`) every term is hashed."""
+
+    def __init__(self, countries=(), region_country: dict[int, str] | None = None,
+                 city_region: dict[int, int] | None = None):
+        self._country = {country_code(c): i % BITS for i, c in enumerate(countries)}
+        self._region = {int(r): self._country_bit(country_code(c)) for r, c in (region_country or {}).items()}
+        self._city = {int(t): self._region[int(r)] for t, r in (city_region or {}).items() if int(r) in self._region}
+
+    @classmethod
+    def of_world(cls, world) -> "GeoBuckets":
+        """The hierarchy of a generated corpus's world (`andromeda_nb.corpus.build_world`)."""
+        region_country = {int(r): world.countries[int(c)] for r, c in zip(world.region_id, world.region_country)}
+        city_region = {int(t): int(world.region_id[int(r)]) for t, r in zip(world.city_id, world.city_region)}
+        return cls(world.countries, region_country, city_region)
+
+    def _country_bit(self, code: int) -> int:
+        bit = self._country.get(code)
+        return hashed_bit(term(NS_COUNTRY, code)) if bit is None else bit
+
+    def bit(self, t: int) -> int:
+        ns, ident = int(t) >> TERM_SHIFT, int(t) & _IDENT_MASK
+        if ns == NS_COUNTRY:
+            return self._country_bit(ident)
+        if ns == NS_REGION and ident in self._region:
+            return self._region[ident]
+        if ns == NS_CITY and ident in self._city:
+            return self._city[ident]
+        return hashed_bit(t)
+
+    def ad_masks(self, ct: CompiledTargeting) -> np.ndarray:
+        """uint64 per ad of `ct`: the bits of its geo clause, or ALL (no geo clause, custom locations)."""
+        out = np.full(len(ct), ALL, np.uint64)
+        for i in np.flatnonzero(ct.n_positive > 0):
+            c = ct.clause_ptr[i]  # the geo clause is the first positive clause when an ad has one
+            terms = ct.terms[ct.term_ptr[c]:ct.term_ptr[c + 1]]
+            if ct.circle_ptr[c + 1] > ct.circle_ptr[c] or not len(terms):
+                continue
+            if not np.isin(terms >> TERM_SHIFT, GEO_NAMESPACES).all():
+                continue
+            m = 0
+            for t in terms:
+                m |= 1 << self.bit(int(t))
+            out[i] = np.uint64(m)
+        return out
+
+    def request_mask(self, request) -> int:
+        """The bits of the geo terms a request holds (0 when it holds none: it can match no geo clause)."""
+        u = request.user
+        m = 0
+        if len(u.country) == 2:
+            m |= 1 << self.bit(term(NS_COUNTRY, country_code(u.country)))
+        if u.region >= 0:
+            m |= 1 << self.bit(term(NS_REGION, u.region))
+        if u.city >= 0:
+            m |= 1 << self.bit(term(NS_CITY, u.city))
+        return m
+
+
+def clustered_order(formats: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Rank of every ad in a slot order clustered by geography: within its format, ads sorted by the
+    number of bits of their mask, then the mask (so one country's ads are neighbours and ALL comes
+    last), then their position. int64 (N,): lower ranks take lower slots of the format."""
+    masks = np.asarray(masks, np.uint64)
+    bits = np.bitwise_count(masks) if hasattr(np, "bitwise_count") else np.asarray(
+        [bin(int(m)).count("1") for m in masks], np.uint8)
+    order = np.lexsort((np.arange(len(masks)), masks, bits, np.asarray(formats)))
+    rank = np.empty(len(masks), np.int64)
+    rank[order] = np.arange(len(masks))
+    return rank
+
+
+def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: int = CHUNK_SLOTS) -> np.ndarray:
+    """uint64 (n_chunks,): the OR of the masks of the ads in each chunk (ad i in slot `slot[i]`); 0 for
+    a chunk with no ad."""
+    out = np.zeros(n_chunks, np.uint64)
+    np.bitwise_or.at(out, np.asarray(slot, np.int64) // chunk, np.asarray(masks, np.uint64))
+    return out
+
+
+__all__ = ["ALL", "GeoBuckets", "chunk_summaries", "clustered_order", "hashed_bit"]

@@ -1,0 +1,114 @@
+"""Geographic masks for a layout by geography (`andromeda_nb.geo_layout`): every ad eligible for a
+request shares a bit with it, so a chunk summary never skips a chunk that holds an eligible ad, with
+the world's hierarchy and with hashed bits alone; the hierarchy gives a region and a city their
+country's bit; the clustered order keeps formats apart and neighbours one country's ads; and the
+clustered layout does skip chunks."""
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from andromeda_nb.compiled import NS_CITY, NS_COUNTRY, NS_REGION, NS_LOCALE, country_code, term
+from andromeda_nb.corpus import build_world
+from andromeda_nb.geo_layout import ALL, GeoBuckets, chunk_summaries, clustered_order, hashed_bit
+from andromeda_nb.tiling import generate_base
+
+SEED = 5
+CHUNK = 32  # small chunks, so a corpus of a few thousand ads has many
+
+
+@lru_cache(maxsize=1)
+def corpus():
+    from cpu_baseline.index import CpuTargetingIndex
+
+    base = generate_base(3000, 24, SEED)
+    ct = base.compiled
+    row_of = {int(a): i for i, a in enumerate(ct.ad_id)}
+    eligible = [np.asarray([row_of[int(a)] for a in ids], np.int64)
+                for ids in CpuTargetingIndex.from_compiled(ct).match(base.requests)]
+    return ct, base.requests, eligible
+
+
+def buckets_of(kind: str) -> GeoBuckets:
+    return GeoBuckets.of_world(build_world(SEED)) if kind == "world" else GeoBuckets()
+
+
+def slots_of(formats: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Each ad's slot when every format starts a new chunk and its ads follow `rank`."""
+    slot = np.empty(len(formats), np.int64)
+    base = 0
+    for f in np.unique(formats):
+        rows = np.flatnonzero(formats == f)
+        rows = rows[np.argsort(rank[rows], kind="stable")]
+        slot[rows] = base + np.arange(len(rows))
+        base += -(-len(rows) // CHUNK) * CHUNK
+    return slot
+
+
+@pytest.mark.parametrize("kind", ["world", "hashed"])
+def test_every_eligible_ad_shares_a_bit_with_its_request(kind):
+    ct, requests, eligible = corpus()
+    buckets = buckets_of(kind)
+    masks = buckets.ad_masks(ct)
+    assert sum(len(e) for e in eligible) > 0
+    for request, rows in zip(requests, eligible):
+        m = np.uint64(buckets.request_mask(request))
+        assert ((masks[rows] & m) != 0).all(), f"request {request.request_id}: an eligible ad's mask misses its bits"
+
+
+@pytest.mark.parametrize("kind", ["world", "hashed"])
+def test_chunk_summaries_skip_no_chunk_with_an_eligible_ad_and_the_clustered_layout_skips_some(kind):
+    ct, requests, eligible = corpus()
+    buckets = buckets_of(kind)
+    masks = buckets.ad_masks(ct)
+    slot = slots_of(ct.format, clustered_order(ct.format, masks))
+    n_chunks = int(slot.max()) // CHUNK + 1
+    summary = chunk_summaries(slot, masks, n_chunks, CHUNK)
+    skipped_any = 0
+    for request, rows in zip(requests, eligible):
+        skipped = (summary & np.uint64(buckets.request_mask(request))) == 0
+        assert not skipped[np.unique(slot[rows] // CHUNK)].any(), f"request {request.request_id}"
+        skipped_any += int(skipped.sum())
+    assert skipped_any > 0, "the clustered layout let no request skip a chunk"
+
+
+def test_ads_without_a_plain_geo_clause_have_every_bit():
+    ct, _, _ = corpus()
+    masks = GeoBuckets.of_world(build_world(SEED)).ad_masks(ct)
+    for i in range(len(ct)):
+        c = ct.clause_ptr[i]
+        plain = ct.n_positive[i] > 0 and ct.circle_ptr[c + 1] == ct.circle_ptr[c] and ct.term_ptr[c + 1] > ct.term_ptr[c] \
+            and all(int(t) >> 40 in (NS_COUNTRY, NS_REGION, NS_CITY) for t in ct.terms[ct.term_ptr[c]:ct.term_ptr[c + 1]])
+        if not plain:
+            assert masks[i] == ALL, f"ad {ct.ad_id[i]}: no plain geo clause, yet a narrow mask"
+        else:
+            assert masks[i] != ALL and masks[i] != 0
+    assert (masks != ALL).any() and (masks == ALL).any()
+
+
+def test_a_region_and_a_city_take_their_countrys_bit():
+    world = build_world(SEED)
+    b = GeoBuckets.of_world(world)
+    for t in range(0, len(world.city_id), 37):
+        r = int(world.city_region[t])
+        country = world.countries[int(world.region_country[r])]
+        bit = b.bit(term(NS_COUNTRY, country_code(country)))
+        assert b.bit(term(NS_REGION, int(world.region_id[r]))) == bit
+        assert b.bit(term(NS_CITY, int(world.city_id[t]))) == bit
+    # the world's countries take distinct bits while there are no more than 64
+    bits = [b.bit(term(NS_COUNTRY, country_code(c))) for c in world.countries[:64]]
+    assert len(set(bits)) == len(bits)
+    # a place the hierarchy does not know, and any other term, is hashed into 0..63
+    for t in (term(NS_REGION, 1), term(NS_CITY, 2), term(NS_LOCALE, 7)):
+        assert b.bit(t) == hashed_bit(t) and 0 <= b.bit(t) < 64
+
+
+def test_clustered_order_keeps_formats_apart_and_sorts_by_bits_then_mask():
+    formats = np.array([1, 0, 1, 0, 1, 0, 1])
+    masks = np.array([0b110, 0b1, int(ALL), 0b1, 0b10, 0b100, 0b10], np.uint64)
+    rank = clustered_order(formats, masks)
+    order = np.argsort(rank)
+    assert list(formats[order]) == [0, 0, 0, 1, 1, 1, 1]
+    # format 0: 0b1, 0b1 (first by position), 0b100; format 1: 0b10, 0b10, 0b110, ALL
+    assert list(order) == [1, 3, 5, 4, 6, 0, 2]
