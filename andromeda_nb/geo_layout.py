@@ -113,6 +113,15 @@ def clustered_order(formats: np.ndarray, masks: np.ndarray) -> np.ndarray:
     return rank
 
 
+def geo_rank(dataset) -> np.ndarray:
+    """`clustered_order` of a dataset's ads, by the hierarchy of the world its seed generates (exact
+    for any corpus: places that world does not know are hashed)."""
+    from .corpus import build_world
+
+    ct = dataset.compiled
+    return clustered_order(ct.format, GeoBuckets.of_world(build_world(dataset.seed)).ad_masks(ct))
+
+
 def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: int = CHUNK_SLOTS) -> np.ndarray:
     """uint64 (n_chunks,): the OR of the masks of the ads in each chunk (ad i in slot `slot[i]`); 0 for
     a chunk with no ad."""
@@ -121,4 +130,4 @@ def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: i
     return out
 
 
-__all__ = ["ALL", "GeoBuckets", "chunk_summaries", "clustered_order", "hashed_bit"]
+__all__ = ["ALL", "GeoBuckets", "chunk_summaries", "clustered_order", "geo_rank", "hashed_bit"]

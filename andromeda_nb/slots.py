@@ -30,15 +30,23 @@ class SlotAllocator:
     # --- bulk layout -------------------------------------------------------------------------------
     @classmethod
     def from_ads(cls, ad_ids: Iterable[int], formats: Iterable[int], chunk_slots: int = CHUNK_SLOTS,
-                 spare: float = 0.0) -> "SlotAllocator":
-        """Lay ads out grouped by format (stable within a format).
+                 spare: float = 0.0, rank: np.ndarray | None = None) -> "SlotAllocator":
+        """Lay ads out grouped by format: within a format in the order given, or by `rank` (one
+        number per ad, lower first, ties in the order given; e.g. `geo_layout.clustered_order`).
 
         `spare` is the fraction of extra free slots reserved per format for later inserts.
         """
         alloc = cls(chunk_slots)
         ad_ids = np.asarray(list(ad_ids), np.int64)
         formats = np.asarray(list(formats), np.int16)
-        order = np.argsort(formats, kind="stable")
+        if rank is None:
+            order = np.argsort(formats, kind="stable")
+        else:
+            rank = np.asarray(rank)
+            if rank.shape != ad_ids.shape:
+                raise ValueError(f"rank: one number per ad expected, got {rank.shape[0] if rank.ndim else 0} "
+                                 f"for {len(ad_ids)} ads")
+            order = np.lexsort((np.arange(len(ad_ids)), rank, formats))
         chunks_ad: list[np.ndarray] = []
         chunk_fmt: list[int] = []
         for f in np.unique(formats):

@@ -31,17 +31,30 @@ from andromeda_nb.types import Request, Update, Upsert
 MAX_BATCH = 64  # requests per device launch
 
 
+LAYOUTS = ("format", "geo")
+
+
 class GpuEngine(EngineBase):
     """`device` 'gpu' or 'sim' ('auto': the GPU when usable, else `devices.NoKernelDevice`); `version`: the scoring
-    kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped)."""
+    kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped);
+    `layout`: the slot order within each format, the corpus's ('format') or clustered by the places
+    the ads' geo clauses name ('geo', `andromeda_nb.geo_layout.geo_rank`)."""
 
-    def __init__(self, dataset, device: str = "auto", *, version=None):
+    def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = "format"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
         super().__init__(dataset)
         self.device = resolve(device, kernels=True, what="the GPU engine")
         from .fused import FusedScorer  # imports numba.cuda: only after the device choice
         from .index import GpuTargetingIndex
 
-        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device)  # no ad parsed
+        self.layout = layout
+        rank = None
+        if layout == "geo":
+            from andromeda_nb.geo_layout import geo_rank
+
+            rank = geo_rank(dataset)
+        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, rank=rank)  # no ad parsed
         slots = self.index.slots
         values, scale = dataset.embeddings.values, dataset.embeddings.scale
         sv = np.zeros((slots.capacity, self.D), values.dtype)
@@ -168,7 +181,7 @@ class GpuEngine(EngineBase):
 
     def describe(self) -> dict:
         return {**super().describe(), "score_version": self.scorer.version, "match_version": self.index.version,
-                "slots": self.scorer.n_slots}
+                "slots": self.scorer.n_slots, "layout": self.layout}
 
 
-__all__ = ["GpuEngine", "MAX_BATCH"]
+__all__ = ["GpuEngine", "LAYOUTS", "MAX_BATCH"]

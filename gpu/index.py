@@ -573,8 +573,11 @@ class GpuTargetingIndex:
 
     @classmethod
     def from_compiled(cls, ct: CompiledTargeting, *, device: str = "auto", version=None,
-                      spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS) -> "GpuTargetingIndex":
-        """Build from compiled targeting (row i = one ad); slot order groups the ads by format.
+                      spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS,
+                      rank: np.ndarray | None = None) -> "GpuTargetingIndex":
+        """Build from compiled targeting (row i = one ad); slot order groups the ads by format, and
+        within a format follows `rank` (one number per row, e.g. `andromeda_nb.geo_layout.clustered_order`)
+        when given, else the rows' order.
         `spare`: fraction of free slots kept per format for inserts; `chunk_slots` (a multiple of
         32): slots per format chunk (smaller than CHUNK_SLOTS only for tiny simulator pools)."""
         if chunk_slots % 32:
@@ -582,7 +585,7 @@ class GpuTargetingIndex:
         if len(np.unique(ct.ad_id)) != len(ct):
             raise ValueError("duplicate ad ids in the corpus")
         index = cls(device=device, version=version)
-        slots = SlotAllocator.from_ads(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare)
+        slots = SlotAllocator.from_ads(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare, rank=rank)
         index.vocab = Vocabulary(ct.terms)
         dense_terms = index.vocab.dense_bulk(ct.terms)
         used = np.flatnonzero(slots.slot_ad_id != EMPTY)

@@ -262,6 +262,10 @@ MUTANTS: list[Mutant] = [
       "        if u.city >= 0:\n", "        if u.city >= 0 and not u.region >= 0:\n",
       ("tests/test_geo_layout.py",),
       "a request's geographic mask leaves out its city's bit when it has a region, so a chunk summary can skip an eligible ad"),
+    M("slots-rank-ignored", "geo layout", "andromeda_nb/slots.py",
+      "order = np.lexsort((np.arange(len(ad_ids)), rank, formats))", "order = np.argsort(formats, kind=\"stable\")",
+      ("tests/test_geo_layout.py::test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates",),
+      "the slot allocator ignores the layout's rank: a geo layout is laid out as the corpus"),
     # --- answers --------------------------------------------------------------------------------------
     M("topk-ties-descending", "top-K ties", "andromeda_nb/reference.py",
       "order = np.lexsort((ids[cand], -scores[cand]))[:k]", "order = np.lexsort((-ids[cand], -scores[cand]))[:k]",

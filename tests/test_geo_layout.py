@@ -112,3 +112,56 @@ def test_clustered_order_keeps_formats_apart_and_sorts_by_bits_then_mask():
     assert list(formats[order]) == [0, 0, 0, 1, 1, 1, 1]
     # format 0: 0b1, 0b1 (first by position), 0b100; format 1: 0b10, 0b10, 0b110, ALL
     assert list(order) == [1, 3, 5, 4, 6, 0, 2]
+
+
+def test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates():
+    import os
+
+    from andromeda_nb.geo_layout import geo_rank
+    from andromeda_nb.slots import EMPTY
+    from gpu.engine import GpuEngine
+
+    from _servers import reference_at, small_dataset, update_stream
+
+    dataset = small_dataset(17, n_ads=300, n_requests=3)
+    device = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
+    engine = GpuEngine(dataset, device=device, layout="geo")
+    assert engine.describe()["layout"] == "geo"
+    # the slots follow the clustered order within each format, and that is not the corpus's order
+    slots = engine.index.slots
+    ct = dataset.compiled
+    rank = geo_rank(dataset)
+    rank_of = dict(zip(ct.ad_id.tolist(), rank.tolist()))
+    used = slots.slot_ad_id[slots.slot_ad_id != EMPTY]
+    assert np.all(np.diff([rank_of[int(a)] for a in used]) > 0)
+    plain = GpuEngine(dataset, device=device).index.slots.slot_ad_id
+    assert not np.array_equal(plain[plain != EMPTY], used)
+    updates = update_stream(dataset, 12, seed=17)
+    engine.apply_many(updates)
+    reference = reference_at(dataset, updates)
+    answers = engine.retrieve(dataset.requests, 7)
+    assert sum(len(ids) for ids, _ in answers) > 0
+    for request, (ids, scores) in zip(dataset.requests, answers):
+        from andromeda_nb.compare import compare_topk
+
+        ref_ids, result = reference.score_eligible(request)
+        cmp = compare_topk(ref_ids, result, ids, scores, 7)
+        assert cmp.ok, f"request {request.request_id}: {cmp.message}"
+
+
+def test_an_unknown_layout_is_refused_by_name():
+    from gpu.engine import GpuEngine
+
+    from _servers import small_dataset
+
+    with pytest.raises(ValueError, match="unknown slot layout 'country'"):
+        GpuEngine(small_dataset(3, n_ads=20, n_requests=1), device="sim", layout="country")
+
+
+def test_a_rank_of_the_wrong_length_is_refused():
+    from andromeda_nb.slots import SlotAllocator
+
+    with pytest.raises(ValueError, match="one number per ad expected, got 2 for 3 ads"):
+        SlotAllocator.from_ads([1, 2, 3], [0, 0, 1], rank=np.array([0, 1]))
+    alloc = SlotAllocator.from_ads([1, 2, 3], [0, 0, 1], chunk_slots=32, rank=np.array([5, 4, 0]))
+    assert alloc.slot_of(2) == 0 and alloc.slot_of(1) == 1 and alloc.slot_of(3) == 32
