@@ -1072,10 +1072,13 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @click.option("--score-version", type=click.IntRange(1), default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
+@click.option("--layout", type=click.Choice(["format", "geo"]), default="format", show_default=True,
+              help="Slot order of each copy's ads within a format: the base corpus's, or clustered by the "
+                   "places their geo clauses name (andromeda_nb.geo_layout).")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, out, as_json, quiet):
+def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layout, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
     from andromeda_nb.bench import json_line
@@ -1084,7 +1087,7 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
         from gpu import bench_score as bs
 
         result = bs.bench_pipeline(pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k, batches=batches,
-                                   score_version=score_version, seed=seed, progress=not quiet)
+                                   score_version=score_version, seed=seed, layout=layout, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")

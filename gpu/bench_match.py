@@ -108,12 +108,14 @@ class TiledSlotMap:
 
 def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int | None = None,
                       device: str = "auto", spare: float = 0.01, chunk_slots: int = CHUNK_SLOTS,
-                      first_copy: int = 0) -> GpuTargetingIndex:
+                      first_copy: int = 0, rank: np.ndarray | None = None) -> GpuTargetingIndex:
     """A GpuTargetingIndex over `copies` copies of the base ads, laid out exactly as
     `GpuTargetingIndex.from_compiled(tile_compiled(base_ct, copies))` would lay it out (slots grouped
     by format, copies in order inside a format), built from the base's programs by repetition.
     `first_copy`: the copies are numbered from it (ids base_id + (first_copy + k) * stride), so pools
-    built with disjoint ranges of copies hold disjoint ads (the shards of a tiled pool)."""
+    built with disjoint ranges of copies hold disjoint ads (the shards of a tiled pool). `rank` (one
+    number per base ad, e.g. `andromeda_nb.geo_layout.clustered_order`): every copy holds its base ads
+    of a format in that order instead of the base's."""
     if copies < 1 or first_copy < 0:
         raise ValueError(f"a tiled pool needs at least one copy from copy 0 on, got {copies} from {first_copy}")
     index = GpuTargetingIndex(device=device, version=version)
@@ -129,6 +131,8 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
     cap = 0
     for f in np.unique(fmt):
         rows = np.flatnonzero(fmt == f)
+        if rank is not None:
+            rows = rows[np.argsort(np.asarray(rank)[rows], kind="stable")]
         n_f = len(rows) * copies
         n_chunks = -(-int(n_f * (1.0 + spare)) // chunk_slots)
         ids = (base_ct.ad_id[rows][None, :] + (np.arange(first_copy, first_copy + copies, dtype=np.int64)

@@ -450,7 +450,13 @@ def score_table(result) -> str:
 
 def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
-                   score_version: int | None = None, seed: int = 0, progress: bool = True) -> dict:
+                   score_version: int | None = None, seed: int = 0, layout: str = "format",
+                   progress: bool = True) -> dict:
+    """`layout` 'geo': every copy holds its base ads of a format clustered by geography
+    (`andromeda_nb.geo_layout`), a lower bound on what one order over a whole corpus of that size
+    clusters, since each cluster is cut at every copy's end."""
+    if layout not in ("format", "geo"):
+        raise ValueError(f"unknown slot layout {layout!r}; choose from format, geo")
     resolve("gpu")
     cuda = runtime.cuda()
     import cupy as xp
@@ -464,7 +470,13 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     t0 = time.time()
     base = generate_base(base_ads, n_requests, seed, progress)
     copies = max(1, -(-pool // base_ads))
-    index = build_tiled_index(base.compiled, copies)
+    rank = None
+    if layout == "geo":
+        from andromeda_nb.corpus import build_world
+        from andromeda_nb.geo_layout import GeoBuckets, clustered_order
+
+        rank = clustered_order(base.compiled.format, GeoBuckets.of_world(build_world(seed)).ad_masks(base.compiled))
+    index = build_tiled_index(base.compiled, copies, rank=rank)
     model = MoeModel.init(seed, D=dim)
     requests = [dataclasses.replace(r, signals=request_signals(r.request_id, seed, model.E, model.S))
                 for r in base.requests]
@@ -479,7 +491,8 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     dpool, fs = slot_pool(xp, slots, model, precision, seed + 1,
                           version=None if score_version is None else lab.VERSIONS[score_version])
     result = {"env": environment(cuda), "pool_ads": len(index), "slots": S, "precision": precision, "D": dim, "k": k,
-              "score_version": fs.version, "match_version": index.version, "arithmetic": "float32 (default mode)"}
+              "score_version": fs.version, "match_version": index.version, "arithmetic": "float32 (default mode)",
+              "layout": layout}
 
     def tables(batch_reqs):  # the user side of a batch, as the GPU engine computes it
         return fold_tables_batch(*user_sides(model, batch_reqs))

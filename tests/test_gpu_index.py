@@ -464,6 +464,32 @@ def test_tiled_index_equals_index_of_tiled_corpus():
     assert 10**9 not in tiled.slots
 
 
+def test_a_tiled_index_in_a_ranked_order_answers_as_the_plain_one_by_ad_id():
+    from gpu.bench_match import build_tiled_index
+
+    rng = np.random.default_rng(62)
+    ads = random_ads(rng, 40, formats=2)
+    requests = random_requests(rng, 6)
+    ct = compile_ads(ads)
+    version = _kernels().SIMULATOR_FALLBACK
+    rank = rng.permutation(len(ct))
+    plain = build_tiled_index(ct, 3, version=version, chunk_slots=CHUNK)
+    ranked = build_tiled_index(ct, 3, version=version, chunk_slots=CHUNK, rank=rank)
+    ids = ranked.slots.slot_ad_id
+    assert not np.array_equal(ids, plain.slots.slot_ad_id)
+    # every copy holds its format's base ads in rank order
+    row_of = {int(a): i for i, a in enumerate(ct.ad_id)}
+    for f in (0, 1):
+        n_f = int((ct.format == f).sum())
+        first = int(np.flatnonzero(ranked.slots.slot_format() == f)[0])
+        copy0 = ids[first:first + n_f]
+        assert np.all(np.diff(rank[[row_of[int(a)] for a in copy0]]) > 0)
+    a, b = ranked.match(requests), plain.match(requests)
+    assert any(len(x) for x in a) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    for ad_id in ids[ids >= 0].tolist():
+        assert ids[ranked.slots.slot_of(ad_id)] == ad_id
+
+
 def test_bench_match_runs_and_checks(tmp_path, monkeypatch):
     """The benchmark end to end at simulator size: generation, tiling, the full-size oracle check,
     timing, updates while serving, the CPU index, the JSON file."""
