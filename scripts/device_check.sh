@@ -6,7 +6,8 @@
 #   tests     the GPU index, co-located, top-K and scoring-kernel tests on the real device (TESTS_JOBS:
 #             pytest-xdist workers, where it is installed)
 #   match     `bench match` of the shipped match kernel against the circle-table versions (10M, 100M)
-#   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size)
+#   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size; PIPELINE_ARGS: more
+#             options, e.g. "--layout geo", with PIPELINE_TAG naming its files)
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures
 #   score     `bench score` (D = 64 and 128, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
@@ -75,8 +76,9 @@ for stage in "${stages[@]}"; do
         --batches 64,256 --no-updates --cpu-pool 0 --out "$OUT/bench_match.json" > "$OUT/bench_match.log" 2>&1
       echo "match rc=$?"; grep -E "G pool ads/s|check passed|registers" "$OUT/bench_match.log" | cut -c1-200 ;;
     pipeline)
-      timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline ${PIPELINE_ARGS:-} --out "$OUT/pipeline.json" > "$OUT/pipeline.log" 2>&1
-      echo "pipeline rc=$?"; tail -11 "$OUT/pipeline.log" ;;
+      timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline ${PIPELINE_ARGS:-} --out "$OUT/pipeline${PIPELINE_TAG:-}.json" \
+        > "$OUT/pipeline${PIPELINE_TAG:-}.log" 2>&1
+      echo "pipeline rc=$?"; tail -13 "$OUT/pipeline${PIPELINE_TAG:-}.log" ;;
     compare)
       timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
         --updates ${COMPARE_UPDATES:-2000} --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
