@@ -10,8 +10,7 @@ match launch, one scoring launch, one top-K launch, all on the index's stream, a
 synchronization, when the answers come back. The host's share of batch
 i + 1 (user side, request encoding, group and circle tables, their upload) is done while the device
 runs batch i: it is prepared before batch i's answers are fetched, into the second of the index's two
-request buffers. The first batch of a call has nothing on the device to hide behind, so its user side
-is computed after its match is launched, while the device runs the match. Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
+request buffers. Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
 """
 
 from __future__ import annotations
@@ -39,6 +38,8 @@ class GpuEngine(EngineBase):
     kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped);
     `layout`: the slot order within each format, the corpus's ('format') or clustered by the places
     the ads' geo clauses name ('geo', `andromeda_nb.geo_layout.geo_rank`)."""
+
+    layout = "format"  # engines built another way (gpu.tiled) lay slots out by format
 
     def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = "format"):
         if layout not in LAYOUTS:
@@ -82,8 +83,7 @@ class GpuEngine(EngineBase):
             return [no_answer() for _ in requests]
         parts = [requests[lo : lo + MAX_BATCH] for lo in range(0, len(requests), MAX_BATCH)]
         out: list[tuple[np.ndarray, np.ndarray]] = []
-        # the first batch has no device work to hide behind: its user side waits for the match launch
-        prepared = self._prepare(parts[0], tables=False) if parts else None
+        prepared = self._prepare(parts[0]) if parts else None
         for i in range(len(parts)):
             launched = self._launch(prepared, k)
             prepared = self._prepare(parts[i + 1]) if i + 1 < len(parts) else None  # overlaps batch i on the device
@@ -91,22 +91,17 @@ class GpuEngine(EngineBase):
             self.clock.settle()
         return out
 
-    def _prepare(self, requests, *, tables: bool = True):
-        """The host's share of a batch: the match request arrays uploaded (asynchronously, on the index's
-        stream) into the next of the index's two request buffers, and the folded user-side tables, or
-        with `tables` False the requests, whose tables `_launch` computes while the match runs."""
-        batch = self.index.prepare(encode_requests(requests), reuse=True)
-        return len(requests), self.tables(requests) if tables else requests, batch
+    def _prepare(self, requests):
+        """The host's share of a batch: folded user-side tables, and the match request arrays uploaded
+        (asynchronously, on the index's stream) into the next of the index's two request buffers."""
+        return len(requests), self.tables(requests), self.index.prepare(encode_requests(requests), reuse=True)
 
     def _launch(self, prepared, k: int) -> dict:
-        """Match, scoring and top-K of a prepared batch, enqueued on the index's stream. Tables not yet
-        computed are computed after the match is launched, while the device runs it."""
+        """Match, scoring and top-K of a prepared batch, enqueued on the index's stream."""
         n, tabs, batch = prepared
         elig = self.index.kept_output(n)
         self.clock.start(self.index.stream)
         self.index.run(batch, elig)
-        if not isinstance(tabs, np.ndarray):
-            tabs = self.tables(tabs)
         launched = self.scorer.launch(elig, tabs, k, self.index.stream)
         self.clock.stop(self.index.stream)
         return launched

@@ -287,9 +287,8 @@ def test_engine_overlaps_preparation_and_synchronizes_once_per_batch(monkeypatch
     monkeypatch.setattr(engine.index, "run", lambda *a, **kw: (log.append("match"), run(*a, **kw))[1])
     monkeypatch.setattr(engine, "tables", lambda *a, **kw: (log.append("user"), tables(*a, **kw))[1])
     answers = engine.retrieve(requests, 7)
-    # the first batch's user side runs while its match does; each later batch is prepared whole
-    # (user side included) while the device runs the one before
-    assert log == ["prepare", "match", "user", "prepare", "user", "fetch", "sync", "match", "prepare", "user",
+    # each batch is prepared whole (user side included), the next while the device runs the one before
+    assert log == ["user", "prepare", "match", "user", "prepare", "fetch", "sync", "match", "user", "prepare",
                    "fetch", "sync", "match", "fetch", "sync"], log
     reference = ReferenceRetriever.build(dataset)
     assert sum(len(ids) for ids, _ in answers) > 0
