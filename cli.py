@@ -9,6 +9,7 @@ import click
 
 from andromeda_nb.constants import MAX_K, PRECISIONS
 from andromeda_nb.devices import DEVICES
+from andromeda_nb.geo_layout import LAYOUTS
 
 _PRECISION = click.Choice(list(PRECISIONS))
 
@@ -1072,7 +1073,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @click.option("--score-version", type=click.IntRange(1), default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
-@click.option("--layout", type=click.Choice(["format", "geo"]), default="format", show_default=True,
+@click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
               help="Slot order of each copy's ads within a format: the base corpus's, or clustered by the "
                    "places their geo clauses name (andromeda_nb.geo_layout).")
 @_OUT_JSON_OPTION

@@ -28,6 +28,7 @@ import numpy as np
 from .compiled import NS_CITY, NS_COUNTRY, NS_REGION, TERM_SHIFT, CompiledTargeting, country_code, term
 from .slots import CHUNK_SLOTS
 
+LAYOUTS = ("format", "geo")  # slot orders within a format: the corpus's, or clustered by geography
 ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 BITS = 64
 GEO_NAMESPACES = (NS_COUNTRY, NS_REGION, NS_CITY)
@@ -113,13 +114,17 @@ def clustered_order(formats: np.ndarray, masks: np.ndarray) -> np.ndarray:
     return rank
 
 
-def geo_rank(dataset) -> np.ndarray:
-    """`clustered_order` of a dataset's ads, by the hierarchy of the world its seed generates (exact
-    for any corpus: places that world does not know are hashed)."""
+def world_rank(ct: CompiledTargeting, seed: int) -> np.ndarray:
+    """`clustered_order` of compiled ads, by the hierarchy of the world `seed` generates (exact for any
+    corpus: places that world does not know are hashed)."""
     from .corpus import build_world
 
-    ct = dataset.compiled
-    return clustered_order(ct.format, GeoBuckets.of_world(build_world(dataset.seed)).ad_masks(ct))
+    return clustered_order(ct.format, GeoBuckets.of_world(build_world(seed)).ad_masks(ct))
+
+
+def geo_rank(dataset) -> np.ndarray:
+    """`world_rank` of a dataset's ads and seed."""
+    return world_rank(dataset.compiled, dataset.seed)
 
 
 def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: int = CHUNK_SLOTS) -> np.ndarray:
@@ -130,4 +135,4 @@ def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: i
     return out
 
 
-__all__ = ["ALL", "GeoBuckets", "chunk_summaries", "clustered_order", "geo_rank", "hashed_bit"]
+__all__ = ["ALL", "LAYOUTS", "GeoBuckets", "chunk_summaries", "clustered_order", "geo_rank", "hashed_bit", "world_rank"]

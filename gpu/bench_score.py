@@ -455,8 +455,10 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     """`layout` 'geo': every copy holds its base ads of a format clustered by geography
     (`andromeda_nb.geo_layout`), a lower bound on what one order over a whole corpus of that size
     clusters, since each cluster is cut at every copy's end."""
-    if layout not in ("format", "geo"):
-        raise ValueError(f"unknown slot layout {layout!r}; choose from format, geo")
+    from andromeda_nb.geo_layout import LAYOUTS, world_rank
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     resolve("gpu")
     cuda = runtime.cuda()
     import cupy as xp
@@ -470,13 +472,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     t0 = time.time()
     base = generate_base(base_ads, n_requests, seed, progress)
     copies = max(1, -(-pool // base_ads))
-    rank = None
-    if layout == "geo":
-        from andromeda_nb.corpus import build_world
-        from andromeda_nb.geo_layout import GeoBuckets, clustered_order
-
-        rank = clustered_order(base.compiled.format, GeoBuckets.of_world(build_world(seed)).ad_masks(base.compiled))
-    index = build_tiled_index(base.compiled, copies, rank=rank)
+    index = build_tiled_index(base.compiled, copies, rank=world_rank(base.compiled, seed) if layout == "geo" else None)
     model = MoeModel.init(seed, D=dim)
     requests = [dataclasses.replace(r, signals=request_signals(r.request_id, seed, model.E, model.S))
                 for r in base.requests]

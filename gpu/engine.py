@@ -22,15 +22,13 @@ import numpy as np
 from andromeda_nb.compiled import encode_requests
 from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
+from andromeda_nb.geo_layout import LAYOUTS, geo_rank
 from andromeda_nb.model import user_sides
 from andromeda_nb.rows import RowMap
 from andromeda_nb.scoring import fold_tables_batch
 from andromeda_nb.types import Request, Update, Upsert
 
 MAX_BATCH = 64  # requests per device launch
-
-
-LAYOUTS = ("format", "geo")
 
 
 class GpuEngine(EngineBase):
@@ -52,8 +50,6 @@ class GpuEngine(EngineBase):
         self.layout = layout
         rank = None
         if layout == "geo":
-            from andromeda_nb.geo_layout import geo_rank
-
             rank = geo_rank(dataset)
         self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, rank=rank)  # no ad parsed
         slots = self.index.slots
