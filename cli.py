@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import click
 
-from andromeda_nb.constants import MAX_K, PRECISIONS
+from andromeda_nb.constants import LAYOUTS, MAX_K, PRECISIONS
 from andromeda_nb.devices import DEVICES
-from andromeda_nb.geo_layout import LAYOUTS
 
 _PRECISION = click.Choice(list(PRECISIONS))
 

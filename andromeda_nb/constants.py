@@ -56,6 +56,7 @@ SIGNAL_WIDTH = 16  # S
 HOUR_BUCKETS = 4  # (time // 3600) % 24 // 6
 CONTEXT_WIDTH = len(PUBLISHER_PLATFORMS) + len(DEVICE_PLATFORMS) + len(USER_OS) + HOUR_BUCKETS  # 17
 PRECISIONS = ("fp32", "fp16", "int8")
+LAYOUTS = ("format", "geo")  # slot orders within a format: the corpus's, or clustered by geography (geo_layout)
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}  # bytes of one stored embedding value
 INT8_SCALE_BYTES = 4  # an int8 embedding carries one float32 scale
 

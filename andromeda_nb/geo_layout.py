@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .constants import LAYOUTS
 from .compiled import NS_CITY, NS_COUNTRY, NS_REGION, TERM_SHIFT, CompiledTargeting, country_code, term
 from .slots import CHUNK_SLOTS
 
-LAYOUTS = ("format", "geo")  # slot orders within a format: the corpus's, or clustered by geography
 ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 BITS = 64
 GEO_NAMESPACES = (NS_COUNTRY, NS_REGION, NS_CITY)
