@@ -72,20 +72,38 @@ class GeoBuckets:
             return self._city[ident]
         return hashed_bit(t)
 
+    def term_bits(self, terms: np.ndarray) -> np.ndarray:
+        """int8 per term: its bit, or -1 for a term of no geographic namespace."""
+        terms = np.asarray(terms, np.int64)
+        out = np.full(len(terms), -1, np.int8)
+        geo = np.isin(terms >> TERM_SHIFT, GEO_NAMESPACES)
+        if geo.any():
+            unique, inverse = np.unique(terms[geo], return_inverse=True)
+            out[geo] = np.asarray([self.bit(t) for t in unique.tolist()], np.int8)[inverse]
+        return out
+
     def ad_masks(self, ct: CompiledTargeting) -> np.ndarray:
         """uint64 per ad of `ct`: the bits of its geo clause, or ALL (no geo clause, custom locations)."""
         out = np.full(len(ct), ALL, np.uint64)
-        for i in np.flatnonzero(ct.n_positive > 0):
-            c = ct.clause_ptr[i]  # the geo clause is the first positive clause when an ad has one
-            terms = ct.terms[ct.term_ptr[c]:ct.term_ptr[c + 1]]
-            if ct.circle_ptr[c + 1] > ct.circle_ptr[c] or not len(terms):
-                continue
-            if not np.isin(terms >> TERM_SHIFT, GEO_NAMESPACES).all():
-                continue
-            m = 0
-            for t in terms:
-                m |= 1 << self.bit(int(t))
-            out[i] = np.uint64(m)
+        ads = np.flatnonzero(ct.n_positive > 0)
+        if not len(ads):
+            return out
+        c = np.asarray(ct.clause_ptr, np.int64)[ads]  # the geo clause is the first positive clause when an ad has one
+        lo, hi = np.asarray(ct.term_ptr, np.int64)[c], np.asarray(ct.term_ptr, np.int64)[c + 1]
+        circles = np.asarray(ct.circle_ptr, np.int64)
+        n = hi - lo
+        keep = (n > 0) & (circles[c + 1] == circles[c])
+        ads, lo, n = ads[keep], lo[keep], n[keep]
+        if not len(ads):
+            return out
+        owner = np.repeat(np.arange(len(ads)), n)
+        at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        bits = self.term_bits(np.asarray(ct.terms, np.int64)[at])
+        geo_only = np.ones(len(ads), bool)
+        np.logical_and.at(geo_only, owner, bits >= 0)
+        masks = np.zeros(len(ads), np.uint64)
+        np.bitwise_or.at(masks, owner, np.left_shift(np.uint64(1), np.maximum(bits, 0).astype(np.uint64)))
+        out[ads[geo_only]] = masks[geo_only]
         return out
 
     def request_mask(self, request) -> int:
@@ -114,12 +132,17 @@ def clustered_order(formats: np.ndarray, masks: np.ndarray) -> np.ndarray:
     return rank
 
 
-def world_rank(ct: CompiledTargeting, seed: int) -> np.ndarray:
-    """`clustered_order` of compiled ads, by the hierarchy of the world `seed` generates (exact for any
-    corpus: places that world does not know are hashed)."""
+def world_buckets(seed: int) -> GeoBuckets:
+    """The bits of the hierarchy of the world `seed` generates (`andromeda_nb.corpus.build_world`);
+    exact for any corpus: places that world does not know are hashed."""
     from .corpus import build_world
 
-    return clustered_order(ct.format, GeoBuckets.of_world(build_world(seed)).ad_masks(ct))
+    return GeoBuckets.of_world(build_world(seed))
+
+
+def world_rank(ct: CompiledTargeting, seed: int) -> np.ndarray:
+    """`clustered_order` of compiled ads, by `world_buckets(seed)`."""
+    return clustered_order(ct.format, world_buckets(seed).ad_masks(ct))
 
 
 def geo_rank(dataset) -> np.ndarray:
@@ -135,4 +158,5 @@ def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: i
     return out
 
 
-__all__ = ["ALL", "LAYOUTS", "GeoBuckets", "chunk_summaries", "clustered_order", "geo_rank", "hashed_bit", "world_rank"]
+__all__ = ["ALL", "LAYOUTS", "GeoBuckets", "chunk_summaries", "clustered_order", "geo_rank", "hashed_bit", "world_buckets",
+           "world_rank"]

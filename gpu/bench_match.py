@@ -27,6 +27,7 @@ import numpy as np
 from andromeda_nb.bench import copy_bandwidth as copy_rate
 from andromeda_nb.bench import log, package_version, repeat_timed, software, write_json
 from andromeda_nb.compiled import CompiledTargeting, encode_request, encode_requests
+from andromeda_nb.geo_layout import world_buckets
 from andromeda_nb.oracle import eligible
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb.tiling import BaseCorpus, load_or_generate_base, stride_of
@@ -108,14 +109,14 @@ class TiledSlotMap:
 
 def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int | None = None,
                       device: str = "auto", spare: float = 0.01, chunk_slots: int = CHUNK_SLOTS,
-                      first_copy: int = 0, rank: np.ndarray | None = None) -> GpuTargetingIndex:
+                      first_copy: int = 0, rank: np.ndarray | None = None, buckets=None) -> GpuTargetingIndex:
     """A GpuTargetingIndex over `copies` copies of the base ads, laid out exactly as
     `GpuTargetingIndex.from_compiled(tile_compiled(base_ct, copies))` would lay it out (slots grouped
     by format, copies in order inside a format), built from the base's programs by repetition.
     `first_copy`: the copies are numbered from it (ids base_id + (first_copy + k) * stride), so pools
     built with disjoint ranges of copies hold disjoint ads (the shards of a tiled pool). `rank` (one
     number per base ad, e.g. `andromeda_nb.geo_layout.clustered_order`): every copy holds its base ads
-    of a format in that order instead of the base's."""
+    of a format in that order instead of the base's. `buckets`: the index's `GeoBuckets` (default hashed)."""
     if copies < 1 or first_copy < 0:
         raise ValueError(f"a tiled pool needs at least one copy from copy 0 on, got {copies} from {first_copy}")
     index = GpuTargetingIndex(device=device, version=version)
@@ -124,7 +125,10 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
     stride = stride_of(base_ct)
     fmt = base_ct.format.astype(np.int64)
     slot_ids, chunk_fmt, used_parts = [], [], []
-    resid_parts, start_parts, len_parts, prog_parts, st_parts, en_parts = [], [], [], [], [], []
+    resid_parts, start_parts, len_parts, prog_parts, st_parts, en_parts, geo_parts = [], [], [], [], [], [], []
+    if buckets is not None:
+        index.geo = buckets
+    masks = index.geo.ad_masks(base_ct)
     base_slot0 = np.zeros(len(base_ct), np.int64)
     block_step = np.zeros(len(base_ct), np.int64)
     words = 0
@@ -150,6 +154,7 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
         start_parts.append((start[None, :] + (words + k * len(prog))[:, None]).ravel())
         len_parts.append(np.tile(length, copies))
         resid_parts.append(np.tile(resid_words(base_ct, rows), copies))
+        geo_parts.append(np.tile(masks[rows], copies))
         st_parts.append(np.tile(base_ct.start_time[rows], copies))
         en_parts.append(np.tile(base_ct.end_time[rows], copies))
         words += len(prog) * copies
@@ -162,7 +167,7 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
         slots._free.setdefault(int(slots.chunk_format[s // chunk_slots]), []).append(s)
     cat = np.concatenate
     index._install(slots, cat(used_parts), cat(resid_parts), cat(start_parts), cat(len_parts), cat(prog_parts),
-                   cat(st_parts), cat(en_parts), base_ct.circles)
+                   cat(st_parts), cat(en_parts), base_ct.circles, cat(geo_parts))
     return index
 
 
@@ -272,7 +277,7 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[Version], batch
     """Every version of `versions` (match `Version`s of the kernel lab) on a pool of `copies` copies of
     the base corpus: checked at full size first, then timed per batch size."""
     t0 = time.perf_counter()
-    index = build_tiled_index(base.compiled, copies, chunk_slots=chunk_slots)
+    index = build_tiled_index(base.compiled, copies, chunk_slots=chunk_slots, buckets=world_buckets(base.seed))
     cuda.synchronize()
     build_s = time.perf_counter() - t0
     n_ads = len(index)

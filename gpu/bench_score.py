@@ -455,7 +455,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     """`layout` 'geo': every copy holds its base ads of a format clustered by geography
     (`andromeda_nb.geo_layout`), a lower bound on what one order over a whole corpus of that size
     clusters, since each cluster is cut at every copy's end."""
-    from andromeda_nb.geo_layout import LAYOUTS, world_rank
+    from andromeda_nb.geo_layout import LAYOUTS, clustered_order, world_buckets
 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
@@ -472,7 +472,9 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     t0 = time.time()
     base = generate_base(base_ads, n_requests, seed, progress)
     copies = max(1, -(-pool // base_ads))
-    index = build_tiled_index(base.compiled, copies, rank=world_rank(base.compiled, seed) if layout == "geo" else None)
+    buckets = world_buckets(seed)
+    rank = clustered_order(base.compiled.format, buckets.ad_masks(base.compiled)) if layout == "geo" else None
+    index = build_tiled_index(base.compiled, copies, rank=rank, buckets=buckets)
     model = MoeModel.init(seed, D=dim)
     requests = [dataclasses.replace(r, signals=request_signals(r.request_id, seed, model.E, model.S))
                 for r in base.requests]

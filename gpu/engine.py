@@ -22,7 +22,7 @@ import numpy as np
 from andromeda_nb.compiled import encode_requests
 from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
-from andromeda_nb.geo_layout import LAYOUTS, geo_rank
+from andromeda_nb.geo_layout import LAYOUTS, clustered_order, world_buckets
 from andromeda_nb.model import user_sides
 from andromeda_nb.rows import RowMap
 from andromeda_nb.scoring import fold_tables_batch
@@ -35,7 +35,8 @@ class GpuEngine(EngineBase):
     """`device` 'gpu' or 'sim' ('auto': the GPU when usable, else `devices.NoKernelDevice`); `version`: the scoring
     kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped);
     `layout`: the slot order within each format, the corpus's ('format') or clustered by the places
-    the ads' geo clauses name ('geo', `andromeda_nb.geo_layout.geo_rank`)."""
+    the ads' geo clauses name ('geo', `andromeda_nb.geo_layout.clustered_order`). Either way the
+    match skips blocks by the bits of the world of the dataset's seed (`geo_layout.world_buckets`)."""
 
     layout = "format"  # engines built another way (gpu.tiled) lay slots out by format
 
@@ -48,10 +49,10 @@ class GpuEngine(EngineBase):
         from .index import GpuTargetingIndex
 
         self.layout = layout
-        rank = None
-        if layout == "geo":
-            rank = geo_rank(dataset)
-        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, rank=rank)  # no ad parsed
+        buckets = world_buckets(dataset.seed)  # the geographic bits of the match's block skip
+        rank = clustered_order(dataset.compiled.format, buckets.ad_masks(dataset.compiled)) if layout == "geo" else None
+        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, rank=rank,
+                                                     buckets=buckets)  # no ad parsed
         slots = self.index.slots
         values, scale = dataset.embeddings.values, dataset.embeddings.scale
         sv = np.zeros((slots.capacity, self.D), values.dtype)

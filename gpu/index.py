@@ -28,6 +28,14 @@ Python step per term or per circle. It is written straight into a pinned staging
 one asynchronous copy on the index's stream (`index.stream`), where the match kernel runs too; two
 sets of buffers are used in turn, so batch i + 1 can be prepared while the device still runs batch i.
 Launch shapes depend only on the capacity and the number of groups.
+
+Geography first (`andromeda_nb.geo_layout`): every ad has a 64-bit geographic mask (the bits of its geo
+clause's terms, every bit without one) and every block of SUMMARY_SLOTS (256) slots the OR of its ads'
+masks, kept on the device (`summary`); a request group's mask is the OR of the bits of the geo terms its
+requests hold. A block whose summary shares no bit with the group's mask holds no ad any of them can
+match, and the batched kernels skip it before reading a slot. The bits come from `index.geo` (a
+`GeoBuckets`: hashed term ids by default, a corpus world's hierarchy when given), exact for any bucket
+function; the skip pays where the slot order clusters ads by geography (`rank`, the geo layout).
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ from andromeda_nb.compiled import (
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.devices import notice, resolve
 from andromeda_nb.geo import haversine_km
+from andromeda_nb.geo_layout import ALL as GEO_ALL
+from andromeda_nb.geo_layout import GeoBuckets
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb import jitcache
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
@@ -147,6 +157,13 @@ class Vocabulary:
                 d = self._dense_of[t] = len(self._dense_of)
                 self._dirty = True
             out[i] = d
+        return out
+
+    def terms(self) -> np.ndarray:
+        """int64[V]: the term of every dense id."""
+        self._refresh()
+        out = np.empty(len(self._sorted), np.int64)
+        out[self._sorted_dense] = self._sorted
         return out
 
     def dense_bulk(self, terms: np.ndarray) -> np.ndarray:
@@ -339,6 +356,30 @@ def _layout(spec: dict) -> tuple[dict, int]:
     return layout, max(end, UPLOAD_ALIGN)
 
 
+NO_GEO_MASK = np.uint64(1 << 63)  # a group holding no geo term: one bit, which every ad without a geo clause has
+
+
+def group_masks(group_of_term: np.ndarray, dense: np.ndarray, geo_bits: np.ndarray | None, out: np.ndarray) -> None:
+    """out[g] = the OR of the geographic bits of the (known, dense) terms of group g's requests, given
+    each term's group; NO_GEO_MASK where that is 0; every bit without `geo_bits`."""
+    if geo_bits is None:
+        out[:] = GEO_ALL
+        return
+    out[:] = 0
+    bits = geo_bits[dense] if len(dense) else np.zeros(0, np.int8)
+    geo = bits >= 0
+    np.bitwise_or.at(out, group_of_term[geo], np.left_shift(np.uint64(1), bits[geo].astype(np.uint64)))
+    out[out == 0] = NO_GEO_MASK
+
+
+def block_summaries(masks: np.ndarray, block: int) -> np.ndarray:
+    """uint64[ceil(len(masks) / block)]: the OR of each block's masks (slot order)."""
+    n = -(-len(masks) // block)
+    padded = np.zeros(n * block, np.uint64)
+    padded[:len(masks)] = masks
+    return np.bitwise_or.reduce(padded.reshape(n, block), axis=1) if n else padded
+
+
 @dataclass
 class RequestBatch:
     """Device arrays of a batch of encoded requests, in the form the match kernels read (shapes in
@@ -350,9 +391,12 @@ class RequestBatch:
 
     @classmethod
     def build(cls, encoded: EncodedBatch | Sequence[EncodedRequest], vocab: "Vocabulary", cuda, group: int,
-              buffers: dict | None = None, circles: "CircleLookup | None" = None, stream=0) -> "RequestBatch":
+              buffers: dict | None = None, circles: "CircleLookup | None" = None, stream=0,
+              geo_bits: np.ndarray | None = None) -> "RequestBatch":
         """`group`: requests per group of the kernel (32 or 64), 0 for the per-request form of v1.
         `circles`: also the circle table of the table-reading kernels (`ctab`), decided on the host.
+        `geo_bits` (int8 per dense term id: its geographic bit, -1 for none): the groups' masks
+        (`gmask`) are made of them; without it every group's mask has every bit (no block skipped).
         Every array is written straight into one pinned staging buffer and sent with one host-to-device
         copy on `stream` (asynchronous on a real stream). `buffers`: staging and device buffers kept from
         an earlier batch, refilled in place when large enough and replaced otherwise, so a serving loop
@@ -367,7 +411,7 @@ class RequestBatch:
             groups = max(1, -(-n // group))
             spec = {"rtab": ((groups, max(1, len(vocab))), word), "ftab": ((groups, _ftab_words()), word),
                     "rtime": ((groups, group), np.int64), "rpos": ((groups, group, 2), np.float64),
-                    "nreq": ((groups,), np.int32)}
+                    "nreq": ((groups,), np.int32), "gmask": ((groups,), np.uint64)}
             if circles is not None:
                 spec["ctab"] = ((groups, max(1, circles.count)), np.uint64)
             host, send = _staging(spec, cuda, buffers if buffers is not None else {})
@@ -376,6 +420,7 @@ class RequestBatch:
                                  host["rtab"], host["ftab"], host["rtime"], host["rpos"], host["nreq"])
             if circles is not None:
                 circles.fill(batch.latitude, batch.longitude, group, host["ctab"])
+            group_masks(term_req[known] // group, dense[known], geo_bits, host["gmask"])
         else:
             ptr, rterms = _sorted_per_request(term_req, dense, known, n)
             spec = {"rscal": ((n, 6), np.int64), "rpos1": ((n, 2), np.float64), "rterm_ptr": ((n + 1,), np.int64),
@@ -551,6 +596,9 @@ class GpuTargetingIndex:
         self._outputs: dict = {}  # 'full' -> the kept output array, requests -> its first rows (kept_output)
         self.updates_applied = 0
         self.compactions = 0
+        self.geo = GeoBuckets()  # geographic bits of terms (hashed unless a hierarchy is given)
+        self._geo_bits = np.zeros(0, np.int8)  # per dense term id, extended as the vocabulary grows
+        self._summary_changed: set[int] = set()  # blocks whose summary the device does not hold yet
 
     # --- construction --------------------------------------------------------------------------------
     @property
@@ -563,28 +611,32 @@ class GpuTargetingIndex:
 
     @classmethod
     def build(cls, ads: Sequence[Ad], *, device: str = "auto", version=None,
-              spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS) -> "GpuTargetingIndex":
+              spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS, buckets: GeoBuckets | None = None
+              ) -> "GpuTargetingIndex":
         ads = list(ads)
         ids = [a.ad_id for a in ads]
         if len(set(ids)) != len(ids):
             raise ValueError("duplicate ad ids in the corpus")
         return cls.from_compiled(compile_ads(ads), device=device, version=version, spare=spare,
-                                 chunk_slots=chunk_slots)
+                                 chunk_slots=chunk_slots, buckets=buckets)
 
     @classmethod
     def from_compiled(cls, ct: CompiledTargeting, *, device: str = "auto", version=None,
                       spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS,
-                      rank: np.ndarray | None = None) -> "GpuTargetingIndex":
+                      rank: np.ndarray | None = None, buckets: GeoBuckets | None = None) -> "GpuTargetingIndex":
         """Build from compiled targeting (row i = one ad); slot order groups the ads by format, and
         within a format follows `rank` (one number per row, e.g. `andromeda_nb.geo_layout.clustered_order`)
         when given, else the rows' order.
         `spare`: fraction of free slots kept per format for inserts; `chunk_slots` (a multiple of
-        32): slots per format chunk (smaller than CHUNK_SLOTS only for tiny simulator pools)."""
+        32): slots per format chunk (smaller than CHUNK_SLOTS only for tiny simulator pools);
+        `buckets`: the geographic bits of terms (default hashed; see the module's "Geography first")."""
         if chunk_slots % 32:
             raise ValueError(f"chunk_slots must be a multiple of 32, got {chunk_slots}")
         if len(np.unique(ct.ad_id)) != len(ct):
             raise ValueError("duplicate ad ids in the corpus")
         index = cls(device=device, version=version)
+        if buckets is not None:
+            index.geo = buckets
         slots = SlotAllocator.from_ads(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare, rank=rank)
         index.vocab = Vocabulary(ct.terms)
         dense_terms = index.vocab.dense_bulk(ct.terms)
@@ -593,12 +645,12 @@ class GpuTargetingIndex:
         rows = by_id[np.searchsorted(ct.ad_id, slots.slot_ad_id[used], sorter=by_id)].astype(np.int64)
         prog, start, length = clause_programs(ct, rows, dense_terms)
         index._install(slots, used, resid_words(ct, rows), start, length, prog,
-                       ct.start_time[rows], ct.end_time[rows], ct.circles)
+                       ct.start_time[rows], ct.end_time[rows], ct.circles, index.geo.ad_masks(ct)[rows])
         return index
 
     def _install(self, slots: SlotAllocator, used: np.ndarray, resid: np.ndarray, start: np.ndarray,
                  length: np.ndarray, prog: np.ndarray, start_time: np.ndarray, end_time: np.ndarray,
-                 circles: np.ndarray) -> None:
+                 circles: np.ndarray, geo_masks: np.ndarray) -> None:
         """Upload a complete layout: `used` slots get the given per-ad values (in the same order)."""
         cap = slots.capacity
         self.slots = slots
@@ -612,7 +664,11 @@ class GpuTargetingIndex:
         self.len_h[used] = length
         self.sched_h[used, 0] = start_time
         self.sched_h[used, 1] = end_time
+        self.geo_h = np.zeros(cap, np.uint64)
+        self.geo_h[used] = geo_masks
+        self.summary_h = block_summaries(self.geo_h, self._k.SUMMARY_SLOTS)
         cuda = self._cuda
+        self.d_summary = cuda.to_device(np.concatenate([self.summary_h, np.zeros(1, np.uint64)]))
         self.d_resid = cuda.to_device(self.resid_h)
         self.d_ptr = cuda.to_device(self.ptr_h)
         self.d_sched = cuda.to_device(self.sched_h)
@@ -640,7 +696,7 @@ class GpuTargetingIndex:
     def device_bytes(self) -> int:
         """Bytes of device memory the index holds (columns, programs and custom locations, including
         the spare room kept for updates)."""
-        arrays = (self.d_resid, self.d_ptr, self.d_sched, self.d_prog, self.d_circles)
+        arrays = (self.d_resid, self.d_ptr, self.d_sched, self.d_prog, self.d_circles, self.d_summary)
         return int(sum(a.size * a.dtype.itemsize for a in arrays))
 
     def live_bytes(self) -> dict:
@@ -652,11 +708,13 @@ class GpuTargetingIndex:
             "sched": cap * 16,
             "programs": (self.prog_used - self.prog_garbage) * 4,
             "circles": self.circles_used * 24,
+            "summary": len(self.summary_h) * 8,
         }
 
     def _index_arrays(self):
         cap = self.capacity
-        return (self.d_resid[:cap], self.d_ptr[:cap], self.d_prog, self.d_sched[:cap], self.d_circles)
+        return (self.d_resid[:cap], self.d_ptr[:cap], self.d_prog, self.d_sched[:cap], self.d_circles,
+                self.d_summary[:len(self.summary_h)])
 
     # --- matching ------------------------------------------------------------------------------------
     def prepare(self, encoded: EncodedBatch | Sequence[EncodedRequest], version=None, *,
@@ -672,7 +730,15 @@ class GpuTargetingIndex:
             buffers = self._request_buffers[self._next_buffers]
             self._next_buffers ^= 1
         circles = self._circles() if recipe.circle_table else None
-        return RequestBatch.build(encoded, self.vocab, self._cuda, recipe.group, buffers, circles, self.stream)
+        return RequestBatch.build(encoded, self.vocab, self._cuda, recipe.group, buffers, circles, self.stream,
+                                  self.geo_bits())
+
+    def geo_bits(self) -> np.ndarray:
+        """int8 per dense term id of the vocabulary: its geographic bit (`index.geo`), -1 for none."""
+        if len(self._geo_bits) < len(self.vocab):
+            new = self.vocab.terms()[len(self._geo_bits):]
+            self._geo_bits = np.concatenate([self._geo_bits, self.geo.term_bits(new)])
+        return self._geo_bits
 
     def _circles(self) -> CircleLookup:
         if self._circle_lookup is None:
@@ -778,6 +844,7 @@ class GpuTargetingIndex:
                 self.ptr_h[slot] = word_end
                 self.len_h[slot] = length[0]
                 self.sched_h[slot] = (ct.start_time[0], ct.end_time[0])
+                self._set_geo(slot, self.geo.ad_masks(ct)[0])
                 word_end += len(prog)
                 circle_end += len(ct.circles)
                 changed.add(slot)
@@ -804,7 +871,14 @@ class GpuTargetingIndex:
         self.len_h[slot] = 0
         self.ptr_h[slot] = 0
         self.sched_h[slot] = (NULL_START, NULL_END)
+        self.geo_h[slot] = 0  # the block's summary keeps the bits: a superset stays exact
         return slot
+
+    def _set_geo(self, slot: int, mask) -> None:
+        self.geo_h[slot] = mask
+        block = slot // self._k.SUMMARY_SLOTS
+        self.summary_h[block] |= np.uint64(mask)
+        self._summary_changed.add(block)
 
     def _grow_host(self, cap: int) -> None:
         extra = cap - len(self.resid_h)
@@ -816,6 +890,9 @@ class GpuTargetingIndex:
         room = np.empty((extra, 2), np.int64)
         room[:, 0], room[:, 1] = NULL_START, NULL_END
         self.sched_h = np.concatenate([self.sched_h, room])
+        self.geo_h = np.concatenate([self.geo_h, np.zeros(extra, np.uint64)])
+        blocks = -(-cap // self._k.SUMMARY_SLOTS)
+        self.summary_h = np.concatenate([self.summary_h, np.zeros(blocks - len(self.summary_h), np.uint64)])
 
     def _device_room(self, d_arr, needed: int, fill_host: np.ndarray | None = None):
         """`d_arr` if it has `needed` rows, else a device array with twice the rows holding its data
@@ -856,6 +933,12 @@ class GpuTargetingIndex:
             self.circles_h = np.concatenate([self.circles_h, np.asarray(circles, np.float64)])
             self._circle_lookup = None
             self.circles_used = end
+        if len(self.summary_h) > self.d_summary.shape[0]:
+            self.d_summary = self._device_room(self.d_summary, len(self.summary_h), self.summary_h)
+        if self._summary_changed:  # one copy of the span of changed blocks (8 bytes per 256 slots)
+            lo, hi = min(self._summary_changed), max(self._summary_changed) + 1
+            self.d_summary[lo:hi].copy_to_device(self.summary_h[lo:hi])
+            self._summary_changed.clear()
         if changed:
             s = np.asarray(changed, np.int64)
             self._k.launch_scatter(cuda.to_device(s), cuda.to_device(self.resid_h[s]), cuda.to_device(self.ptr_h[s]),

@@ -16,9 +16,14 @@ from . import _compat  # noqa: F401
 
 def cuda():
     """The numba.cuda module, imported after the device choice. On a real device the project's
-    compile-cache locator is installed for CUDA kernels too (andromeda_nb.jitcache)."""
+    compile-cache locator is installed for CUDA kernels too (andromeda_nb.jitcache); under the
+    simulator, `gpu.simulator`'s repairs are."""
     module = importlib.import_module("numba.cuda")
-    if not simulator_enabled():
+    if simulator_enabled():
+        from . import simulator
+
+        simulator.install()  # one shared array per block, and fresh memory full of garbage
+    else:
         from andromeda_nb import jitcache
 
         jitcache.install(cuda=True)

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from andromeda_nb.devices import resolve
+from andromeda_nb.geo_layout import world_buckets
 from andromeda_nb.model import MoeModel
 from andromeda_nb.types import Request
 
@@ -112,7 +113,8 @@ class TiledEngine(GpuEngine):
         self.pool = pool
         self.model, self.seed, self.precision = pool.model, pool.seed, pool.precision
         self.E, self.D, self.F, self.top_e = self.model.E, self.model.D, self.model.F, self.model.top_k
-        self.index = build_tiled_index(pool.base.compiled, pool.copies, first_copy=pool.first_copy, device=self.device)
+        self.index = build_tiled_index(pool.base.compiled, pool.copies, first_copy=pool.first_copy, device=self.device,
+                                       buckets=world_buckets(pool.seed))
         self.xp = _array_module(self.device)
         # a fresh draw for every slot, its own seed per range of copies (so shards differ)
         self.stored, self.scorer = slot_pool(self.xp, self.index.slots, self.model, pool.precision,

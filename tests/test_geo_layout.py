@@ -165,3 +165,82 @@ def test_a_rank_of_the_wrong_length_is_refused():
         SlotAllocator.from_ads([1, 2, 3], [0, 0, 1], rank=np.array([0, 1]))
     alloc = SlotAllocator.from_ads([1, 2, 3], [0, 0, 1], chunk_slots=32, rank=np.array([5, 4, 0]))
     assert alloc.slot_of(2) == 0 and alloc.slot_of(1) == 1 and alloc.slot_of(3) == 32
+
+
+# --- the match skips blocks by geography (gpu.index, gpu.kernels.match) --------------------------------
+
+
+def _device():
+    import os
+
+    return "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
+
+
+def test_the_match_skips_blocks_no_request_of_the_group_can_match_and_reads_the_summary_to_do_so():
+    from andromeda_nb.compiled import encode_request
+    from gpu.index import GpuTargetingIndex
+
+    ct, requests, eligible = corpus()
+    buckets = buckets_of("world")
+    rank = clustered_order(ct.format, buckets.ad_masks(ct))
+    index = GpuTargetingIndex.from_compiled(ct, device=_device(), chunk_slots=CHUNK, rank=rank, buckets=buckets)
+    block = index._k.SUMMARY_SLOTS
+    slot_of_row = np.asarray([index.slots.slot_of(int(a)) for a in ct.ad_id], np.int64)
+    skipped_any = 0
+    for r in range(6):
+        gmask = index.prepare([encode_request(requests[r])]).arrays["gmask"].copy_to_host()[0]
+        skip = (index.summary_h & gmask) == 0
+        # exact: no ad eligible for the request lies in a block its group skips
+        assert not skip[slot_of_row[eligible[r]] // block].any(), f"seed {SEED} request {r}: a skipped block holds an eligible ad"
+        skipped_any += int(skip.sum())
+    assert skipped_any > 0, "the clustered layout gave no block to skip"
+    # the answers are the CPU index's, request by request
+    words = index.match_slots([encode_request(q) for q in requests]).copy_to_host()
+    got = index.slot_masks_to_ids(words)
+    for r, rows in enumerate(eligible):
+        assert got[r].tolist() == sorted(ct.ad_id[rows].tolist()), f"seed {SEED} request {r}"
+    # the kernel reads the summary: a block whose summary says "no ad here" is not read, so clearing the
+    # summary of a block that holds eligible ads leaves its words 0 and every other word as it was
+    r = next(r for r, rows in enumerate(eligible) if len(rows))
+    b = int(slot_of_row[eligible[r][0]] // block)
+    index.d_summary[b:b + 1].copy_to_device(np.zeros(1, np.uint64))
+    cleared = index.match_slots([encode_request(q) for q in requests]).copy_to_host()
+    lo, hi = b * block // 32, (b + 1) * block // 32
+    assert not cleared[:, lo:hi].any() and words[:, lo:hi].any()
+    assert np.array_equal(np.delete(cleared, np.s_[lo:hi], axis=1), np.delete(words, np.s_[lo:hi], axis=1))
+
+
+def test_a_request_with_no_country_matches_ads_of_every_bit_and_upserts_widen_the_summary():
+    from andromeda_nb.compiled import encode_requests
+    from andromeda_nb.oracle import OracleIndex
+    from andromeda_nb.targeting import parse_ad, parse_request
+    from andromeda_nb.types import Upsert
+    from gpu.index import GpuTargetingIndex
+
+    def ad(ad_id, targeting):
+        return parse_ad({"ad_id": ad_id, "format": 0, "targeting": targeting}, seed=0, dim=4, formats=1)
+
+    def request(rid, **user):
+        return parse_request({"request_id": rid, "user": {"age": 30, **user},
+                              "context": {"publisher_platform": "facebook", "device_platform": "mobile",
+                                          "user_os": "iOS", "time": 0}}, seed=0, experts=6, width=16)
+
+    ads = [ad(i, {"geo_locations": {"countries": ["US"]}}) for i in range(1, 40)] + [ad(40, {"geo_locations": {"custom_locations": [
+        {"latitude": 0.0, "longitude": 0.0, "radius": 50, "distance_unit": "kilometer"}]}})]  # every bit
+    near = {"latitude": 0.1, "longitude": 0.1}
+    requests = [request(1, **near), request(2, country="FR", **near), request(3, country="US", **near)]
+    index = GpuTargetingIndex.build(ads, device=_device(), chunk_slots=CHUNK)  # hashed bits: one block of 64 slots
+    # each request alone is a group of its own: the one with no country holds no geo term at all
+    assert [index.match([q])[0].tolist() for q in requests] == [[40], [40], list(range(1, 41))]
+    # a block of ads for the US alone: France shares no bit with it, until an ad for France lands there
+    us = ads[:39]
+    index = GpuTargetingIndex.build(us, device=_device(), chunk_slots=CHUNK)
+    gmask = index.prepare(encode_requests(requests[1:2])).arrays["gmask"].copy_to_host()[0]
+    assert int(index.summary_h[0] & gmask) == 0, "the block of US ads shares a bit with a request from France"
+    assert [m.tolist() for m in index.match(requests[1:])] == [[], list(range(1, 40))]
+    fr = ad(41, {"geo_locations": {"countries": ["FR"]}})
+    index.apply(Upsert(fr))
+    gmask = index.prepare(encode_requests(requests[1:2])).arrays["gmask"].copy_to_host()[0]  # France is a known term now
+    assert int(index.summary_h[0] & gmask) != 0 and int(index.d_summary.copy_to_host()[0]) == int(index.summary_h[0])
+    want = OracleIndex.build(us + [fr]).match(requests)
+    assert [m.tolist() for m in index.match(requests)] == [m.tolist() for m in want] == [[], [41], list(range(1, 40))]

@@ -45,6 +45,11 @@ Per-slot columns (capacity = number of slots, a multiple of 32; CHUNK_SLOTS in p
 Shared by all slots:
     prog       uint32[P]         clause programs (format below)
     circles    float64[Q, 3]     custom locations: latitude, longitude (degrees), radius (km)
+Per block of SUMMARY_SLOTS slots (the batched kernels):
+    summary    uint64[ceil(capacity / SUMMARY_SLOTS)]  the OR of its ads' geographic masks
+                                 (`andromeda_nb.geo_layout`: a geo clause's bits, every bit for an ad
+                                 without one); 0 when it holds no ad. A superset is exact (a retired
+                                 ad's bits may stay until the slots are rewritten).
 
 Clause program of one ad: word 0 = number of clauses; then per clause a header word
 `n_terms | CIRCLES_BIT (if it has custom locations) | NEGATIVE_BIT (the one negative clause)`, two
@@ -64,6 +69,9 @@ request r of the call is bit r % R of group r // R; masks are uint32 for R = 32,
                                  custom location q (Q' = max(1, Q)); they leave rpos unread (the
                                  lab's v2 to v6 read rpos and `circles` instead)
     nreq       int32[G]          requests in the group (1..R)
+    gmask      uint64[G]         the OR of the group's geographic masks (the bits of the geo terms its
+                                 requests hold that some ad uses; never 0, since every ad without a
+                                 geo clause must meet it): a block with summary & gmask == 0 is skipped
 Per-request inputs, the lab's v1:
     rscal      int64[B, 6]       age, gender, publisher, device, os, time
     rpos1      float64[B, 2]     latitude, longitude
@@ -90,6 +98,7 @@ from . import warp  # noqa: E402
 
 # --- launch configuration ----------------------------------------------------------------------------
 THREADS_PER_BLOCK = 256  # = slots.CHUNK_SLOTS: one block covers one chunk, so one format
+SUMMARY_SLOTS = THREADS_PER_BLOCK  # slots per entry of the geographic summary: one block's
 WIDE_GROUP = 64  # requests per group of the shipped kernels (bits of a 64-bit mask)
 TERM_UNROLL = 4  # independent table loads per step of the wide term loop
 
@@ -226,12 +235,15 @@ write_rows = None  # device fn: transpose a warp's masks and write the group's o
 transpose = None  # device fn: the 32x32 bit transpose write_rows uses
 
 
-def _batched_template(resid, prog_ptr, prog, sched, places, rtab, ftab, rtime, rpos, nreq, out):
+def _batched_template(resid, prog_ptr, prog, sched, places, summary, rtab, ftab, rtime, rpos, nreq, gmask, out):
     """One thread per slot, one group of requests per grid row (blockIdx.y); `places` is the
-    custom-location table the group's `slot_mask` reads (circles, or the host's circle table). The
+    custom-location table the group's `slot_mask` reads (circles, or the host's circle table). A block
+    whose slots' geographic summary shares no bit with the group's mask (`summary`, `gmask`) holds no
+    ad any request of the group can match on geography: it reads no slot and writes zero words. The
     bounds guard masks instead of returning, because every thread of the block must reach the
     barriers."""
-    slot = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    first = cuda.blockIdx.x * cuda.blockDim.x
+    slot = first + cuda.threadIdx.x
     in_range = slot < resid.shape[0]
     g = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -241,8 +253,9 @@ def _batched_template(resid, prog_ptr, prog, sched, places, rtab, ftab, rtime, r
     lon = cuda.shared.array(group_positions, float64)
     load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
     n = nreq[g]
+    live = (summary[first // SUMMARY_SLOTS] & gmask[g]) != 0
     x = int64(0)
-    if in_range:
+    if in_range and live:
         x = slot_mask(slot, resid, prog_ptr, prog, sched, places, rtab, g, ft, tm, lat, lon, n)
     write_rows(x, tid, slot, g, n, in_range, out)
 
@@ -310,7 +323,7 @@ class MatchKernel:
         threads, blocks_x = block_shape(ix[0].shape[0])
         places = rq["ctab"] if self.circle_table else ix[4]
         self.kernel[(blocks_x, rq["nreq"].shape[0]), threads, stream](
-            *ix[:4], places, rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], out)
+            *ix[:4], places, ix[5], rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], rq["gmask"], out)
 
 
 def batched_kernel(name: str, group: RequestGroup, transpose_kind: str, max_registers: int | None = None
@@ -435,7 +448,7 @@ def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
 
 # --- launchers ---------------------------------------------------------------------------------------
 def launch(version: Version, ix, rq, out, stream=0) -> None:
-    """Run match kernel `version` on index arrays `ix` (resid, prog_ptr, prog, sched, circles) and
+    """Run match kernel `version` on index arrays `ix` (resid, prog_ptr, prog, sched, circles, summary) and
     request arrays `rq` (a dict made by gpu.index.RequestBatch) into `out` (uint32[B, capacity // 32]),
     on `stream`. The launch shape depends only on the capacity (`block_shape`) and the number of groups."""
     if ix[0].shape[0] == 0 or out.shape[0] == 0:
@@ -469,8 +482,8 @@ def kernel_signatures():
     from numba import types as T
 
     ix = index_signature()
-    table = ix[:4] + (T.uint64[:, ::1], T.uint64[:, ::1], T.uint64[:, ::1], T.int64[:, ::1], T.float64[:, :, ::1],
-                      T.int32[::1], T.uint32[:, ::1])
+    table = ix[:4] + (T.uint64[:, ::1], T.uint64[::1], T.uint64[:, ::1], T.uint64[:, ::1], T.int64[:, ::1],
+                      T.float64[:, :, ::1], T.int32[::1], T.uint64[::1], T.uint32[:, ::1])
     u32, i64 = T.uint32, T.int64
     return [
         ("match_v7", match_v7.py_func, table),
@@ -482,7 +495,8 @@ def kernel_signatures():
 
 
 def index_signature() -> tuple:
-    """Argument types of the index arrays (resid, prog_ptr, prog, sched, circles)."""
+    """Argument types of the index arrays (resid, prog_ptr, prog, sched, circles); the batched kernels
+    take the geographic summary (uint64[::1]) after them."""
     from numba import types as T
 
     return (T.uint32[::1], T.int64[::1], T.uint32[::1], T.int64[:, ::1], T.float64[:, ::1])

@@ -144,7 +144,7 @@ class NaiveKernel:
     def launch(self, ix, rq, out, stream=0) -> None:
         threads, blocks_x = block_shape(ix[0].shape[0])
         out[:] = 0  # ordered before the launch: the default stream waits for the index's stream and back
-        self.kernel[(blocks_x, out.shape[0]), threads, stream](*ix, rq["rscal"], rq["rpos1"], rq["rterm_ptr"],
+        self.kernel[(blocks_x, out.shape[0]), threads, stream](*ix[:5], rq["rscal"], rq["rpos1"], rq["rterm_ptr"],
                                                                rq["rterms"], out)
 
 
@@ -314,9 +314,9 @@ def kernel_signatures():
 
     ix = index_signature()
     u32, u64, i64, f64, i32 = T.uint32, T.uint64, T.int64, T.float64, T.int32
-    requests = (i64[:, ::1], f64[:, :, ::1], i32[::1], u32[:, ::1])  # rtime, rpos, nreq, out
-    narrow = ix + (u32[:, ::1], u32[:, ::1]) + requests
-    wide = ix + (u64[:, ::1], u64[:, ::1]) + requests
+    requests = (i64[:, ::1], f64[:, :, ::1], i32[::1], u64[::1], u32[:, ::1])  # rtime, rpos, nreq, gmask, out
+    narrow = ix + (u64[::1], u32[:, ::1], u32[:, ::1]) + requests  # summary, rtab, ftab
+    wide = ix + (u64[::1], u64[:, ::1], u64[:, ::1]) + requests
     naive = ix + (i64[:, ::1], f64[:, ::1], i64[::1], u32[::1], u32[:, ::1])
     product = {name: (fn, sig) for name, fn, sig in shipped_signatures()}
     return [

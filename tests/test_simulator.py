@@ -1,0 +1,76 @@
+"""The simulator's repairs (`gpu.simulator`): one shared array per block however its threads race to
+make it, and fresh memory that reads as garbage, not zeros."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from gpu import runtime
+
+cuda = runtime.cuda()
+
+pytestmark = pytest.mark.skipif(not runtime.simulator_enabled(), reason="repairs to the CUDA simulator")
+
+
+def test_threads_racing_to_a_shared_array_all_get_the_same_one():
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as Python lets them: the race at its widest
+    try:
+        for _ in range(100):
+            shared = FakeCUDAShared(0)
+            start = threading.Barrier(32)
+            got = [None] * 32
+
+            def thread(t, shared=shared, start=start, got=got):
+                start.wait()
+                got[t] = shared.array(256, np.uint32)  # every thread at this one line, as a kernel's do
+
+            threads = [threading.Thread(target=thread, args=(t,)) for t in range(32)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            assert all(a is got[0] for a in got), f"{len({id(a) for a in got})} arrays for one line of one block"
+            other = shared.array(256, np.uint32)  # another line: another array
+            assert other is not got[0]
+    finally:
+        sys.setswitchinterval(old)
+
+
+def test_fresh_device_pinned_and_local_memory_is_garbage_and_written_memory_is_kept():
+    if os.environ.get("ANDROMEDA_SIM_POISON") == "0":
+        pytest.skip("ANDROMEDA_SIM_POISON=0")
+    d = cuda.device_array(4096, np.uint32).copy_to_host()
+    p = cuda.pinned_array((64, 64), np.int32)
+    like = cuda.device_array_like(np.ones(4096, np.float32)).copy_to_host()
+    for name, a in (("device", d), ("pinned", p), ("device_like", like)):
+        assert np.count_nonzero(a) > a.size // 2, f"{name} memory starts mostly zero"
+    assert len(np.unique(d)) > 1000  # not one pattern repeated: garbage
+    data = np.arange(100, dtype=np.int64)
+    assert np.array_equal(cuda.to_device(data).copy_to_host(), data)  # arrays made from data are that data
+
+
+def test_a_kernel_reading_shared_memory_it_never_wrote_sees_garbage():
+    if os.environ.get("ANDROMEDA_SIM_POISON") == "0":
+        pytest.skip("ANDROMEDA_SIM_POISON=0")
+
+    @cuda.jit
+    def unwritten(out):
+        buf = cuda.shared.array(64, np.uint32)
+        local = cuda.local.array(4, np.uint32)
+        t = cuda.threadIdx.x
+        cuda.syncthreads()
+        out[0, t] = buf[t]
+        out[1, t] = local[t % 4]
+
+    out = cuda.to_device(np.zeros((2, 64), np.uint32))
+    unwritten[1, 64](out)
+    host = out.copy_to_host()
+    assert np.count_nonzero(host[0]) > 48 and np.count_nonzero(host[1]) > 48, host
