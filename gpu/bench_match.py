@@ -115,8 +115,10 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
     by format, copies in order inside a format), built from the base's programs by repetition.
     `first_copy`: the copies are numbered from it (ids base_id + (first_copy + k) * stride), so pools
     built with disjoint ranges of copies hold disjoint ads (the shards of a tiled pool). `rank` (one
-    number per base ad, e.g. `andromeda_nb.geo_layout.clustered_order`): every copy holds its base ads
-    of a format in that order instead of the base's. `buckets`: the index's `GeoBuckets` (default hashed)."""
+    number per base ad, e.g. `andromeda_nb.geo_layout.clustered_order`): a format's slots hold its base
+    ads in that order, each base ad's copies side by side: the order that one sort by rank over the
+    whole tiled corpus gives (ties by copy), so a cluster spans every copy, as it would in a corpus of
+    that size. `buckets`: the index's `GeoBuckets` (default hashed)."""
     if copies < 1 or first_copy < 0:
         raise ValueError(f"a tiled pool needs at least one copy from copy 0 on, got {copies} from {first_copy}")
     index = GpuTargetingIndex(device=device, version=version)
@@ -139,24 +141,28 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
             rows = rows[np.argsort(np.asarray(rank)[rows], kind="stable")]
         n_f = len(rows) * copies
         n_chunks = -(-int(n_f * (1.0 + spare)) // chunk_slots)
-        ids = (base_ct.ad_id[rows][None, :] + (np.arange(first_copy, first_copy + copies, dtype=np.int64)
-                                               * stride)[:, None]).ravel()
+        ranked = rank is not None
+        # (copies, rows): copy k of base row i; laid out copy after copy, or (ranked) row after row
+        lay = (lambda m: m.T.ravel()) if ranked else (lambda m: m.ravel())
+        rep = (lambda v: np.repeat(v, copies)) if ranked else (lambda v: np.tile(v, copies))
+        ids = lay(base_ct.ad_id[rows][None, :] + (np.arange(first_copy, first_copy + copies, dtype=np.int64)
+                                                  * stride)[:, None])
         block = np.full(n_chunks * chunk_slots, EMPTY, np.int64)
         block[:n_f] = ids
         slot_ids.append(block)
         chunk_fmt += [int(f)] * n_chunks
         used_parts.append(cap + np.arange(n_f, dtype=np.int64))
-        base_slot0[rows] = cap + np.arange(len(rows))
-        block_step[rows] = len(rows)
+        base_slot0[rows] = cap + np.arange(len(rows)) * (copies if ranked else 1)
+        block_step[rows] = 1 if ranked else len(rows)
         prog, start, length = clause_programs(base_ct, rows, dense)
         k = np.arange(copies, dtype=np.int64)
         prog_parts.append(np.tile(prog, copies))
-        start_parts.append((start[None, :] + (words + k * len(prog))[:, None]).ravel())
-        len_parts.append(np.tile(length, copies))
-        resid_parts.append(np.tile(resid_words(base_ct, rows), copies))
-        geo_parts.append(np.tile(masks[rows], copies))
-        st_parts.append(np.tile(base_ct.start_time[rows], copies))
-        en_parts.append(np.tile(base_ct.end_time[rows], copies))
+        start_parts.append(lay(start[None, :] + (words + k * len(prog))[:, None]))
+        len_parts.append(rep(length))
+        resid_parts.append(rep(resid_words(base_ct, rows)))
+        geo_parts.append(rep(masks[rows]))
+        st_parts.append(rep(base_ct.start_time[rows]))
+        en_parts.append(rep(base_ct.end_time[rows]))
         words += len(prog) * copies
         cap += len(block)
     slots = SlotAllocator(chunk_slots)

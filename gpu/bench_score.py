@@ -448,6 +448,15 @@ def score_table(result) -> str:
 # --- bench pipeline ----------------------------------------------------------------------------------
 
 
+def geo_skips(index, requests, groups=(1, 64)) -> dict:
+    """The fraction of the match's blocks skipped by their geographic summary (`GpuTargetingIndex.
+    skipped_blocks`), over the requests taken `g` at a time for each g of `groups`."""
+    from andromeda_nb.compiled import encode_requests
+
+    encoded = encode_requests(requests)
+    return {str(g): round(float(index.skipped_blocks(encoded, g).mean()), 4) for g in groups if g <= len(requests)}
+
+
 def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
                    score_version: int | None = None, seed: int = 0, layout: str = "format",
@@ -482,6 +491,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     S = slots.capacity
     index_s = time.time() - t0
     log(progress, f"pipeline pool: {len(index):,} ads in {S:,} slots, built in {index_s:.1f} s")
+    skipped = geo_skips(index, requests)
     from .lab import score as lab
 
     if score_version is not None and score_version not in lab.VERSIONS:
@@ -490,7 +500,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                           version=None if score_version is None else lab.VERSIONS[score_version])
     result = {"env": environment(cuda), "pool_ads": len(index), "slots": S, "precision": precision, "D": dim, "k": k,
               "score_version": fs.version, "match_version": index.version, "arithmetic": "float32 (default mode)",
-              "layout": layout}
+              "layout": layout, "geo_blocks_skipped": skipped}
 
     def tables(batch_reqs):  # the user side of a batch, as the GPU engine computes it
         return fold_tables_batch(*user_sides(model, batch_reqs))

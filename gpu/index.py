@@ -733,6 +733,16 @@ class GpuTargetingIndex:
         return RequestBatch.build(encoded, self.vocab, self._cuda, recipe.group, buffers, circles, self.stream,
                                   self.geo_bits())
 
+    def skipped_blocks(self, encoded: EncodedBatch | Sequence[EncodedRequest], group: int = 1) -> np.ndarray:
+        """bool[G, blocks]: the blocks of SUMMARY_SLOTS slots the batched kernels skip for each group of
+        `group` requests of the batch (the host's view of the same masks: nothing launched)."""
+        batch = EncodedBatch.of(encoded)
+        term_req = np.repeat(np.arange(len(batch), dtype=np.int64), np.diff(batch.term_ptr))
+        dense, known = self.vocab.lookup_flat(batch.terms)
+        masks = np.empty(max(1, -(-len(batch) // group)), np.uint64)
+        group_masks(term_req[known] // group, dense[known], self.geo_bits(), masks)
+        return (self.summary_h[None, :] & masks[:, None]) == 0
+
     def geo_bits(self) -> np.ndarray:
         """int8 per dense term id of the vocabulary: its geographic bit (`index.geo`), -1 for none."""
         if len(self._geo_bits) < len(self.vocab):

@@ -190,6 +190,7 @@ def test_the_match_skips_blocks_no_request_of_the_group_can_match_and_reads_the_
     for r in range(6):
         gmask = index.prepare([encode_request(requests[r])]).arrays["gmask"].copy_to_host()[0]
         skip = (index.summary_h & gmask) == 0
+        assert np.array_equal(skip, index.skipped_blocks([encode_request(requests[r])])[0])
         # exact: no ad eligible for the request lies in a block its group skips
         assert not skip[slot_of_row[eligible[r]] // block].any(), f"seed {SEED} request {r}: a skipped block holds an eligible ad"
         skipped_any += int(skip.sum())

@@ -465,6 +465,7 @@ def test_tiled_index_equals_index_of_tiled_corpus():
 
 
 def test_a_tiled_index_in_a_ranked_order_answers_as_the_plain_one_by_ad_id():
+    from andromeda_nb.tiling import stride_of
     from gpu.bench_match import build_tiled_index
 
     rng = np.random.default_rng(62)
@@ -477,13 +478,15 @@ def test_a_tiled_index_in_a_ranked_order_answers_as_the_plain_one_by_ad_id():
     ranked = build_tiled_index(ct, 3, version=version, chunk_slots=CHUNK, rank=rank)
     ids = ranked.slots.slot_ad_id
     assert not np.array_equal(ids, plain.slots.slot_ad_id)
-    # every copy holds its format's base ads in rank order
+    # a format's slots hold its base ads in rank order, each base ad's three copies side by side
     row_of = {int(a): i for i, a in enumerate(ct.ad_id)}
+    stride = stride_of(ct)
     for f in (0, 1):
         n_f = int((ct.format == f).sum())
         first = int(np.flatnonzero(ranked.slots.slot_format() == f)[0])
-        copy0 = ids[first:first + n_f]
-        assert np.all(np.diff(rank[[row_of[int(a)] for a in copy0]]) > 0)
+        held = ids[first:first + 3 * n_f].reshape(n_f, 3)
+        assert (held // stride == np.arange(3)).all() and (held % stride == held[:, :1]).all()
+        assert np.all(np.diff(rank[[row_of[int(a)] for a in held[:, 0]]]) > 0)
     a, b = ranked.match(requests), plain.match(requests)
     assert any(len(x) for x in a) and all(np.array_equal(x, y) for x, y in zip(a, b))
     for ad_id in ids[ids >= 0].tolist():
