@@ -5,8 +5,9 @@ world's geographic bits) in both slot layouts, the corpus's order ('format') and
 ('geo'), on the host (the simulator's arrays: no kernel runs), and reports for requests taken one at a
 time and in groups of 64: the share of the match's blocks (256 slots) whose summary meets no bit of the
 group's mask (`GpuTargetingIndex.skipped_blocks`), and the share of the bytes a full scan reads (slot
-columns and clause programs, `live_bytes`) that lie in those blocks. Custom locations and the summary
-are left out of both. It says how much a kernel could save; only the device says what it does save.
+columns and clause programs, `live_bytes`) that lie in those blocks; and of the ads left to read, the
+share whose own mask meets no request of the group, with their bytes: what a per-slot test before the
+clause programs would leave unread on top. Custom locations and the summary are left out of all. It says how much a kernel could save; only the device says what it does save.
 
     PYTHONPATH=. python3 scripts/probe_geo_skip.py --pool 1000000 --out FILE
 """
@@ -27,6 +28,18 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # host arrays: nothing here launches a kernel
 
 from andromeda_nb.bench import log, software, write_json  # noqa: E402
+
+
+def _group_mask(index, encoded, group: int, g: int) -> int:
+    """The mask `prepare` gives group g of the batch taken `group` requests at a time."""
+    from gpu.index import group_masks
+
+    lo, hi = g * group, min(len(encoded), (g + 1) * group)
+    terms = encoded.terms[encoded.term_ptr[lo]:encoded.term_ptr[hi]]
+    dense, known = index.vocab.lookup_flat(terms)
+    out = np.zeros(1, np.uint64)
+    group_masks(np.zeros(int(known.sum()), np.int64), dense[known], index.geo_bits(), out)
+    return int(out[0])
 
 
 def probe(pool: int, base_ads: int, n_requests: int, seed: int, progress: bool = True) -> dict:
@@ -52,10 +65,23 @@ def probe(pool: int, base_ads: int, n_requests: int, seed: int, progress: bool =
         block_bytes = np.full(-(-cap // block), block * per_slot, np.float64)
         np.add.at(block_bytes, np.arange(cap) // block, index.len_h[:cap] * 4.0)
         row = {"slots": cap, "blocks": len(block_bytes), "build_s": round(time.time() - t0, 2)}
+        slot_bytes = per_slot + index.len_h[:cap] * 4.0
+        used = index.geo_h[:cap] != 0
         for g in (1, 64):
             skip = index.skipped_blocks(encoded, g)
+            # slots the block skip leaves to read whose own mask meets no request of the group: what a
+            # per-slot test before the clause programs would leave unread on top
+            extra_slots, extra_bytes = [], []
+            for gi in range(skip.shape[0]):
+                gm = np.uint64(_group_mask(index, encoded, g, gi))
+                read = np.repeat(~skip[gi], block)[:cap] & used
+                miss = read & ((index.geo_h[:cap] & gm) == 0)
+                extra_slots.append(miss.sum() / max(1, used.sum()))
+                extra_bytes.append(slot_bytes[miss].sum() / block_bytes.sum())
             row[f"group_{g}"] = {"blocks_skipped": round(float(skip.mean()), 4),
                                  "bytes_skipped": round(float((skip * block_bytes).sum(1).mean() / block_bytes.sum()), 4),
+                                 "ads_read_failing_slot_test": round(float(np.mean(extra_slots)), 4),
+                                 "bytes_a_slot_test_would_skip_more": round(float(np.mean(extra_bytes)), 4),
                                  "groups": int(skip.shape[0])}
         log(progress, f"{layout}: {row}")
         out["layouts"][layout] = row
