@@ -273,8 +273,9 @@ def copy_bandwidth(cuda, nbytes: int = 1 << 31) -> float:
 
 def host_prepare(index: GpuTargetingIndex, requests: Sequence[Request], version=None):
     """The host's share of one batch, as this benchmark counts it: the requests encoded and prepared
-    for kernel `version` (term lookup, group tables, circle table, upload)."""
-    return index.prepare(encode_requests(requests), version=version)
+    for kernel `version` (term lookup, group tables, circle table, upload) into the buffers the index
+    keeps, as a serving loop does (`prepare(..., reuse=True)`: valid until the second call after it)."""
+    return index.prepare(encode_requests(requests), version=version, reuse=True)
 
 
 def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[Version], batches: Sequence[int], cuda,

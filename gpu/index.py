@@ -40,7 +40,9 @@ function; the skip pays where the slot order clusters ads by geography (`rank`, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -347,12 +349,18 @@ def _sorted_per_request(term_req, dense, known, n):
 
 
 def _layout(spec: dict) -> tuple[dict, int]:
-    """name -> (byte offset, shape, dtype) of arrays packed at UPLOAD_ALIGN-byte boundaries, and the size."""
+    """name -> (byte offset, shape, dtype, bytes) of arrays packed at UPLOAD_ALIGN-byte boundaries, and
+    the size. Worked out once per distinct spec (a serving loop's batches mostly share a few)."""
+    return _layout_of(tuple((name, tuple(int(n) for n in shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()))
+
+
+@lru_cache(maxsize=256)
+def _layout_of(spec: tuple) -> tuple[dict, int]:
     layout, end = {}, 0
-    for name, (shape, dtype) in spec.items():
-        dtype = np.dtype(dtype)
-        layout[name] = (end, tuple(shape), dtype)
-        end += -(-int(np.prod(shape)) * dtype.itemsize // UPLOAD_ALIGN) * UPLOAD_ALIGN
+    for name, shape, dtype in spec:
+        nbytes = math.prod(shape) * dtype.itemsize
+        layout[name] = (end, shape, dtype, nbytes)
+        end += -(-nbytes // UPLOAD_ALIGN) * UPLOAD_ALIGN
     return layout, max(end, UPLOAD_ALIGN)
 
 
@@ -531,18 +539,18 @@ def _staging(spec: dict, cuda, buffers: dict):
     if buffers.get("sent") is not None:
         buffers["sent"].synchronize()
     staging, device = buffers["host"], buffers["device"]
-    host = {name: staging[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
-            for name, (offset, shape, dtype) in layout.items()}
-    # typed views of the device buffer: the same for every batch of the same layout (a serving loop's
-    # batches mostly are), and made only when the layout changes
-    key = (size, tuple((name, *value) for name, value in layout.items()))
-    if buffers.get("views") is None or buffers["views"][0] != key:
-        views = {name: device[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
-                 for name, (offset, shape, dtype) in layout.items()}
-        buffers["views"] = (key, device[:size], views)
+    # typed views of the staging and device buffers: the same for every batch of the same layout (a
+    # serving loop's batches mostly are), and made only when the layout changes
+    if buffers.get("views") is None or buffers["views"][0] is not layout:
+        def views_of(buffer):
+            return {name: buffer[offset:offset + nbytes].view(dtype).reshape(shape)
+                    for name, (offset, shape, dtype, nbytes) in layout.items()}
+
+        buffers["views"] = (layout, device[:size], views_of(device), views_of(staging))
+    host = dict(buffers["views"][3])
 
     def send(stream=0) -> dict:
-        _, used, views = buffers["views"]
+        _, used, views, _ = buffers["views"]
         used.copy_to_device(staging[:size], stream=stream)  # stream-ordered after any kernel still reading it
         if stream:
             event = buffers.get("event") or cuda.event()

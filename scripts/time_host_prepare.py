@@ -22,6 +22,7 @@ import sys
 import time
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # only host code is timed; no device needed
+os.environ.setdefault("ANDROMEDA_SIM_POISON", "0")  # no simulator memory filled with garbage: not the host's cost
 
 
 def main(argv=None) -> int:
