@@ -49,6 +49,10 @@
 #             the BLAS threads as they are and with one thread, on a generated 200,000-ad corpus
 #             (HOST_DATA: another corpus directory)
 #   demo      `andromeda demo` on the GPU, and the quality experiment's kernel figures
+#   sanitize  `compute-sanitizer` (racecheck, initcheck, memcheck, synccheck: SANITIZE_TOOLS) over tests that
+#             run every kernel of the engine on the device (match, table preparation, fused scoring, top-K;
+#             SANITIZE_TESTS): shared-memory races, reads of device memory nobody wrote, out-of-bounds
+#             accesses, barriers not every thread reaches; exit 99 on the first error
 # A call of the device tool brings back at most 8 files from its $OUT: with PACK=FILE every result of
 # this run is also packed into that one file at the end (e.g. OUT=/tmp/o PACK=$OUT/results.tgz).
 set -uo pipefail
@@ -176,7 +180,14 @@ for stage in "${stages[@]}"; do
       tail -c 400 "$OUT/demo_gpu.json"; echo
       timeout 120 $A quality --small --json --quiet > "$OUT/quality_small_gpu.json" 2>&1; echo "quality rc=$?"
       python3 -c "import json; d=json.loads(open('$OUT/quality_small_gpu.json').read().splitlines()[-1]); print(d.get('kernel'))" 2>&1 | tail -3 ;;
-    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, corpus, threeway, shards, ray, stall, served, profile, host, demo, all)"; exit 2 ;;
+    sanitize)
+      for tool in ${SANITIZE_TOOLS:-racecheck initcheck memcheck synccheck}; do
+        ANDROMEDA_TEST_GPU=1 timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
+          python3 -m pytest -q -x -p no:cacheprovider -W ignore ${SANITIZE_TESTS:-tests/test_host_prepare.py::test_engine_overlaps_preparation_and_synchronizes_once_per_batch tests/test_geo_layout.py::test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates} \
+          > "$OUT/sanitize_$tool.log" 2>&1
+        echo "sanitize $tool rc=$?"; grep -E "ERROR SUMMARY|passed|failed|Error" "$OUT/sanitize_$tool.log" | head -5
+      done ;;
+    *) echo "unknown stage: $stage (tests, match, pipeline, compare, score, corpus, threeway, shards, ray, stall, served, profile, host, demo, sanitize, all)"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - t0 )) s"
 done
