@@ -5,8 +5,10 @@ scoring kernel reads the index's output with no id translation. Slots come in ch
 `CHUNK_SLOTS`; every chunk holds ads of one format only, so a thread block that covers one chunk
 reads one format's per-request tables (no shared-memory bank conflicts between formats).
 
-Updates reuse slots: a retired ad's slot goes back to its chunk's free list; an upsert that changes
-an ad's format moves it to a chunk of the new format. Empty slots have ad id `EMPTY` (-1).
+Updates reuse slots: a retired ad's slot goes back to its format's free list; an upsert that changes
+an ad's format moves it to a chunk of the new format. A caller may also name the free slot an ad
+takes (`allocate(..., slot=)`: the GPU index places an upsert by its geography), helped by the count of
+free slots of every chunk (`chunk_free`). Empty slots have ad id `EMPTY` (-1).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ class SlotAllocator:
         self.slot_ad_id = np.empty(0, np.int64)  # ad id per slot, EMPTY when free
         self.chunk_format = np.empty(0, np.int16)  # format per chunk
         self._slot_of: dict[int, int] = {}
-        self._free: dict[int, list[int]] = {}  # format -> free slots (a stack)
+        # format -> free slots (a stack; a slot taken by name stays in it until popped and passed over)
+        self._free: dict[int, list[int]] = {}
+        self.chunk_free = np.zeros(0, np.int32)  # free slots per chunk
 
     # --- bulk layout -------------------------------------------------------------------------------
     @classmethod
@@ -60,9 +64,16 @@ class SlotAllocator:
         alloc.chunk_format = np.asarray(chunk_fmt, np.int16)
         used = np.flatnonzero(alloc.slot_ad_id != EMPTY)
         alloc._slot_of = dict(zip(alloc.slot_ad_id[used].tolist(), used.tolist()))
-        for s in np.flatnonzero(alloc.slot_ad_id == EMPTY)[::-1].tolist():
-            alloc._free.setdefault(int(alloc.chunk_format[s // chunk_slots]), []).append(s)
+        alloc.rebuild_free()
         return alloc
+
+    def rebuild_free(self) -> None:
+        """The free lists and `chunk_free` from `slot_ad_id` (after a layout was written directly);
+        lower slots are taken first."""
+        self._free = {}
+        for s in np.flatnonzero(self.slot_ad_id == EMPTY)[::-1].tolist():
+            self._free.setdefault(int(self.chunk_format[s // self.chunk_slots]), []).append(s)
+        self.chunk_free = (self.slot_ad_id.reshape(-1, self.chunk_slots) == EMPTY).sum(1).astype(np.int32)
 
     # --- queries -----------------------------------------------------------------------------------
     @property
@@ -86,22 +97,32 @@ class SlotAllocator:
         return np.repeat(self.chunk_format, self.chunk_slots)
 
     # --- updates -----------------------------------------------------------------------------------
-    def allocate(self, ad_id: int, fmt: int) -> tuple[int, bool]:
-        """Give `ad_id` a slot of format `fmt`. Returns (slot, grew): `grew` is True when capacity
-        grew by one chunk, so that slot-indexed arrays must be extended to `capacity`."""
+    def allocate(self, ad_id: int, fmt: int, slot: int | None = None, new_chunk: bool = False) -> tuple[int, bool]:
+        """Give `ad_id` a slot of format `fmt`: the free slot `slot` when given, else the first slot of a
+        new chunk with `new_chunk`, else the top of the format's free list (a new chunk when it is
+        empty). Returns (slot, grew): `grew` is True when capacity grew by one chunk, so that
+        slot-indexed arrays must be extended to `capacity`."""
         if ad_id in self._slot_of:
             raise KeyError(f"ad {ad_id} already has slot {self._slot_of[ad_id]}")
-        free = self._free.setdefault(fmt, [])
         grew = False
-        if not free:
-            start = self.capacity
-            self.slot_ad_id = np.concatenate([self.slot_ad_id, np.full(self.chunk_slots, EMPTY, np.int64)])
-            self.chunk_format = np.append(self.chunk_format, np.int16(fmt))
-            free.extend(range(start + self.chunk_slots - 1, start - 1, -1))
-            grew = True
-        slot = free.pop()
+        if slot is not None:
+            if not 0 <= slot < self.capacity or self.slot_ad_id[slot] != EMPTY or self.format_of_slot(slot) != fmt:
+                raise ValueError(f"slot {slot} is not a free slot of format {fmt}")
+        else:
+            free = self._free.setdefault(fmt, [])
+            while free and self.slot_ad_id[free[-1]] != EMPTY:  # taken by name since it was pushed
+                free.pop()
+            if not free or new_chunk:
+                start = self.capacity
+                self.slot_ad_id = np.concatenate([self.slot_ad_id, np.full(self.chunk_slots, EMPTY, np.int64)])
+                self.chunk_format = np.append(self.chunk_format, np.int16(fmt))
+                self.chunk_free = np.append(self.chunk_free, np.int32(self.chunk_slots))
+                free.extend(range(start + self.chunk_slots - 1, start - 1, -1))
+                grew = True
+            slot = free.pop()
         self.slot_ad_id[slot] = ad_id
         self._slot_of[ad_id] = slot
+        self.chunk_free[slot // self.chunk_slots] -= 1
         return slot, grew
 
     def release(self, ad_id: int) -> int:
@@ -109,4 +130,5 @@ class SlotAllocator:
         slot = self._slot_of.pop(ad_id)
         self.slot_ad_id[slot] = EMPTY
         self._free.setdefault(self.format_of_slot(slot), []).append(slot)
+        self.chunk_free[slot // self.chunk_slots] += 1
         return slot

@@ -169,8 +169,7 @@ def build_tiled_index(base_ct: CompiledTargeting, copies: int, *, version: int |
     slots.slot_ad_id = np.concatenate(slot_ids) if slot_ids else np.empty(0, np.int64)
     slots.chunk_format = np.asarray(chunk_fmt, np.int16)
     slots._slot_of = TiledSlotMap(base_ct.ad_id, base_slot0, block_step, copies, stride, first_copy)
-    for s in np.flatnonzero(slots.slot_ad_id == EMPTY)[::-1].tolist():
-        slots._free.setdefault(int(slots.chunk_format[s // chunk_slots]), []).append(s)
+    slots.rebuild_free()
     cat = np.concatenate
     index._install(slots, cat(used_parts), cat(resid_parts), cat(start_parts), cat(len_parts), cat(prog_parts),
                    cat(st_parts), cat(en_parts), base_ct.circles, cat(geo_parts))

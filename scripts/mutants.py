@@ -275,6 +275,18 @@ MUTANTS: list[Mutant] = [
     M("gmask-no-geo-empty", "geo skip", "gpu/index.py", "    out[out == 0] = NO_GEO_MASK\n", "",
       ("tests/test_geo_layout.py::test_a_request_with_no_country_matches_ads_of_every_bit_and_upserts_widen_the_summary",),
       "a group holding no geo term gets mask 0 and skips every block, ads without a geo clause included"),
+    M("place-ignores-geo", "geo skip", "gpu/index.py", '''        if self.placement == "free-list":
+            return None
+''', "        return None\n",
+      ("tests/test_geo_layout.py::test_upserts_take_slots_by_geography_and_summaries_are_made_again_exactly",),
+      "upserts take the top of the free list: a new country's ad widens a clustered block"),
+    M("every-bit-widens", "geo skip", "gpu/index.py", "if mask == GEO_ALL and self.placement == \"geo\":",
+      "if False:", ("tests/test_geo_layout.py::test_upserts_take_slots_by_geography_and_summaries_are_made_again_exactly",),
+      "an ad of every bit widens a block to every bit instead of opening a chunk of its own"),
+    M("summary-not-remade", "geo skip", "gpu/index.py",
+      "            self.summary_h[blocks] = np.bitwise_or.reduce(masks, axis=1)\n", "",
+      ("tests/test_geo_layout.py::test_upserts_take_slots_by_geography_and_summaries_are_made_again_exactly",),
+      "a block's summary keeps the bits of ads retired or moved away"),
     # --- the CUDA simulator's repairs ---------------------------------------------------------------
     M("sim-shared-unlocked", "simulator", "gpu/simulator.py", "    kernelapi.FakeCUDAShared.array = shared_array\n", "",
       ("tests/test_simulator.py",), "the simulator's own shared arrays: threads racing to make one get one each"),

@@ -245,3 +245,65 @@ def test_a_request_with_no_country_matches_ads_of_every_bit_and_upserts_widen_th
     assert int(index.summary_h[0] & gmask) != 0 and int(index.d_summary.copy_to_host()[0]) == int(index.summary_h[0])
     want = OracleIndex.build(us + [fr]).match(requests)
     assert [m.tolist() for m in index.match(requests)] == [m.tolist() for m in want] == [[], [41], list(range(1, 40))]
+
+
+def test_upserts_take_slots_by_geography_and_summaries_are_made_again_exactly():
+    from andromeda_nb.oracle import OracleIndex
+    from andromeda_nb.targeting import parse_ad, parse_request
+    from andromeda_nb.types import Retire, Upsert
+    from gpu.index import GpuTargetingIndex
+
+    def ad(ad_id, targeting):
+        return parse_ad({"ad_id": ad_id, "format": 0, "targeting": targeting}, seed=0, dim=4, formats=1)
+
+    def in_country(ad_id, country):
+        return ad(ad_id, {"geo_locations": {"countries": [country]}})
+
+    everywhere = {"geo_locations": {"custom_locations": [
+        {"latitude": 0.0, "longitude": 0.0, "radius": 50, "distance_unit": "kilometer"}]}}
+    near = {"latitude": 0.1, "longitude": 0.1}
+    requests = [parse_request({"request_id": i, "user": {"age": 30, "country": c, **near},
+                               "context": {"publisher_platform": "facebook", "device_platform": "mobile",
+                                           "user_os": "iOS", "time": 0}}, seed=0, experts=6, width=16)
+                for i, c in enumerate(["US", "FR", "DE"])]
+    ads = [in_country(i, "US") for i in range(1, 101)]
+    # one chunk of 256 slots is one block: 100 US ads, spare room for a second, empty block
+    index = GpuTargetingIndex.build(ads, device=_device(), spare=2.0)
+    assert index.capacity == 512 and index.summary_h[1] == 0
+    us_block = int(index.summary_h[0])
+    live = list(ads)
+
+    def check():
+        want = OracleIndex.build(live).match(requests)
+        assert [m.tolist() for m in index.match(requests)] == [m.tolist() for m in want]
+
+    # an ad for France goes to the empty block, not into the US block (its free list's top)
+    index.apply(Upsert(in_country(200, "FR")))
+    live.append(in_country(200, "FR"))
+    assert index.slots.slot_of(200) // 256 == 1 and int(index.summary_h[0]) == us_block
+    # another US ad goes where the US bit is; one for Germany where the fewest bits are added
+    index.apply_many([Upsert(in_country(201, "US")), Upsert(in_country(202, "DE"))])
+    live += [in_country(201, "US"), in_country(202, "DE")]
+    assert index.slots.slot_of(201) // 256 == 0 and int(index.summary_h[0]) == us_block
+    assert index.slots.slot_of(202) // 256 == 1  # one bit more either way: the emptier block
+    check()
+    # an ad of every bit widens no block: it opens a chunk of its own
+    index.apply(Upsert(ad(203, everywhere)))
+    live.append(ad(203, everywhere))
+    assert index.capacity == 768 and index.slots.slot_of(203) // 256 == 2
+    assert int(index.summary_h[0]) == us_block
+    # a US ad retargeted to France leaves the US block for one that has France
+    index.apply(Upsert(in_country(5, "FR")))
+    live[4] = in_country(5, "FR")
+    assert index.slots.slot_of(5) // 256 == 1 and int(index.summary_h[0]) == us_block
+    check()
+    # retiring France's and Germany's ads leaves their block's summary empty again: made from its ads
+    index.apply_many([Retire(200), Retire(202), Retire(5)])
+    live = [a for a in live if a.ad_id not in (200, 202, 5)]
+    assert index.summary_h[1] == 0 and int(index.d_summary.copy_to_host()[1]) == 0
+    check()
+    # the allocator's own order, kept to measure against, puts France in the US block
+    plain = GpuTargetingIndex.build(ads, device=_device(), spare=2.0)
+    plain.placement = "free-list"
+    plain.apply(Upsert(in_country(200, "FR")))
+    assert plain.slots.slot_of(200) // 256 == 0 and int(plain.summary_h[0]) != us_block

@@ -48,8 +48,8 @@ Shared by all slots:
 Per block of SUMMARY_SLOTS slots (the batched kernels):
     summary    uint64[ceil(capacity / SUMMARY_SLOTS)]  the OR of its ads' geographic masks
                                  (`andromeda_nb.geo_layout`: a geo clause's bits, every bit for an ad
-                                 without one); 0 when it holds no ad. A superset is exact (a retired
-                                 ad's bits may stay until the slots are rewritten).
+                                 without one); 0 when it holds no ad. Any superset would be exact;
+                                 the index makes it again from its ads after every update call.
 
 Clause program of one ad: word 0 = number of clauses; then per clause a header word
 `n_terms | CIRCLES_BIT (if it has custom locations) | NEGATIVE_BIT (the one negative clause)`, two
