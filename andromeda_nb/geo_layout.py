@@ -106,6 +106,21 @@ class GeoBuckets:
         out[ads[geo_only]] = masks[geo_only]
         return out
 
+    def ad_mask(self, ct: CompiledTargeting, i: int = 0) -> np.uint64:
+        """`ad_masks(ct)[i]` for one ad, in plain Python: what an upsert costs (no array work)."""
+        if ct.n_positive[i] <= 0:
+            return ALL
+        c = int(ct.clause_ptr[i])
+        lo, hi = int(ct.term_ptr[c]), int(ct.term_ptr[c + 1])
+        if hi == lo or ct.circle_ptr[c + 1] > ct.circle_ptr[c]:
+            return ALL
+        m = 0
+        for t in ct.terms[lo:hi].tolist():
+            if t >> TERM_SHIFT not in GEO_NAMESPACES:
+                return ALL
+            m |= 1 << self.bit(t)
+        return np.uint64(m)
+
     def request_mask(self, request) -> int:
         """The bits of the geo terms a request holds (0 when it holds none: it can match no geo clause)."""
         u = request.user

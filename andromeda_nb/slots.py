@@ -30,6 +30,7 @@ class SlotAllocator:
         # format -> free slots (a stack; a slot taken by name stays in it until popped and passed over)
         self._free: dict[int, list[int]] = {}
         self.chunk_free = np.zeros(0, np.int32)  # free slots per chunk
+        self._chunks_of: dict[int, np.ndarray] = {}  # format -> its chunks, made on demand
 
     # --- bulk layout -------------------------------------------------------------------------------
     @classmethod
@@ -74,6 +75,7 @@ class SlotAllocator:
         for s in np.flatnonzero(self.slot_ad_id == EMPTY)[::-1].tolist():
             self._free.setdefault(int(self.chunk_format[s // self.chunk_slots]), []).append(s)
         self.chunk_free = (self.slot_ad_id.reshape(-1, self.chunk_slots) == EMPTY).sum(1).astype(np.int32)
+        self._chunks_of = {}
 
     # --- queries -----------------------------------------------------------------------------------
     @property
@@ -91,6 +93,13 @@ class SlotAllocator:
 
     def format_of_slot(self, slot: int) -> int:
         return int(self.chunk_format[slot // self.chunk_slots])
+
+    def chunks_of(self, fmt: int) -> np.ndarray:
+        """int64: the chunks of format `fmt`, ascending."""
+        chunks = self._chunks_of.get(fmt)
+        if chunks is None:
+            chunks = self._chunks_of[fmt] = np.flatnonzero(self.chunk_format == fmt)
+        return chunks
 
     def slot_format(self) -> np.ndarray:
         """int16[capacity]: the format of every slot."""
@@ -117,6 +126,7 @@ class SlotAllocator:
                 self.slot_ad_id = np.concatenate([self.slot_ad_id, np.full(self.chunk_slots, EMPTY, np.int64)])
                 self.chunk_format = np.append(self.chunk_format, np.int16(fmt))
                 self.chunk_free = np.append(self.chunk_free, np.int32(self.chunk_slots))
+                self._chunks_of.pop(fmt, None)
                 free.extend(range(start + self.chunk_slots - 1, start - 1, -1))
                 grew = True
             slot = free.pop()

@@ -858,7 +858,7 @@ class GpuTargetingIndex:
             if isinstance(update, Upsert):
                 ad = update.ad
                 ct = compile_ads([ad])
-                mask = self.geo.ad_masks(ct)[0]
+                mask = self.geo.ad_mask(ct)
                 slot = slots.slot_of(ad.ad_id) if ad.ad_id in slots else None
                 if slot is None or slots.format_of_slot(slot) != ad.format or (
                         self.placement != "free-list" and not self._covers(slot, mask)):
@@ -934,7 +934,8 @@ class GpuTargetingIndex:
         if self.placement == "free-list":
             return None
         slots = self.slots
-        chunks = np.flatnonzero((slots.chunk_format == fmt) & (slots.chunk_free > 0))
+        chunks = slots.chunks_of(fmt)
+        chunks = chunks[slots.chunk_free[chunks] > 0]
         if not len(chunks):
             return None
         have = self.summary_h[chunks * slots.chunk_slots // self._k.SUMMARY_SLOTS]

@@ -75,7 +75,9 @@ def test_chunk_summaries_skip_no_chunk_with_an_eligible_ad_and_the_clustered_lay
 
 def test_ads_without_a_plain_geo_clause_have_every_bit():
     ct, _, _ = corpus()
-    masks = GeoBuckets.of_world(build_world(SEED)).ad_masks(ct)
+    buckets = GeoBuckets.of_world(build_world(SEED))
+    masks = buckets.ad_masks(ct)
+    assert all(buckets.ad_mask(ct, i) == masks[i] for i in range(len(ct)))  # one ad's path, the upserts'
     for i in range(len(ct)):
         c = ct.clause_ptr[i]
         plain = ct.n_positive[i] > 0 and ct.circle_ptr[c + 1] == ct.circle_ptr[c] and ct.term_ptr[c + 1] > ct.term_ptr[c] \

@@ -39,3 +39,23 @@ def test_growth_when_chunk_full():
     assert alloc.capacity == 2
     s, grew = alloc.allocate(3, 0)
     assert grew and alloc.capacity == 4 and alloc.format_of_slot(s) == 0
+
+
+def test_a_named_slot_is_taken_and_the_free_list_passes_over_it():
+    alloc = SlotAllocator.from_ads([1, 2, 3], [0, 1, 0], chunk_slots=4)
+    # format 0: chunk 0 holds 1, 3 and slots 2, 3 free; format 1: chunk 1 holds 2
+    assert alloc.chunk_free.tolist() == [2, 3] and alloc.chunks_of(0).tolist() == [0]
+    s, grew = alloc.allocate(9, 0, slot=3)  # the slot below the free list's top
+    assert (s, grew) == (3, False) and alloc.slot_of(9) == 3 and alloc.chunk_free.tolist() == [1, 3]
+    for bad, fmt in ((3, 0), (5, 0), (99, 0)):  # taken, of format 1, outside
+        with pytest.raises(ValueError, match=f"slot {bad} is not a free slot of format {fmt}"):
+            alloc.allocate(10, fmt, slot=bad)
+    assert 10 not in alloc
+    s, _ = alloc.allocate(10, 0)  # the free list's top is slot 2; slot 3 is passed over later
+    assert s == 2 and alloc.chunk_free[0] == 0
+    s, grew = alloc.allocate(11, 0)  # nothing left of format 0: a new chunk, and its chunk list follows
+    assert grew and s == 8 and alloc.chunks_of(0).tolist() == [0, 2] and alloc.chunk_free.tolist() == [0, 3, 3]
+    s, grew = alloc.allocate(12, 0, new_chunk=True)  # a chunk of its own, though chunk 2 has room
+    assert grew and s == 12 and alloc.chunks_of(0).tolist() == [0, 2, 3]
+    alloc.release(9)
+    assert alloc.chunk_free[0] == 1 and alloc.allocate(13, 0)[0] == 3  # released: on top again
