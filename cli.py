@@ -755,8 +755,11 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
 @click.option("--switch-interval-ms", type=click.FloatRange(min=0.001), default=0.2, show_default=True,
               help="The interpreter's thread switch interval (Python's own: 5): how long a thread that lets go "
                    "of the interpreter lock (a CUDA or Arrow call) may wait to take it back.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
+              help="The GPU engine's slot order: the corpus's, or clustered by the places the ads' geo clauses "
+                   "name, so the match skips more blocks (andromeda_nb.geo_layout). The CPU engine has no slots.")
 @_server_options("colocated")
-def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, quiet, **options):
+def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
@@ -773,7 +776,7 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         set_switch_interval(switch_interval_ms)
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
-                      decode_ahead=decode_ahead, on_ready=_on_listening("colocated", settings, quiet,
+                      decode_ahead=decode_ahead, layout=layout, on_ready=_on_listening("colocated", settings, quiet,
                                              lambda srv: _holds(data, srv.health_info(), srv.engine.device)))
 
     _serve(run, **options)

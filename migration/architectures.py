@@ -80,12 +80,22 @@ def build_retriever(dataset, arch: str, device: str = "auto", *, scorer_device: 
     return cls.build(dataset, device=device, **options) if arch in DEVICE_ARCHS else cls.build(dataset, **options)
 
 
-def build_engine(dataset, device: str = "auto", *, version=None):
+def build_engine(dataset, device: str = "auto", *, version=None, layout: str = "format"):
     """The co-located `interfaces.Engine` for `device` ('auto': the GPU when usable, else the CPU;
     `andromeda_nb.devices.resolve`). `version`: the GPU scoring kernel (`scoring_kernel`); the CPU
-    engine has its one scorer and takes none."""
+    engine has its one scorer and takes none. `layout`: the GPU engine's slot order
+    (`andromeda_nb.constants.LAYOUTS`); the CPU engine has no slots and takes only 'format'."""
+    from andromeda_nb.constants import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     where = resolve(device)
+    if where == "cpu" and layout != "format":
+        raise ValueError(f"the slot layout {layout!r} is the GPU engine's (--device gpu or sim); the CPU "
+                         "engine lays out no slots")
     options = {"version": scoring_kernel(version)} if version is not None and where != "cpu" else {}
+    if where != "cpu":
+        options["layout"] = layout
     return _load(ENGINES, where, "engine")(dataset, where, **options)
 
 

@@ -28,12 +28,14 @@ SERVE_MODULE = "migration.serve"
 
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
-                limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = False):
+                limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
+                layout: str = "format"):
     """The co-located server over the engine for `device`, listening at `location` (`log`: its
-    write-ahead log, replayed before it listens; `limits`, `guard`: `andromeda_nb.limits`, `.guard`)."""
+    write-ahead log, replayed before it listens; `limits`, `guard`: `andromeda_nb.limits`, `.guard`;
+    `layout`: the GPU engine's slot order)."""
     from andromeda_nb.engine_server import EngineServer  # pyarrow.flight loads only when serving
 
-    engine = build_engine(dataset, device, version=version)
+    engine = build_engine(dataset, device, version=version, layout=layout)
     try:
         options = {"decode_ahead": decode_ahead} if batch_wait_s is None else {
             "batch_wait_s": batch_wait_s, "decode_ahead": decode_ahead}
@@ -69,11 +71,12 @@ class ColocatedRetriever(ServedRetriever):
 
     @classmethod
     def build(cls, dataset, device: str = "auto", *, served: bool = False, traffic: bool = False,
-              host: str | None = None, version=None, link=None, **options) -> "ColocatedRetriever":
+              host: str | None = None, version=None, link=None, layout: str = "format",
+              **options) -> "ColocatedRetriever":
         if options:
             raise TypeError(f"unknown option(s) for the co-located retriever: {', '.join(options)}")
         if not (served or traffic or host):
-            return cls(build_engine(dataset, device, version=version))
+            return cls(build_engine(dataset, device, version=version, layout=layout))
         device = resolve(device)  # here, so the server is told where it runs and decides nothing itself
         from andromeda_nb.flight import location_of, wait_until_healthy
 
@@ -85,6 +88,8 @@ class ColocatedRetriever(ServedRetriever):
                 args = [*source, *child_args(), "--device", device]
                 if version is not None:
                     args += ["--version", str(getattr(version, "number", version))]
+                if layout != "format":
+                    args += ["--layout", layout]
                 proc = ServiceProcess(SERVE_MODULE, args, name="the co-located server", start_timeout_s=START_TIMEOUT_S)
                 host = proc.location
             location = location_of(host)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from andromeda_nb.constants import LAYOUTS
 from andromeda_nb.devices import DEVICES, resolve
 from andromeda_nb.serving import (SWITCH_INTERVAL_MS, ServerSettings, add_server_arguments, listen, preflight,
                                   service_errors, set_switch_interval, settings_from_args)
@@ -21,9 +22,10 @@ from andromeda_nb.services import announce, open_corpus
 
 
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
-                  on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False) -> None:
+                  on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
+                  layout: str = "format") -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
-    (a number of the kernel lab; default: the shipped one)."""
+    (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order."""
     from .colocated import make_server
 
     settings = settings or ServerSettings()
@@ -32,7 +34,8 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
     try:
         server = listen(lambda location: make_server(dataset, location, device=device, version=version, log=log,
                                                      limits=settings.limits, guard=settings.guard,
-                                                     batch_wait_s=batch_wait_s, decode_ahead=decode_ahead),
+                                                     batch_wait_s=batch_wait_s, decode_ahead=decode_ahead,
+                                                     layout=layout),
                         settings.host, settings.port, settings.guard)
     except BaseException:
         if log is not None:
@@ -55,6 +58,8 @@ def main(argv=None) -> int:
     add_server_arguments(parser)
     parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--version", type=int, default=None, help="scoring kernel version (of the kernel lab)")
+    parser.add_argument("--layout", default="format", choices=LAYOUTS,
+                        help="the GPU engine's slot order: the corpus's, or clustered by geography")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
     parser.add_argument("--decode-ahead", action="store_true",
@@ -68,7 +73,7 @@ def main(argv=None) -> int:
         resolve(args.device)  # before anything imports numba.cuda
         run_colocated(args.data, settings, device=args.device, version=args.version,
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
-                      decode_ahead=args.decode_ahead)
+                      decode_ahead=args.decode_ahead, layout=args.layout)
     return 0
 
 

@@ -40,12 +40,12 @@ from andromeda_nb.provenance import host_info  # noqa: E402
 from andromeda_nb.services import ServiceProcess  # noqa: E402
 
 
-def in_process(dataset, device: str, k: int, batches: list[int], repeat: int):
+def in_process(dataset, device: str, k: int, batches: list[int], repeat: int, layout: str = "format"):
     """The engine's answers to every request, and its requests/s in batches of each size in `batches`
     (the passes alternate between the sizes, so a drift of the machine touches each alike)."""
     from migration.architectures import build_engine
 
-    engine = build_engine(dataset, device)
+    engine = build_engine(dataset, device, layout=layout)
     try:
         requests = dataset.requests
         want = engine.retrieve(requests, k)
@@ -111,13 +111,14 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
-           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = ""):
+           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str = "format"):
     from migration.clients import drive
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms),
                                               *(["--decode-ahead"] if decode_ahead else []),
-                                              *(["--switch-interval-ms", switch_ms] if switch_ms else [])],
+                                              *(["--switch-interval-ms", switch_ms] if switch_ms else []),
+                                              "--layout", layout],
                           name="the co-located server")
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
@@ -153,6 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", required=True, help="corpus directory (made by `andromeda generate`)")
     ap.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--layout", default="format", choices=("format", "geo"),
+                    help="the GPU engine's slot order, in process and served alike")
     ap.add_argument("--batch", type=int, default=64, help="requests per in-process batch")
     ap.add_argument("--repeat", type=int, default=3, help="in-process passes (the median is reported)")
     ap.add_argument("--clients", type=int, default=32)
@@ -190,7 +193,7 @@ def main(argv=None) -> int:
     dataset = load_dataset(args.data)
     log(True, f"{dataset.n_ads:,} ads, {len(dataset.requests)} requests, device {device}")
     sizes = [args.batch] + ([args.clients] if args.clients != args.batch else [])
-    want, runs = in_process(dataset, device, args.k, sizes, args.repeat)
+    want, runs = in_process(dataset, device, args.k, sizes, args.repeat, args.layout)
     inproc = runs[0]
     for run in runs:
         log(True, f"in process, batches of {run['batch']}: {run['requests_per_s']:.1f} requests/s")
@@ -202,7 +205,8 @@ def main(argv=None) -> int:
     for exchange, request_format, ahead, switch in itertools.product(args.exchange.split(","), formats, aheads,
                                                                      switches):
         srv = served(args.data, device, want, args.k, args.clients, args.client_processes, args.seconds,
-                     args.batch_wait_ms, exchange, cpus, args.profile, request_format, ahead == "on", switch)
+                     args.batch_wait_ms, exchange, cpus, args.profile, request_format, ahead == "on", switch,
+                     args.layout)
         srv["server_cpus"] = cpus
         srv["decode_ahead"] = ahead == "on"
         srv["switch_interval_ms"] = float(switch) if switch else None
@@ -222,7 +226,8 @@ def main(argv=None) -> int:
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
     # the target reads the in-process batch of --batch; the batch as large as the clients can make it
     # (one request each in flight) is beside it, for what the batch size alone explains
-    result = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "in_process": inproc,
+    result = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "layout": args.layout,
+              "in_process": inproc,
               "in_process_at_clients": runs[-1] if len(runs) > 1 else inproc,
               "served_over_in_process_at_clients": srv["requests_per_s"] / runs[-1]["requests_per_s"],
               "served": srv, "served_by_exchange": by_exchange, "served_over_in_process": ratio,

@@ -150,6 +150,41 @@ def test_plain_flight_client_gets_correct_answers(server):
     assert len(table) > 0
 
 
+def test_a_server_with_slots_laid_out_by_geography_answers_as_the_reference_and_the_cpu_refuses_it():
+    from migration.architectures import build_engine
+    from migration.colocated import make_server
+
+    dataset, _ = make_dataset(43, precision="int8", n_requests=3)
+    srv = make_server(dataset, "grpc://127.0.0.1:0", device=KERNEL_DEVICE, layout="geo")
+    try:
+        assert srv.engine.describe()["layout"] == "geo"
+        client = flight.connect(f"grpc://127.0.0.1:{srv.port}")
+        k = 7
+        batch = pa.record_batch([pa.array([r.request_id for r in dataset.requests], pa.int64()),
+                                 pa.array([json.dumps(request_to_json(r)) for r in dataset.requests], pa.utf8()),
+                                 pa.array([k] * len(dataset.requests), pa.int32())],
+                                names=["request_id", "request", "k"])
+        writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("retrieve"))
+        with writer:
+            writer.begin(batch.schema)
+            writer.write_batch(batch)
+            writer.done_writing()
+            table = reader.read_all()
+        client.close()
+        rid = table.column("request_id").to_numpy()
+        answers = [(table.column("ad_id").to_numpy()[rid == r.request_id],
+                    table.column("score").to_numpy()[rid == r.request_id]) for r in dataset.requests]
+        assert len(table) > 0
+        assert_equal_reference(ReferenceRetriever.build(dataset), dataset.requests, answers, k, "geo layout")
+    finally:
+        srv.shutdown()
+        srv.close_resources()
+    with pytest.raises(ValueError, match="the slot layout 'geo' is the GPU engine's"):
+        build_engine(dataset, "cpu", layout="geo")
+    with pytest.raises(ValueError, match="unknown slot layout 'zigzag'; choose from format, geo"):
+        build_engine(dataset, "cpu", layout="zigzag")
+
+
 def test_malformed_request_gets_a_clear_error_and_serving_goes_on(server):
     srv, location, dataset, _ = server
     client = flight.connect(location)
