@@ -1076,8 +1076,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
-              help="Slot order of each copy's ads within a format: the base corpus's, or clustered by the "
-                   "places their geo clauses name (andromeda_nb.geo_layout).")
+              help="Slot order within a format: the base corpus's copy after copy, or clustered by the places "
+                   "the ads' geo clauses name over the whole pool (andromeda_nb.geo_layout).")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION

@@ -461,9 +461,10 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
                    score_version: int | None = None, seed: int = 0, layout: str = "format",
                    progress: bool = True) -> dict:
-    """`layout` 'geo': every copy holds its base ads of a format clustered by geography
-    (`andromeda_nb.geo_layout`), a lower bound on what one order over a whole corpus of that size
-    clusters, since each cluster is cut at every copy's end."""
+    """`layout` 'geo': a format's slots hold its base ads clustered by geography
+    (`andromeda_nb.geo_layout`), each base ad's copies side by side: the order one sort over the whole
+    tiled corpus gives. Either way the match skips blocks by the world's geographic bits, and the
+    result records the share of blocks skipped for one request and for 64 (`geo_blocks_skipped`)."""
     from andromeda_nb.geo_layout import LAYOUTS, clustered_order, world_buckets
 
     if layout not in LAYOUTS:
