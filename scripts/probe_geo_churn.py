@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # host arrays: nothing here launches a kernel
 os.environ.setdefault("ANDROMEDA_SIM_POISON", "0")
 
-from andromeda_nb.bench import log, software, write_json  # noqa: E402
+from andromeda_nb.bench import finish_probe, log  # noqa: E402
 
 
 def probe(data: str, spare: float, call: int, progress: bool = True) -> dict:
@@ -79,15 +78,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args()
     result = probe(a.data, a.spare, a.call)
-    result["command"] = "PYTHONPATH=. python3 scripts/probe_geo_churn.py " + shlex.join(sys.argv[1:])
-    result["software"] = software()
-    if a.out:
-        write_json(result, a.out)
-    else:
-        import json
-
-        print(json.dumps(result, indent=1))
-
+    finish_probe(result, "probe_geo_churn.py", sys.argv[1:], a.out)
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # host arrays: nothing here launches a kernel
 
-from andromeda_nb.bench import log, software, write_json  # noqa: E402
+from andromeda_nb.bench import finish_probe, log  # noqa: E402
 
 
 def _group_mask(index, encoded, group: int, g: int) -> int:
@@ -97,15 +96,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args()
     result = probe(a.pool, a.base_ads, a.requests, a.seed)
-    result["command"] = "PYTHONPATH=. python3 scripts/probe_geo_skip.py " + shlex.join(sys.argv[1:])
-    result["software"] = software()
-    if a.out:
-        write_json(result, a.out)
-    else:
-        import json
-
-        print(json.dumps(result, indent=1))
-
+    finish_probe(result, "probe_geo_skip.py", sys.argv[1:], a.out)
 
 if __name__ == "__main__":
     main()

@@ -126,14 +126,13 @@ def server():
     srv.close_resources()
 
 
-def test_plain_flight_client_gets_correct_answers(server):
-    srv, location, dataset, _ = server
-    reference = ReferenceRetriever.build(dataset)
+def ask_plainly(location, requests, k):
+    """The answers a plain pyarrow.flight client gets for `requests` in one retrieve exchange, and the
+    table they came in."""
     client = flight.connect(location)
-    k = 9
-    batch = pa.record_batch([pa.array([r.request_id for r in dataset.requests], pa.int64()),
-                             pa.array([json.dumps(request_to_json(r)) for r in dataset.requests], pa.utf8()),
-                             pa.array([k] * len(dataset.requests), pa.int32())],
+    batch = pa.record_batch([pa.array([r.request_id for r in requests], pa.int64()),
+                             pa.array([json.dumps(request_to_json(r)) for r in requests], pa.utf8()),
+                             pa.array([k] * len(requests), pa.int32())],
                             names=["request_id", "request", "k"])
     writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("retrieve"))
     with writer:
@@ -142,11 +141,17 @@ def test_plain_flight_client_gets_correct_answers(server):
         writer.done_writing()
         table = reader.read_all()
     client.close()
-    assert table.schema.names == ["request_id", "ad_id", "score"]
     rid = table.column("request_id").to_numpy()
     answers = [(table.column("ad_id").to_numpy()[rid == r.request_id], table.column("score").to_numpy()[rid == r.request_id])
-               for r in dataset.requests]
-    assert_equal_reference(reference, dataset.requests, answers, k, "plain client")
+               for r in requests]
+    return answers, table
+
+
+def test_plain_flight_client_gets_correct_answers(server):
+    srv, location, dataset, _ = server
+    answers, table = ask_plainly(location, dataset.requests, 9)
+    assert table.schema.names == ["request_id", "ad_id", "score"]
+    assert_equal_reference(ReferenceRetriever.build(dataset), dataset.requests, answers, 9, "plain client")
     assert len(table) > 0
 
 
@@ -158,24 +163,9 @@ def test_a_server_with_slots_laid_out_by_geography_answers_as_the_reference_and_
     srv = make_server(dataset, "grpc://127.0.0.1:0", device=KERNEL_DEVICE, layout="geo")
     try:
         assert srv.engine.describe()["layout"] == "geo"
-        client = flight.connect(f"grpc://127.0.0.1:{srv.port}")
-        k = 7
-        batch = pa.record_batch([pa.array([r.request_id for r in dataset.requests], pa.int64()),
-                                 pa.array([json.dumps(request_to_json(r)) for r in dataset.requests], pa.utf8()),
-                                 pa.array([k] * len(dataset.requests), pa.int32())],
-                                names=["request_id", "request", "k"])
-        writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("retrieve"))
-        with writer:
-            writer.begin(batch.schema)
-            writer.write_batch(batch)
-            writer.done_writing()
-            table = reader.read_all()
-        client.close()
-        rid = table.column("request_id").to_numpy()
-        answers = [(table.column("ad_id").to_numpy()[rid == r.request_id],
-                    table.column("score").to_numpy()[rid == r.request_id]) for r in dataset.requests]
+        answers, table = ask_plainly(f"grpc://127.0.0.1:{srv.port}", dataset.requests, 7)
         assert len(table) > 0
-        assert_equal_reference(ReferenceRetriever.build(dataset), dataset.requests, answers, k, "geo layout")
+        assert_equal_reference(ReferenceRetriever.build(dataset), dataset.requests, answers, 7, "geo layout")
     finally:
         srv.shutdown()
         srv.close_resources()
