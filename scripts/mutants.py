@@ -262,7 +262,7 @@ MUTANTS: list[Mutant] = [
       ("tests/test_geo_layout.py::test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates",),
       "the slot allocator ignores the layout's rank: a geo layout is laid out as the corpus"),
     M("match-summary-ignored", "geo skip", "gpu/kernels/match.py",
-      "live = (summary[first // SUMMARY_SLOTS] & gmask[g]) != 0", "live = True",
+      "live = (summary[first // SUMMARY_SLOTS] & gmask[g]) != uint64(0)", "live = True",
       ("tests/test_geo_layout.py::test_the_match_skips_blocks_no_request_of_the_group_can_match_and_reads_the_summary_to_do_so",),
       "the match kernel reads every block whatever its geographic summary"),
     M("summary-not-widened", "geo skip", "gpu/index.py", "self.summary_h[block] |= np.uint64(mask)", "pass",

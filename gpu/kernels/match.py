@@ -253,7 +253,7 @@ def _batched_template(resid, prog_ptr, prog, sched, places, summary, rtab, ftab,
     lon = cuda.shared.array(group_positions, float64)
     load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
     n = nreq[g]
-    live = (summary[first // SUMMARY_SLOTS] & gmask[g]) != 0
+    live = (summary[first // SUMMARY_SLOTS] & gmask[g]) != uint64(0)  # unsigned both sides: no float compare
     x = int64(0)
     if in_range and live:
         x = slot_mask(slot, resid, prog_ptr, prog, sched, places, rtab, g, ft, tm, lat, lon, n)
