@@ -267,11 +267,11 @@ def test_upserts_take_slots_by_geography_and_summaries_are_made_again_exactly():
     requests = [parse_request({"request_id": i, "user": {"age": 30, "country": c, **near},
                                "context": {"publisher_platform": "facebook", "device_platform": "mobile",
                                            "user_os": "iOS", "time": 0}}, seed=0, experts=6, width=16)
-                for i, c in enumerate(["US", "FR", "DE"])]
+                for i, c in enumerate(["US", "FR", "DE", "IT", "ES"])]
     ads = [in_country(i, "US") for i in range(1, 101)]
-    # one chunk of 256 slots is one block: 100 US ads, spare room for a second, empty block
-    index = GpuTargetingIndex.build(ads, device=_device(), spare=2.0)
-    assert index.capacity == 512 and index.summary_h[1] == 0
+    # one chunk of 256 slots is one block: 100 US ads, and spare room for two more, empty blocks
+    index = GpuTargetingIndex.build(ads, device=_device(), spare=5.2)
+    assert index.capacity == 768 and index.summary_h[1] == index.summary_h[2] == 0
     us_block = int(index.summary_h[0])
     live = list(ads)
 
@@ -279,33 +279,37 @@ def test_upserts_take_slots_by_geography_and_summaries_are_made_again_exactly():
         want = OracleIndex.build(live).match(requests)
         assert [m.tolist() for m in index.match(requests)] == [m.tolist() for m in want]
 
-    # an ad for France goes to the empty block, not into the US block (its free list's top)
-    index.apply(Upsert(in_country(200, "FR")))
-    live.append(in_country(200, "FR"))
-    assert index.slots.slot_of(200) // 256 == 1 and int(index.summary_h[0]) == us_block
-    # another US ad goes where the US bit is; one for Germany where the fewest bits are added
-    index.apply_many([Upsert(in_country(201, "US")), Upsert(in_country(202, "DE"))])
-    live += [in_country(201, "US"), in_country(202, "DE")]
+    # ads for France and Germany in one call: each to an empty block of its own (the first one's bits
+    # count for the second within the call), not into the US block (its free list's top)
+    index.apply_many([Upsert(in_country(200, "FR")), Upsert(in_country(202, "DE"))])
+    live += [in_country(200, "FR"), in_country(202, "DE")]
+    assert [index.slots.slot_of(a) // 256 for a in (200, 202)] == [1, 2] and int(index.summary_h[0]) == us_block
+    # another US ad goes where the US bit is
+    index.apply(Upsert(in_country(201, "US")))
+    live.append(in_country(201, "US"))
     assert index.slots.slot_of(201) // 256 == 0 and int(index.summary_h[0]) == us_block
-    assert index.slots.slot_of(202) // 256 == 1  # one bit more either way: the emptier block
     check()
-    # an ad of every bit widens no block: it opens a chunk of its own
-    index.apply(Upsert(ad(203, everywhere)))
-    live.append(ad(203, everywhere))
-    assert index.capacity == 768 and index.slots.slot_of(203) // 256 == 2
-    assert int(index.summary_h[0]) == us_block
+    # with no block left empty, Spain's ad goes where the fewest bits are added, the emptiest of those
+    index.apply(Upsert(in_country(205, "ES")))
+    live.append(in_country(205, "ES"))
+    assert index.slots.slot_of(205) // 256 in (1, 2) and int(index.summary_h[0]) == us_block
+    # an ad of every bit widens no block: it opens a chunk of its own; then Italy's ad goes there,
+    # the one block that already has its bit
+    index.apply_many([Upsert(ad(203, everywhere)), Upsert(in_country(204, "IT"))])
+    live += [ad(203, everywhere), in_country(204, "IT")]
+    assert index.capacity == 1024 and [index.slots.slot_of(a) // 256 for a in (203, 204)] == [3, 3]
     # a US ad retargeted to France leaves the US block for one that has France
     index.apply(Upsert(in_country(5, "FR")))
     live[4] = in_country(5, "FR")
     assert index.slots.slot_of(5) // 256 == 1 and int(index.summary_h[0]) == us_block
     check()
-    # retiring France's and Germany's ads leaves their block's summary empty again: made from its ads
-    index.apply_many([Retire(200), Retire(202), Retire(5)])
-    live = [a for a in live if a.ad_id not in (200, 202, 5)]
-    assert index.summary_h[1] == 0 and int(index.d_summary.copy_to_host()[1]) == 0
+    # retiring France's and Germany's ads (and Spain's) leaves their blocks' summaries empty again
+    index.apply_many([Retire(200), Retire(202), Retire(5), Retire(205)])
+    live = [a for a in live if a.ad_id not in (200, 202, 5, 205)]
+    assert index.summary_h[1] == index.summary_h[2] == 0 and not index.d_summary.copy_to_host()[1:3].any()
     check()
     # the allocator's own order, kept to measure against, puts France in the US block
-    plain = GpuTargetingIndex.build(ads, device=_device(), spare=2.0)
+    plain = GpuTargetingIndex.build(ads, device=_device(), spare=5.2)
     plain.placement = "free-list"
     plain.apply(Upsert(in_country(200, "FR")))
     assert plain.slots.slot_of(200) // 256 == 0 and int(plain.summary_h[0]) != us_block
