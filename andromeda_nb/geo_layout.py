@@ -40,6 +40,11 @@ def hashed_bit(t: int) -> int:
     return ((int(t) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF) >> 58
 
 
+def hashed_bits(terms: np.ndarray) -> np.ndarray:
+    """`hashed_bit` of every term (int8): unsigned 64-bit products wrap as the masked product does."""
+    return ((np.asarray(terms, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(58)).astype(np.int8)
+
+
 class GeoBuckets:
     """term id -> bit (0..63) of a geographic mask. The hierarchy: `countries` (ISO alpha-2, the i-th
     taking bit i mod 64), `region_country` a region id's country, `city_region` a city id's region;
@@ -50,6 +55,7 @@ class GeoBuckets:
         self._country = {country_code(c): i % BITS for i, c in enumerate(countries)}
         self._region = {int(r): self._country_bit(country_code(c)) for r, c in (region_country or {}).items()}
         self._city = {int(t): self._region[int(r)] for t, r in (city_region or {}).items() if int(r) in self._region}
+        self._sorted_tables = None  # `_tables`, made on first use
 
     @classmethod
     def of_world(cls, world) -> "GeoBuckets":
@@ -73,17 +79,42 @@ class GeoBuckets:
         return hashed_bit(t)
 
     def term_bits(self, terms: np.ndarray) -> np.ndarray:
-        """int8 per term: its bit, or -1 for a term of no geographic namespace."""
+        """int8 per term: its bit, or -1 for a term of no geographic namespace (`bit`, vectorized: the
+        hash for every geo term, then the hierarchy's bits looked up by namespace and id)."""
         terms = np.asarray(terms, np.int64)
         out = np.full(len(terms), -1, np.int8)
-        geo = np.isin(terms >> TERM_SHIFT, GEO_NAMESPACES)
-        if geo.any():
-            unique, inverse = np.unique(terms[geo], return_inverse=True)
-            out[geo] = np.asarray([self.bit(t) for t in unique.tolist()], np.int8)[inverse]
+        ns = terms >> TERM_SHIFT
+        geo = np.flatnonzero(np.isin(ns, GEO_NAMESPACES))
+        if not len(geo):
+            return out
+        t = terms[geo]
+        bits = hashed_bits(t)
+        ident, ns = t & _IDENT_MASK, ns[geo]
+        for namespace, (keys, values) in self._tables().items():
+            sel = np.flatnonzero(ns == namespace)
+            if len(sel) and len(keys):
+                pos = np.minimum(np.searchsorted(keys, ident[sel]), len(keys) - 1)
+                hit = keys[pos] == ident[sel]
+                bits[sel[hit]] = values[pos[hit]]
+        out[geo] = bits
         return out
 
-    def ad_masks(self, ct: CompiledTargeting) -> np.ndarray:
-        """uint64 per ad of `ct`: the bits of its geo clause, or ALL (no geo clause, custom locations)."""
+    def _tables(self) -> dict:
+        """namespace -> (sorted ids, their bits) of the places the hierarchy names."""
+        if self._sorted_tables is None:
+            tables = {}
+            for namespace, places in ((NS_COUNTRY, self._country), (NS_REGION, self._region), (NS_CITY, self._city)):
+                keys = np.fromiter(places.keys(), np.int64, len(places))
+                values = np.fromiter(places.values(), np.int8, len(places))
+                order = np.argsort(keys)
+                tables[namespace] = (keys[order], values[order])
+            self._sorted_tables = tables
+        return self._sorted_tables
+
+    def ad_masks(self, ct: CompiledTargeting, bits_at=None) -> np.ndarray:
+        """uint64 per ad of `ct`: the bits of its geo clause, or ALL (no geo clause, custom locations).
+        `bits_at(positions)`: `term_bits(ct.terms[positions])` when the caller has it cheaper (an index
+        looks each distinct term up once, through its vocabulary)."""
         out = np.full(len(ct), ALL, np.uint64)
         ads = np.flatnonzero(ct.n_positive > 0)
         if not len(ads):
@@ -96,13 +127,11 @@ class GeoBuckets:
         ads, lo, n = ads[keep], lo[keep], n[keep]
         if not len(ads):
             return out
-        owner = np.repeat(np.arange(len(ads)), n)
-        at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-        bits = self.term_bits(np.asarray(ct.terms, np.int64)[at])
-        geo_only = np.ones(len(ads), bool)
-        np.logical_and.at(geo_only, owner, bits >= 0)
-        masks = np.zeros(len(ads), np.uint64)
-        np.bitwise_or.at(masks, owner, np.left_shift(np.uint64(1), np.maximum(bits, 0).astype(np.uint64)))
+        first = np.cumsum(n) - n  # each ad's terms are a run of the flat arrays below (n > 0 each)
+        at = np.repeat(lo - first, n) + np.arange(int(n.sum()))
+        bits = self.term_bits(np.asarray(ct.terms, np.int64)[at]) if bits_at is None else bits_at(at)
+        geo_only = np.logical_and.reduceat(bits >= 0, first)
+        masks = np.bitwise_or.reduceat(np.left_shift(np.uint64(1), np.maximum(bits, 0).astype(np.uint64)), first)
         out[ads[geo_only]] = masks[geo_only]
         return out
 

@@ -22,7 +22,7 @@ import numpy as np
 from andromeda_nb.compiled import encode_requests
 from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
-from andromeda_nb.geo_layout import LAYOUTS, clustered_order, world_buckets
+from andromeda_nb.geo_layout import LAYOUTS, world_buckets
 from andromeda_nb.model import user_sides
 from andromeda_nb.rows import RowMap
 from andromeda_nb.scoring import fold_tables_batch
@@ -49,10 +49,9 @@ class GpuEngine(EngineBase):
         from .index import GpuTargetingIndex
 
         self.layout = layout
-        buckets = world_buckets(dataset.seed)  # the geographic bits of the match's block skip
-        rank = clustered_order(dataset.compiled.format, buckets.ad_masks(dataset.compiled)) if layout == "geo" else None
-        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, rank=rank,
-                                                     buckets=buckets)  # no ad parsed
+        # the geographic bits of the match's block skip: the world's of the dataset's seed
+        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, buckets=world_buckets(dataset.seed),
+                                                     rank="geo" if layout == "geo" else None)  # no ad parsed
         slots = self.index.slots
         values, scale = dataset.embeddings.values, dataset.embeddings.scale
         sv = np.zeros((slots.capacity, self.D), values.dtype)

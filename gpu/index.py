@@ -61,7 +61,7 @@ from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.devices import notice, resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.geo_layout import ALL as GEO_ALL
-from andromeda_nb.geo_layout import GeoBuckets
+from andromeda_nb.geo_layout import GeoBuckets, clustered_order
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb import jitcache
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
@@ -643,10 +643,11 @@ class GpuTargetingIndex:
     @classmethod
     def from_compiled(cls, ct: CompiledTargeting, *, device: str = "auto", version=None,
                       spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS,
-                      rank: np.ndarray | None = None, buckets: GeoBuckets | None = None) -> "GpuTargetingIndex":
+                      rank: np.ndarray | str | None = None, buckets: GeoBuckets | None = None
+                      ) -> "GpuTargetingIndex":
         """Build from compiled targeting (row i = one ad); slot order groups the ads by format, and
-        within a format follows `rank` (one number per row, e.g. `andromeda_nb.geo_layout.clustered_order`)
-        when given, else the rows' order.
+        within a format follows `rank` (one number per row) when given, else the rows' order; rank
+        'geo' is `andromeda_nb.geo_layout.clustered_order` of the ads' geographic masks.
         `spare`: fraction of free slots kept per format for inserts; `chunk_slots` (a multiple of
         32): slots per format chunk (smaller than CHUNK_SLOTS only for tiny simulator pools);
         `buckets`: the geographic bits of terms (default hashed; see the module's "Geography first")."""
@@ -657,15 +658,21 @@ class GpuTargetingIndex:
         index = cls(device=device, version=version)
         if buckets is not None:
             index.geo = buckets
-        slots = SlotAllocator.from_ads(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare, rank=rank)
         index.vocab = Vocabulary(ct.terms)
         dense_terms = index.vocab.dense_bulk(ct.terms)
+        geo_bits = index.geo_bits()
+        masks = index.geo.ad_masks(ct, lambda at: geo_bits[dense_terms[at]])  # each distinct term looked up once
+        if isinstance(rank, str):
+            if rank != "geo":
+                raise ValueError(f"unknown rank {rank!r}: 'geo' or one number per ad")
+            rank = clustered_order(ct.format, masks)
+        slots = SlotAllocator.from_ads(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare, rank=rank)
         used = np.flatnonzero(slots.slot_ad_id != EMPTY)
         by_id = np.argsort(ct.ad_id, kind="stable")
         rows = by_id[np.searchsorted(ct.ad_id, slots.slot_ad_id[used], sorter=by_id)].astype(np.int64)
         prog, start, length = clause_programs(ct, rows, dense_terms)
         index._install(slots, used, resid_words(ct, rows), start, length, prog,
-                       ct.start_time[rows], ct.end_time[rows], ct.circles, index.geo.ad_masks(ct)[rows])
+                       ct.start_time[rows], ct.end_time[rows], ct.circles, masks[rows])
         return index
 
     def _install(self, slots: SlotAllocator, used: np.ndarray, resid: np.ndarray, start: np.ndarray,

@@ -313,3 +313,26 @@ def test_upserts_take_slots_by_geography_and_summaries_are_made_again_exactly():
     plain.placement = "free-list"
     plain.apply(Upsert(in_country(200, "FR")))
     assert plain.slots.slot_of(200) // 256 == 0 and int(plain.summary_h[0]) != us_block
+
+
+def test_term_bits_are_bit_of_every_term_and_an_index_ranks_by_geography_on_its_own():
+    from andromeda_nb.geo_layout import hashed_bits
+    from gpu.index import GpuTargetingIndex
+
+    ct, _, _ = corpus()
+    rng = np.random.default_rng(SEED)
+    terms = np.concatenate([np.unique(ct.terms), rng.integers(0, 1 << 50, 2000),
+                            [term(NS_REGION, 10**6), term(NS_CITY, 10**6), term(NS_COUNTRY, country_code("ZZ"))]])
+    for kind in ("world", "hashed"):
+        b = buckets_of(kind)
+        want = [b.bit(int(t)) if int(t) >> 40 in (NS_COUNTRY, NS_REGION, NS_CITY) else -1 for t in terms]
+        assert b.term_bits(terms).tolist() == want, kind
+    assert hashed_bits(terms).tolist() == [hashed_bit(int(t)) for t in terms]
+    b = buckets_of("world")
+    by_rank = GpuTargetingIndex.from_compiled(ct, device=_device(), chunk_slots=CHUNK, buckets=b,
+                                              rank=clustered_order(ct.format, b.ad_masks(ct)))
+    by_name = GpuTargetingIndex.from_compiled(ct, device=_device(), chunk_slots=CHUNK, buckets=b, rank="geo")
+    assert np.array_equal(by_rank.slots.slot_ad_id, by_name.slots.slot_ad_id)
+    assert np.array_equal(by_rank.summary_h, by_name.summary_h)
+    with pytest.raises(ValueError, match="unknown rank 'zigzag'"):
+        GpuTargetingIndex.from_compiled(ct, device=_device(), chunk_slots=CHUNK, rank="zigzag")
