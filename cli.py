@@ -135,6 +135,17 @@ def _prepare_simulator(ctx, param, device: str) -> str:
     return device
 
 
+def _layout_list(value):
+    """'format,geo' -> ('format', 'geo'); each a slot layout, none twice."""
+    if isinstance(value, tuple):
+        return value
+    words = tuple(w.strip() for w in str(value).split(",") if w.strip())
+    bad = [w for w in words if w not in LAYOUTS]
+    if not words or bad or len(set(words)) != len(words):
+        raise click.BadParameter(f"{value!r}: a comma-separated list of {', '.join(LAYOUTS)}, each once")
+    return words
+
+
 def _link(latency_us: float, gbps: float | None):
     """The `relay.Link` of compare's --link-latency-us and --link-gbps."""
     from andromeda_nb.relay import Link
@@ -1075,13 +1086,14 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @click.option("--score-version", type=click.IntRange(1), default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
-@click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
-              help="Slot order within a format: the base corpus's copy after copy, or clustered by the places "
-                   "the ads' geo clauses name over the whole pool (andromeda_nb.geo_layout).")
+@click.option("--layout", "layouts", default="format", show_default=True, callback=lambda c, p, v: _layout_list(v),
+              help="Slot order within a format: the base corpus's copy after copy ('format'), or clustered by the "
+                   "places the ads' geo clauses name over the whole pool ('geo', andromeda_nb.geo_layout). "
+                   "Comma-separated: each in turn in one run, the first as the result and the others beside it.")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layout, out, as_json, quiet):
+def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
     from andromeda_nb.bench import json_line
@@ -1089,12 +1101,14 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
     try:
         from gpu import bench_score as bs
 
-        result = bs.bench_pipeline(pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k, batches=batches,
-                                   score_version=score_version, seed=seed, layout=layout, progress=not quiet)
+        result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
+                                           batches=batches, score_version=score_version, seed=seed,
+                                           progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")
-    click.echo(json_line(result) if as_json else bs.pipeline_table(result))
+    click.echo(json_line(result) if as_json else "\n\n".join(
+        f"layout {r['layout']}:\n{bs.pipeline_table(r)}" for r in [result, *result.get("other_layouts", {}).values()]))
     _write_json(result, out, quiet)
 
 

@@ -674,6 +674,28 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     return result
 
 
+def bench_pipeline_layouts(layouts: Sequence[str], **options) -> dict:
+    """`bench_pipeline` for each slot layout in turn, in one process on one device, so their figures
+    compare within one run: the first layout's result, with the others under `other_layouts`. The
+    device memory of one pool is handed back before the next is built."""
+    results = []
+    for layout in layouts:
+        results.append(bench_pipeline(layout=layout, **options))
+        import gc
+
+        gc.collect()
+        try:
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
+        except ImportError:  # bench_pipeline needs CuPy: it would have failed before this
+            pass
+    result = results[0]
+    if len(results) > 1:
+        result["other_layouts"] = {r["layout"]: r for r in results[1:]}
+    return result
+
+
 def pipeline_table(result) -> str:
     lat = result["latency_ms"]
     lines = [f"device: {result['env'].get('device')}   pool: {result['pool_ads']:,} ads   {result['precision']} D={result['D']}"
@@ -701,4 +723,4 @@ def pipeline_table(result) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["bench_pipeline", "bench_score", "pipeline_table", "score_table"]
+__all__ = ["bench_pipeline", "bench_pipeline_layouts", "bench_score", "pipeline_table", "score_table"]

@@ -7,7 +7,7 @@
 #             pytest-xdist workers, where it is installed)
 #   match     `bench match` of the shipped match kernel against the circle-table versions (10M, 100M)
 #   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size; PIPELINE_ARGS: more
-#             options, e.g. "--layout geo", with PIPELINE_TAG naming its files)
+#             options, e.g. "--layout format,geo" for both slot orders in one run, with PIPELINE_TAG naming its files)
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures
 #   score     `bench score` (D = 64 and 128, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6

@@ -262,3 +262,26 @@ def test_a_service_failing_mid_run_ends_the_command_with_its_message(corpus_dir,
     monkeypatch.setattr(architectures, "build_retriever", lambda *a, **kw: 1 / 0)
     result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
     assert isinstance(result.exception, ZeroDivisionError)
+
+
+def test_bench_pipeline_runs_each_layout_in_turn_in_one_process(monkeypatch):
+    from gpu import bench_score as bs
+
+    calls = []
+
+    def fake(*, layout, **options):  # the GPU benchmark's result, as far as the table reads it
+        calls.append((layout, options["pool"]))
+        return {"layout": layout, "env": {"device": "test"}, "pool_ads": options["pool"], "precision": "fp16",
+                "D": 64, "k": 100, "checks_ok": True, "latency_ms": {"p50": 1.0 + len(calls), "p99": 2.0},
+                "throughput": [], "targets": {}}
+
+    monkeypatch.setattr(bs, "bench_pipeline", fake)
+    result = _run("bench", "pipeline", "--pool", 4096, "--layout", "geo,format", "--json")
+    doc = json.loads(result.stdout.splitlines()[-1])
+    assert calls == [("geo", 4096), ("format", 4096)]
+    assert doc["layout"] == "geo" and list(doc["other_layouts"]) == ["format"]
+    assert doc["other_layouts"]["format"]["latency_ms"]["p50"] == 3.0
+    table = _run("bench", "pipeline", "--pool", 4096, "--layout", "format,geo").stdout
+    assert "layout format:" in table and "layout geo:" in table
+    bad = _runner().invoke(main, ["bench", "pipeline", "--layout", "geo,spiral"])
+    assert bad.exit_code == 2 and "'geo,spiral': a comma-separated list of format, geo, each once" in bad.stderr
