@@ -1277,10 +1277,13 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
 @click.option("--scorer-devices", type=_device_list, default="cpu,auto", show_default=True, metavar="LIST",
               help="The remote design's scoring service, once per device in this list (auto: the GPU when usable, "
                    "else the CPU; the same device twice runs once): e.g. cpu,gpu for the three-way table.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
+              help="Slot order of the GPU index and the GPU co-located engine: the corpus's, or clustered by the "
+                   "places the ads' geo clauses name (needs --device gpu or sim).")
 @_JSON_OPTION
 @_QUIET_OPTION
 def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, scorer_devices,
-            link_latency_us, link_gbps, as_json, quiet):
+            link_latency_us, link_gbps, layout, as_json, quiet):
     """Both architectures side by side on the same requests and update stream: eligible-set, score
     and top-K agreement (DESIGN section 4), bytes on the wire per request and hop, requests per
     second. The remote design runs once per scorer device (by default its CPU scoring service and,
@@ -1297,7 +1300,7 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
     try:  # progress lines carry the time since the start: at 10M ads a step takes minutes
         report = run_comparison(dataset, k=k, device=device, updates_path=updates, requests=n_requests,
                                 oracle_requests=oracle_requests, traffic_requests=traffic_requests, runs=runs,
-                                scorer_devices=scorer_devices, link=_link(link_latency_us, link_gbps),
+                                scorer_devices=scorer_devices, link=_link(link_latency_us, link_gbps), layout=layout,
                                 log=lambda m: _info(f"[{time.monotonic() - started:7.1f} s] {m}", quiet))
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None

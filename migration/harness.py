@@ -108,10 +108,12 @@ def gpu_index_device(device: str, n_ads: int) -> tuple[str | None, str | None]:
 
 
 def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int | None,
-                        log: Log = _quiet) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+                        log: Log = _quiet, layout: str = "format") -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     """The CPU and GPU indexes against the oracle, with the update stream applied. The oracle checks
     the first `oracle_requests` requests (None: every one) over the whole corpus, in as many processes
-    as there are cores (`oracle.match_corpus`). Returns (summary, CPU index sets, oracle sets)."""
+    as there are cores (`oracle.match_corpus`). The GPU index is laid out as the GPU engine lays it
+    out (`layout`, the world's geographic bits). Returns (summary, CPU index sets, oracle sets)."""
+    from andromeda_nb.geo_layout import world_buckets
     from andromeda_nb.oracle import match_corpus
     from cpu_baseline.index import CpuTargetingIndex
     from gpu.index import GpuTargetingIndex
@@ -123,7 +125,8 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
     log(f"building the CPU index{'' if gpu_skipped else ' and the GPU index (' + gpu_where + ')'} "
         f"over {dataset.n_ads:,} ads")
     cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
-    gpu = None if gpu_skipped else GpuTargetingIndex.from_compiled(dataset.compiled, device=gpu_where)
+    gpu = None if gpu_skipped else GpuTargetingIndex.from_compiled(
+        dataset.compiled, device=gpu_where, buckets=world_buckets(dataset.seed), rank="geo" if layout == "geo" else None)
     rejected = {r.line_no for r in apply_stream(updates, [x for x in (cpu, gpu) if x is not None], dataset)}
     log(f"matching {len(requests)} requests")
     cpu.match(requests[:1])  # warm-up: compiled code, scratch buffers
@@ -270,11 +273,15 @@ def scorer_columns(scorer_devices) -> list[tuple[str, str]]:
 
 def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
                    requests: int | None = None, oracle_requests: int | None = None, traffic_requests: int = 16,
-                   runs: int = TIMED_RUNS, scorer_devices=("cpu", "auto"), link=None, log: Log = _quiet) -> dict:
+                   runs: int = TIMED_RUNS, scorer_devices=("cpu", "auto"), link=None, log: Log = _quiet,
+                   layout: str = "format") -> dict:
     """Everything `andromeda compare` reports, as one JSON-ready dict. The remote design runs once per
     distinct scorer device (`scorer_columns`: by default the CPU scoring service and, where a GPU is
     usable, one on the GPU: the 2024 picture), then the co-located design. `link` (`relay.Link`): the
-    network every hop behaves as (default: loopback as it is)."""
+    network every hop behaves as (default: loopback as it is). `layout`: the slot order of the GPU
+    index and the GPU co-located engine; a layout other than the corpus's needs a GPU device."""
+    from andromeda_nb.constants import LAYOUTS
+    from andromeda_nb.devices import resolve
     from cpu_baseline.remote import RemoteRetriever
 
     from .colocated import ColocatedRetriever
@@ -282,6 +289,10 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     reqs = dataset.requests[:requests] if requests else dataset.requests
     if not reqs:
         raise ValueError("the corpus has no requests to compare on")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    if layout != "format" and resolve(device) == "cpu":
+        raise ValueError(f"the slot layout {layout!r} is the GPU engine's: compare it with --device gpu or sim")
     updates, rejected = load_updates(dataset, updates_path)
     # one pass over the live ids splits the stream into what applies and what is rejected
     live_rejected = apply_stream(updates, [], dataset)
@@ -292,11 +303,11 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     if problem:
         raise ValueError(problem)
     report: dict = {
-        "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision,
+        "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision, "layout": layout,
         "updates": {"applied": len(updates), "rejected": [str(r) for r in rejected]},
     }
     eligibility, index_sets, oracle_sets = compare_eligibility(dataset, reqs, updates, device=device,
-                                                               oracle_requests=oracle_requests, log=log)
+                                                               oracle_requests=oracle_requests, log=log, layout=layout)
     report["eligibility"] = eligibility
     reference, source = reference_answers(dataset, reqs, updates, k, oracle_sets, index_sets, log)
     report["reference_eligibility"] = source
@@ -305,7 +316,7 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
 
     columns = [(key, RemoteRetriever, {} if dev == "cpu" else remote_scorer(dev), dev)
                for key, dev in scorer_columns(scorer_devices)]
-    columns.append(("colocated", ColocatedRetriever, {"device": device}, None))
+    columns.append(("colocated", ColocatedRetriever, {"device": device, "layout": layout}, None))
     from andromeda_nb.services import start_side_by_side
 
     measured: dict[str, ArchMeasurement] = {}
@@ -365,7 +376,8 @@ def format_report(report: dict) -> str:
         f"mean eligible {e['eligible_mean']:,.0f} ({100 * e['eligible_fraction_mean']:.1f}% of the pool)",
         f"updates: {report['updates']['applied']} applied, {len(report['updates']['rejected'])} rejected",
         f"eligible sets: CPU index vs oracle {mark(e['cpu_vs_oracle']['ok'])} ({e['oracle_requests']} requests), "
-        + (f"GPU index ({e['gpu_index']}) vs oracle {mark(e['gpu_vs_oracle']['ok'])}, CPU vs GPU "
+        + (f"GPU index ({e['gpu_index']}{', slots by geography' if report.get('layout') == 'geo' else ''}) vs oracle "
+           f"{mark(e['gpu_vs_oracle']['ok'])}, CPU vs GPU "
            f"{mark(e['cpu_vs_gpu']['ok'])} ({e['cpu_vs_gpu']['checked']} requests)"
            if e["gpu_index"] in ("gpu", "sim") else f"GPU index skipped: {e['gpu_index']}"),
         "reference eligibility: " + ", ".join(f"{where} on {n} requests"

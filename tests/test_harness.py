@@ -63,6 +63,16 @@ def test_the_gpu_index_is_checked_under_the_simulator_when_asked(dataset, update
     assert sum(len(s) for s in cpu_sets) > 0
 
 
+def test_the_gpu_index_laid_out_by_geography_is_checked_and_the_cpu_refuses_that_layout(dataset, updates_file):
+    updates, _ = load_updates(dataset, updates_file)
+    summary, _, _ = compare_eligibility(dataset, dataset.requests, updates, device="sim", oracle_requests=5,
+                                        layout="geo")
+    assert summary["gpu_index"] == "sim" and summary["equal"], summary
+    assert summary["gpu_vs_oracle"]["checked"] == 5
+    with pytest.raises(ValueError, match="the slot layout 'geo' is the GPU engine's: compare it with --device gpu"):
+        run_comparison(dataset, k=5, device="cpu", layout="geo")
+
+
 def test_an_update_stream_of_which_nothing_applies_stops_the_comparison(dataset, tmp_path):
     path = tmp_path / "updates.jsonl"
     path.write_text('{"op": "retire", "ad_id": 999999999}\n{"op": "oops"}\n')
