@@ -9,7 +9,8 @@
 #   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size; PIPELINE_ARGS: more
 #             options, e.g. "--layout format,geo" for both slot orders in one run, with PIPELINE_TAG naming its files)
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
-#             the oracle, the CPU index, the GPU index, both architectures
+#             the oracle, the CPU index, the GPU index, both architectures (COMPARE_ARGS: more options, e.g.
+#             "--layout geo", with COMPARE_TAG naming its files)
 #   score     `bench score` (D = 64 and 128, fp16 and int8, versions 4 and 6, every peer) and `ncu` on the shipped v6
 #   corpus    only generate the corpus the threeway and shards stages read, /tmp/c$CORPUS_ADS (default
 #             10000000; 32 requests, 2,000 updates): at 10M give it a call of its own, then run those
@@ -87,8 +88,8 @@ for stage in "${stages[@]}"; do
       timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
         --updates ${COMPARE_UPDATES:-2000} --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
       timeout ${COMPARE_TIMEOUT:-400} $A compare --data /tmp/c1m --device gpu --updates /tmp/c1m/updates.jsonl --json --quiet \
-        > "$OUT/compare_1m_gpu.json" 2> "$OUT/compare_1m_gpu.err"; echo "compare rc=$?"
-      tail -c 600 "$OUT/compare_1m_gpu.json"; tail -3 "$OUT/compare_1m_gpu.err" ;;
+        ${COMPARE_ARGS:-} > "$OUT/compare_1m_gpu${COMPARE_TAG:-}.json" 2> "$OUT/compare_1m_gpu${COMPARE_TAG:-}.err"; echo "compare rc=$?"
+      tail -c 600 "$OUT/compare_1m_gpu${COMPARE_TAG:-}.json"; tail -3 "$OUT/compare_1m_gpu${COMPARE_TAG:-}.err" ;;
     score)
       timeout ${SCORE_TIMEOUT:-300} $A bench score --dims ${SCORE_DIMS:-64,128} --precision fp16 --precision int8 --versions ${SCORE_VERSIONS:-4,6} --eligible ${SCORE_ELIGIBLE:-1} \
         --out "$OUT/bench_score.json" > "$OUT/bench_score.log" 2>&1
