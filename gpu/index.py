@@ -935,9 +935,8 @@ class GpuTargetingIndex:
         has every bit of it (no block widened), else in a block with no ad, else where the fewest
         bits are added (the emptiest chunk among those); but an ad of every bit (no geo clause, custom locations) widens no block:
         NEW_CHUNK, a chunk of its own. None when the format has no free slot (the allocator grows).
-        On a generated 100,000-ad corpus with 20,000 updates in the geo layout, one request's blocks
-        skipped went from 44% to 40.2% with this rule, 26.0% with every ad widening (its capacity 1.7%
-        smaller), 2.6% with upserts placed as the allocator's free list falls (docs/BENCHMARKS.md)."""
+        What each rule keeps of the skip under updates: docs/BENCHMARKS.md, "Under real-time updates"
+        (`scripts/probe_geo_churn.py`)."""
         if self.placement == "free-list":
             return None
         slots = self.slots

@@ -239,7 +239,8 @@ def _batched_template(resid, prog_ptr, prog, sched, places, summary, rtab, ftab,
     """One thread per slot, one group of requests per grid row (blockIdx.y); `places` is the
     custom-location table the group's `slot_mask` reads (circles, or the host's circle table). A block
     whose slots' geographic summary shares no bit with the group's mask (`summary`, `gmask`) holds no
-    ad any request of the group can match on geography: it reads no slot and writes zero words. The
+    ad any request of the group can match on geography: it loads no group table, reads no slot and
+    writes zero words. The
     bounds guard masks instead of returning, because every thread of the block must reach the
     barriers."""
     first = cuda.blockIdx.x * cuda.blockDim.x
@@ -251,9 +252,10 @@ def _batched_template(resid, prog_ptr, prog, sched, places, summary, rtab, ftab,
     tm = cuda.shared.array(group_requests, int64)
     lat = cuda.shared.array(group_positions, float64)
     lon = cuda.shared.array(group_positions, float64)
-    load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
     n = nreq[g]
     live = (summary[first // SUMMARY_SLOTS] & gmask[g]) != uint64(0)  # unsigned both sides: no float compare
+    if live:  # the same for every thread of the block, so its barriers are met by all or by none
+        load_group(ftab, rtime, rpos, g, ft, tm, lat, lon, tid)
     x = int64(0)
     if in_range and live:
         x = slot_mask(slot, resid, prog_ptr, prog, sched, places, rtab, g, ft, tm, lat, lon, n)
