@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from andromeda_nb.constants import LAYOUTS, MAX_K, PRECISIONS
+from andromeda_nb.constants import DEFAULT_LAYOUT, LAYOUTS, MAX_K, PRECISIONS
 from andromeda_nb.devices import DEVICES
 
 _PRECISION = click.Choice(list(PRECISIONS))
@@ -766,9 +766,10 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
 @click.option("--switch-interval-ms", type=click.FloatRange(min=0.001), default=0.2, show_default=True,
               help="The interpreter's thread switch interval (Python's own: 5): how long a thread that lets go "
                    "of the interpreter lock (a CUDA or Arrow call) may wait to take it back.")
-@click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
+@click.option("--layout", type=click.Choice(LAYOUTS), default=None,
               help="The GPU engine's slot order: the corpus's, or clustered by the places the ads' geo clauses "
-                   "name, so the match skips more blocks (andromeda_nb.geo_layout). The CPU engine has no slots.")
+                   "name, so the match skips more blocks (andromeda_nb.geo_layout) [default: geo]. The CPU "
+                   "engine has no slots.")
 @_server_options("colocated")
 def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
@@ -1086,7 +1087,7 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @click.option("--score-version", type=click.IntRange(1), default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
-@click.option("--layout", "layouts", default="format", show_default=True, callback=lambda c, p, v: _layout_list(v),
+@click.option("--layout", "layouts", default=DEFAULT_LAYOUT, show_default=True, callback=lambda c, p, v: _layout_list(v),
               help="Slot order within a format: the base corpus's copy after copy ('format'), or clustered by the "
                    "places the ads' geo clauses name over the whole pool ('geo', andromeda_nb.geo_layout). "
                    "Comma-separated: each in turn in one run, the first as the result and the others beside it.")
@@ -1277,9 +1278,10 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
 @click.option("--scorer-devices", type=_device_list, default="cpu,auto", show_default=True, metavar="LIST",
               help="The remote design's scoring service, once per device in this list (auto: the GPU when usable, "
                    "else the CPU; the same device twice runs once): e.g. cpu,gpu for the three-way table.")
-@click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
+@click.option("--layout", type=click.Choice(LAYOUTS), default=None,
               help="Slot order of the GPU index and the GPU co-located engine: the corpus's, or clustered by the "
-                   "places the ads' geo clauses name (needs --device gpu or sim).")
+                   "places the ads' geo clauses name [default: geo on a GPU or the simulator]; the CPU engine "
+                   "has none.")
 @_JSON_OPTION
 @_QUIET_OPTION
 def compare(data, k, device, updates, n_requests, oracle_requests, traffic_requests, runs, scorer_devices,

@@ -57,6 +57,9 @@ HOUR_BUCKETS = 4  # (time // 3600) % 24 // 6
 CONTEXT_WIDTH = len(PUBLISHER_PLATFORMS) + len(DEVICE_PLATFORMS) + len(USER_OS) + HOUR_BUCKETS  # 17
 PRECISIONS = ("fp32", "fp16", "int8")
 LAYOUTS = ("format", "geo")  # slot orders within a format: the corpus's, or clustered by geography (geo_layout)
+# the GPU engine's slot order unless told: by geography, which measured faster at 10M and 100M, one request
+# and batches of 64 (docs/BENCHMARKS.md, "The layout by geography on a GPU")
+DEFAULT_LAYOUT = "geo"
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}  # bytes of one stored embedding value
 INT8_SCALE_BYTES = 4  # an int8 embedding carries one float32 scale
 

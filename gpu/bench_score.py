@@ -459,7 +459,7 @@ def geo_skips(index, requests, groups=(1, 64)) -> dict:
 
 def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
-                   score_version: int | None = None, seed: int = 0, layout: str = "format",
+                   score_version: int | None = None, seed: int = 0, layout: str = "geo",
                    progress: bool = True) -> dict:
     """`layout` 'geo': a format's slots hold its base ads clustered by geography
     (`andromeda_nb.geo_layout`), each base ad's copies side by side: the order one sort over the whole

@@ -22,6 +22,7 @@ import numpy as np
 from andromeda_nb.compiled import encode_requests
 from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
+from andromeda_nb.constants import DEFAULT_LAYOUT
 from andromeda_nb.geo_layout import LAYOUTS, world_buckets
 from andromeda_nb.model import user_sides
 from andromeda_nb.rows import RowMap
@@ -35,12 +36,13 @@ class GpuEngine(EngineBase):
     """`device` 'gpu' or 'sim' ('auto': the GPU when usable, else `devices.NoKernelDevice`); `version`: the scoring
     kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped);
     `layout`: the slot order within each format, the corpus's ('format') or clustered by the places
-    the ads' geo clauses name ('geo', `andromeda_nb.geo_layout.clustered_order`). Either way the
+    the ads' geo clauses name ('geo', `andromeda_nb.geo_layout.clustered_order`; the default,
+    `andromeda_nb.constants.DEFAULT_LAYOUT`, measured faster: docs/BENCHMARKS.md). Either way the
     match skips blocks by the bits of the world of the dataset's seed (`geo_layout.world_buckets`)."""
 
     layout = "format"  # engines built another way (gpu.tiled) lay slots out by format
 
-    def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = "format"):
+    def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = DEFAULT_LAYOUT):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
         super().__init__(dataset)

@@ -80,22 +80,23 @@ def build_retriever(dataset, arch: str, device: str = "auto", *, scorer_device: 
     return cls.build(dataset, device=device, **options) if arch in DEVICE_ARCHS else cls.build(dataset, **options)
 
 
-def build_engine(dataset, device: str = "auto", *, version=None, layout: str = "format"):
+def build_engine(dataset, device: str = "auto", *, version=None, layout: str | None = None):
     """The co-located `interfaces.Engine` for `device` ('auto': the GPU when usable, else the CPU;
     `andromeda_nb.devices.resolve`). `version`: the GPU scoring kernel (`scoring_kernel`); the CPU
     engine has its one scorer and takes none. `layout`: the GPU engine's slot order
-    (`andromeda_nb.constants.LAYOUTS`); the CPU engine has no slots and takes only 'format'."""
-    from andromeda_nb.constants import LAYOUTS
+    (`andromeda_nb.constants.LAYOUTS`; None: its default, DEFAULT_LAYOUT); the CPU engine has no
+    slots and takes only None or 'format'."""
+    from andromeda_nb.constants import DEFAULT_LAYOUT, LAYOUTS
 
-    if layout not in LAYOUTS:
+    if layout is not None and layout not in LAYOUTS:
         raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     where = resolve(device)
-    if where == "cpu" and layout != "format":
+    if where == "cpu" and layout not in (None, "format"):
         raise ValueError(f"the slot layout {layout!r} is the GPU engine's (--device gpu or sim); the CPU "
                          "engine lays out no slots")
     options = {"version": scoring_kernel(version)} if version is not None and where != "cpu" else {}
     if where != "cpu":
-        options["layout"] = layout
+        options["layout"] = layout or DEFAULT_LAYOUT
     return _load(ENGINES, where, "engine")(dataset, where, **options)
 
 

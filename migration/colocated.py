@@ -29,10 +29,10 @@ SERVE_MODULE = "migration.serve"
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
                 limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
-                layout: str = "format"):
+                layout: str | None = None):
     """The co-located server over the engine for `device`, listening at `location` (`log`: its
     write-ahead log, replayed before it listens; `limits`, `guard`: `andromeda_nb.limits`, `.guard`;
-    `layout`: the GPU engine's slot order)."""
+    `layout`: the GPU engine's slot order, None for its default)."""
     from andromeda_nb.engine_server import EngineServer  # pyarrow.flight loads only when serving
 
     engine = build_engine(dataset, device, version=version, layout=layout)
@@ -71,7 +71,7 @@ class ColocatedRetriever(ServedRetriever):
 
     @classmethod
     def build(cls, dataset, device: str = "auto", *, served: bool = False, traffic: bool = False,
-              host: str | None = None, version=None, link=None, layout: str = "format",
+              host: str | None = None, version=None, link=None, layout: str | None = None,
               **options) -> "ColocatedRetriever":
         if options:
             raise TypeError(f"unknown option(s) for the co-located retriever: {', '.join(options)}")
@@ -88,7 +88,7 @@ class ColocatedRetriever(ServedRetriever):
                 args = [*source, *child_args(), "--device", device]
                 if version is not None:
                     args += ["--version", str(getattr(version, "number", version))]
-                if layout != "format":
+                if layout is not None:
                     args += ["--layout", layout]
                 proc = ServiceProcess(SERVE_MODULE, args, name="the co-located server", start_timeout_s=START_TIMEOUT_S)
                 host = proc.location

@@ -108,11 +108,13 @@ def gpu_index_device(device: str, n_ads: int) -> tuple[str | None, str | None]:
 
 
 def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, oracle_requests: int | None,
-                        log: Log = _quiet, layout: str = "format") -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+                        log: Log = _quiet, layout: str | None = None) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     """The CPU and GPU indexes against the oracle, with the update stream applied. The oracle checks
     the first `oracle_requests` requests (None: every one) over the whole corpus, in as many processes
     as there are cores (`oracle.match_corpus`). The GPU index is laid out as the GPU engine lays it
-    out (`layout`, the world's geographic bits). Returns (summary, CPU index sets, oracle sets)."""
+    out (`layout`, None for its default; the world's geographic bits). Returns (summary, CPU index
+    sets, oracle sets)."""
+    from andromeda_nb.constants import DEFAULT_LAYOUT
     from andromeda_nb.geo_layout import world_buckets
     from andromeda_nb.oracle import match_corpus
     from cpu_baseline.index import CpuTargetingIndex
@@ -126,7 +128,8 @@ def compare_eligibility(dataset: Dataset, requests, updates, *, device: str, ora
         f"over {dataset.n_ads:,} ads")
     cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
     gpu = None if gpu_skipped else GpuTargetingIndex.from_compiled(
-        dataset.compiled, device=gpu_where, buckets=world_buckets(dataset.seed), rank="geo" if layout == "geo" else None)
+        dataset.compiled, device=gpu_where, buckets=world_buckets(dataset.seed),
+        rank="geo" if (layout or DEFAULT_LAYOUT) == "geo" else None)
     rejected = {r.line_no for r in apply_stream(updates, [x for x in (cpu, gpu) if x is not None], dataset)}
     log(f"matching {len(requests)} requests")
     cpu.match(requests[:1])  # warm-up: compiled code, scratch buffers
@@ -274,13 +277,14 @@ def scorer_columns(scorer_devices) -> list[tuple[str, str]]:
 def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto", updates_path=None,
                    requests: int | None = None, oracle_requests: int | None = None, traffic_requests: int = 16,
                    runs: int = TIMED_RUNS, scorer_devices=("cpu", "auto"), link=None, log: Log = _quiet,
-                   layout: str = "format") -> dict:
+                   layout: str | None = None) -> dict:
     """Everything `andromeda compare` reports, as one JSON-ready dict. The remote design runs once per
     distinct scorer device (`scorer_columns`: by default the CPU scoring service and, where a GPU is
     usable, one on the GPU: the 2024 picture), then the co-located design. `link` (`relay.Link`): the
     network every hop behaves as (default: loopback as it is). `layout`: the slot order of the GPU
-    index and the GPU co-located engine; a layout other than the corpus's needs a GPU device."""
-    from andromeda_nb.constants import LAYOUTS
+    index and the GPU co-located engine (None: the engine's default); a layout other than the corpus's
+    needs a GPU device."""
+    from andromeda_nb.constants import DEFAULT_LAYOUT, LAYOUTS
     from andromeda_nb.devices import resolve
     from cpu_baseline.remote import RemoteRetriever
 
@@ -289,9 +293,10 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     reqs = dataset.requests[:requests] if requests else dataset.requests
     if not reqs:
         raise ValueError("the corpus has no requests to compare on")
-    if layout not in LAYOUTS:
+    if layout is not None and layout not in LAYOUTS:
         raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-    if layout != "format" and resolve(device) == "cpu":
+    on_cpu = resolve(device) == "cpu"
+    if layout not in (None, "format") and on_cpu:
         raise ValueError(f"the slot layout {layout!r} is the GPU engine's: compare it with --device gpu or sim")
     updates, rejected = load_updates(dataset, updates_path)
     # one pass over the live ids splits the stream into what applies and what is rejected
@@ -303,7 +308,8 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     if problem:
         raise ValueError(problem)
     report: dict = {
-        "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision, "layout": layout,
+        "ads": dataset.n_ads, "requests": len(reqs), "k": k, "precision": dataset.precision,
+        "layout": None if on_cpu else layout or DEFAULT_LAYOUT,
         "updates": {"applied": len(updates), "rejected": [str(r) for r in rejected]},
     }
     eligibility, index_sets, oracle_sets = compare_eligibility(dataset, reqs, updates, device=device,

@@ -23,9 +23,10 @@ from andromeda_nb.services import announce, open_corpus
 
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
                   on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
-                  layout: str = "format") -> None:
+                  layout: str | None = None) -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
-    (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order."""
+    (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order (None:
+    its default)."""
     from .colocated import make_server
 
     settings = settings or ServerSettings()
@@ -58,8 +59,8 @@ def main(argv=None) -> int:
     add_server_arguments(parser)
     parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--version", type=int, default=None, help="scoring kernel version (of the kernel lab)")
-    parser.add_argument("--layout", default="format", choices=LAYOUTS,
-                        help="the GPU engine's slot order: the corpus's, or clustered by geography")
+    parser.add_argument("--layout", default=None, choices=LAYOUTS,
+                        help="the GPU engine's slot order: the corpus's, or clustered by geography (default: geo)")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
     parser.add_argument("--decode-ahead", action="store_true",

@@ -40,7 +40,7 @@ from andromeda_nb.provenance import host_info  # noqa: E402
 from andromeda_nb.services import ServiceProcess  # noqa: E402
 
 
-def in_process(dataset, device: str, k: int, batches: list[int], repeat: int, layout: str = "format"):
+def in_process(dataset, device: str, k: int, batches: list[int], repeat: int, layout: str | None = None):
     """The engine's answers to every request, and its requests/s in batches of each size in `batches`
     (the passes alternate between the sizes, so a drift of the machine touches each alike)."""
     from migration.architectures import build_engine
@@ -111,14 +111,14 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
-           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str = "format"):
+           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None):
     from migration.clients import drive
 
     proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms),
                                               *(["--decode-ahead"] if decode_ahead else []),
                                               *(["--switch-interval-ms", switch_ms] if switch_ms else []),
-                                              "--layout", layout],
+                                              *(["--layout", layout] if layout else [])],
                           name="the co-located server")
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
@@ -154,8 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", required=True, help="corpus directory (made by `andromeda generate`)")
     ap.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     ap.add_argument("--k", type=int, default=100)
-    ap.add_argument("--layout", default="format", choices=("format", "geo"),
-                    help="the GPU engine's slot order, in process and served alike")
+    ap.add_argument("--layout", default=None, choices=("format", "geo"),
+                    help="the GPU engine's slot order, in process and served alike (default: the engine's)")
     ap.add_argument("--batch", type=int, default=64, help="requests per in-process batch")
     ap.add_argument("--repeat", type=int, default=3, help="in-process passes (the median is reported)")
     ap.add_argument("--clients", type=int, default=32)

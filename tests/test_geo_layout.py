@@ -136,7 +136,7 @@ def test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_u
     rank_of = dict(zip(ct.ad_id.tolist(), rank.tolist()))
     used = slots.slot_ad_id[slots.slot_ad_id != EMPTY]
     assert np.all(np.diff([rank_of[int(a)] for a in used]) > 0)
-    plain = GpuEngine(dataset, device=device).index.slots.slot_ad_id
+    plain = GpuEngine(dataset, device=device, layout="format").index.slots.slot_ad_id
     assert not np.array_equal(plain[plain != EMPTY], used)
     updates = update_stream(dataset, 12, seed=17)
     engine.apply_many(updates)
