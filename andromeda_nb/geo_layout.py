@@ -184,23 +184,27 @@ def world_buckets(seed: int) -> GeoBuckets:
     return GeoBuckets.of_world(build_world(seed))
 
 
-def world_rank(ct: CompiledTargeting, seed: int) -> np.ndarray:
-    """`clustered_order` of compiled ads, by `world_buckets(seed)`."""
-    return clustered_order(ct.format, world_buckets(seed).ad_masks(ct))
-
-
 def geo_rank(dataset) -> np.ndarray:
-    """`world_rank` of a dataset's ads and seed."""
-    return world_rank(dataset.compiled, dataset.seed)
+    """`clustered_order` of a dataset's ads, by `world_buckets` of its seed."""
+    return clustered_order(dataset.compiled.format, world_buckets(dataset.seed).ad_masks(dataset.compiled))
+
+
+def block_summaries(masks: np.ndarray, block: int) -> np.ndarray:
+    """uint64[ceil(len(masks) / block)]: the OR of each block of `block` masks in slot order (0 for an
+    empty slot)."""
+    n = -(-len(masks) // block)
+    padded = np.zeros(n * block, np.uint64)
+    padded[:len(masks)] = masks
+    return np.bitwise_or.reduce(padded.reshape(n, block), axis=1) if n else padded
 
 
 def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: int = CHUNK_SLOTS) -> np.ndarray:
     """uint64 (n_chunks,): the OR of the masks of the ads in each chunk (ad i in slot `slot[i]`); 0 for
     a chunk with no ad."""
-    out = np.zeros(n_chunks, np.uint64)
-    np.bitwise_or.at(out, np.asarray(slot, np.int64) // chunk, np.asarray(masks, np.uint64))
-    return out
+    by_slot = np.zeros(n_chunks * chunk, np.uint64)
+    by_slot[np.asarray(slot, np.int64)] = masks
+    return block_summaries(by_slot, chunk)
 
 
-__all__ = ["ALL", "LAYOUTS", "GeoBuckets", "chunk_summaries", "clustered_order", "geo_rank", "hashed_bit", "world_buckets",
-           "world_rank"]
+__all__ = ["ALL", "LAYOUTS", "GeoBuckets", "block_summaries", "chunk_summaries", "clustered_order", "geo_rank",
+           "hashed_bit", "world_buckets"]

@@ -61,7 +61,7 @@ from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.devices import notice, resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.geo_layout import ALL as GEO_ALL
-from andromeda_nb.geo_layout import GeoBuckets, clustered_order
+from andromeda_nb.geo_layout import GeoBuckets, block_summaries, clustered_order
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb import jitcache
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
@@ -390,14 +390,6 @@ def _popcount(x: np.ndarray) -> np.ndarray:
     if hasattr(np, "bitwise_count"):
         return np.bitwise_count(x).astype(np.int64)
     return np.unpackbits(np.ascontiguousarray(x, np.uint64).view(np.uint8).reshape(-1, 8), axis=1).sum(1)
-
-
-def block_summaries(masks: np.ndarray, block: int) -> np.ndarray:
-    """uint64[ceil(len(masks) / block)]: the OR of each block's masks (slot order)."""
-    n = -(-len(masks) // block)
-    padded = np.zeros(n * block, np.uint64)
-    padded[:len(masks)] = masks
-    return np.bitwise_or.reduce(padded.reshape(n, block), axis=1) if n else padded
 
 
 @dataclass
@@ -760,15 +752,19 @@ class GpuTargetingIndex:
         return RequestBatch.build(encoded, self.vocab, self._cuda, recipe.group, buffers, circles, self.stream,
                                   self.geo_bits())
 
-    def skipped_blocks(self, encoded: EncodedBatch | Sequence[EncodedRequest], group: int = 1) -> np.ndarray:
-        """bool[G, blocks]: the blocks of SUMMARY_SLOTS slots the batched kernels skip for each group of
-        `group` requests of the batch (the host's view of the same masks: nothing launched)."""
+    def group_masks_of(self, encoded: EncodedBatch | Sequence[EncodedRequest], group: int = 1) -> np.ndarray:
+        """uint64[G]: the mask `prepare` gives each group of `group` requests of the batch."""
         batch = EncodedBatch.of(encoded)
         term_req = np.repeat(np.arange(len(batch), dtype=np.int64), np.diff(batch.term_ptr))
         dense, known = self.vocab.lookup_flat(batch.terms)
         masks = np.empty(max(1, -(-len(batch) // group)), np.uint64)
         group_masks(term_req[known] // group, dense[known], self.geo_bits(), masks)
-        return (self.summary_h[None, :] & masks[:, None]) == 0
+        return masks
+
+    def skipped_blocks(self, encoded: EncodedBatch | Sequence[EncodedRequest], group: int = 1) -> np.ndarray:
+        """bool[G, blocks]: the blocks of SUMMARY_SLOTS slots the batched kernels skip for each group of
+        `group` requests of the batch (the host's view of the same masks: nothing launched)."""
+        return (self.summary_h[None, :] & self.group_masks_of(encoded, group)[:, None]) == 0
 
     def geo_bits(self) -> np.ndarray:
         """int8 per dense term id of the vocabulary: its geographic bit (`index.geo`), -1 for none."""

@@ -29,18 +29,6 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # host arrays: nothing here 
 from andromeda_nb.bench import finish_probe, log  # noqa: E402
 
 
-def _group_mask(index, encoded, group: int, g: int) -> int:
-    """The mask `prepare` gives group g of the batch taken `group` requests at a time."""
-    from gpu.index import group_masks
-
-    lo, hi = g * group, min(len(encoded), (g + 1) * group)
-    terms = encoded.terms[encoded.term_ptr[lo]:encoded.term_ptr[hi]]
-    dense, known = index.vocab.lookup_flat(terms)
-    out = np.zeros(1, np.uint64)
-    group_masks(np.zeros(int(known.sum()), np.int64), dense[known], index.geo_bits(), out)
-    return int(out[0])
-
-
 def probe(pool: int, base_ads: int, n_requests: int, seed: int, progress: bool = True) -> dict:
     from andromeda_nb.compiled import encode_requests
     from andromeda_nb.geo_layout import clustered_order, world_buckets
@@ -71,8 +59,7 @@ def probe(pool: int, base_ads: int, n_requests: int, seed: int, progress: bool =
             # slots the block skip leaves to read whose own mask meets no request of the group: what a
             # per-slot test before the clause programs would leave unread on top
             extra_slots, extra_bytes = [], []
-            for gi in range(skip.shape[0]):
-                gm = np.uint64(_group_mask(index, encoded, g, gi))
+            for gi, gm in enumerate(index.group_masks_of(encoded, g)):
                 read = np.repeat(~skip[gi], block)[:cap] & used
                 miss = read & ((index.geo_h[:cap] & gm) == 0)
                 extra_slots.append(miss.sum() / max(1, used.sum()))
