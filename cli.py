@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from andromeda_nb.constants import DEFAULT_LAYOUT, LAYOUTS, MAX_K, PRECISIONS
+from andromeda_nb.constants import DEFAULT_LAYOUT, LAUNCHES, LAYOUTS, MAX_K, PRECISIONS
 from andromeda_nb.devices import DEVICES
 
 _PRECISION = click.Choice(list(PRECISIONS))
@@ -135,15 +135,20 @@ def _prepare_simulator(ctx, param, device: str) -> str:
     return device
 
 
-def _layout_list(value):
-    """'format,geo' -> ('format', 'geo'); each a slot layout, none twice."""
+def _word_list(value, choices):
+    """'a,b' -> ('a', 'b'); each one of `choices`, none twice."""
     if isinstance(value, tuple):
         return value
     words = tuple(w.strip() for w in str(value).split(",") if w.strip())
-    bad = [w for w in words if w not in LAYOUTS]
+    bad = [w for w in words if w not in choices]
     if not words or bad or len(set(words)) != len(words):
-        raise click.BadParameter(f"{value!r}: a comma-separated list of {', '.join(LAYOUTS)}, each once")
+        raise click.BadParameter(f"{value!r}: a comma-separated list of {', '.join(choices)}, each once")
     return words
+
+
+def _layout_list(value):
+    """'format,geo' -> ('format', 'geo'); each a slot layout, none twice."""
+    return _word_list(value, LAYOUTS)
 
 
 def _link(latency_us: float, gbps: float | None):
@@ -1091,10 +1096,16 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
               help="Slot order within a format: the base corpus's copy after copy ('format'), or clustered by the "
                    "places the ads' geo clauses name over the whole pool ('geo', andromeda_nb.geo_layout). "
                    "Comma-separated: each in turn in one run, the first as the result and the others beside it.")
+@click.option("--launch", "launches", default=",".join(LAUNCHES), show_default=True,
+              callback=lambda c, p, v: _word_list(v, LAUNCHES),
+              help="How a batch's upload, kernels and answer copies are enqueued: replayed from a CUDA graph "
+                   "('graph', as the engine serves) or step by step ('direct'). Comma-separated: each measured on "
+                   "the same pool in one run, the first reported as the result.")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, out, as_json, quiet):
+def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, launches, out, as_json,
+                   quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
     from andromeda_nb.bench import json_line
@@ -1104,7 +1115,7 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
 
         result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
                                            batches=batches, score_version=score_version, seed=seed,
-                                           progress=not quiet)
+                                           launches=launches, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")

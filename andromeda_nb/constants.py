@@ -60,6 +60,8 @@ LAYOUTS = ("format", "geo")  # slot orders within a format: the corpus's, or clu
 # the GPU engine's slot order unless told: by geography, which measured faster at 10M and 100M, one request
 # and batches of 64 (docs/BENCHMARKS.md, "The layout by geography on a GPU")
 DEFAULT_LAYOUT = "geo"
+# how the GPU engine enqueues a batch's plan (gpu.pipeline): replayed from a CUDA graph, or step by step
+LAUNCHES = ("graph", "direct")
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}  # bytes of one stored embedding value
 INT8_SCALE_BYTES = 4  # an int8 embedding carries one float32 scale
 

@@ -37,7 +37,7 @@ import numpy as np
 from andromeda_nb.bench import log, repeat_timed, write_json
 from andromeda_nb.numbers import rate
 from andromeda_nb.budget import fused_stages, total
-from andromeda_nb.constants import SCORE_ATOL, TOPK_TIE_ATOL
+from andromeda_nb.constants import LAUNCHES, SCORE_ATOL, TOPK_TIE_ATOL
 from andromeda_nb.devices import resolve
 from andromeda_nb.model import STORED_DTYPES, MoeModel, user_side, user_sides
 from andromeda_nb.scoring import dot_table, fold_tables_batch, fold_user_side
@@ -457,14 +457,25 @@ def geo_skips(index, requests, groups=(1, 64)) -> dict:
     return {str(g): round(float(index.skipped_blocks(encoded, g).mean()), 4) for g in groups if g <= len(requests)}
 
 
-def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
-                   dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
-                   score_version: int | None = None, seed: int = 0, layout: str = "geo",
-                   progress: bool = True) -> dict:
-    """`layout` 'geo': a format's slots hold its base ads clustered by geography
-    (`andromeda_nb.geo_layout`), each base ad's copies side by side: the order one sort over the whole
-    tiled corpus gives. Either way the match skips blocks by the world's geographic bits, and the
-    result records the share of blocks skipped for one request and for 64 (`geo_blocks_skipped`)."""
+@dataclasses.dataclass
+class PipelinePool:
+    """What `bench pipeline` and the probes beside it build once: a tiled pool's GPU index, the fused
+    scorer over fresh embeddings in its slots, the model and requests with their signals."""
+
+    index: object  # gpu.index.GpuTargetingIndex
+    scorer: object  # gpu.fused.FusedScorer
+    dpool: Pool
+    model: MoeModel
+    requests: list
+    header: dict  # the result's first fields (environment, sizes, versions, layout, blocks skipped)
+    index_s: float  # seconds to build the index
+    t0: float  # time.time() at the start
+
+
+def pipeline_pool(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
+                  dim: int = 64, k: int = CHECK_K, score_version: int | None = None, seed: int = 0,
+                  layout: str = "geo", progress: bool = True) -> PipelinePool:
+    """The pool of `bench_pipeline` (its arguments), on the GPU."""
     from andromeda_nb.geo_layout import LAYOUTS, clustered_order, world_buckets
 
     if layout not in LAYOUTS:
@@ -473,7 +484,6 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     cuda = runtime.cuda()
     import cupy as xp
 
-    from andromeda_nb.compiled import encode_requests
     from andromeda_nb.derive import request_signals
     from andromeda_nb.tiling import generate_base
 
@@ -488,8 +498,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     model = MoeModel.init(seed, D=dim)
     requests = [dataclasses.replace(r, signals=request_signals(r.request_id, seed, model.E, model.S))
                 for r in base.requests]
-    slots = index.slots
-    S = slots.capacity
+    S = index.slots.capacity
     index_s = time.time() - t0
     log(progress, f"pipeline pool: {len(index):,} ads in {S:,} slots, built in {index_s:.1f} s")
     skipped = geo_skips(index, requests)
@@ -497,38 +506,55 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
 
     if score_version is not None and score_version not in lab.VERSIONS:
         raise ValueError(f"no scoring kernel v{score_version}; the lab has {sorted(lab.VERSIONS)}")
-    dpool, fs = slot_pool(xp, slots, model, precision, seed + 1,
+    dpool, fs = slot_pool(xp, index.slots, model, precision, seed + 1,
                           version=None if score_version is None else lab.VERSIONS[score_version])
-    result = {"env": environment(cuda), "pool_ads": len(index), "slots": S, "precision": precision, "D": dim, "k": k,
+    header = {"env": environment(cuda), "pool_ads": len(index), "slots": S, "precision": precision, "D": dim, "k": k,
               "score_version": fs.version, "match_version": index.version, "arithmetic": "float32 (default mode)",
               "layout": layout, "geo_blocks_skipped": skipped}
+    return PipelinePool(index, fs, dpool, model, requests, header, index_s, t0)
+
+
+def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
+                   dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
+                   score_version: int | None = None, seed: int = 0, layout: str = "geo",
+                   launches: Sequence[str] = LAUNCHES, progress: bool = True) -> dict:
+    """`layout` 'geo': a format's slots hold its base ads clustered by geography
+    (`andromeda_nb.geo_layout`), each base ad's copies side by side: the order one sort over the whole
+    tiled corpus gives. Either way the match skips blocks by the world's geographic bits, and the
+    result records the share of blocks skipped for one request and for 64 (`geo_blocks_skipped`).
+    `launches`: how each batch's plan is enqueued (`gpu.pipeline`): 'graph' (replayed from a CUDA
+    graph, as the engine does) and 'direct' (step by step), each measured in turn on the same pool
+    and requests (`launch_modes`); the first is the one the latency, throughput and targets report."""
+    launches = tuple(launches)
+    if not launches or any(m not in LAUNCHES for m in launches):
+        raise ValueError(f"launch modes {launches!r}: choose from {', '.join(LAUNCHES)}")
+    pp = pipeline_pool(pool=pool, base_ads=base_ads, n_requests=n_requests, precision=precision, dim=dim, k=k,
+                       score_version=score_version, seed=seed, layout=layout, progress=progress)
+    cuda = runtime.cuda()
+    import cupy as xp
+
+    from andromeda_nb.compiled import encode_requests
+
+    index, fs, dpool, model, requests = pp.index, pp.scorer, pp.dpool, pp.model, pp.requests
+    slots = index.slots
+    t0, index_s = pp.t0, pp.index_s
+    result = dict(pp.header)
+
+    from .pipeline import BatchPipeline
+
+    pipes = {mode: BatchPipeline(index, fs, graphs=mode == "graph") for mode in launches}
+    pipe = pipes[launches[0]]  # the figures the targets are read from
 
     def tables(batch_reqs):  # the user side of a batch, as the GPU engine computes it
         return fold_tables_batch(*user_sides(model, batch_reqs))
 
-    def run(batch_reqs, user_side_after_match=False):  # as the co-located server runs a lone batch
-        # (GpuEngine.retrieve): kept output, reused upload buffers; or with the user side computed while
-        # the match kernel runs
-        tabs = None if user_side_after_match else tables(batch_reqs)
-        elig = index.match_slots(encode_requests(batch_reqs), out=index.kept_output(len(batch_reqs)))
-        tabs = tables(batch_reqs) if tabs is None else tabs
-        return fs.topk(elig, tabs, k, index.stream), elig
+    def prepare(batch_reqs, p=None):  # the host's share of a batch (GpuEngine._prepare)
+        return (p or pipe).prepare(encode_requests(batch_reqs), tables(batch_reqs))
 
-    def prepare(batch_reqs):  # the host's share of a batch (GpuEngine._prepare)
-        return len(batch_reqs), tables(batch_reqs), index.prepare(encode_requests(batch_reqs), reuse=True)
-
-    def launch(prepared, marks=None):  # match, scoring, top-K enqueued on the index's stream
-        n, tabs, batch = prepared
-        elig = index.kept_output(n)
-        if marks:
-            marks[0].record(index.stream)
-        index.run(batch, elig)
-        if marks:
-            marks[1].record(index.stream)
-        b = fs.launch(elig, tabs, k, index.stream, mark=marks[2] if marks else None)
-        if marks:
-            marks[3].record(index.stream)
-        return b
+    def run(batch_reqs, p=None):  # as the co-located server runs a lone batch (GpuEngine.retrieve)
+        p = p or pipe
+        answers = p.fetch(p.launch(prepare(batch_reqs, p), k))
+        return answers, index.kept_output(len(batch_reqs))
 
     # check against the float64 reference on the eligible slots the match reported; the first call
     # compiles (or loads from the cache) every kernel: the start-up a server pays before it listens
@@ -537,31 +563,38 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     result["startup_s"] = {"index_and_pool": round(index_s, 3), "table_and_scorer": round(t1 - t0 - index_s, 3),
                            "first_batch": round(time.time() - t1, 3), "total": round(time.time() - t0, 3)}
     checks = check_pool_answers(xp, dpool, slots, model, requests[:4], answers, elig.copy_to_host(), k)
+    # every launch mode answers as the first, bit for bit, also from a captured graph (third call)
+    for mode, p in pipes.items():
+        for _ in range(3):
+            again, _ = run(requests[:4], p)
+        for c, (ids, sc), (ids2, sc2) in zip(checks, answers, again):
+            c.setdefault("launch_modes_equal", True)
+            c["launch_modes_equal"] &= bool(np.array_equal(ids, ids2) and np.array_equal(sc, sc2))
     result["checks"] = checks
-    result["checks_ok"] = all(c["ok"] for c in checks)
+    result["checks_ok"] = all(c["ok"] and c["launch_modes_equal"] for c in checks)
     log(progress, f"pipeline check vs float64 reference: {'ok' if result['checks_ok'] else 'FAILED'} "
-        f"(eligible {[c['eligible'] for c in checks]})")
-    # latency, one request per call
+        f"(eligible {[c['eligible'] for c in checks]}; launch modes {', '.join(launches)})")
+    # latency, one request per call, each launch mode in turn for every request
     for r in requests[:3]:
-        run([r])
-    lat = []
+        for p in pipes.values():
+            run([r], p)
+    lat: dict[str, list] = {mode: [] for mode in launches}
     for i in range(latency_requests):
-        t = time.perf_counter()
-        run([requests[i % len(requests)]])
-        lat.append(time.perf_counter() - t)
-    lat_ms = np.asarray(lat) * 1e3
-    result["latency_ms"] = {"p50": float(np.percentile(lat_ms, 50)), "p99": float(np.percentile(lat_ms, 99)),
-                            "mean": float(lat_ms.mean()), "requests": latency_requests}
-    # the same requests with the user side computed after the match is launched, while the device runs
-    # it (not the engine's order yet), for the difference within one run
-    lat = []
-    for i in range(latency_requests):
-        t = time.perf_counter()
-        run([requests[i % len(requests)]], user_side_after_match=True)
-        lat.append(time.perf_counter() - t)
-    lat_ms = np.asarray(lat) * 1e3
-    result["latency_user_side_after_match_ms"] = {"p50": float(np.percentile(lat_ms, 50)),
-                                                  "p99": float(np.percentile(lat_ms, 99)), "mean": float(lat_ms.mean())}
+        for mode, p in pipes.items():
+            t = time.perf_counter()
+            run([requests[i % len(requests)]], p)
+            lat[mode].append((time.perf_counter() - t) * 1e3)
+
+    def percentiles(v):
+        v = np.asarray(v)
+        return {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)), "mean": float(v.mean()),
+                "requests": len(v)}
+
+    result["launch"] = launches[0]
+    result["latency_ms"] = percentiles(lat[launches[0]])
+    result["launch_modes"] = {mode: {"latency_ms": percentiles(lat[mode])} for mode in launches}
+    if "graph" in pipes:
+        result["graphs_captured"] = pipes["graph"].graphs.captures
     # where the time of one request goes: each stage synchronized, p50 and p99 over the latency
     # requests; the match stage split into host preparation (encode, upload) and the kernel
     stages = {"user_side_host": [], "match_prepare": [], "match_kernel": [], "score_and_topk": [],
@@ -589,62 +622,65 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     result["stages_p99_ms"] = {name: float(np.percentile(v, 99)) for name, v in stages.items()}
     total = np.sum([np.asarray(v) for v in stages.values()], axis=0)
     result["stages_total_ms"] = {"p50": float(np.median(total)), "p99": float(np.percentile(total, 99))}
-    # the host's calls of one request, the user side behind the match launch, nothing waited for until
-    # the answers:
-    # launch overhead is hidden where the scoring and top-K launches are issued before the match kernel
-    # ends (compare `issue_to_scoring_launched` with the stage `match_kernel`), and shows where not
-    calls = {"prepare_and_upload": [], "match_launch": [], "user_side": [], "scoring_and_topk_launch": [],
-             "answers_wait": [], "issue_to_scoring_launched": []}
+    # the host's calls of one request as the pipeline serves it (`launch` enqueues the whole plan: one
+    # graph launch, or every step), nothing waited for until the answers
+    calls = {"user_side": [], "encode": [], "prepare": [], "launch": [], "answers_wait": []}
     for i in range(latency_requests):
         req = [requests[i % len(requests)]]
         t0 = time.perf_counter()
-        prepared = index.prepare(encode_requests(req), reuse=True)
-        t1 = time.perf_counter()
-        out = index.kept_output(1)
-        index.run(prepared, out)
-        t2 = time.perf_counter()
         tabs = tables(req)
+        t1 = time.perf_counter()
+        enc = encode_requests(req)
+        t2 = time.perf_counter()
+        prepared = pipe.prepare(enc, tabs)
         t3 = time.perf_counter()
-        b = fs.launch(out, tabs, k, index.stream)
+        launched = pipe.launch(prepared, k)
         t4 = time.perf_counter()
-        fs.fetch(b, 1, index.stream)
+        pipe.fetch(launched)
         t5 = time.perf_counter()
-        for name, dt in zip(calls, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t4 - t1)):
+        for name, dt in zip(calls, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
             calls[name].append(dt * 1e3)
     result["host_calls_ms"] = {name: float(np.median(v)) for name, v in calls.items()}
     result["throughput"] = []
     marks = [cuda.event(timing=True) for _ in range(4)]
     for B in batches:
         reqs = [requests[i % len(requests)] for i in range(B)]
-        run(reqs)
-        reps = max(3, 64 // B)
-        t = time.perf_counter()
-        for _ in range(reps):
-            run(reqs)
-        serial = (time.perf_counter() - t) / reps
-        # pipelined, as GpuEngine.retrieve runs consecutive batches: batch i + 1 prepared on the host
-        # while the device runs batch i, one synchronization per batch (when its answers come back)
-        prepared = prepare(reqs)
-        t = time.perf_counter()
-        for i in range(reps):
-            launched = launch(prepared)
-            prepared = prepare(reqs) if i + 1 < reps else None
-            fs.fetch(launched, B, index.stream)
-        piped = (time.perf_counter() - t) / reps
-        # the stages of one batch, each host stage synchronized, the device stages by CUDA events
+        row = {"batch": B}
+        for mode, p in pipes.items():
+            run(reqs, p)
+            reps = max(3, 64 // B)
+            t = time.perf_counter()
+            for _ in range(reps):
+                run(reqs, p)
+            serial = (time.perf_counter() - t) / reps
+            # pipelined, as GpuEngine.retrieve runs consecutive batches: batch i + 1 prepared on the host
+            # while the device runs batch i, one synchronization per batch (when its answers come back)
+            prepared = prepare(reqs, p)
+            t = time.perf_counter()
+            for i in range(reps):
+                launched = p.launch(prepared, k)
+                prepared = prepare(reqs, p) if i + 1 < reps else None
+                p.fetch(launched)
+            piped = (time.perf_counter() - t) / reps
+            figures = {"batch_ms": piped * 1e3, "requests_per_s": B / piped, "pool_ads_per_s": B * len(index) / piped,
+                       "serial_batch_ms": serial * 1e3, "serial_pool_ads_per_s": B * len(index) / serial}
+            if p is pipe:
+                row.update(figures)
+            result["launch_modes"][mode].setdefault("throughput", []).append({"batch": B, **figures})
+        # the stages of one batch, each host stage synchronized, the device stages by CUDA events (the
+        # plan's steps enqueued one by one, with an event between the stages)
         st = {"user_side_host": [], "match_prepare_host": [], "match_kernel": [], "score_kernel": [],
               "topk_kernel": [], "answers_to_host": []}
         for _ in range(reps):
             h0 = time.perf_counter()
             tabs = tables(reqs)
             h1 = time.perf_counter()
-            batch = index.prepare(encode_requests(reqs), reuse=True)
-            index.stream.synchronize()
+            prepared = pipe.prepare(encode_requests(reqs), tabs)
             h2 = time.perf_counter()
-            launched = launch((B, tabs, batch), marks)
+            launched = pipe.launch(prepared, k, marks)
             marks[3].synchronize()
             h3 = time.perf_counter()
-            fs.fetch(launched, B, index.stream)
+            pipe.fetch(launched)
             h4 = time.perf_counter()
             st["user_side_host"].append((h1 - h0) * 1e3)
             st["match_prepare_host"].append((h2 - h1) * 1e3)
@@ -652,11 +688,9 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                 st[name].append(cuda.event_elapsed_time(a, z))
             st["answers_to_host"].append((h4 - h3) * 1e3)
         stages_b = {name: float(np.median(v)) for name, v in st.items()}
-        result["throughput"].append({"batch": B, "batch_ms": piped * 1e3, "requests_per_s": B / piped,
-                                     "pool_ads_per_s": B * len(index) / piped, "serial_batch_ms": serial * 1e3,
-                                     "serial_pool_ads_per_s": B * len(index) / serial, "stages_ms": stages_b,
-                                     "host_ms": sum(v for n, v in stages_b.items() if n.endswith("host")),
-                                     "device_ms": sum(v for n, v in stages_b.items() if n.endswith("kernel"))})
+        row.update({"stages_ms": stages_b, "host_ms": sum(v for n, v in stages_b.items() if n.endswith("host")),
+                    "device_ms": sum(v for n, v in stages_b.items() if n.endswith("kernel"))})
+        result["throughput"].append(row)
     tp = result["throughput"]
     best = max(tp, key=lambda x: x["pool_ads_per_s"])
     # the co-located pipeline's targets (host work included): 10M pool p50 <= 1.0 ms, p99 <= 1.5 ms, batch 64
@@ -700,7 +734,8 @@ def pipeline_table(result) -> str:
     lat = result["latency_ms"]
     lines = [f"device: {result['env'].get('device')}   pool: {result['pool_ads']:,} ads   {result['precision']} D={result['D']}"
              f"   k={result['k']}   check: {'ok' if result['checks_ok'] else 'FAILED'}",
-             f"latency per request (batch 1): p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
+             f"latency per request (batch 1{', ' + result['launch'] if 'launch' in result else ''}): "
+             f"p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
              + (f"   (user side after the match launch: p50 {after['p50']:.2f} ms  p99 {after['p99']:.2f} ms)"
                 if (after := result.get("latency_user_side_after_match_ms")) else ""),
              "stages (median ms): " + "  ".join(f"{k} {v:.3f}" for k, v in result.get("stages_ms", {}).items()),
@@ -718,6 +753,13 @@ def pipeline_table(result) -> str:
         lines.append(line)
         if "stages_ms" in t:
             lines.append("    stages (median ms): " + "  ".join(f"{k} {v:.3f}" for k, v in t["stages_ms"].items()))
+    for mode, m in result.get("launch_modes", {}).items():
+        if mode == result.get("launch"):
+            continue
+        ml = m["latency_ms"]
+        lines.append(f"launched {mode}: latency p50 {ml['p50']:.2f} ms  p99 {ml['p99']:.2f} ms; "
+                     + "  ".join(f"batch {t['batch']} {rate(t['pool_ads_per_s'], 'pool ads/s')}"
+                                 for t in m.get("throughput", [])))
     for name, t in result["targets"].items():
         lines.append(f"target {name}: {t['value']:.3g} (want {t['target']}): {'met' if t['met'] else 'NOT met'}")
     return "\n".join(lines)

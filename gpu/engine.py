@@ -7,7 +7,9 @@ top-K inside) and the final top-K kernel. Per batch of at most MAX_BATCH request
 every request on the host (float64, folded into per-format float32 tables; the whole batch in one
 vectorized pass, `andromeda_nb.model.user_sides` and `andromeda_nb.scoring.fold_tables_batch`), one
 match launch, one scoring launch, one top-K launch, all on the index's stream, and one
-synchronization, when the answers come back. The host's share of batch
+synchronization, when the answers come back; the batch's upload, kernels and answer copies are one
+plan (`gpu.pipeline`), replayed from a CUDA graph (`gpu.graphs`: one driver call instead of a numba
+launch's Python per kernel). The host's share of batch
 i + 1 (user side, request encoding, group and circle tables, their upload) is done while the device
 runs batch i: it is prepared before batch i's answers are fetched, into the second of the index's two
 request buffers. Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
@@ -42,7 +44,8 @@ class GpuEngine(EngineBase):
 
     layout = "format"  # engines built another way (gpu.tiled) lay slots out by format
 
-    def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = DEFAULT_LAYOUT):
+    def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = DEFAULT_LAYOUT,
+                 graphs: bool = True):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
         super().__init__(dataset)
@@ -64,8 +67,10 @@ class GpuEngine(EngineBase):
         ss[used] = scale[rows]
         self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,
                                   top_e=self.top_e, version=version)
+        from .pipeline import BatchPipeline
         from .runtime import DeviceClock
 
+        self.pipeline = BatchPipeline(self.index, self.scorer, graphs=graphs)
         self.clock = DeviceClock()  # device time of the match, scoring and top-K launches
 
     def tables(self, requests: Sequence[Request]) -> np.ndarray:
@@ -85,22 +90,20 @@ class GpuEngine(EngineBase):
         for i in range(len(parts)):
             launched = self._launch(prepared, k)
             prepared = self._prepare(parts[i + 1]) if i + 1 < len(parts) else None  # overlaps batch i on the device
-            out.extend(self.scorer.fetch(launched, len(parts[i]), self.index.stream))  # the one synchronization
+            out.extend(self.pipeline.fetch(launched))  # the one synchronization
             self.clock.settle()
         return out
 
     def _prepare(self, requests):
-        """The host's share of a batch: folded user-side tables, and the match request arrays uploaded
-        (asynchronously, on the index's stream) into the next of the index's two request buffers."""
-        return len(requests), self.tables(requests), self.index.prepare(encode_requests(requests), reuse=True)
+        """The host's share of a batch: the encoded requests and their folded user-side tables, written
+        into the next of the index's two staging buffers (`gpu.pipeline.BatchPipeline.prepare`)."""
+        return self.pipeline.prepare(encode_requests(requests), self.tables(requests))
 
-    def _launch(self, prepared, k: int) -> dict:
-        """Match, scoring and top-K of a prepared batch, enqueued on the index's stream."""
-        n, tabs, batch = prepared
-        elig = self.index.kept_output(n)
+    def _launch(self, prepared, k: int):
+        """Upload, match, scoring, top-K and the answers' copy of a prepared batch, enqueued on the
+        index's stream (from a CUDA graph unless built with graphs=False)."""
         self.clock.start(self.index.stream)
-        self.index.run(batch, elig)
-        launched = self.scorer.launch(elig, tabs, k, self.index.stream)
+        launched = self.pipeline.launch(prepared, k)
         self.clock.stop(self.index.stream)
         return launched
 

@@ -21,6 +21,7 @@ from andromeda_nb.model import PRECISION_OF_DTYPE
 from andromeda_nb.slots import CHUNK_SLOTS
 
 from . import runtime
+from .graphs import Copy, run_plan
 from .kernels import score as score_kernels
 from .kernels import topk as topk_kernels
 
@@ -197,6 +198,44 @@ class FusedScorer:
         self.final_topk(b, cap, k, R, stream)
         return b
 
+    def plan(self, elig, tabs, k: int) -> tuple[list, list, dict]:
+        """Scoring and final top-K of `launch` as `gpu.graphs` plans (scoring, top-K), with `elig` and
+        `tabs` (float32 (R, F, TW)) on the device, and the buffers the answers land in (`answer_plan`,
+        `answers`)."""
+        R = elig.shape[0]
+        b = self._buffers(R, k)
+        cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
+        score = self.kernel.plan(self.d_emb, self.d_scale, self.d_chunk_format, elig, tabs, cap,
+                                 b["cand_key"], b["cand_slot"])
+        topk = topk_kernels.version(None).recipe.plan(b["cand_key"], b["cand_slot"], cap, self.d_slot_ad_id, k, b, R)
+        return score, topk, b
+
+    def answer_plan(self, b) -> list:
+        """The copies of a launch's answers into the pinned host buffers kept with `b`, as plan steps;
+        `answers(b, R)` reads them once the stream has been synchronized."""
+        hosts = self._answer_hosts(b)
+        return [Copy(host, b[name], to_host=True) for name, host in zip(("out_count", "out_id", "out_score"), hosts)]
+
+    def answers(self, b, R: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(ad ids, scores) of each of the R requests, from the pinned buffers `answer_plan` copied into."""
+        counts, ids, scores = self._answer_hosts(b)
+        return [(ids[r, : counts[r]].copy(), scores[r, : counts[r]].copy()) for r in range(R)]
+
+    def _answer_hosts(self, b) -> tuple:
+        """Pinned host buffers for the answers of `b`'s rows (count, ids, scores): the first rows of one
+        set kept with the others, the views made once per batch size."""
+        hosts = b.get("hosts")
+        if hosts is None:
+            shared = b["shared"]
+            if shared.get("host_count") is None:
+                full = self._full
+                shared["host_count"] = cuda.pinned_array(full["out_count"].shape, np.int32)
+                shared["host_id"] = cuda.pinned_array(full["out_id"].shape, np.int64)
+                shared["host_score"] = cuda.pinned_array(full["out_score"].shape, np.float32)
+            n = b["rows"]
+            hosts = b["hosts"] = (shared["host_count"][:n], shared["host_id"][:n], shared["host_score"][:n])
+        return hosts
+
     def _upload_tables(self, b: dict, tabs: np.ndarray, stream):
         """The request tables into the device buffer kept with `b`, stream-ordered after any kernel
         still reading it. On a stream the copy goes through a pinned host buffer, so it is truly
@@ -236,20 +275,10 @@ class FusedScorer:
             counts = b["out_count"].copy_to_host()
             ids = b["out_id"].copy_to_host()
             scores = b["out_score"].copy_to_host()
-        else:
-            shared = b["shared"]
-            if shared.get("host_count") is None:
-                full = self._full
-                shared["host_count"] = cuda.pinned_array(full["out_count"].shape, np.int32)
-                shared["host_id"] = cuda.pinned_array(full["out_id"].shape, np.int64)
-                shared["host_score"] = cuda.pinned_array(full["out_score"].shape, np.float32)
-            n = b["rows"]
-            counts, ids, scores = shared["host_count"][:n], shared["host_id"][:n], shared["host_score"][:n]
-            b["out_count"].copy_to_host(counts, stream=stream)
-            b["out_id"].copy_to_host(ids, stream=stream)
-            b["out_score"].copy_to_host(scores, stream=stream)
-            stream.synchronize()
-        return [(ids[r, : counts[r]].copy(), scores[r, : counts[r]].copy()) for r in range(R)]
+            return [(ids[r, : counts[r]].copy(), scores[r, : counts[r]].copy()) for r in range(R)]
+        run_plan(self.answer_plan(b), stream)
+        stream.synchronize()
+        return self.answers(b, R)
 
     def final_topk(self, b, cap: int, k: int, R: int, stream=0, version=None) -> None:
         """The final top-K of the per-block candidates in `b` (gpu.kernels.topk; default: its shipped

@@ -67,6 +67,7 @@ from andromeda_nb import jitcache
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
 
 from . import runtime
+from .graphs import Copy
 
 jitcache.install()  # cached host code is recompiled when any project source changes
 
@@ -400,11 +401,20 @@ class RequestBatch:
     n: int
     arrays: dict
     host_bytes: int
+    upload: "Copy | None" = None  # the upload, when built unsent (`send_now=False`): a plan's first step
+    buffers: dict | None = None  # the staging buffers it was built on (to mark the upload sent)
+
+    def mark_sent(self, stream) -> None:
+        """After the unsent upload was enqueued on `stream` (in a plan): the buffers' next fill waits
+        for it."""
+        if self.buffers is not None:
+            mark_sent(self.buffers, stream)
 
     @classmethod
     def build(cls, encoded: EncodedBatch | Sequence[EncodedRequest], vocab: "Vocabulary", cuda, group: int,
               buffers: dict | None = None, circles: "CircleLookup | None" = None, stream=0,
-              geo_bits: np.ndarray | None = None) -> "RequestBatch":
+              geo_bits: np.ndarray | None = None, extra: dict | None = None, send_now: bool = True
+              ) -> "RequestBatch":
         """`group`: requests per group of the kernel (32 or 64), 0 for the per-request form of v1.
         `circles`: also the circle table of the table-reading kernels (`ctab`), decided on the host.
         `geo_bits` (int8 per dense term id: its geographic bit, -1 for none): the groups' masks
@@ -413,8 +423,11 @@ class RequestBatch:
         copy on `stream` (asynchronous on a real stream). `buffers`: staging and device buffers kept from
         an earlier batch, refilled in place when large enough and replaced otherwise, so a serving loop
         allocates and frees nothing per request; the batch is then valid only until the next one built
-        on the same buffers."""
+        on the same buffers. `extra` (name -> host array): more arrays sent in the same upload, in
+        `arrays` under their names (the scorer's request tables). Nothing is copied yet with
+        `send_now=False`: the upload is the batch's `upload` step, for a launch plan to enqueue first."""
         batch = EncodedBatch.of(encoded)
+        extra = extra or {}
         n = len(batch)
         term_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(batch.term_ptr))
         dense, known = vocab.lookup_flat(batch.terms)
@@ -426,7 +439,9 @@ class RequestBatch:
                     "nreq": ((groups,), np.int32), "gmask": ((groups,), np.uint64)}
             if circles is not None:
                 spec["ctab"] = ((groups, max(1, circles.count)), np.uint64)
-            host, send = _staging(spec, cuda, buffers if buffers is not None else {})
+            spec.update({name: (a.shape, a.dtype) for name, a in extra.items()})
+            buffers = buffers if buffers is not None else {}
+            host, send = _staging(spec, cuda, buffers)
             _fill_request_tables(term_req, dense, known, batch.age, batch.gender, batch.publisher, batch.device,
                                  batch.os, batch.time, batch.latitude, batch.longitude, group, _residual_offsets(),
                                  host["rtab"], host["ftab"], host["rtime"], host["rpos"], host["nreq"])
@@ -437,15 +452,19 @@ class RequestBatch:
             ptr, rterms = _sorted_per_request(term_req, dense, known, n)
             spec = {"rscal": ((n, 6), np.int64), "rpos1": ((n, 2), np.float64), "rterm_ptr": ((n + 1,), np.int64),
                     "rterms": ((max(1, len(rterms)),), np.uint32)}
-            host, send = _staging(spec, cuda, buffers if buffers is not None else {})
+            spec.update({name: (a.shape, a.dtype) for name, a in extra.items()})
+            buffers = buffers if buffers is not None else {}
+            host, send = _staging(spec, cuda, buffers)
             host["rscal"][:] = np.stack([batch.age, batch.gender, batch.publisher, batch.device, batch.os,
                                          batch.time], axis=1).reshape(n, 6)
             host["rpos1"][:, 0], host["rpos1"][:, 1] = batch.latitude, batch.longitude
             host["rterm_ptr"][:] = ptr
             host["rterms"][:] = 0
             host["rterms"][:len(rterms)] = rterms
-        arrays = send(stream)
-        return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()))
+        for name, a in extra.items():
+            host[name][...] = a
+        arrays, upload = send(stream, copy=send_now)
+        return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()), upload=upload, buffers=buffers)
 
 
 def circle_search(circles: np.ndarray) -> tuple:
@@ -525,47 +544,64 @@ def _fill_circle_table(circles, order, sorted_lat, sorted_vec, band, chord2, lat
 UPLOAD_ALIGN = 16  # bytes: every array of a packed upload starts at a multiple of this
 
 
+MAX_KEPT_LAYOUTS = 128  # staging layouts whose views a set of buffers keeps (past that all are made again)
+
+
 def _staging(spec: dict, cuda, buffers: dict):
     """Host arrays to fill in place for an upload of the arrays `spec` (name -> (shape, dtype)): typed
     views of one pinned staging buffer at 16-byte aligned offsets. Returns (host views, send), where
     `send(stream)` copies the used part to the device with one host-to-device copy (asynchronous on a
-    real stream) and returns typed views of one device buffer. `buffers` keeps the staging and device
-    buffers ("host", "device") for the next call, which reuses them when they are large enough: a
-    serving loop then allocates nothing per request (allocations and frees synchronize the device).
-    Before the staging buffer is written again, the copy last sent from it is waited for (an event:
-    normally long done, so no wait)."""
+    real stream) and returns (typed views of one device buffer, None); `send(stream, copy=False)`
+    returns the views and the copy as a `gpu.graphs.Copy` step for the caller to enqueue (in a launch
+    plan), and the caller marks it sent (`RequestBatch.mark_sent`) once enqueued. `buffers` keeps the
+    staging and device buffers ("host", "device") for the next call, which reuses them when they are
+    large enough: a serving loop then allocates nothing per request (allocations and frees
+    synchronize the device). Before the staging buffer is written again, the copy last sent from it
+    is waited for (an event: normally long done, so no wait)."""
     layout, size = _layout(spec)
     if buffers.get("host") is None or buffers["host"].size < size:
         buffers["host"] = cuda.pinned_array(size, np.uint8)
         buffers["device"] = cuda.device_array(size, np.uint8)
-        buffers["views"] = None
+        buffers["views"] = {}
         buffers["sent"] = None
     if buffers.get("sent") is not None:
         buffers["sent"].synchronize()
     staging, device = buffers["host"], buffers["device"]
-    # typed views of the staging and device buffers: the same for every batch of the same layout (a
-    # serving loop's batches mostly are), and made only when the layout changes
-    if buffers.get("views") is None or buffers["views"][0] is not layout:
+    # typed views of the staging and device buffers, and the copy between their used parts: made once
+    # per layout (a serving loop's batches have a few: one per batch size) and kept with the buffers,
+    # so a batch of a size seen before is given the very same arrays (the same CUDA graph: gpu.graphs)
+    kept = buffers["views"].get(id(layout))
+    if kept is None or kept[0] is not layout:
         def views_of(buffer):
             return {name: buffer[offset:offset + nbytes].view(dtype).reshape(shape)
                     for name, (offset, shape, dtype, nbytes) in layout.items()}
 
-        buffers["views"] = (layout, device[:size], views_of(device), views_of(staging))
-    host = dict(buffers["views"][3])
+        if len(buffers["views"]) >= MAX_KEPT_LAYOUTS:
+            buffers["views"].clear()
+        kept = buffers["views"][id(layout)] = (layout, Copy(device[:size], staging[:size], to_host=False),
+                                               views_of(device), views_of(staging))
+    host = dict(kept[3])
 
-    def send(stream=0) -> dict:
-        _, used, views, _ = buffers["views"]
-        used.copy_to_device(staging[:size], stream=stream)  # stream-ordered after any kernel still reading it
-        if stream:
-            event = buffers.get("event") or cuda.event()
-            buffers["event"] = event
-            event.record(stream)
-            buffers["sent"] = event
-        else:
-            buffers["sent"] = None  # a copy on the default stream has returned when it is done
-        return dict(views)
+    def send(stream=0, copy: bool = True):
+        _, upload, views, _ = kept
+        if not copy:
+            return dict(views), upload
+        upload.run(stream)  # stream-ordered after any kernel still reading the device buffer
+        mark_sent(buffers, stream)
+        return dict(views), None
 
     return host, send
+
+
+def mark_sent(buffers: dict, stream) -> None:
+    """Record that the staging buffer's copy is enqueued on `stream`: the next fill waits for it."""
+    if stream:
+        event = buffers.get("event") or runtime.cuda().event()
+        buffers["event"] = event
+        event.record(stream)
+        buffers["sent"] = event
+    else:
+        buffers["sent"] = None  # a copy on the default stream has returned when it is done
 
 
 def _ftab_words() -> int:
@@ -603,6 +639,7 @@ class GpuTargetingIndex:
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()
         self._request_buffers = ({}, {})  # two sets of staging, device buffer and views: prepare(..., reuse=True)
+        self._arrays_kept = None  # the match kernels' views of the device arrays (_index_arrays)
         self._next_buffers = 0
         self.stream = self._cuda.stream()  # uploads and match launches: ordered, off the host's critical path
         self._outputs: dict = {}  # 'full' -> the kept output array, requests -> its first rows (kept_output)
@@ -731,18 +768,28 @@ class GpuTargetingIndex:
         }
 
     def _index_arrays(self):
-        cap = self.capacity
-        return (self.d_resid[:cap], self.d_ptr[:cap], self.d_prog, self.d_sched[:cap], self.d_circles,
-                self.d_summary[:len(self.summary_h)])
+        """(resid, prog_ptr, prog, sched, circles, summary) as the match kernels read them: views made
+        once per set of device arrays and capacity (a launch plan of the same views is the same CUDA
+        graph: `gpu.graphs`). The key holds the arrays themselves, so an array replaced since cannot
+        hand its identity to a new one while the views are kept."""
+        cap, blocks = self.capacity, len(self.summary_h)
+        arrays = (self.d_resid, self.d_ptr, self.d_prog, self.d_sched, self.d_circles, self.d_summary)
+        kept = self._arrays_kept
+        if kept is None or kept[1] != (cap, blocks) or any(a is not b for a, b in zip(kept[0], arrays)):
+            kept = self._arrays_kept = (arrays, (cap, blocks), (self.d_resid[:cap], self.d_ptr[:cap], self.d_prog,
+                                                                self.d_sched[:cap], self.d_circles,
+                                                                self.d_summary[:blocks]))
+        return kept[2]
 
     # --- matching ------------------------------------------------------------------------------------
     def prepare(self, encoded: EncodedBatch | Sequence[EncodedRequest], version=None, *,
-                reuse: bool = False) -> RequestBatch:
+                reuse: bool = False, extra: dict | None = None, send_now: bool = True) -> RequestBatch:
         """Upload a batch of encoded requests (an `EncodedBatch`, or encoded requests) in the form kernel
         `version` reads, on the index's stream, with the circle table when the kernel reads one. With
         `reuse` the upload goes into one of two sets of buffers this index keeps (used in turn: no
         allocation, and a batch may be prepared while the one before it is still being matched), and
-        the batch is valid until the second `prepare(..., reuse=True)` after it."""
+        the batch is valid until the second `prepare(..., reuse=True)` after it. `extra` and `send_now`:
+        as `RequestBatch.build` (more arrays in the same upload; the upload left to a launch plan)."""
         recipe = self._kernel(version).recipe
         buffers = None
         if reuse:
@@ -750,7 +797,7 @@ class GpuTargetingIndex:
             self._next_buffers ^= 1
         circles = self._circles() if recipe.circle_table else None
         return RequestBatch.build(encoded, self.vocab, self._cuda, recipe.group, buffers, circles, self.stream,
-                                  self.geo_bits())
+                                  self.geo_bits(), extra, send_now)
 
     def group_masks_of(self, encoded: EncodedBatch | Sequence[EncodedRequest], group: int = 1) -> np.ndarray:
         """uint64[G]: the mask `prepare` gives each group of `group` requests of the batch."""
@@ -811,8 +858,20 @@ class GpuTargetingIndex:
 
     def run(self, batch: RequestBatch, out, version=None) -> None:
         """Launch the match kernel on a prepared batch, on the index's stream (asynchronous, like any
-        kernel launch: work on the legacy default stream, such as a plain `copy_to_host`, waits for it)."""
+        kernel launch: work on the legacy default stream, such as a plain `copy_to_host`, waits for it).
+        A batch prepared unsent is uploaded first."""
+        if batch.upload is not None:
+            batch.upload.run(self.stream)
+            batch.mark_sent(self.stream)
         self._k.launch(self._kernel(version), self._index_arrays(), batch.arrays, out, self.stream)
+
+    def plan(self, batch: RequestBatch, out, version=None) -> list | None:
+        """`run` as a `gpu.graphs` plan, with the batch's upload first when `prepare` left it unsent;
+        None for a kernel whose recipe makes no plan (the lab's v1)."""
+        steps = self._k.plan(self._kernel(version), self._index_arrays(), batch.arrays, out)
+        if steps is None:
+            return None
+        return ([batch.upload] if batch.upload is not None else []) + steps
 
     def match_slots(self, encoded: EncodedBatch | Sequence[EncodedRequest], version=None, *, out=None):
         """Eligibility of every slot for each request: a device array uint32[B, capacity // 32]

@@ -119,6 +119,9 @@ class TiledEngine(GpuEngine):
         # a fresh draw for every slot, its own seed per range of copies (so shards differ)
         self.stored, self.scorer = slot_pool(self.xp, self.index.slots, self.model, pool.precision,
                                              pool.seed + 1 + pool.first_copy, version=version)
+        from .pipeline import BatchPipeline
+
+        self.pipeline = BatchPipeline(self.index, self.scorer)
         self.clock = DeviceClock()
 
     def apply(self, update) -> None:

@@ -285,3 +285,26 @@ def test_bench_pipeline_runs_each_layout_in_turn_in_one_process(monkeypatch):
     assert "layout format:" in table and "layout geo:" in table
     bad = _runner().invoke(main, ["bench", "pipeline", "--layout", "geo,spiral"])
     assert bad.exit_code == 2 and "'geo,spiral': a comma-separated list of format, geo, each once" in bad.stderr
+
+
+def test_bench_pipeline_passes_its_launch_modes_and_refuses_unknown_ones(monkeypatch):
+    from gpu import bench_score as bs
+
+    seen = []
+
+    def fake(*, layout, launches, **options):
+        seen.append(launches)
+        return {"layout": layout, "env": {"device": "test"}, "pool_ads": options["pool"], "precision": "fp16",
+                "D": 64, "k": 100, "checks_ok": True, "launch": launches[0],
+                "latency_ms": {"p50": 1.0, "p99": 2.0}, "throughput": [], "targets": {},
+                "launch_modes": {m: {"latency_ms": {"p50": 1.5, "p99": 2.5},
+                                     "throughput": [{"batch": 64, "pool_ads_per_s": 3e10}]} for m in launches}}
+
+    monkeypatch.setattr(bs, "bench_pipeline", fake)
+    table = _run("bench", "pipeline", "--pool", 4096).stdout
+    assert seen == [("graph", "direct")]  # both, graph first: the engine's way is the result
+    assert "latency per request (batch 1, graph)" in table and "launched direct: latency p50 1.50 ms" in table
+    _run("bench", "pipeline", "--pool", 4096, "--launch", "direct")
+    assert seen[-1] == ("direct",)
+    bad = _runner().invoke(main, ["bench", "pipeline", "--launch", "graph,warp"])
+    assert bad.exit_code == 2 and "'graph,warp': a comma-separated list of graph, direct, each once" in bad.stderr

@@ -281,18 +281,28 @@ def test_engine_overlaps_preparation_and_synchronizes_once_per_batch(monkeypatch
     engine = engine_module.GpuEngine(dataset, device="sim")
     log: list[str] = []
     engine.index.stream = _CountingStream(log)
-    prepare, fetch, run, tables = engine.index.prepare, engine.scorer.fetch, engine.index.run, engine.tables
+    pipe = engine.pipeline
+    prepare, fetch, launch, tables = engine.index.prepare, pipe.fetch, pipe.launch, engine.tables
     monkeypatch.setattr(engine.index, "prepare", lambda *a, **kw: (log.append("prepare"), prepare(*a, **kw))[1])
-    monkeypatch.setattr(engine.scorer, "fetch", lambda *a, **kw: (log.append("fetch"), fetch(*a, **kw))[1])
-    monkeypatch.setattr(engine.index, "run", lambda *a, **kw: (log.append("match"), run(*a, **kw))[1])
+    monkeypatch.setattr(pipe, "fetch", lambda *a, **kw: (log.append("fetch"), fetch(*a, **kw))[1])
+    monkeypatch.setattr(pipe, "launch", lambda *a, **kw: (log.append("launch"), launch(*a, **kw))[1])
     monkeypatch.setattr(engine, "tables", lambda *a, **kw: (log.append("user"), tables(*a, **kw))[1])
     answers = engine.retrieve(requests, 7)
     # each batch is prepared whole (user side included), the next while the device runs the one before
-    assert log == ["user", "prepare", "match", "user", "prepare", "fetch", "sync", "match", "user", "prepare",
-                   "fetch", "sync", "match", "fetch", "sync"], log
+    assert log == ["user", "prepare", "launch", "user", "prepare", "fetch", "sync", "launch", "user", "prepare",
+                   "fetch", "sync", "launch", "fetch", "sync"], log
     reference = ReferenceRetriever.build(dataset)
     assert sum(len(ids) for ids, _ in answers) > 0
     for request, (ids, scores) in zip(requests, answers):
         ref_ids, result = reference.score_eligible(request)
         cmp = compare_topk(ref_ids, result, ids, scores, 7)
         assert cmp.ok, f"seed 71 request {request.request_id}: {cmp.message}"
+    # the same batches again and again: their plans are captured (a second sighting) and replayed, with
+    # the same answers bit for bit
+    for _ in range(2):
+        again = engine.retrieve(requests, 7)
+        for (ids, scores), (ids2, scores2) in zip(answers, again):
+            assert np.array_equal(ids, ids2) and np.array_equal(scores, scores2)
+    # (two staging buffers in turn: batches of 2, 2, 1 meet 5 distinct plans over the three calls, 3 of
+    # them twice or more; replays count each graph launch, the first after its capture too)
+    assert pipe.graphs.captures == 3 and pipe.graphs.replays == 5

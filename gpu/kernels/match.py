@@ -90,6 +90,7 @@ from andromeda_nb.templates import specialize
 from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
+from ..graphs import Launch, run_plan
 
 cuda = runtime.cuda()
 from numba import float64, int32, int64, uint32, uint64  # noqa: E402  (after the simulator choice)
@@ -321,11 +322,16 @@ class MatchKernel:
     group: int  # requests per group
     circle_table: bool  # reads the host's circle table (`ctab`) in place of `circles`
 
-    def launch(self, ix, rq, out, stream=0) -> None:
+    def plan(self, ix, rq, out) -> list:
+        """The launch as a `gpu.graphs` plan (one step)."""
         threads, blocks_x = block_shape(ix[0].shape[0])
         places = rq["ctab"] if self.circle_table else ix[4]
-        self.kernel[(blocks_x, rq["nreq"].shape[0]), threads, stream](
-            *ix[:4], places, ix[5], rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], rq["gmask"], out)
+        return [Launch(self.kernel, (blocks_x, rq["nreq"].shape[0]), threads,
+                       (*ix[:4], places, ix[5], rq["rtab"], rq["ftab"], rq["rtime"], rq["rpos"], rq["nreq"], rq["gmask"],
+                        out))]
+
+    def launch(self, ix, rq, out, stream=0) -> None:
+        run_plan(self.plan(ix, rq, out), stream)
 
 
 def batched_kernel(name: str, group: RequestGroup, transpose_kind: str, max_registers: int | None = None
@@ -449,6 +455,14 @@ def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
 
 
 # --- launchers ---------------------------------------------------------------------------------------
+def plan(version: Version, ix, rq, out) -> list | None:
+    """`launch` as a `gpu.graphs` plan: None for a version whose recipe makes none (the lab's v1)."""
+    if ix[0].shape[0] == 0 or out.shape[0] == 0:
+        return []
+    make = getattr(version.recipe, "plan", None)
+    return None if make is None else make(ix, rq, out)
+
+
 def launch(version: Version, ix, rq, out, stream=0) -> None:
     """Run match kernel `version` on index arrays `ix` (resid, prog_ptr, prog, sched, circles, summary) and
     request arrays `rq` (a dict made by gpu.index.RequestBatch) into `out` (uint32[B, capacity // 32]),

@@ -78,6 +78,7 @@ from andromeda_nb.templates import specialize
 from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
+from ..graphs import Launch, run_plan
 from . import _bits
 from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_row
 
@@ -436,10 +437,14 @@ class ScoreKernel:
     def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
         return (-(-n_slots // ADS_PER_BLOCK), n_requests)
 
-    def launch(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot, stream=0):
+    def plan(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot) -> list:
+        """The launch as a `gpu.graphs` plan (`tabs` on the device)."""
         n_slots = chunk_format.shape[0] * CHUNK_SLOTS
-        grid = self.grid(n_slots, elig.shape[0])
-        self.kernel[grid, self.threads, stream](emb, scale, chunk_format, elig, tabs, np.int32(cap), out_key, out_slot)
+        return [Launch(self.kernel, self.grid(n_slots, elig.shape[0]), self.threads,
+                       (emb, scale, chunk_format, elig, tabs, np.int32(cap), out_key, out_slot))]
+
+    def launch(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot, stream=0):
+        run_plan(self.plan(emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot), stream)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ from andromeda_nb.scoring import table_width
 from andromeda_nb.slots import CHUNK_SLOTS
 
 from .. import runtime
+from ..graphs import Launch, run_plan
 from . import _bits, mma, warp
 from andromeda_nb.constants import PRECISION_BYTES as BYTES
 
@@ -596,6 +597,13 @@ class MmaScoreKernel:
 
     def prepare(self, tabs, stream=0):
         """(frag, fscale) device arrays for `tabs` (float32 [R, F, TW], on the device)."""
+        steps, frag, fscale = self.prepare_plan(tabs)
+        run_plan(steps, stream)
+        return frag, fscale
+
+    def prepare_plan(self, tabs):
+        """(plan, frag, fscale): the table preparation's launch as a `gpu.graphs` plan, and the device
+        arrays it writes."""
         R, F = tabs.shape[0], tabs.shape[1]
         if self._dims is None:
             self._dims = cuda.to_device(dim_map(self.spec.precision, self.spec.dim))
@@ -611,18 +619,21 @@ class MmaScoreKernel:
             frag_full, fscale_full = self._bufs["full"]
             views = self._bufs["views"][R] = (frag_full[: R * per_request], fscale_full[:R])
         frag, fscale = views
-        prep_tables[(F, R), PREP_THREADS, stream](tabs, self._dims, np.int32(self.spec.experts),
-                                                  np.int32(n_gate_tiles(self.spec.experts)), frag, fscale)
-        return frag, fscale
+        step = Launch(prep_tables, (F, R), PREP_THREADS, (tabs, self._dims, np.int32(self.spec.experts),
+                                                          np.int32(n_gate_tiles(self.spec.experts)), frag, fscale))
+        return [step], frag, fscale
+
+    def plan(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot) -> list:
+        """Table preparation and scoring as a `gpu.graphs` plan (`tabs` on the device)."""
+        steps, frag, fscale = self.prepare_plan(tabs)
+        n_slots = chunk_format.shape[0] * CHUNK_SLOTS
+        return steps + [Launch(self.kernel, self.grid(n_slots, elig.shape[0]), THREADS,
+                               (emb, scale, chunk_format, elig, tabs, frag, fscale, np.int32(cap), out_key, out_slot))]
 
     def launch(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot, stream=0):
         if isinstance(tabs, np.ndarray):
             tabs = cuda.to_device(np.ascontiguousarray(tabs, np.float32))
-        frag, fscale = self.prepare(tabs, stream)
-        n_slots = chunk_format.shape[0] * CHUNK_SLOTS
-        grid = self.grid(n_slots, elig.shape[0])
-        self.kernel[grid, THREADS, stream](emb, scale, chunk_format, elig, tabs, frag, fscale, np.int32(cap),
-                                           out_key, out_slot)
+        run_plan(self.plan(emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot), stream)
 
 
 def supports(kind: str, precision: str, dim: int, experts: int) -> bool:

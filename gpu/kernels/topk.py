@@ -41,6 +41,7 @@ import numpy as np
 from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
+from ..graphs import Launch, run_plan
 from . import _bits
 from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_blocks
 
@@ -197,14 +198,21 @@ class TopkPlan:
         """Top-k of candidates `keys`/`slots` (R, blocks, >= width) into bufs["out_id"], ["out_score"],
         ["out_count"], with the scratch bufs["sk"], ["ss"], ["sid"] and, when segmented,
         bufs["seg_key"], ["seg_slot"] (R, n_segments, k) (`gpu.fused.FusedScorer` allocates them)."""
+        run_plan(self.plan(keys, slots, width, slot_ad_id, k, bufs, R), stream)
+
+    def plan(self, keys, slots, width: int, slot_ad_id, k: int, bufs: dict, R: int) -> list:
+        """The launches of `launch` as a `gpu.graphs` plan."""
+        steps = []
         n_seg = bufs["seg_key"].shape[1]
         if self.segmented and n_seg > 1:
-            segment_topk_v2[(n_seg, R), threads(), stream](
-                keys, slots, np.int32(width), np.int32(SEGMENT_LEN), np.int32(k), bufs["seg_key"], bufs["seg_slot"])
+            steps.append(Launch(segment_topk_v2, (n_seg, R), threads(),
+                                (keys, slots, np.int32(width), np.int32(SEGMENT_LEN), np.int32(k), bufs["seg_key"],
+                                 bufs["seg_slot"])))
             keys, slots, width = bufs["seg_key"], bufs["seg_slot"], k
-        final_topk_v1[(R,), threads(), stream](
-            keys, slots, np.int32(width), slot_ad_id, np.int32(k),
-            bufs["sk"], bufs["ss"], bufs["sid"], bufs["out_id"], bufs["out_score"], bufs["out_count"])
+        steps.append(Launch(final_topk_v1, (R,), threads(),
+                            (keys, slots, np.int32(width), slot_ad_id, np.int32(k), bufs["sk"], bufs["ss"], bufs["sid"],
+                             bufs["out_id"], bufs["out_score"], bufs["out_count"])))
+        return steps
 
 
 VERSIONS = version_table(

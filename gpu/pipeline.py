@@ -1,0 +1,102 @@
+"""One batch of requests through the co-located device path: the upload, match, scoring, top-K and the
+answers' copy back, on the index's stream, as `gpu.engine.GpuEngine` serves and `bench pipeline`
+measures it.
+
+    pipe = BatchPipeline(index, scorer)                  # graphs=True: replayed from CUDA graphs
+    prepared = pipe.prepare(encode_requests(reqs), tables)
+    launched = pipe.launch(prepared, k)                  # asynchronous
+    answers = pipe.fetch(launched)                       # the one synchronization
+
+`prepare` is the host's share: the request's match tables and its user-side tables (float32 (R, F,
+TW)) written into one of the index's two pinned staging buffers, to be sent with one copy. `launch`
+makes the batch's plan (`gpu.graphs`): that copy, the match kernel, the scoring kernels, the top-K
+kernels and the answers' three copies into pinned buffers, and enqueues it: from a CUDA graph
+(`graphs=True`, the default; one driver call) or step by step. Both ways enqueue the same steps on the
+same arrays, so they give the same answers bit for bit. Every array of a plan is one the index or the
+scorer keeps per batch size, so a serving loop's batches replay a few graphs: one per batch size and
+staging buffer, made again only when updates replace an array (`gpu.graphs.GraphCache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .graphs import GraphCache, run_plan
+
+
+@dataclass
+class Prepared:
+    n: int  # requests
+    batch: object  # gpu.index.RequestBatch, its upload unsent, the tables under arrays["tabs"]
+
+
+@dataclass
+class Launched:
+    n: int
+    buffers: dict  # the scorer's buffers of the batch (gpu.fused.FusedScorer.plan)
+
+
+class BatchPipeline:
+    def __init__(self, index, scorer, *, graphs: bool = True, version=None):
+        """`index`: a `gpu.index.GpuTargetingIndex`; `scorer`: a `gpu.fused.FusedScorer` over the same
+        slots; `version`: the match kernel (default: the index's). `graphs`: replay each batch's plan
+        from a CUDA graph (the simulator replays the plan itself, `gpu.graphs`)."""
+        self.index, self.scorer, self.version = index, scorer, version
+        self.graphs = GraphCache() if graphs else None
+
+    @property
+    def stream(self):
+        return self.index.stream
+
+    def prepare(self, encoded, tables: np.ndarray) -> Prepared:
+        """The host's share of a batch: `encoded` requests (`andromeda_nb.compiled.EncodedBatch`) and
+        their folded user-side tables into the next staging buffer of the index (it waits only for
+        that buffer's copy of two batches before)."""
+        tables = np.ascontiguousarray(tables, np.float32)
+        batch = self.index.prepare(encoded, self.version, reuse=True, extra={"tabs": tables}, send_now=False)
+        return Prepared(batch.n, batch)
+
+    def plan(self, prepared: Prepared, k: int) -> tuple[list, list, list, list, dict]:
+        """(upload and match, scoring, top-K, answers' copies) steps of a prepared batch, and the
+        scorer's buffers they write; the match steps are None for a match kernel with no plan."""
+        batch = prepared.batch
+        elig = self.index.kept_output(prepared.n)
+        match = self.index.plan(batch, elig, self.version)
+        score, topk, b = self.scorer.plan(elig, batch.arrays["tabs"], k)
+        return match, score, topk, self.scorer.answer_plan(b), b
+
+    def launch(self, prepared: Prepared, k: int, marks=None) -> Launched:
+        """Enqueue a prepared batch's plan on the stream (asynchronous). `marks`: four CUDA events
+        recorded before the match, after it, after scoring and after top-K (the benchmark's stage
+        timing): then the steps are enqueued one by one, as they are without graphs."""
+        match, score, topk, copies, b = self.plan(prepared, k)
+        stream = self.stream
+        if match is None:  # a lab kernel with no plan: its own launcher, the rest as a plan
+            self.index.run(prepared.batch, self.index.kept_output(prepared.n), self.version)
+            run_plan(score + topk + copies, stream)
+        elif marks is not None:
+            run_plan(match[:-1], stream)
+            marks[0].record(stream)
+            run_plan(match[-1:], stream)
+            marks[1].record(stream)
+            run_plan(score, stream)
+            marks[2].record(stream)
+            run_plan(topk, stream)
+            marks[3].record(stream)
+            run_plan(copies, stream)
+        elif self.graphs is not None:
+            self.graphs.run(match + score + topk + copies, stream)
+        else:
+            run_plan(match + score + topk + copies, stream)
+        prepared.batch.mark_sent(stream)
+        return Launched(prepared.n, b)
+
+    def fetch(self, launched: Launched) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The batch's answers (ad ids, scores) per request: one synchronization of the stream."""
+        self.stream.synchronize()
+        return self.scorer.answers(launched.buffers, launched.n)
+
+
+__all__ = ["BatchPipeline", "Launched", "Prepared"]
