@@ -40,7 +40,7 @@ from andromeda_nb.budget import fused_stages, total
 from andromeda_nb.constants import LAUNCHES, SCORE_ATOL, TOPK_TIE_ATOL
 from andromeda_nb.devices import resolve
 from andromeda_nb.model import STORED_DTYPES, MoeModel, user_side, user_sides
-from andromeda_nb.scoring import dot_table, fold_tables_batch, fold_user_side
+from andromeda_nb.scoring import dot_table, fold_tables_batch, fold_user_side, table_width
 from andromeda_nb.slots import CHUNK_SLOTS
 from andromeda_nb.unfused import unfused_scores
 
@@ -551,9 +551,12 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     def prepare(batch_reqs, p=None):  # the host's share of a batch (GpuEngine._prepare)
         return (p or pipe).prepare(encode_requests(batch_reqs), tables(batch_reqs))
 
-    def run(batch_reqs, p=None):  # as the co-located server runs a lone batch (GpuEngine.retrieve)
+    table_shape = (model.F, table_width(model.E, model.D))
+
+    def run(batch_reqs, p=None):  # as the co-located server runs a lone batch (GpuEngine.retrieve): the user
+        # side computed while the device matches
         p = p or pipe
-        answers = p.fetch(p.launch(prepare(batch_reqs, p), k))
+        answers = p.fetch(p.launch_split(encode_requests(batch_reqs), lambda: tables(batch_reqs), table_shape, k))
         return answers, index.kept_output(len(batch_reqs))
 
     # check against the float64 reference on the eligible slots the match reported; the first call
@@ -622,24 +625,21 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     result["stages_p99_ms"] = {name: float(np.percentile(v, 99)) for name, v in stages.items()}
     total = np.sum([np.asarray(v) for v in stages.values()], axis=0)
     result["stages_total_ms"] = {"p50": float(np.median(total)), "p99": float(np.percentile(total, 99))}
-    # the host's calls of one request as the pipeline serves it (`launch` enqueues the whole plan: one
-    # graph launch, or every step), nothing waited for until the answers
-    calls = {"user_side": [], "encode": [], "prepare": [], "launch": [], "answers_wait": []}
+    # the host's calls of one request as the pipeline serves a lone batch (`launch_split`: the match's
+    # plan, the user side, the rest's plan; each plan one graph launch, or every step), nothing waited
+    # for until the answers
+    calls = {"encode": [], "prepare": [], "match_launch": [], "user_side": [], "scoring_launch": [],
+             "answers_wait": []}
     for i in range(latency_requests):
         req = [requests[i % len(requests)]]
-        t0 = time.perf_counter()
-        tabs = tables(req)
-        t1 = time.perf_counter()
+        stamps = [time.perf_counter()]
         enc = encode_requests(req)
-        t2 = time.perf_counter()
-        prepared = pipe.prepare(enc, tabs)
-        t3 = time.perf_counter()
-        launched = pipe.launch(prepared, k)
-        t4 = time.perf_counter()
+        stamps.append(time.perf_counter())
+        launched = pipe.launch_split(enc, lambda: tables(req), table_shape, k, stamps=stamps)
         pipe.fetch(launched)
-        t5 = time.perf_counter()
-        for name, dt in zip(calls, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-            calls[name].append(dt * 1e3)
+        stamps.append(time.perf_counter())
+        for name, a, z in zip(calls, stamps, stamps[1:]):
+            calls[name].append((z - a) * 1e3)
     result["host_calls_ms"] = {name: float(np.median(v)) for name, v in calls.items()}
     result["throughput"] = []
     marks = [cuda.event(timing=True) for _ in range(4)]

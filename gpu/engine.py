@@ -12,7 +12,8 @@ plan (`gpu.pipeline`), replayed from a CUDA graph (`gpu.graphs`: one driver call
 launch's Python per kernel). The host's share of batch
 i + 1 (user side, request encoding, group and circle tables, their upload) is done while the device
 runs batch i: it is prepared before batch i's answers are fetched, into the second of the index's two
-request buffers. Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
+request buffers; the first batch of a call, with nothing ahead of it on the device, has its user side
+computed while its match runs (`BatchPipeline.launch_split`). Updates (DESIGN section 6) go to the index and to the embedding table in the same slot.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from andromeda_nb.constants import DEFAULT_LAYOUT
 from andromeda_nb.geo_layout import LAYOUTS, world_buckets
 from andromeda_nb.model import user_sides
 from andromeda_nb.rows import RowMap
-from andromeda_nb.scoring import fold_tables_batch
+from andromeda_nb.scoring import fold_tables_batch, table_width
 from andromeda_nb.types import Request, Update, Upsert
 
 MAX_BATCH = 64  # requests per device launch
@@ -86,13 +87,25 @@ class GpuEngine(EngineBase):
             return [no_answer() for _ in requests]
         parts = [requests[lo : lo + MAX_BATCH] for lo in range(0, len(requests), MAX_BATCH)]
         out: list[tuple[np.ndarray, np.ndarray]] = []
-        prepared = self._prepare(parts[0]) if parts else None
+        if not parts:
+            return out
+        # the first batch has nothing ahead of it on the device: its user side is computed while it matches
+        self.clock.start(self.index.stream)
+        launched = self.pipeline.launch_split(encode_requests(parts[0]), lambda: self.tables(parts[0]),
+                                              self.table_shape, k)
+        self.clock.stop(self.index.stream)
         for i in range(len(parts)):
-            launched = self._launch(prepared, k)
             prepared = self._prepare(parts[i + 1]) if i + 1 < len(parts) else None  # overlaps batch i on the device
             out.extend(self.pipeline.fetch(launched))  # the one synchronization
             self.clock.settle()
+            if prepared is not None:
+                launched = self._launch(prepared, k)
         return out
+
+    @property
+    def table_shape(self) -> tuple[int, int]:
+        """(F, TW) of a request's folded user-side tables (`tables`)."""
+        return self.F, table_width(self.E, self.D)
 
     def _prepare(self, requests):
         """The host's share of a batch: the encoded requests and their folded user-side tables, written

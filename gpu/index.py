@@ -401,8 +401,11 @@ class RequestBatch:
     n: int
     arrays: dict
     host_bytes: int
-    upload: "Copy | None" = None  # the upload, when built unsent (`send_now=False`): a plan's first step
+    # built unsent (`send_now=False`): the upload as plan steps, the match's arrays first and the extra
+    # arrays second (when there are any), for launch plans to enqueue
+    uploads: tuple = ()
     buffers: dict | None = None  # the staging buffers it was built on (to mark the upload sent)
+    staged: dict | None = None  # the staging buffer's typed views, under the arrays' names
 
     def mark_sent(self, stream) -> None:
         """After the unsent upload was enqueued on `stream` (in a plan): the buffers' next fill waits
@@ -423,9 +426,10 @@ class RequestBatch:
         copy on `stream` (asynchronous on a real stream). `buffers`: staging and device buffers kept from
         an earlier batch, refilled in place when large enough and replaced otherwise, so a serving loop
         allocates and frees nothing per request; the batch is then valid only until the next one built
-        on the same buffers. `extra` (name -> host array): more arrays sent in the same upload, in
-        `arrays` under their names (the scorer's request tables). Nothing is copied yet with
-        `send_now=False`: the upload is the batch's `upload` step, for a launch plan to enqueue first."""
+        on the same buffers. `extra` (name -> a host array, or (shape, dtype) for room to fill later
+        through `staged`): more arrays sent in the same upload, in `arrays` under their names (the
+        scorer's request tables). Nothing is copied yet with `send_now=False`: the upload is the
+        batch's `uploads` steps, for launch plans to enqueue."""
         batch = EncodedBatch.of(encoded)
         extra = extra or {}
         n = len(batch)
@@ -439,9 +443,9 @@ class RequestBatch:
                     "nreq": ((groups,), np.int32), "gmask": ((groups,), np.uint64)}
             if circles is not None:
                 spec["ctab"] = ((groups, max(1, circles.count)), np.uint64)
-            spec.update({name: (a.shape, a.dtype) for name, a in extra.items()})
+            spec.update(_extra_spec(extra))
             buffers = buffers if buffers is not None else {}
-            host, send = _staging(spec, cuda, buffers)
+            host, send = _staging(spec, cuda, buffers, split=next(iter(extra), None))
             _fill_request_tables(term_req, dense, known, batch.age, batch.gender, batch.publisher, batch.device,
                                  batch.os, batch.time, batch.latitude, batch.longitude, group, _residual_offsets(),
                                  host["rtab"], host["ftab"], host["rtime"], host["rpos"], host["nreq"])
@@ -452,9 +456,9 @@ class RequestBatch:
             ptr, rterms = _sorted_per_request(term_req, dense, known, n)
             spec = {"rscal": ((n, 6), np.int64), "rpos1": ((n, 2), np.float64), "rterm_ptr": ((n + 1,), np.int64),
                     "rterms": ((max(1, len(rterms)),), np.uint32)}
-            spec.update({name: (a.shape, a.dtype) for name, a in extra.items()})
+            spec.update(_extra_spec(extra))
             buffers = buffers if buffers is not None else {}
-            host, send = _staging(spec, cuda, buffers)
+            host, send = _staging(spec, cuda, buffers, split=next(iter(extra), None))
             host["rscal"][:] = np.stack([batch.age, batch.gender, batch.publisher, batch.device, batch.os,
                                          batch.time], axis=1).reshape(n, 6)
             host["rpos1"][:, 0], host["rpos1"][:, 1] = batch.latitude, batch.longitude
@@ -462,9 +466,11 @@ class RequestBatch:
             host["rterms"][:] = 0
             host["rterms"][:len(rterms)] = rterms
         for name, a in extra.items():
-            host[name][...] = a
-        arrays, upload = send(stream, copy=send_now)
-        return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()), upload=upload, buffers=buffers)
+            if isinstance(a, np.ndarray):
+                host[name][...] = a
+        arrays, uploads = send(stream, copy=send_now)
+        return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()), uploads=uploads,
+                   buffers=buffers, staged=host)
 
 
 def circle_search(circles: np.ndarray) -> tuple:
@@ -547,13 +553,20 @@ UPLOAD_ALIGN = 16  # bytes: every array of a packed upload starts at a multiple 
 MAX_KEPT_LAYOUTS = 128  # staging layouts whose views a set of buffers keeps (past that all are made again)
 
 
-def _staging(spec: dict, cuda, buffers: dict):
+def _extra_spec(extra: dict) -> dict:
+    """name -> (shape, dtype) of `RequestBatch.build`'s extra arrays (arrays, or their shape and dtype)."""
+    return {name: (a.shape, a.dtype) if isinstance(a, np.ndarray) else (tuple(a[0]), np.dtype(a[1]))
+            for name, a in extra.items()}
+
+
+def _staging(spec: dict, cuda, buffers: dict, split: str | None = None):
     """Host arrays to fill in place for an upload of the arrays `spec` (name -> (shape, dtype)): typed
     views of one pinned staging buffer at 16-byte aligned offsets. Returns (host views, send), where
     `send(stream)` copies the used part to the device with one host-to-device copy (asynchronous on a
-    real stream) and returns (typed views of one device buffer, None); `send(stream, copy=False)`
-    returns the views and the copy as a `gpu.graphs.Copy` step for the caller to enqueue (in a launch
-    plan), and the caller marks it sent (`RequestBatch.mark_sent`) once enqueued. `buffers` keeps the
+    real stream) and returns (typed views of one device buffer, ()); `send(stream, copy=False)`
+    returns the views and the copy as `gpu.graphs.Copy` steps for the caller to enqueue (in launch
+    plans): one, or two where `split` names an array (the part before it, then the rest), and the
+    caller marks it sent (`RequestBatch.mark_sent`) once all are enqueued. `buffers` keeps the
     staging and device buffers ("host", "device") for the next call, which reuses them when they are
     large enough: a serving loop then allocates nothing per request (allocations and frees
     synchronize the device). Before the staging buffer is written again, the copy last sent from it
@@ -578,17 +591,19 @@ def _staging(spec: dict, cuda, buffers: dict):
 
         if len(buffers["views"]) >= MAX_KEPT_LAYOUTS:
             buffers["views"].clear()
-        kept = buffers["views"][id(layout)] = (layout, Copy(device[:size], staging[:size], to_host=False),
-                                               views_of(device), views_of(staging))
+        cuts = [0, layout[split][0], size] if split is not None else [0, size]
+        uploads = tuple(Copy(device[a:b], staging[a:b], to_host=False) for a, b in zip(cuts, cuts[1:]))
+        kept = buffers["views"][id(layout)] = (layout, uploads, views_of(device), views_of(staging))
     host = dict(kept[3])
 
     def send(stream=0, copy: bool = True):
-        _, upload, views, _ = kept
+        _, uploads, views, _ = kept
         if not copy:
-            return dict(views), upload
-        upload.run(stream)  # stream-ordered after any kernel still reading the device buffer
+            return dict(views), uploads
+        for upload in uploads:
+            upload.run(stream)  # stream-ordered after any kernel still reading the device buffer
         mark_sent(buffers, stream)
-        return dict(views), None
+        return dict(views), ()
 
     return host, send
 
@@ -860,18 +875,20 @@ class GpuTargetingIndex:
         """Launch the match kernel on a prepared batch, on the index's stream (asynchronous, like any
         kernel launch: work on the legacy default stream, such as a plain `copy_to_host`, waits for it).
         A batch prepared unsent is uploaded first."""
-        if batch.upload is not None:
-            batch.upload.run(self.stream)
+        if batch.uploads:
+            for upload in batch.uploads:
+                upload.run(self.stream)
             batch.mark_sent(self.stream)
         self._k.launch(self._kernel(version), self._index_arrays(), batch.arrays, out, self.stream)
 
     def plan(self, batch: RequestBatch, out, version=None) -> list | None:
-        """`run` as a `gpu.graphs` plan, with the batch's upload first when `prepare` left it unsent;
-        None for a kernel whose recipe makes no plan (the lab's v1)."""
+        """`run` as a `gpu.graphs` plan, with the upload of the match's arrays first when `prepare` left
+        it unsent (the rest of the upload, the extra arrays, is the caller's to enqueue); None for a
+        kernel whose recipe makes no plan (the lab's v1)."""
         steps = self._k.plan(self._kernel(version), self._index_arrays(), batch.arrays, out)
         if steps is None:
             return None
-        return ([batch.upload] if batch.upload is not None else []) + steps
+        return list(batch.uploads[:1]) + steps
 
     def match_slots(self, encoded: EncodedBatch | Sequence[EncodedRequest], version=None, *, out=None):
         """Eligibility of every slot for each request: a device array uint32[B, capacity // 32]

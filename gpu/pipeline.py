@@ -8,10 +8,12 @@ measures it.
     answers = pipe.fetch(launched)                       # the one synchronization
 
 `prepare` is the host's share: the request's match tables and its user-side tables (float32 (R, F,
-TW)) written into one of the index's two pinned staging buffers, to be sent with one copy. `launch`
-makes the batch's plan (`gpu.graphs`): that copy, the match kernel, the scoring kernels, the top-K
-kernels and the answers' three copies into pinned buffers, and enqueues it: from a CUDA graph
-(`graphs=True`, the default; one driver call) or step by step. Both ways enqueue the same steps on the
+TW)) written into one of the index's two pinned staging buffers. `launch` makes the batch's plan
+(`gpu.graphs`): the copy of the match's part of that buffer, the match kernel, the copy of the
+tables, the scoring kernels, the top-K kernels and the answers' three copies into pinned buffers,
+and enqueues it: from a CUDA graph (`graphs=True`, the default; one driver call) or step by step.
+`launch_split` serves a batch with nothing ahead of it on the device (a lone request): the match
+part first, the user side computed on the host while the device matches, then the rest. Both ways enqueue the same steps on the
 same arrays, so they give the same answers bit for bit. Every array of a plan is one the index or the
 scorer keeps per batch size, so a serving loop's batches replay a few graphs: one per batch size and
 staging buffer, made again only when updates replace an array (`gpu.graphs.GraphCache`).
@@ -19,7 +21,9 @@ staging buffer, made again only when updates replace an array (`gpu.graphs.Graph
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -38,6 +42,10 @@ class Launched:
     buffers: dict  # the scorer's buffers of the batch (gpu.fused.FusedScorer.plan)
 
 
+def _no_stamp(_t) -> None:
+    pass
+
+
 class BatchPipeline:
     def __init__(self, index, scorer, *, graphs: bool = True, version=None):
         """`index`: a `gpu.index.GpuTargetingIndex`; `scorer`: a `gpu.fused.FusedScorer` over the same
@@ -50,22 +58,31 @@ class BatchPipeline:
     def stream(self):
         return self.index.stream
 
-    def prepare(self, encoded, tables: np.ndarray) -> Prepared:
+    def prepare(self, encoded, tables: np.ndarray | None = None, *, table_shape: tuple | None = None) -> Prepared:
         """The host's share of a batch: `encoded` requests (`andromeda_nb.compiled.EncodedBatch`) and
-        their folded user-side tables into the next staging buffer of the index (it waits only for
-        that buffer's copy of two batches before)."""
-        tables = np.ascontiguousarray(tables, np.float32)
-        batch = self.index.prepare(encoded, self.version, reuse=True, extra={"tabs": tables}, send_now=False)
+        their folded user-side tables (float32 (R, F, TW)) into the next staging buffer of the index
+        (it waits only for that buffer's copy of two batches before). Without `tables`, room for them
+        (`table_shape`: (F, TW)), to be filled by `fill_tables` before the scoring is launched."""
+        if tables is not None:
+            extra = {"tabs": np.ascontiguousarray(tables, np.float32)}
+        else:
+            extra = {"tabs": ((len(encoded), *table_shape), np.float32)}
+        batch = self.index.prepare(encoded, self.version, reuse=True, extra=extra, send_now=False)
         return Prepared(batch.n, batch)
 
+    def fill_tables(self, prepared: Prepared, tables: np.ndarray) -> None:
+        """Write the user-side tables of a batch prepared without them into its staging buffer."""
+        prepared.batch.staged["tabs"][...] = tables
+
     def plan(self, prepared: Prepared, k: int) -> tuple[list, list, list, list, dict]:
-        """(upload and match, scoring, top-K, answers' copies) steps of a prepared batch, and the
-        scorer's buffers they write; the match steps are None for a match kernel with no plan."""
+        """(upload and match, the tables' upload and scoring, top-K, answers' copies) steps of a
+        prepared batch, and the scorer's buffers they write; the match steps are None for a match
+        kernel with no plan."""
         batch = prepared.batch
         elig = self.index.kept_output(prepared.n)
         match = self.index.plan(batch, elig, self.version)
         score, topk, b = self.scorer.plan(elig, batch.arrays["tabs"], k)
-        return match, score, topk, self.scorer.answer_plan(b), b
+        return match, list(batch.uploads[1:]) + score, topk, self.scorer.answer_plan(b), b
 
     def launch(self, prepared: Prepared, k: int, marks=None) -> Launched:
         """Enqueue a prepared batch's plan on the stream (asynchronous). `marks`: four CUDA events
@@ -75,7 +92,7 @@ class BatchPipeline:
         stream = self.stream
         if match is None:  # a lab kernel with no plan: its own launcher, the rest as a plan
             self.index.run(prepared.batch, self.index.kept_output(prepared.n), self.version)
-            run_plan(score + topk + copies, stream)
+            run_plan(score[len(prepared.batch.uploads[1:]):] + topk + copies, stream)  # run() sent the tables
         elif marks is not None:
             run_plan(match[:-1], stream)
             marks[0].record(stream)
@@ -86,12 +103,40 @@ class BatchPipeline:
             run_plan(topk, stream)
             marks[3].record(stream)
             run_plan(copies, stream)
-        elif self.graphs is not None:
-            self.graphs.run(match + score + topk + copies, stream)
         else:
-            run_plan(match + score + topk + copies, stream)
+            self._enqueue(match + score + topk + copies)
         prepared.batch.mark_sent(stream)
         return Launched(prepared.n, b)
+
+    def launch_split(self, encoded, tables_of: Callable[[], np.ndarray], table_shape: tuple, k: int,
+                     stamps: list | None = None) -> Launched:
+        """A batch with nothing ahead of it on the device (a lone request, the first batch of a call):
+        its match is enqueued first, and its user-side tables (`tables_of()`, float32 (R, F, TW)) are
+        computed on the host while the device matches; then the tables' upload, scoring, top-K and the
+        answers' copies. Two plans (two graphs) instead of one, the same steps in the same order.
+        `stamps`: a list the host's clock (`time.perf_counter`) is appended to after the preparation,
+        the match's enqueueing, the user side and the rest's enqueueing (the benchmark's host calls)."""
+        mark = stamps.append if stamps is not None else _no_stamp
+        prepared = self.prepare(encoded, table_shape=table_shape)
+        match, score, topk, copies, b = self.plan(prepared, k)
+        if match is None:  # a lab kernel with no plan: no split
+            self.fill_tables(prepared, tables_of())
+            return self.launch(prepared, k)
+        mark(time.perf_counter())
+        self._enqueue(match)
+        mark(time.perf_counter())
+        self.fill_tables(prepared, tables_of())
+        mark(time.perf_counter())
+        self._enqueue(score + topk + copies)
+        prepared.batch.mark_sent(self.stream)
+        mark(time.perf_counter())
+        return Launched(prepared.n, b)
+
+    def _enqueue(self, plan: list) -> None:
+        if self.graphs is not None:
+            self.graphs.run(plan, self.stream)
+        else:
+            run_plan(plan, self.stream)
 
     def fetch(self, launched: Launched) -> list[tuple[np.ndarray, np.ndarray]]:
         """The batch's answers (ad ids, scores) per request: one synchronization of the stream."""

@@ -74,7 +74,7 @@ for stage in "${stages[@]}"; do
     tests)
       ANDROMEDA_TEST_GPU=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -W ignore ${TESTS_JOBS:+-n $TESTS_JOBS} \
         tests/test_gpu_index.py tests/test_colocated.py tests/test_topk.py tests/test_score_kernels.py \
-        tests/test_score_mma.py tests/test_candidates.py tests/test_deep_specs.py tests/test_unfused.py tests/test_remote_gpu.py tests/test_tiled.py tests/test_geo_layout.py 2>&1 \
+        tests/test_score_mma.py tests/test_candidates.py tests/test_deep_specs.py tests/test_unfused.py tests/test_remote_gpu.py tests/test_tiled.py tests/test_geo_layout.py tests/test_graphs.py tests/test_host_prepare.py 2>&1 \
         | tail -15 | tee "$OUT/gpu_tests.txt" ;;
     match)
       timeout ${MATCH_TIMEOUT:-400} $A bench match --pools 10000000,100000000 --versions ${MATCH_VERSIONS:-6,7,8} \
