@@ -102,9 +102,13 @@ class _DeviceGraph:
             graph = _ok(driver.cuStreamEndCapture(handle))  # ends the capture even when a step failed
         self._graph = graph
         self._exec = _ok(driver.cuGraphInstantiate(graph, 0))
+        self._stream = (stream, handle)
 
     def launch(self, stream) -> None:
-        _ok(self._driver.cuGraphLaunch(self._exec, self._driver.CUstream(int(stream.handle))))
+        kept = self._stream
+        if kept is None or kept[0] is not stream:  # the driver's handle of the stream, made once
+            kept = self._stream = (stream, self._driver.CUstream(int(stream.handle)))
+        _ok(self._driver.cuGraphLaunch(self._exec, kept[1]))
 
     def __del__(self):
         try:
