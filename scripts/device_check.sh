@@ -3,8 +3,8 @@
 # go under $OUT (default: out/device). Run from the repository root, e.g.:
 #   OUT=out/device bash scripts/device_check.sh tests match
 # Stages (in the order given; `all` runs every one):
-#   tests     the GPU index, co-located, top-K and scoring-kernel tests on the real device (TESTS_JOBS:
-#             pytest-xdist workers, where it is installed)
+#   tests     the GPU index, co-located, top-K, scoring-kernel and graph tests on the real device (TESTS_JOBS:
+#             pytest-xdist workers, where it is installed; TESTS_FILES: other test files)
 #   match     `bench match` of the shipped match kernel against the circle-table versions (10M, 100M)
 #   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size; PIPELINE_ARGS: more
 #             options, e.g. "--layout format,geo" for both slot orders in one run, with PIPELINE_TAG naming its files)
@@ -73,8 +73,8 @@ for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
       ANDROMEDA_TEST_GPU=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -W ignore ${TESTS_JOBS:+-n $TESTS_JOBS} \
-        tests/test_gpu_index.py tests/test_colocated.py tests/test_topk.py tests/test_score_kernels.py \
-        tests/test_score_mma.py tests/test_candidates.py tests/test_deep_specs.py tests/test_unfused.py tests/test_remote_gpu.py tests/test_tiled.py tests/test_geo_layout.py tests/test_graphs.py tests/test_host_prepare.py 2>&1 \
+        ${TESTS_FILES:-tests/test_gpu_index.py tests/test_colocated.py tests/test_topk.py tests/test_score_kernels.py \
+        tests/test_score_mma.py tests/test_candidates.py tests/test_deep_specs.py tests/test_unfused.py tests/test_remote_gpu.py tests/test_tiled.py tests/test_geo_layout.py tests/test_graphs.py tests/test_host_prepare.py} 2>&1 \
         | tail -15 | tee "$OUT/gpu_tests.txt" ;;
     match)
       timeout ${MATCH_TIMEOUT:-400} $A bench match --pools 10000000,100000000 --versions ${MATCH_VERSIONS:-6,7,8} \
