@@ -138,3 +138,35 @@ def test_the_colocation_step_says_where_a_request_spends_its_time(demo_run):
     assert scoring["bytes"] == pytest.approx(scoring["eligible"] * stored_ad_bytes(figures["compare"]["precision"], 64))
     line = next(ln for ln in text.splitlines() if "where one co-located request's time goes" in ln)
     assert f"scoring {rows['scoring']['us']:,.0f} us ({scoring['eligible']:,.0f} eligible ads" in line
+
+
+def test_on_a_gpu_the_colocation_step_times_a_lone_request_from_graphs_and_step_by_step():
+    """`lone_request_launches` alternates the two ways of enqueueing a batch on the GPU engine and puts
+    the engine's graphs back; `stage_lines` reports both. (A stand-in engine: no GPU here.)"""
+    from migration.demo import lone_request_launches, stage_lines
+
+    class Pipe:
+        graphs = object()
+
+    class Engine:
+        device = "gpu"
+
+        def __init__(self):
+            self.pipeline, self.seen = Pipe(), []
+
+        def retrieve(self, requests, k):
+            self.seen.append("graph" if self.pipeline.graphs is not None else "direct")
+            return []
+
+    engine = Engine()
+    kept = engine.pipeline.graphs
+    got = lone_request_launches(engine, ["r1", "r2"], 10, repeat=2)
+    assert set(got) == {"graph", "direct"} and all(v > 0 for v in got.values())
+    assert engine.seen[:6] == ["graph"] * 6  # each request seen three times first: captured
+    assert engine.seen[6:] == ["graph", "direct"] * 4  # then alternating, 2 requests x 2 repeats
+    assert engine.pipeline.graphs is kept
+    engine.device = "sim"
+    assert lone_request_launches(engine, ["r1"], 10, repeat=1) is None  # no device timing to compare
+    lines = stage_lines({"device": "gpu", "requests": 2, "repeat": 2, "launches": {"graph": 812.0, "direct": 1034.0},
+                         "stages": {"match": {"us": 300.0, "bytes": 1.5e9}}})
+    assert "812 us with its batch replayed from CUDA graphs, 1,034 us with every kernel launched" in lines[1]
