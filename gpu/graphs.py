@@ -145,7 +145,9 @@ class GraphCache:
     time is run step by step (its kernels compile and load then, outside any capture, and a plan seen
     once only costs no capture), and captured the second time."""
 
-    def __init__(self, limit: int = 256):
+    def __init__(self, limit: int = 1024):
+        # a server's batches come in every size up to the engine's batch, through two staging buffers,
+        # as one plan or two (`gpu.pipeline`): some hundreds of plans, each kept
         self.limit = limit
         self._graphs: dict = {}
         self._seen: set = set()
