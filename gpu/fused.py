@@ -184,18 +184,16 @@ class FusedScorer:
     def launch(self, elig, tabs, k: int, stream=0, mark=None) -> dict:
         """Launch scoring and final top-K (asynchronous); returns the buffers `fetch` reads. `mark`, a
         CUDA event, is recorded between the two (benchmarks time the kernels apart with it)."""
-        R = elig.shape[0]
-        b = self._buffers(R, k)
         d_elig = elig if not isinstance(elig, np.ndarray) else cuda.to_device(np.ascontiguousarray(elig, np.uint32))
         d_tabs = tabs
         if isinstance(tabs, np.ndarray):  # into a device buffer kept with the others: no allocation per call
-            d_tabs = self._upload_tables(b, np.ascontiguousarray(tabs, np.float32), stream)
-        cap = score_kernels.cap_for(k, self.kernel.ads_per_block)
-        self.kernel.launch(self.d_emb, self.d_scale, self.d_chunk_format, d_elig, d_tabs, cap,
-                           b["cand_key"], b["cand_slot"], stream)
+            d_tabs = self._upload_tables(self._buffers(elig.shape[0], k), np.ascontiguousarray(tabs, np.float32),
+                                         stream)
+        score, topk, b = self.plan(d_elig, d_tabs, k)
+        run_plan(score, stream)
         if mark is not None:
             mark.record(stream)
-        self.final_topk(b, cap, k, R, stream)
+        run_plan(topk, stream)
         return b
 
     def plan(self, elig, tabs, k: int) -> tuple[list, list, dict]:

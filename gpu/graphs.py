@@ -106,7 +106,7 @@ class _DeviceGraph:
 
     def launch(self, stream) -> None:
         kept = self._stream
-        if kept is None or kept[0] is not stream:  # the driver's handle of the stream, made once
+        if kept[0] is not stream:  # the driver's handle of the stream, made once per stream
             kept = self._stream = (stream, self._driver.CUstream(int(stream.handle)))
         _ok(self._driver.cuGraphLaunch(self._exec, kept[1]))
 

@@ -13,8 +13,8 @@ TW)) written into one of the index's two pinned staging buffers. `launch` makes 
 tables, the scoring kernels, the top-K kernels and the answers' three copies into pinned buffers,
 and enqueues it: from a CUDA graph (`graphs=True`, the default; one driver call) or step by step.
 `launch_split` serves a batch with nothing ahead of it on the device (a lone request): the match
-part first, the user side computed on the host while the device matches, then the rest. Both ways enqueue the same steps on the
-same arrays, so they give the same answers bit for bit. Every array of a plan is one the index or the
+part first, the user side computed on the host while the device matches, then the rest. Graphs and
+steps enqueue the same steps on the same arrays, so they give the same answers bit for bit. Every array of a plan is one the index or the
 scorer keeps per batch size, so a serving loop's batches replay a few graphs: one per batch size and
 staging buffer, made again only when updates replace an array (`gpu.graphs.GraphCache`).
 """
@@ -34,6 +34,18 @@ from .graphs import GraphCache, run_plan
 class Prepared:
     n: int  # requests
     batch: object  # gpu.index.RequestBatch, its upload unsent, the tables under arrays["tabs"]
+
+
+@dataclass
+class BatchPlan:
+    """A prepared batch's steps (`gpu.graphs`), in the order they are enqueued."""
+
+    match: list | None  # the upload of the match's arrays and the match (None: a lab kernel with no plan)
+    tables: list  # the upload of the user-side tables
+    score: list  # table preparation and scoring
+    topk: list
+    copies: list  # the answers into pinned host buffers
+    buffers: dict  # the scorer's buffers of the batch (gpu.fused.FusedScorer.plan)
 
 
 @dataclass
@@ -74,39 +86,39 @@ class BatchPipeline:
         """Write the user-side tables of a batch prepared without them into its staging buffer."""
         prepared.batch.staged["tabs"][...] = tables
 
-    def plan(self, prepared: Prepared, k: int) -> tuple[list, list, list, list, dict]:
-        """(upload and match, the tables' upload and scoring, top-K, answers' copies) steps of a
-        prepared batch, and the scorer's buffers they write; the match steps are None for a match
-        kernel with no plan."""
+    def plan(self, prepared: Prepared, k: int) -> BatchPlan:
+        """The steps of a prepared batch (`BatchPlan`)."""
         batch = prepared.batch
         elig = self.index.kept_output(prepared.n)
-        match = self.index.plan(batch, elig, self.version)
         score, topk, b = self.scorer.plan(elig, batch.arrays["tabs"], k)
-        return match, list(batch.uploads[1:]) + score, topk, self.scorer.answer_plan(b), b
+        return BatchPlan(self.index.plan(batch, elig, self.version), list(batch.uploads[1:]), score, topk,
+                         self.scorer.answer_plan(b), b)
 
     def launch(self, prepared: Prepared, k: int, marks=None) -> Launched:
         """Enqueue a prepared batch's plan on the stream (asynchronous). `marks`: four CUDA events
         recorded before the match, after it, after scoring and after top-K (the benchmark's stage
         timing): then the steps are enqueued one by one, as they are without graphs."""
-        match, score, topk, copies, b = self.plan(prepared, k)
+        return self._launch(prepared, self.plan(prepared, k), marks)
+
+    def _launch(self, prepared: Prepared, p: BatchPlan, marks=None) -> Launched:
         stream = self.stream
-        if match is None:  # a lab kernel with no plan: its own launcher, the rest as a plan
+        if p.match is None:  # a lab kernel with no plan: its own launcher (which sends the whole upload)
             self.index.run(prepared.batch, self.index.kept_output(prepared.n), self.version)
-            run_plan(score[len(prepared.batch.uploads[1:]):] + topk + copies, stream)  # run() sent the tables
+            run_plan(p.score + p.topk + p.copies, stream)
         elif marks is not None:
-            run_plan(match[:-1], stream)
+            run_plan(p.match[:-1], stream)
             marks[0].record(stream)
-            run_plan(match[-1:], stream)
+            run_plan(p.match[-1:], stream)
             marks[1].record(stream)
-            run_plan(score, stream)
+            run_plan(p.tables + p.score, stream)
             marks[2].record(stream)
-            run_plan(topk, stream)
+            run_plan(p.topk, stream)
             marks[3].record(stream)
-            run_plan(copies, stream)
+            run_plan(p.copies, stream)
         else:
-            self._enqueue(match + score + topk + copies)
+            self._enqueue(p.match + p.tables + p.score + p.topk + p.copies)
         prepared.batch.mark_sent(stream)
-        return Launched(prepared.n, b)
+        return Launched(prepared.n, p.buffers)
 
     def launch_split(self, encoded, tables_of: Callable[[], np.ndarray], table_shape: tuple, k: int,
                      stamps: list | None = None) -> Launched:
@@ -118,19 +130,19 @@ class BatchPipeline:
         the match's enqueueing, the user side and the rest's enqueueing (the benchmark's host calls)."""
         mark = stamps.append if stamps is not None else _no_stamp
         prepared = self.prepare(encoded, table_shape=table_shape)
-        match, score, topk, copies, b = self.plan(prepared, k)
-        if match is None:  # a lab kernel with no plan: no split
+        p = self.plan(prepared, k)
+        if p.match is None:  # a lab kernel with no plan: no split
             self.fill_tables(prepared, tables_of())
-            return self.launch(prepared, k)
+            return self._launch(prepared, p)
         mark(time.perf_counter())
-        self._enqueue(match)
+        self._enqueue(p.match)
         mark(time.perf_counter())
         self.fill_tables(prepared, tables_of())
         mark(time.perf_counter())
-        self._enqueue(score + topk + copies)
+        self._enqueue(p.tables + p.score + p.topk + p.copies)
         prepared.batch.mark_sent(self.stream)
         mark(time.perf_counter())
-        return Launched(prepared.n, b)
+        return Launched(prepared.n, p.buffers)
 
     def _enqueue(self, plan: list) -> None:
         if self.graphs is not None:
@@ -144,4 +156,4 @@ class BatchPipeline:
         return self.scorer.answers(launched.buffers, launched.n)
 
 
-__all__ = ["BatchPipeline", "Launched", "Prepared"]
+__all__ = ["BatchPipeline", "BatchPlan", "Launched", "Prepared"]
