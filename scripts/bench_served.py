@@ -227,6 +227,7 @@ def main(argv=None) -> int:
     # the target reads the in-process batch of --batch; the batch as large as the clients can make it
     # (one request each in flight) is beside it, for what the batch size alone explains
     result = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "layout": args.layout,
+              "precision": dataset.precision, "dim": dataset.model.D,
               "in_process": inproc,
               "in_process_at_clients": runs[-1] if len(runs) > 1 else inproc,
               "served_over_in_process_at_clients": srv["requests_per_s"] / runs[-1]["requests_per_s"],

@@ -37,11 +37,15 @@
 #   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
 #             (STALL_SHARES, STALL_ARGS: more `bench_update_stall.py` options, e.g. "--servers colocated")
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
-#             in-process batch; the server's own ceiling with an answer table (no engine time)
+#             in-process batch; the server's own ceiling with an answer table (no engine time), on a generated
+#             1M-ad corpus stored in SERVED_PRECISION (default fp16, the pipeline targets' precision)
 #             (SERVED_PROCS, SERVED_EXCHANGE, SERVED_SECONDS, SERVED_CEILING (empty: none); SERVED_ARGS: more
 #             `bench_served.py` options, e.g. "--server-cpus 2", with SERVED_TAG naming its file; with
 #             "--profile $OUT/spy" (py-spy on the PATH) the samples' summaries are printed and the raw
 #             stacks come back as one spy.tgz: a call brings back at most 8 files)
+#   engine    where a batch's time goes in the co-located engine on a generated 1M-ad corpus, as the served bench's
+#             in-process figure runs it (`scripts/probe_engine_batch.py`: host stages, kernels by CUDA events, a
+#             cProfile; ENGINE_PRECISIONS, default "fp16 fp32": the corpus's stored precision; ENGINE_BATCHES)
 #   profile   `ncu` (speed of light, occupancy) of the shipped scoring kernel and the final top-K over a
 #             10M-slot pool with a random 8% eligible, for 1 and for 64 requests (PROFILE_ELIGIBLE,
 #             PROFILE_VERSION)
@@ -68,6 +72,12 @@ stages=("$@")
   nvidia-smi -L; git log --oneline -1 2>/dev/null
   python3 -c "import numpy, numba, numba_cuda, pyarrow; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'pyarrow', pyarrow.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
+corpus_1m() {  # the generated 1M-ad corpus of a precision (64 requests, 2,000 updates), made once a machine
+  local data=/tmp/c1000000$([ "$1" = fp32 ] || echo "_$1")
+  [ -d $data ] || timeout 300 $A generate --ads 1000000 --requests 64 --seed 1 --workers 15 --updates 2000 \
+    --precision $1 --out $data --quiet > /dev/null
+  echo $data
+}
 for stage in "${stages[@]}"; do
   t0=$(date +%s)
   case "$stage" in
@@ -141,8 +151,7 @@ for stage in "${stages[@]}"; do
       timeout ${STALL_TIMEOUT:-300} python3 scripts/bench_update_stall.py --device gpu --cpu-shares ${STALL_SHARES:-1,0.5} ${STALL_ARGS:-} \
         --out "$OUT/update_stall_gpu.json" 2>&1 | grep -E "idle p99|Error" | cut -c1-240 ;;
     served)
-      data=/tmp/c1000000
-      [ -d $data ] || timeout 300 $A generate --ads 1000000 --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
+      precision=${SERVED_PRECISION:-fp16}; data=$(corpus_1m $precision)
       for procs in ${SERVED_PROCS:-1 4}; do
         timeout ${SERVED_TIMEOUT:-150} python3 scripts/bench_served.py --data $data --device gpu --clients 32 \
           --client-processes $procs --seconds ${SERVED_SECONDS:-15} --exchange ${SERVED_EXCHANGE:-call,stream} ${SERVED_ARGS:-} \
@@ -155,6 +164,12 @@ for stage in "${stages[@]}"; do
       for ex in ${SERVED_CEILING-call stream}; do
         timeout 120 python3 scripts/probe_served_ceiling.py --data $data --clients 32 --client-processes 4 \
           --seconds ${SERVED_SECONDS:-15} --exchange $ex --out "$OUT/served_ceiling_1m_$ex.json" 2>&1 | tail -1
+      done ;;
+    engine)
+      for precision in ${ENGINE_PRECISIONS:-fp16 fp32}; do
+        data=$(corpus_1m $precision)
+        timeout ${ENGINE_TIMEOUT:-200} python3 scripts/probe_engine_batch.py --data $data --batches ${ENGINE_BATCHES:-1,16,32,64} \
+          --out "$OUT/engine_1m_$precision.json" 2>&1 | grep -E "^batch|wait|synchron|retrieve|encode|user_side|prepare" | cut -c1-200 | head -40
       done ;;
     profile)
       for R in 1 64; do
