@@ -502,42 +502,39 @@ def country_code(country: str) -> int:
     return (ord(country[0]) - 65) * 26 + (ord(country[1]) - 65) if len(country) == 2 else -1
 
 
+_ID_KEYS = tuple(key for key, _ in _ID_NAMESPACES)
+_ID_CODES = np.asarray([ns for _, ns in _ID_NAMESPACES], np.int64) << TERM_SHIFT  # each namespace's high bits
+_SCALAR_CODES = np.asarray([NS_COUNTRY, NS_REGION, NS_CITY, NS_LOCALE], np.int64) << TERM_SHIFT
+_INT_FIELDS = ("age", "gender", "publisher", "device", "os", "time")  # EncodedBatch's int64 fields
+
+
 def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
-    """`encode_request` of every request, as one `EncodedBatch`. The fields are read once per request;
-    the id sets become arrays by `np.fromiter` (no Python step per id), and the terms are namespaced,
-    sorted and made unique for the whole batch at once. Requests that come as arrays
-    (`andromeda_nb.request_columns.RequestColumns`) are encoded from them, with no step per request."""
+    """`encode_request` of every request, as one `EncodedBatch`. The fields are read once per request
+    into one array of integers and one of places; every id set of every request becomes one array by
+    one `np.fromiter` (no Python step per id), and the terms are namespaced, sorted and made unique
+    for the whole batch at once: a few numpy calls a batch, however many namespaces. Requests that
+    come as arrays (`andromeda_nb.request_columns.RequestColumns`) are encoded from them, with no step
+    per request."""
     encoded = getattr(requests, "encoded", None)
     if encoded is not None:
         return encoded()
     requests = list(requests)
     n = len(requests)
     users = [r.user for r in requests]
-    ctx = [r.context for r in requests]
-    # one term per request for each of country, region, city, locale (-1: the user has none)
-    country = np.asarray([country_code(u.country) for u in users], np.int64).reshape(n)
-    scalar_ids = np.stack([country, np.asarray([u.region for u in users], np.int64).reshape(n),
-                           np.asarray([u.city for u in users], np.int64).reshape(n),
-                           np.asarray([u.locale for u in users], np.int64).reshape(n)], axis=1)
+    # per request: country code, region, city, locale (-1: none), then the int fields in _INT_FIELDS' order
+    ints = np.array([(country_code(u.country), u.region, u.city, u.locale, u.age, u.gender,
+                      _PUBLISHER_INDEX[c.publisher_platform], _DEVICE_INDEX[c.device_platform], _OS_INDEX[c.user_os],
+                      c.time) for u, c in ((r.user, r.context) for r in requests)], np.int64).reshape(n, 10).T.copy()
+    place = np.array([(u.latitude, u.longitude) for u in users], np.float64).reshape(n, 2).T.copy()
+    # the ids of request 0's namespaces in _ID_KEYS' order, then request 1's, ...
     empty: frozenset[int] = frozenset()
-    id_lists = {}
-    for key, _ in _ID_NAMESPACES:
-        sets = [u.ids.get(key, empty) for u in users]
-        counts = np.fromiter(map(len, sets), np.int64, n)
-        total = int(counts.sum())
-        if total:
-            id_lists[key] = (counts, np.fromiter(itertools.chain.from_iterable(sets), np.int64, total))
-    return encode_arrays(
-        n, scalar_ids, id_lists,
-        age=np.asarray([u.age for u in users], np.int64).reshape(n),
-        gender=np.asarray([u.gender for u in users], np.int64).reshape(n),
-        latitude=np.asarray([u.latitude for u in users], np.float64).reshape(n),
-        longitude=np.asarray([u.longitude for u in users], np.float64).reshape(n),
-        publisher=np.asarray([_PUBLISHER_INDEX[c.publisher_platform] for c in ctx], np.int64).reshape(n),
-        device=np.asarray([_DEVICE_INDEX[c.device_platform] for c in ctx], np.int64).reshape(n),
-        os=np.asarray([_OS_INDEX[c.user_os] for c in ctx], np.int64).reshape(n),
-        time=np.asarray([c.time for c in ctx], np.int64).reshape(n),
-    )
+    sets = [ids.get(key, empty) for ids in (u.ids for u in users) for key in _ID_KEYS]
+    counts = np.fromiter(map(len, sets), np.int64, len(sets))
+    ids = np.fromiter(itertools.chain.from_iterable(sets), np.int64, int(counts.sum()))
+    id_terms = np.repeat(np.tile(_ID_CODES, n), counts) | ids
+    id_req = np.repeat(np.arange(n, dtype=np.int64), counts.reshape(n, len(_ID_KEYS)).sum(axis=1))
+    return _encoded(n, ints[:4].T, [id_req], [id_terms], latitude=place[0], longitude=place[1],
+                    **dict(zip(_INT_FIELDS, ints[4:])))
 
 
 def encode_arrays(n: int, scalar_ids: np.ndarray, id_lists: dict, **fields) -> EncodedBatch:
@@ -545,15 +542,22 @@ def encode_arrays(n: int, scalar_ids: np.ndarray, id_lists: dict, **fields) -> E
     country code, region, city and locale (-1: none); `id_lists` key of USER_ID_KEYS -> (counts
     int64 (n,), the ids of request 0, then of request 1, ...); `fields`: the `EncodedBatch` arrays
     age, gender, latitude, longitude, publisher, device, os, time."""
-    scalar_ns = np.asarray([NS_COUNTRY, NS_REGION, NS_CITY, NS_LOCALE], np.int64)
-    has = scalar_ids >= 0
-    parts_req = [np.repeat(np.arange(n, dtype=np.int64), has.sum(axis=1))]
-    parts_term = [((scalar_ns[None, :] << TERM_SHIFT) | scalar_ids)[has]]
+    parts_req, parts_term = [], []
     for key, ns in _ID_NAMESPACES:
         if key in id_lists:
             counts, ids = id_lists[key]
             parts_req.append(np.repeat(np.arange(n, dtype=np.int64), counts))
             parts_term.append((np.int64(ns) << TERM_SHIFT) | np.asarray(ids, np.int64))
+    return _encoded(n, scalar_ids, parts_req, parts_term, **fields)
+
+
+def _encoded(n: int, scalar_ids: np.ndarray, parts_req: list, parts_term: list, **fields) -> EncodedBatch:
+    """The `EncodedBatch` of n requests: the terms of `scalar_ids` (int64 (n, 4), as `encode_arrays`
+    takes them) and the id terms already namespaced (`parts_term`, each term's request in
+    `parts_req`), sorted and unique per request; `fields` as `encode_arrays` takes them."""
+    has = scalar_ids >= 0
+    parts_req = [np.repeat(np.arange(n, dtype=np.int64), has.sum(axis=1)), *parts_req]
+    parts_term = [(_SCALAR_CODES[None, :] | scalar_ids)[has], *parts_term]
     terms, ptr = _sorted_unique_per_request(np.concatenate(parts_req), np.concatenate(parts_term), n)
     return EncodedBatch(terms=terms, term_ptr=ptr, **{name: np.asarray(v) for name, v in fields.items()})
 

@@ -308,6 +308,18 @@ MUTANTS: list[Mutant] = [
       "        return BatchPlan(self.index.plan(batch, elig, self.version), [], score, topk,",
       ("tests/test_host_prepare.py::test_engine_overlaps_preparation_and_synchronizes_once_per_batch",),
       "the user-side tables staged but never copied to the device"),
+    # --- request encoding ---------------------------------------------------------------------------
+    M("encode-namespaces-repeated", "request encoding", "andromeda_nb/compiled.py",
+      "id_terms = np.repeat(np.tile(_ID_CODES, n), counts) | ids",
+      "id_terms = np.repeat(np.repeat(_ID_CODES, n), counts) | ids",
+      ("tests/test_host_prepare.py::test_encode_requests_equals_encode_request",),
+      "a batch's id sets namespaced namespace-major while they are listed request-major: a second "
+      "request's ids land in other namespaces"),
+    M("encode-ids-to-first-request", "request encoding", "andromeda_nb/compiled.py",
+      "id_req = np.repeat(np.arange(n, dtype=np.int64), counts.reshape(n, len(_ID_KEYS)).sum(axis=1))",
+      "id_req = np.repeat(np.zeros(n, dtype=np.int64), counts.reshape(n, len(_ID_KEYS)).sum(axis=1))",
+      ("tests/test_host_prepare.py::test_encode_requests_equals_encode_request",),
+      "every id of a batch given to its first request"),
     # --- the CUDA simulator's repairs ---------------------------------------------------------------
     M("sim-shared-unlocked", "simulator", "gpu/simulator.py", "    kernelapi.FakeCUDAShared.array = shared_array\n", "",
       ("tests/test_simulator.py",), "the simulator's own shared arrays: threads racing to make one get one each"),

@@ -1,7 +1,8 @@
 """Host-side costs of a request on this machine's CPU, for the figures docs/ quote beside the GPU runs:
 
 * the scoring service's candidate lookup (`RowMap.rows_of`) of one request's eligible ad ids;
-* encoding a request, and preparing it for the shipped match kernel (`GpuTargetingIndex.prepare`
+* encoding a request (`encode_request`, and `encode_requests` as the GPU engine encodes a batch, of
+  one request and of 64), and preparing it for the shipped match kernel (`GpuTargetingIndex.prepare`
   with reused buffers: the request arrays built and packed; under the CUDA simulator, which this
   script runs on, the "upload" is a host memory copy);
 * the circle table of the circle-table match kernels (`GpuTargetingIndex.circle_table`), for one
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
-    from andromeda_nb.compiled import encode_request
+    from andromeda_nb.compiled import encode_request, encode_requests
     from andromeda_nb.model import user_sides
     from andromeda_nb.scoring import fold_tables_batch
     from andromeda_nb.flight import decode_request_batch, request_batch
@@ -105,6 +106,8 @@ def main(argv=None) -> int:
         "ms": {
             "rowmap_lookup_first_request": median_ms(lambda: rows.rows_of(eligible), args.repeat),
             "encode_request": median_ms(lambda: encode_request(requests[0]), args.repeat),
+            "encode_requests_one": median_ms(lambda: encode_requests(requests[:1]), args.repeat),
+            "encode_requests_64": median_ms(lambda: encode_requests(requests64), args.repeat),
             "prepare_one_request": median_ms(lambda: index.prepare(encoded[:1], reuse=True), args.repeat),
             "circle_table_one_request": median_ms(lambda: index.circle_table(encoded[:1], 64), args.repeat),
             "circle_table_64_requests": median_ms(lambda: index.circle_table(batch64, 64), args.repeat),
