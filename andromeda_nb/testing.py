@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -46,6 +47,10 @@ N_LOCALES = 5
 N_IDS = 8  # ids per flexible key and custom audiences: 0..N_IDS-1
 COMMON_FLEX_KEYS = FLEX_KEYS[:3]  # most objects use these, so overlaps with users are frequent
 CENTRES = ((40.7, -74.0), (51.5, -0.1), (-33.9, 151.2), (10.0, 179.8), (89.6, 20.0))
+
+# the device the tests' kernels run on: the real GPU when the suite runs with ANDROMEDA_TEST_GPU=1,
+# else the CUDA simulator (which tests/conftest.py chooses before numba.cuda is imported)
+KERNEL_DEVICE = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
 
 
 # --- one generator, two sources of randomness -------------------------------------------------------
@@ -499,5 +504,5 @@ def ads_and_updates(max_ads: int = 10, max_updates: int = 15, *, invalid: float 
 __all__ = [
     "draw_scale", "random_ads", "random_requests", "random_updates", "random_update_stream", "random_ad_json", "random_request_json",
     "update_to_json", "targeting_jsons", "specs", "ads", "ad_lists", "requests", "request_lists",
-    "ads_and_updates", "deep_spec_pair", "T0", "DAY",
+    "ads_and_updates", "deep_spec_pair", "KERNEL_DEVICE", "T0", "DAY",
 ]

@@ -591,16 +591,24 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     lat: dict[str, list] = {mode: [] for mode in launches}
     timed_captures = 0  # graphs captured inside a timed loop: none, when the warm-ups did their work
 
-    def captures() -> int:
-        return sum(p.graphs.captures for p in pipes.values() if p.graphs is not None)
+    def timed(fn) -> float:
+        """Seconds `fn()` took, counting the graphs captured meanwhile into `timed_captures`."""
+        nonlocal timed_captures
+        before = sum(p.graphs.captures for p in pipes.values() if p.graphs is not None)
+        t = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - t
+        timed_captures += sum(p.graphs.captures for p in pipes.values() if p.graphs is not None) - before
+        return seconds
 
-    c0 = captures()
-    for i in range(latency_requests):
-        for mode, p in pipes.items():
-            t = time.perf_counter()
-            run([requests[i % len(requests)]], p)
-            lat[mode].append((time.perf_counter() - t) * 1e3)
-    timed_captures += captures() - c0
+    def latencies():
+        for i in range(latency_requests):
+            for mode, p in pipes.items():
+                t = time.perf_counter()
+                run([requests[i % len(requests)]], p)
+                lat[mode].append((time.perf_counter() - t) * 1e3)
+
+    timed(latencies)
 
     def percentiles(v):
         v = np.asarray(v)
@@ -664,27 +672,23 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
             for _ in range(WARM_CALLS):  # every plan of the graph mode captured before anything is timed
                 run(reqs, p)
             reps = max(3, 64 // B)
-            c0 = captures()
-            t = time.perf_counter()
-            for _ in range(reps):
-                run(reqs, p)
-            serial = (time.perf_counter() - t) / reps
-            timed_captures += captures() - c0
+
+            def serially():
+                for _ in range(reps):
+                    run(reqs, p)
+
             # pipelined, as GpuEngine.retrieve runs consecutive batches: batch i + 1 prepared on the host
             # while the device runs batch i, one synchronization per batch (when its answers come back)
-            prepared = prepare(reqs, p)
-            for _ in range(WARM_CALLS):  # the pipelined loop's own plans (`launch`, not `launch_split`)
-                launched = p.launch(prepared, k)
-                prepared = prepare(reqs, p)
-                p.fetch(launched)
-            c0 = captures()
-            t = time.perf_counter()
-            for i in range(reps):
-                launched = p.launch(prepared, k)
-                prepared = prepare(reqs, p) if i + 1 < reps else None
-                p.fetch(launched)
-            piped = (time.perf_counter() - t) / reps
-            timed_captures += captures() - c0
+            def pipelined(calls, prepared):
+                for i in range(calls):
+                    launched = p.launch(prepared, k)
+                    prepared = prepare(reqs, p) if i + 1 < calls else None
+                    p.fetch(launched)
+
+            serial = timed(serially) / reps
+            pipelined(WARM_CALLS, prepare(reqs, p))  # the pipelined loop's own plans (`launch`, not `launch_split`)
+            first = prepare(reqs, p)
+            piped = timed(lambda: pipelined(reps, first)) / reps
             figures = {"batch_ms": piped * 1e3, "requests_per_s": B / piped, "pool_ads_per_s": B * len(index) / piped,
                        "serial_batch_ms": serial * 1e3, "serial_pool_ads_per_s": B * len(index) / serial}
             if p is pipe:

@@ -4,7 +4,6 @@ health and stats, rejects malformed requests clearly and keeps serving, and take
 serving. Servers bind 127.0.0.1 and are started and stopped here."""
 
 import json
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -17,11 +16,9 @@ from andromeda_nb.dataset import Dataset
 from andromeda_nb.model import MoeModel, quantize
 from andromeda_nb.reference import ReferenceRetriever
 from andromeda_nb.targeting import request_to_json
-from andromeda_nb.testing import random_ads, random_requests, random_updates, update_to_json
+from andromeda_nb.testing import KERNEL_DEVICE, random_ads, random_requests, random_updates, update_to_json
 
 SEED = 0
-# the kernels' device: the CUDA simulator, or the real GPU when the suite runs with ANDROMEDA_TEST_GPU=1
-KERNEL_DEVICE = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
 
 
 def make_dataset(seed, n_ads=150, n_requests=4, precision="fp32", D=16, F=2):

@@ -11,8 +11,6 @@ oracle first proves each case means what it says, then every index must agree wi
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -164,7 +162,7 @@ def test_gpu_index_sim_finds_every_depth_through_updates():
     repeated to 84 so that deep users sit in both halves of a 64-request group and in a second one."""
     from gpu.index import GpuTargetingIndex
 
-    if os.environ.get("ANDROMEDA_TEST_GPU") == "1":
+    if testing.KERNEL_DEVICE == "gpu":
         pytest.skip("the simulator is chosen per process; the GPU run checks the device index instead")
     deep, twins, fillers, requests = deep_world(3)
     fillers = fillers[:40]

@@ -12,6 +12,7 @@ import pytest
 from andromeda_nb.compiled import NS_CITY, NS_COUNTRY, NS_REGION, NS_LOCALE, country_code, term
 from andromeda_nb.corpus import build_world
 from andromeda_nb.geo_layout import ALL, GeoBuckets, chunk_summaries, clustered_order, hashed_bit
+from andromeda_nb.testing import KERNEL_DEVICE
 from andromeda_nb.tiling import generate_base
 
 SEED = 5
@@ -117,8 +118,6 @@ def test_clustered_order_keeps_formats_apart_and_sorts_by_bits_then_mask():
 
 
 def test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates():
-    import os
-
     from andromeda_nb.geo_layout import geo_rank
     from andromeda_nb.slots import EMPTY
     from gpu.engine import GpuEngine
@@ -126,8 +125,7 @@ def test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_u
     from _servers import reference_at, small_dataset, update_stream
 
     dataset = small_dataset(17, n_ads=300, n_requests=3)
-    device = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
-    engine = GpuEngine(dataset, device=device, layout="geo")
+    engine = GpuEngine(dataset, device=KERNEL_DEVICE, layout="geo")
     assert engine.describe()["layout"] == "geo"
     # the slots follow the clustered order within each format, and that is not the corpus's order
     slots = engine.index.slots
@@ -136,7 +134,7 @@ def test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_u
     rank_of = dict(zip(ct.ad_id.tolist(), rank.tolist()))
     used = slots.slot_ad_id[slots.slot_ad_id != EMPTY]
     assert np.all(np.diff([rank_of[int(a)] for a in used]) > 0)
-    plain = GpuEngine(dataset, device=device, layout="format").index.slots.slot_ad_id
+    plain = GpuEngine(dataset, device=KERNEL_DEVICE, layout="format").index.slots.slot_ad_id
     assert not np.array_equal(plain[plain != EMPTY], used)
     updates = update_stream(dataset, 12, seed=17)
     engine.apply_many(updates)
@@ -173,9 +171,7 @@ def test_a_rank_of_the_wrong_length_is_refused():
 
 
 def _device():
-    import os
-
-    return "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
+    return KERNEL_DEVICE
 
 
 def test_the_match_skips_blocks_no_request_of_the_group_can_match_and_reads_the_summary_to_do_so():

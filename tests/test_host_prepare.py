@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import numpy as np
 import pytest
@@ -23,10 +22,9 @@ from andromeda_nb.compiled import EncodedBatch, encode_request, encode_requests
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.oracle import OracleIndex
 from andromeda_nb.targeting import parse_ad, parse_request
-from andromeda_nb.testing import random_ads, random_requests, request_lists
+from andromeda_nb.testing import KERNEL_DEVICE, random_ads, random_requests, request_lists
 from gpu.index import CircleLookup, GpuTargetingIndex, RequestBatch, Vocabulary, residual_tables
 
-KERNEL_DEVICE = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
 
 CHUNK = 32
 

@@ -4,20 +4,18 @@ gather kernels on tiny corpora); ANDROMEDA_TEST_GPU=1 runs them on the device. S
 127.0.0.1 and are started and stopped by the tests."""
 
 import json
-import os
 
 import numpy as np
 from click.testing import CliRunner
 
 from andromeda_nb import flight as fl
 from andromeda_nb.reference import ReferenceRetriever
-from andromeda_nb.testing import random_updates, update_to_json
+from andromeda_nb.testing import KERNEL_DEVICE, random_updates, update_to_json
 from cpu_baseline.index_host import IndexHostServer
 from cpu_baseline.scoring_service import ScoringServer
 
 from test_remote import assert_equals_reference, make_dataset
 
-KERNEL_DEVICE = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
 
 
 def test_a_gpu_scoring_service_behind_the_index_host_equals_the_reference_through_updates():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -177,7 +176,7 @@ def test_the_gpu_engine_answers_the_arrays_as_the_float64_reference(tmp_path):
     answers equal the float64 reference's, request by request."""
     from gpu.engine import GpuEngine
 
-    device = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
+    device = testing.KERNEL_DEVICE
     _, dataset = saved_corpus(tmp_path / "corpus", 11, n_ads=40, n_requests=ROW_PATH_MAX + 1)
     cols, _ = decode_columns(request_columns(dataset.requests, 7), seed=dataset.seed, experts=dataset.model.E,
                              width=dataset.model.S)

@@ -19,6 +19,7 @@ import pytest
 from numba import cuda  # after tests/conftest.py chose the simulator or the device
 
 from andromeda_nb.model import quantize
+from andromeda_nb.testing import KERNEL_DEVICE
 from andromeda_nb.scoring import fold_tables
 from andromeda_nb.slots import CHUNK_SLOTS
 
@@ -26,7 +27,7 @@ from gpu.kernels import mma
 from test_score_kernels import _check, random_user_side
 
 ROOT = Path(__file__).resolve().parent.parent
-ON_GPU = os.environ.get("ANDROMEDA_TEST_GPU") == "1"
+ON_GPU = KERNEL_DEVICE == "gpu"
 
 
 @cuda.jit

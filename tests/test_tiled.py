@@ -4,7 +4,6 @@ are the pool of all their copies; the check against the float64 reference passes
 reference's view of the pool is changed; the pool refuses updates clearly. Kernels run under the CUDA
 simulator (or the real GPU with ANDROMEDA_TEST_GPU=1)."""
 
-import os
 
 import numpy as np
 import pytest
@@ -14,8 +13,8 @@ from andromeda_nb.dataset import Dataset
 from andromeda_nb.model import EmbeddingTable
 from andromeda_nb.tiling import tile_compiled
 from andromeda_nb.types import SetStatus
+from andromeda_nb.testing import KERNEL_DEVICE
 
-KERNEL_DEVICE = "gpu" if os.environ.get("ANDROMEDA_TEST_GPU") == "1" else "sim"
 
 
 def small_pool(**changes):
