@@ -45,9 +45,9 @@ def _service_failure(exc: BaseException) -> str | None:
 def main():
     """GPU ads retrieval by model-system co-design: run, compare and measure a remote-scoring CPU
     architecture and a co-located GPU one on the same corpus."""
-    from andromeda_nb.hostmem import keep_freed_memory
+    from serving.hostmem import keep_freed_memory
 
-    keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (serving.hostmem)
 
 
 # --- shared helpers --------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def _apply_updates(path, targets, dataset, quiet: bool) -> None:
 
 def _write_json(result: dict, out, quiet: bool) -> None:
     if out:
-        from andromeda_nb.bench import write_json
+        from andromeda_nb.measure import write_json
 
         write_json(result, out)
         _info(f"wrote {out}", quiet)
@@ -153,7 +153,7 @@ def _layout_list(value):
 
 def _link(latency_us: float, gbps: float | None):
     """The `relay.Link` of compare's --link-latency-us and --link-gbps."""
-    from andromeda_nb.relay import Link
+    from serving.relay import Link
 
     return Link(latency_s=latency_us * 1e-6, bandwidth_bps=None if gbps is None else gbps * 1e9)
 
@@ -537,7 +537,7 @@ def retrieve(data, arch, device, k, traffic, shards, replicas, address, scorer_d
     else:
         click.echo(retrieve_table(dataset.requests, answers))
         if per_request:
-            from andromeda_nb.relay import traffic_summary
+            from serving.relay import traffic_summary
 
             click.echo(traffic_summary(per_request))
 
@@ -558,7 +558,7 @@ def demo(n_ads, n_requests, seed, k, device, as_json, quiet):
     architectures side by side. With --json the last line is one object with every figure."""
     import json as _json
 
-    from migration.demo import DemoError, run_demo
+    from benchmarks.demo import DemoError, run_demo
 
     try:
         figures = run_demo(n_ads=n_ads, n_requests=n_requests, seed=seed, k=k, device=device,
@@ -584,7 +584,7 @@ def bench():
 
 
 def _service_dataset(data: str, quiet: bool = False):
-    from andromeda_nb.services import load_dataset_for_service
+    from serving.services import load_dataset_for_service
     from andromeda_nb.store import StoreError
 
     _info(f"loading {data}", quiet)
@@ -595,50 +595,28 @@ def _service_dataset(data: str, quiet: bool = False):
 
 
 def _server_options(service: str, log: bool = True):
-    """The options every `serve` command shares (`andromeda_nb.serving.ServerSettings`): address (the
-    service's default port), tokens and TLS (`andromeda_nb.guard`), limits (`andromeda_nb.limits`),
-    update log, stop deadline; and --quiet, which only the command reads."""
-    from andromeda_nb.limits import DEFAULT_LIMITS as L
-    from andromeda_nb.services import DEFAULT_PORTS
+    """The options every `serve` command shares, as `serving.process.server_options` declares them for
+    every server (address with the service's default port, tokens and TLS, limits, update log, stop
+    deadline); and --quiet, which only the command reads."""
+    from serving.process import server_options
+    from serving.services import DEFAULT_PORTS
 
-    options = [
-        click.option("--host", default="127.0.0.1", show_default=True,
-                     help="Address to listen on; anything but loopback needs tokens or mutual TLS, or --insecure."),
-        click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORTS[service], show_default=True,
-                     help="Port to listen on (0: a free one; the address is printed on stdout)."),
-        click.option("--token", envvar="ANDROMEDA_TOKEN", default=None,
-                     help="Reader token: once a token is set, retrieve, health and stats need one ($ANDROMEDA_TOKEN)."),
-        click.option("--admin-token", envvar="ANDROMEDA_ADMIN_TOKEN", default=None,
-                     help="Admin token: update and compact need it ($ANDROMEDA_ADMIN_TOKEN)."),
-        click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="Server certificate (PEM): TLS."),
-        click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM)."),
-        click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
-                     help="Mutual TLS: clients need a certificate this CA (PEM) signed."),
-        click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without authentication."),
-        click.option("--max-request-bytes", type=click.IntRange(1), default=None,
-                     help=f"Bytes of one request batch [default: {L.max_request_bytes}]."),
-        click.option("--max-batch-requests", type=click.IntRange(1), default=None,
-                     help=f"Requests in one batch [default: {L.max_batch_requests}]."),
-        click.option("--max-k", type=click.IntRange(1, MAX_K), default=None, help=f"Answers per request [default: {MAX_K}]."),
-        click.option("--max-updates", type=click.IntRange(1), default=None,
-                     help=f"Update lines in one call [default: {L.max_updates}]."),
-        click.option("--max-update-bytes", type=click.IntRange(1), default=None,
-                     help=f"Bytes of one update call [default: {L.max_update_bytes}]."),
-        click.option("--max-json-depth", type=click.IntRange(1), default=None,
-                     help=f"Nesting of any JSON text [default: {L.max_json_depth}]."),
-        click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=None,
-                     help=f"Seconds one call may take [default: {L.deadline_s:g}]."),
-        click.option("--update-cpu-share", type=click.FloatRange(0, 1, min_open=True), default=None,
-                     help=f"Share of an update call's time spent working (parsing, logging, applying) while "
-                          f"retrievals arrive; the rest is left to them [default: {L.update_cpu_share}]."),
-        click.option("--stop-deadline", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-                     help="Seconds from SIGTERM to exit, whatever clients do (batches in flight finish)."),
-        _QUIET_OPTION,
-    ]
-    if log:
-        options.append(click.option("--log", "log", default=None,
-                                    help="Update log: a path, or 'off' for none (updates in memory only) "
-                                         "[default: DIR/updates.log]."))
+    def click_option(o):
+        if o.kind is bool:
+            return click.option(o.flag, o.dest, is_flag=True, help=o.help)
+        if o.path:
+            kind = click.Path(dir_okay=False)
+        elif o.kind is int:
+            kind = click.IntRange(o.at_least, o.at_most) if o.at_least is not None else int
+        elif o.kind is float:
+            kind = click.FloatRange(o.at_least, o.at_most, min_open=o.above) if o.at_least is not None else float
+        else:
+            kind = str
+        default = DEFAULT_PORTS[service] if o.dest == "port" else o.default
+        return click.option(o.flag, o.dest, type=kind, default=default, envvar=o.env, hidden=o.hidden,
+                            show_default=default is not None, help=o.help)
+
+    options = [click_option(o) for o in server_options(log=log) if o.cli] + [_QUIET_OPTION]
 
     def decorate(command):
         for option in reversed(options):
@@ -652,7 +630,7 @@ def _serve(run, **options):
     """Build the settings from the options, refuse an address that cannot be used (a taken port, an
     exposed host without authentication) before anything loads, and run `run(settings)`; what the user
     must fix is a message, never a traceback."""
-    from andromeda_nb.serving import ServerSettings, preflight, startup_errors
+    from serving.process import ServerSettings, preflight, startup_errors
 
     try:
         settings = ServerSettings.from_options(**options)
@@ -665,7 +643,7 @@ def _serve(run, **options):
 def _on_listening(service: str, settings, quiet: bool, holds):
     """When the server listens: the machine line on stdout (`announce`), and unless --quiet the banner
     on stderr; `holds(server)` says what it serves."""
-    from andromeda_nb.services import announce, banner
+    from serving.services import announce, banner
 
     def ready(server):
         location = settings.guard.location(settings.host, server.port)
@@ -712,7 +690,7 @@ def serve_scorer(data, device, threads, quiet, **options):
 
     def run(settings):
         where = resolve(device)
-        from migration.scorer import run_scorer_on
+        from migration.scorer_server import run_scorer_on
 
         dataset = _service_dataset(data, quiet)
         run_scorer_on(dataset, settings, device=where, threads=threads,
@@ -742,8 +720,8 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
 
     Prints {"service": "remote", "location": ...} on stdout once listening, and a banner saying how to
     ask it on stderr; SIGTERM or Ctrl-C stops it."""
-    from andromeda_nb.services import DEFAULT_HOST, DEFAULT_PORTS
-    from cpu_baseline.serve import run_index_host, scorer_credentials
+    from serving.services import DEFAULT_HOST, DEFAULT_PORTS
+    from cpu_baseline.remote_servers import run_index_host, scorer_credentials
 
     scorer_address = scorer_address or f"grpc://{DEFAULT_HOST}:{DEFAULT_PORTS['scorer']}"
 
@@ -762,7 +740,8 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
 @_SERVE_DATA_OPTION
 @device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
 @click.option("--kernel-version", "version", type=int, default=None,
-              help="Scoring kernel version of the kernel lab (default: the shipped one).")
+              help="Scoring kernel version, one of the shipped kernels (gpu/kernels/score.py VERSIONS; "
+                   "default: the shipped one for the shape).")
 @click.option("--batch-wait-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="Longest a request waits for requests of other exchanges to share its engine batch (0: none).")
 @click.option("--decode-ahead/--no-decode-ahead", default=False, show_default=True,
@@ -786,9 +765,9 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
 
     def run(settings):
         where = resolve(device)
-        from migration.serve import run_colocated
+        from migration.colocated_server import run_colocated
 
-        from andromeda_nb.serving import set_switch_interval
+        from serving.process import set_switch_interval
 
         set_switch_interval(switch_interval_ms)
         _info(f"loading {data}", quiet)
@@ -811,8 +790,8 @@ def compact(data, log, as_json, quiet):
     For a corpus no server is running on (a running server holds its log: use its compact action)."""
     import json
 
-    from andromeda_nb.compaction import compact_corpus
-    from andromeda_nb.serving import startup_errors
+    from serving.compaction import compact_corpus
+    from serving.process import startup_errors
 
     try:
         result = compact_corpus(data, log)
@@ -862,7 +841,7 @@ def serve_cluster(data, shards, replicas, device, address, quiet, log, **options
 
     def run(settings):
         where = resolve(device)
-        from cluster.serve import run_cluster
+        from cluster.front import run_cluster
 
         dataset = _service_dataset(data, quiet)
         run_cluster(dataset, settings, shards=shards, replicas=replicas, device=where, address=address,
@@ -874,7 +853,7 @@ def serve_cluster(data, shards, replicas, device, address, quiet, log, **options
     _serve(run, log=log, **options)
 
 
-# --- the client of a running server (andromeda_nb.client) ---------------------------------------------
+# --- the client of a running server (serving.client) ---------------------------------------------
 
 
 _SERVER_OPTION = click.option("--server", "server", required=True,
@@ -882,7 +861,7 @@ _SERVER_OPTION = click.option("--server", "server", required=True,
 
 
 def _credential_options(command):
-    """What a client presents to a guarded server (`andromeda_nb.guard.ClientCredentials`): a token and
+    """What a client presents to a guarded server (`serving.guard.ClientCredentials`): a token and
     TLS material; a server on loopback without tokens needs none."""
     options = [
         click.option("--token", envvar="ANDROMEDA_TOKEN", default=None,
@@ -899,7 +878,7 @@ def _credential_options(command):
 
 
 def _credentials(token, tls_ca, tls_cert, tls_key):
-    from andromeda_nb.guard import ClientCredentials, GuardError
+    from serving.guard import ClientCredentials, GuardError
 
     try:
         return ClientCredentials.from_files(token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
@@ -925,7 +904,7 @@ def query(server, requests_path, k, token, tls_ca, tls_cert, tls_key, as_json, q
     import pyarrow.flight as flight
 
     from andromeda_nb.answers import retrieve_json_lines, retrieve_table
-    from andromeda_nb.client import ServerUnreachable, query as ask, read_requests
+    from serving.client import ServerUnreachable, query as ask, read_requests
 
     try:
         requests, unreadable = read_requests(requests_path)
@@ -959,7 +938,7 @@ def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
 
     import pyarrow.flight as flight
 
-    from andromeda_nb.client import ServerUnreachable, health as ask
+    from serving.client import ServerUnreachable, health as ask
 
     try:
         answer = ask(server, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
@@ -992,12 +971,12 @@ def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
 def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows, repeat, out, as_json, quiet):
     """Remote-scoring baseline: CPU match (pool ads/s), CPU scorer (ads/s, GB/s against this machine's
     measured copy bandwidth) and end-to-end requests/s with p50/p99 latency over Flight."""
-    from cpu_baseline.bench import format_table, run_cpu_bench
+    from benchmarks.cpu import format_table, run_cpu_bench
 
     result = run_cpu_bench(n_ads=n_ads, n_requests=n_requests, k=k, seed=seed, precisions=precisions,
                            e2e_precision=e2e_precision, repeat=repeat, score_rows=score_rows,
                            log=lambda message: _info(message, quiet))
-    from andromeda_nb.bench import json_line
+    from andromeda_nb.measure import json_line
 
     _stamp(result, "cpu")
     click.echo(json_line(result) if as_json else format_table(result))
@@ -1027,12 +1006,12 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     """GPU targeting index: pool ads/s of every match kernel version for each pool size, device bytes
     per ad, updates/s applied while serving, and the CPU index beside it; the full-size answer is
     checked against the oracle before anything is timed."""
-    from andromeda_nb.bench import json_line
+    from andromeda_nb.measure import json_line
 
-    from migration.benches import bench_match as run_bench
+    from benchmarks.match_both import bench_match as run_bench
 
     try:
-        from gpu import bench_match as bm
+        from benchmarks import match as bm
 
         result = run_bench(pools=pools, versions=versions, batches=batches, base_ads=base_ads, requests=n_requests,
                            seed=seed, base_path=base_path,
@@ -1067,10 +1046,10 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
     """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
     every version x {moe, dot} x precision x D, each checked against the float64 reference first;
     the unfused CuPy pipeline beside it. Needs a CUDA GPU and CuPy."""
-    from andromeda_nb.bench import json_line
+    from andromeda_nb.measure import json_line
 
     try:
-        from gpu import bench_score as bs
+        from benchmarks import score as bs
 
         result = bs.bench_score(n_ads=n_ads, dims=dims, precisions=precisions, versions=versions, k=k, seed=seed,
                                 unfused=unfused, peers=peers, eligible=eligible, progress=not quiet, out=out)
@@ -1108,10 +1087,10 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
                    quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
-    from andromeda_nb.bench import json_line
+    from andromeda_nb.measure import json_line
 
     try:
-        from gpu import bench_score as bs
+        from benchmarks import score as bs
 
         result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
                                            batches=batches, score_version=score_version, seed=seed,
@@ -1155,10 +1134,10 @@ def bench_cluster(data, tiled, base_ads, n_requests, dim, seed, shards, batches,
     scaling efficiency against one shard. Every path's answers are checked first: against one
     in-process engine (--data), or against each shard's float64 reference and the merge of the
     shards' own answers (--tiled)."""
-    from andromeda_nb.bench import json_line
+    from andromeda_nb.measure import json_line
     from andromeda_nb.devices import resolve
 
-    from cluster import bench as cb
+    from benchmarks import cluster as cb
 
     where = resolve(device)
     problem = cb.options_problem(data, tiled, where)
@@ -1167,7 +1146,7 @@ def bench_cluster(data, tiled, base_ads, n_requests, dim, seed, shards, batches,
     say = lambda message: _info(message, quiet)  # noqa: E731
     try:
         if tiled is not None:
-            from gpu.tiled import TiledPool
+            from benchmarks.tiled import TiledPool
 
             pool = TiledPool(base_ads, tiled, seed=seed, dim=dim, n_requests=n_requests)
             result = cb.measure_tiled(pool, shards, k=k, repeat=repeat, batches=batches, device=where, gpus=gpus,
@@ -1204,7 +1183,7 @@ def bench_report(files, out, charts, commands, as_json, quiet):
     its content. Only the generated part of BENCHMARKS.md (between its markers) is rewritten."""
     import json
 
-    from migration.report import ReportError, build_report, format_summary, parse_commands
+    from benchmarks.report import ReportError, build_report, format_summary, parse_commands
 
     try:
         result = build_report(files, out, charts=charts, commands=parse_commands(commands))

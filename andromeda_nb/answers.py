@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .batching import in_batches
 from .constants import MAX_K
 from .types import Request
 
@@ -30,16 +31,11 @@ def apply_updates_file(path, targets: Sequence, dataset):
                              formats=dataset.model.F)
 
 
-def _batches(requests: Sequence[Request], size: int) -> Iterator[Sequence[Request]]:
-    for lo in range(0, len(requests), size):
-        yield requests[lo : lo + size]
-
-
 def match_all(index, requests: Sequence[Request], progress: Callable[[int], None] | None = None,
               batch: int = MATCH_BATCH) -> list[np.ndarray]:
     """Eligible ad ids (int64, ascending) per request."""
     out: list[np.ndarray] = []
-    for part in _batches(requests, batch):
+    for part in in_batches(requests, batch):
         out.extend(np.asarray(ids, np.int64) for ids in index.match(part))
         if progress is not None:
             progress(len(part))
@@ -48,7 +44,7 @@ def match_all(index, requests: Sequence[Request], progress: Callable[[int], None
 
 def check_k(k) -> int:
     """K of a top-K request: an int in 1..MAX_K (DESIGN section 4). A ValueError names k and the
-    limit; callers with an error type of their own convert it (`andromeda_nb.flight.check_k`)."""
+    limit; callers with an error type of their own convert it (`serving.protocol.check_k`)."""
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
         raise ValueError(f"k: expected an integer, got {k!r}")
     if not 1 <= int(k) <= MAX_K:
@@ -62,7 +58,7 @@ def retrieve_all(retriever, requests: Sequence[Request], k: int,
     """(ad ids int64, scores float32) per request, in rank order."""
     k = check_k(k)
     out: list[tuple[np.ndarray, np.ndarray]] = []
-    for part in _batches(requests, batch):
+    for part in in_batches(requests, batch):
         for ids, scores in retriever.retrieve(part, k):
             out.append((np.asarray(ids, np.int64), np.asarray(scores, np.float32)))
         if progress is not None:

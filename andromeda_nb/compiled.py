@@ -513,7 +513,7 @@ def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
     into one array of integers and one of places; every id set of every request becomes one array by
     one `np.fromiter` (no Python step per id), and the terms are namespaced, sorted and made unique
     for the whole batch at once: a few numpy calls a batch, however many namespaces. Requests that
-    come as arrays (`andromeda_nb.request_columns.RequestColumns`) are encoded from them, with no step
+    come as arrays (`serving.request_columns.RequestColumns`) are encoded from them, with no step
     per request."""
     encoded = getattr(requests, "encoded", None)
     if encoded is not None:

@@ -777,13 +777,14 @@ UPDATES_FILE = "updates.jsonl"
 
 
 def write_update_stream(out_dir, n: int, seed: int, *, dim: int = DEFAULT_D, formats: int = DEFAULT_F):
-    """Write `n` seeded, valid updates against the corpus in `out_dir` (`testing.random_update_stream`
+    """Write `n` seeded, valid updates against the corpus in `out_dir` (`random_specs.random_update_stream`
     over its ad ids) to `out_dir/updates.jsonl`, one JSON line each (DESIGN section 6). Returns the path."""
     from pathlib import Path
 
     import pyarrow.parquet as pq
 
-    from .testing import random_update_stream, update_to_json
+    from .random_specs import random_update_stream
+    from .updates import update_to_json
 
     out = Path(out_dir)
     ad_ids = pq.read_table(out / "ads.parquet", columns=["ad_id"]).column("ad_id").to_numpy()

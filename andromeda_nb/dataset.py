@@ -20,6 +20,7 @@ compiles them on first use of `compiled`.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Callable
 
@@ -118,3 +119,8 @@ class Dataset:
 
 from .compiled import CompiledTargeting, compile_ads  # noqa: E402
 from .model import EmbeddingTable, MoeModel  # noqa: E402  (type names for the annotations above)
+
+
+def fingerprint(ad_ids) -> str:
+    """Hash of the ad id in each row (int64): a corpus's identity as every service computes it."""
+    return hashlib.sha256(np.ascontiguousarray(ad_ids, np.int64).tobytes()).hexdigest()[:16]

@@ -56,7 +56,7 @@ class Engine(Protocol):
     """A co-located engine: one corpus matched, scored and cut to top-K next to the ads, on one
     device. `cpu_baseline.engine.CpuEngine` (the CPU index and the CPU scorer) and
     `gpu.engine.GpuEngine` (the GPU index and the fused scoring kernel); a co-located server
-    (`andromeda_nb.engine_server`) serves either. Both also offer `stages(request, k)`, where one
+    (`serving.engine_server`) serves either. Both also offer `stages(request, k)`, where one
     request's time goes (`andromeda_nb.engine.stage_breakdown`, which does without it)."""
 
     device: str  # where it runs: 'cpu', 'gpu' or 'sim'

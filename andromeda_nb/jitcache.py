@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-PACKAGES = ("andromeda_nb", "cpu_baseline", "gpu", "migration")
+PACKAGES = ("andromeda_nb", "serving", "cpu_baseline", "gpu", "migration", "cluster", "benchmarks")
 
 _roots: list[Path] = []
 _digest: str | None = None

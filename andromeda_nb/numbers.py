@@ -6,7 +6,7 @@ wherever it appears (`andromeda compare`, the demo, the benchmark tables):
     duration(0)          'below the clock's resolution'   never a zero or negative time
     spread([...])        '185 (147 to 201 over 5 runs)'    a median and the range around it
 
-A time that is not above zero is not a measurement: `duration` says so, and `andromeda_nb.bench`
+A time that is not above zero is not a measurement: `duration` says so, and `andromeda_nb.measure`
 refuses to turn one into a figure.
 """
 
@@ -62,7 +62,7 @@ def spread(values: Sequence[float], show: Callable[[float], str] = _three) -> st
 
 
 def spread_summary(summary: dict, show: Callable[[float], str] = _three) -> str:
-    """`spread`'s text from a summary {"median", "min", "max", "runs"} (`andromeda_nb.bench.spread_of`)."""
+    """`spread`'s text from a summary {"median", "min", "max", "runs"} (`andromeda_nb.measure.spread_of`)."""
     if summary["runs"] < 2:
         return f"{show(summary['median'])} (one run)"
     return f"{show(summary['median'])} ({show(summary['min'])} to {show(summary['max'])} over {summary['runs']} runs)"

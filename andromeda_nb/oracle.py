@@ -10,7 +10,7 @@ live ad against every request.
 Custom locations are decided with the oracle's own great-circle distance (`great_circle_km`: the
 chord between the two points as unit vectors, turned into an arc), derived differently from the
 haversine form `andromeda_nb.geo.haversine_km` that every index shares: one wrong formula cannot
-make both agree. The two agree to about 1e-12 km at the radii that matter (tests/test_distances.py),
+make both agree. The two agree to about 1e-12 km at the radii that matter (tests/core/test_distances.py),
 far inside DESIGN section 2's 1e-6 km boundary allowance.
 """
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .bench import package_version
+from .measure import package_version
 
 KINDS = ("match", "score", "pipeline", "cpu", "compare", "quality")
 PACKAGES = ("numpy", "numba", "numba-cuda", "pyarrow", "cupy-cuda12x", "cupy-cuda13x", "click")

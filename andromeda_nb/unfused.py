@@ -5,7 +5,7 @@ programmer would.
 
 It is what array libraries do without a fused kernel, so the benchmarks time it beside the fused
 kernels (`andromeda_nb.budget.unfused_stages` counts its bytes); in float64 it is also the reference
-that runs on the device (`gpu/bench_score.py`), the same formula as `andromeda_nb.reference`.
+that runs on the device (`benchmarks/score.py`), the same formula as `andromeda_nb.reference`.
 """
 
 from __future__ import annotations

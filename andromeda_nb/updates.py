@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from . import jsontext
 from .constants import DEFAULT_F, STATUSES
 from .jsontext import DEFAULT_MAX_DEPTH
-from .targeting import MAX_AD_ID, _Checker, _is_int, _type_name, parse_ad
+from .targeting import MAX_AD_ID, _Checker, _is_int, _type_name, ad_to_json, parse_ad
 from .types import Retire, SetStatus, TargetingError, Upsert, Update
 
 OPS = ("upsert", "status", "retire")
@@ -244,3 +244,12 @@ def apply_update_file(lines_or_path, targets: Sequence[Any], ad_ids: Iterable[in
     not_live = apply_updates(updates, targets, LiveAds(ad_ids))
     rejections = sorted(malformed + not_live, key=lambda r: r.line_no or 0)
     return len(updates) - len(not_live), rejections
+
+
+def update_to_json(update: Update) -> dict:
+    """The update-stream line of DESIGN section 6 (what `parse_update` reads back)."""
+    if isinstance(update, Upsert):
+        return {"op": "upsert", "ad": ad_to_json(update.ad)}
+    if isinstance(update, SetStatus):
+        return {"op": "status", "ad_id": int(update.ad_id), "status": update.status}
+    return {"op": "retire", "ad_id": int(update.ad_id)}

@@ -4,7 +4,7 @@ A shard process sees one GPU: its `CUDA_VISIBLE_DEVICES` names one of the host's
 allocates and launches there as device 0. Shard s of a cluster on G GPUs gets GPU s mod G: one shard
 per GPU when N = G, several shards sharing a GPU when N > G (the single-GPU machine's case). The GPUs
 handed out are the ones this process may use: its own `CUDA_VISIBLE_DEVICES` entries when that is
-set (so `CUDA_VISIBLE_DEVICES=2,3 python -m cluster.bench ...` keeps to GPUs 2 and 3), else every
+set (so `CUDA_VISIBLE_DEVICES=2,3 python -m benchmarks.cluster ...` keeps to GPUs 2 and 3), else every
 device the driver counts. Ray's placement (`cluster.router`) does the same through `num_gpus`.
 """
 

@@ -7,7 +7,7 @@ a replica that Ray restarted (fresh from the corpus, sequence 0) answers nothing
 up from the shard's log, so a restart never shows as a stale answer.
 
 With `serve_flight()` the replica also listens as a co-located server on 127.0.0.1 (the same
-`["retrieve"]` exchange as `andromeda serve colocated`), which `cluster.bench` times against the
+`["retrieve"]` exchange as `andromeda serve colocated`), which `benchmarks.cluster` times against the
 actor calls.
 """
 
@@ -22,14 +22,14 @@ from andromeda_nb.updates import IndexLiveIds, apply_updates, read_updates
 
 class ShardReplica:
     """`dataset`: the shard's `Dataset` (or a corpus directory, sliced here); `device`: where its engine
-    runs; `engine`: one built already over `dataset` (a tiled pool's, `gpu.tiled`), instead of
+    runs; `engine`: one built already over `dataset` (a tiled pool's, `benchmarks.tiled`), instead of
     `build_engine`'s."""
 
     def __init__(self, dataset, shard: int, n_shards: int, replica: int, device: str = "cpu", *, engine=None):
-        from andromeda_nb.hostmem import keep_freed_memory
+        from serving.hostmem import keep_freed_memory
         from migration.architectures import build_engine
 
-        keep_freed_memory()  # a replica's process serves batches as any server's (andromeda_nb.hostmem)
+        keep_freed_memory()  # a replica's process serves batches as any server's (serving.hostmem)
 
         if isinstance(dataset, (str, os.PathLike)):
             from andromeda_nb.store import load_dataset
@@ -87,7 +87,7 @@ class ShardReplica:
     def serve_flight(self, host: str = "127.0.0.1") -> str:
         """Listen as a co-located server on `host` (a free port) beside the actor calls; its location."""
         if self._server is None:
-            from andromeda_nb.engine_server import EngineServer
+            from serving.engine_server import EngineServer
 
             self._server = EngineServer(self.engine, self.dataset, f"grpc://{host}:0")
             self._server._lock = self._lock  # one batch on the engine at a time, whichever path it came by

@@ -409,7 +409,7 @@ class ShardedRetriever:
     def apply(self, update) -> None:
         import json
 
-        from andromeda_nb.testing import update_to_json
+        from andromeda_nb.updates import update_to_json
 
         ack = self.apply_lines([json.dumps(update_to_json(update))])
         if ack["rejected"]:

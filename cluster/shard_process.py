@@ -1,12 +1,11 @@
 """One shard replica as a plain process (`python -m cluster.shard_process --data DIR --shard S --of N`):
 the shard's slice of the corpus in a co-located engine, listening as a co-located Flight server on
-127.0.0.1 (`ShardReplica.serve_flight`) until SIGTERM or SIGINT. With `--tiled COPIES` instead of
-`--data`, the shard holds its own copies of a tiled pool laid out on the GPU (`gpu.tiled`: pools of
-100M ads per GPU), checks its answers against the float64 reference, and says so when it announces.
+127.0.0.1 (`ShardReplica.serve_flight`) until SIGTERM or SIGINT.
 
-`cluster.bench --placement processes` starts one per shard to time the Flight fan-out where Ray is
+`benchmarks.cluster --placement processes` starts one per shard to time the Flight fan-out where Ray is
 not installed (the GPU machine): the same shard engines and the same exchange Ray's actors host,
-without Ray's placement, health checks and restarts.
+without Ray's placement, health checks and restarts. A shard over a tiled pool on the GPU is the
+benchmarks' own entry, `benchmarks.tiled_shard`, which serves through `serve_replica` here.
 """
 
 from __future__ import annotations
@@ -18,33 +17,9 @@ import sys
 import threading
 
 
-TILED_CHECKS, TILED_CHECK_K = 4, 100  # a tiled shard's requests checked against the reference before it listens
-
-
-def add_tiled_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    """--tiled COPIES (`what` it makes) and the recipe of the pool (`gpu.tiled.TiledPool`)."""
-    parser.add_argument("--tiled", type=int, default=None, metavar="COPIES",
-                        help=f"instead of --data: {what}; COPIES copies of a generated base corpus")
-    parser.add_argument("--base-ads", type=int, default=8192, help="--tiled: ads of the generated base corpus")
-    parser.add_argument("--seed", type=int, default=0, help="--tiled: the base corpus's and the model's seed")
-    parser.add_argument("--dim", type=int, default=64, help="--tiled: the embedding width D")
-
-
-def tiled_pool_of(args, **more):
-    """The `gpu.tiled.TiledPool` that `add_tiled_arguments`' options describe."""
-    from gpu.tiled import TiledPool
-
-    return TiledPool(args.base_ads, args.tiled, seed=args.seed, dim=args.dim, **more)
-
-
-def main(argv=None) -> int:
-    from andromeda_nb.hostmem import keep_freed_memory
-
-    keep_freed_memory()  # batches' temporaries reuse the heap's pages (andromeda_nb.hostmem)
-    parser = argparse.ArgumentParser(prog="python -m cluster.shard_process", description=__doc__.split("\n")[0])
-    parser.add_argument("--data", help="corpus directory (the shard's slice is cut here)")
-    add_tiled_arguments(parser, "a tiled pool on the GPU (gpu.tiled) for this shard (copies shard*COPIES onwards), "
-                                "checked against the float64 reference before it listens")
+def shard_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options every shard process takes: which shard, of how many, where it runs, whom it outlives."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--shard", type=int, required=True)
     parser.add_argument("--of", dest="shards", type=int, required=True, help="number of shards")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "sim"))
@@ -52,53 +27,54 @@ def main(argv=None) -> int:
                         help="stop when this process is gone (the command that started the shard, even when killed)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the interpreter's thread switch interval (default: a co-located server's, "
-                             "andromeda_nb.serving.SWITCH_INTERVAL_MS)")
-    args = parser.parse_args(argv)
-    from andromeda_nb.serving import SWITCH_INTERVAL_MS, set_switch_interval
+                             "serving.process.SWITCH_INTERVAL_MS)")
+    return parser
 
+
+def start_shard(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse, then set the process up as a serving one (heap kept, switch interval, device chosen
+    before anything imports numba.cuda)."""
+    from andromeda_nb.devices import resolve
+    from serving.hostmem import keep_freed_memory
+    from serving.process import SWITCH_INTERVAL_MS, set_switch_interval
+
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (serving.hostmem)
+    args = parser.parse_args(argv)
     set_switch_interval(SWITCH_INTERVAL_MS if args.switch_interval_ms is None else args.switch_interval_ms)
     if not 0 <= args.shard < args.shards:
         parser.error(f"--shard {args.shard} is outside 0..{args.shards - 1}")
-    if (args.data is None) == (args.tiled is None):
-        parser.error("give --data DIR (a corpus's slice) or --tiled COPIES (a tiled pool), one of them")
-    if args.tiled is not None and args.device == "cpu":
-        parser.error("--tiled pools live on the GPU: --device gpu (or sim)")
-    from andromeda_nb.devices import resolve
-    from andromeda_nb.services import announce
+    resolve(args.device)
+    return args
 
-    resolve(args.device)  # before anything imports numba.cuda
-    from .replica import ShardReplica
 
-    checked = None
-    if args.tiled is None:
-        replica = ShardReplica(args.data, args.shard, args.shards, 0, device=args.device)
-    else:
-        from gpu.tiled import TiledEngine
+def serve_replica(replica, args: argparse.Namespace, **announced) -> int:
+    """Serve `replica` over Flight, announce it (with `announced`), and wait for SIGTERM, SIGINT or the
+    end of the parent process."""
+    from serving.process import watch_parent
+    from serving.services import announce
 
-        pool = tiled_pool_of(args).shard(args.shard, args.shards)
-        engine = TiledEngine(pool, args.device)
-        checks = engine.check(pool.requests[:TILED_CHECKS], TILED_CHECK_K)
-        checked = {"requests": len(checks), "k": TILED_CHECK_K, "ok": all(c["ok"] for c in checks),
-                   "max_abs_err": max(c["max_abs_err"] for c in checks)}
-        if not checked["ok"]:
-            print(f"shard {args.shard}: answers differ from the float64 reference: {checks}", file=sys.stderr)
-            return 1
-        replica = ShardReplica(pool, args.shard, args.shards, 0, device=args.device, engine=engine)
+    from .gpus import GPU_ENV
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if args.parent_pid is not None:
-        from andromeda_nb.serving import watch_parent
-
         watch_parent(args.parent_pid, stop)
-    from .gpus import GPU_ENV
-
     # the GPU it was placed on (cluster.gpus), as its environment names it; None: not placed
     announce("shard", replica.serve_flight(), shard=args.shard, of=args.shards, ads=len(replica.engine),
-             gpu=os.environ.get(GPU_ENV), **({"checked": checked} if checked else {}))
+             gpu=os.environ.get(GPU_ENV), **announced)
     stop.wait()
     replica.close()
     return 0
+
+
+def main(argv=None) -> int:
+    parser = shard_parser("python -m cluster.shard_process", __doc__.split("\n")[0])
+    parser.add_argument("--data", required=True, help="corpus directory (the shard's slice is cut here)")
+    args = start_shard(parser, argv)
+    from .replica import ShardReplica
+
+    return serve_replica(ShardReplica(args.data, args.shard, args.shards, 0, device=args.device), args)
 
 
 if __name__ == "__main__":

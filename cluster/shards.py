@@ -11,7 +11,7 @@ of the shards' top-K, the per-shard update log, and routing an update stream to 
 * The log: `ShardLog` holds, per shard, the ordered update lines the router has sent it; a replica
   knows how many it has consumed (its *sequence*), so a restarted one is brought back by the lines
   after its sequence. `ShardLog` lives in memory; `DurableShardLog` keeps the same three methods
-  (`append`, `since`, `seq`) over one write-ahead log per shard (`andromeda_nb.wal`), so a front
+  (`append`, `since`, `seq`) over one write-ahead log per shard (`serving.wal`), so a front
   started again on the same corpus replays every acknowledged update into its fresh replicas.
 """
 
@@ -136,7 +136,7 @@ class ShardLog:
 
 
 class DurableShardLog:
-    """`ShardLog` on disk: one `andromeda_nb.wal.WriteAheadLog` per shard in `directory`
+    """`ShardLog` on disk: one `serving.wal.WriteAheadLog` per shard in `directory`
     (`shard-S-of-N.log`), each line made durable (one fdatasync per append) before the router sends it
     to a replica, so before any update is acknowledged. A log belongs to one corpus snapshot and one
     shard count (its lineage: another corpus, a compacted snapshot or another N is refused, naming the
@@ -145,7 +145,7 @@ class DurableShardLog:
     def __init__(self, directory, dataset: Dataset, shards: int):
         from pathlib import Path
 
-        from andromeda_nb.wal import WriteAheadLog, corpus_lineage, snapshot_seq
+        from serving.wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)

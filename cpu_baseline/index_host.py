@@ -1,6 +1,6 @@
 """The index host of the remote-scoring architecture: match on the CPU, score remotely, top-K on the CPU.
 
-It serves the same `["retrieve"]` exchange as the co-located server (`andromeda_nb.flight`), so
+It serves the same `["retrieve"]` exchange as the co-located server (`serving.protocol`), so
 clients cannot tell the two apart except by speed. Per batch of client requests:
 
 1. match every request on the `CpuTargetingIndex` (a thread per core);
@@ -12,7 +12,7 @@ clients cannot tell the two apart except by speed. Per batch of client requests:
    `andromeda_nb.reference.reference_topk`).
 
 **One order of updates for both services.** The index host owns the update stream and its
-write-ahead log (`andromeda_nb.durable`, `andromeda_nb.wal`): an `update` call is checked against
+write-ahead log (`serving.durable`, `serving.wal`): an `update` call is checked against
 the live ads, its accepted updates are numbered and logged on disk, and the call is acknowledged.
 Each slice of them is then delivered to the scoring service (its `update` action takes the log's
 records and skips any it already holds) and only after that applied to the index, both under the
@@ -38,12 +38,12 @@ import time
 import numpy as np
 import pyarrow.flight as flight
 
-from andromeda_nb.durable import ReadGate, UpdateJournal
-from andromeda_nb.flight import RetrieveServer
-from andromeda_nb.limits import DEFAULT_LIMITS
+from serving.durable import ReadGate, UpdateJournal
+from serving.protocol import RetrieveServer
+from serving.limits import DEFAULT_LIMITS
 from andromeda_nb.model import user_side
 from andromeda_nb.reference import reference_topk
-from andromeda_nb.wal import LogError, WriteAheadLog, corpus_lineage, snapshot_seq
+from serving.wal import LogError, WriteAheadLog, corpus_lineage, snapshot_seq
 
 from .index import CpuTargetingIndex
 from .scoring_service import ScorerBehind, ScorerClient, fingerprint, user_side_bytes

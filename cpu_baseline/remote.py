@@ -2,7 +2,7 @@
 
 `build(dataset)` starts the scoring service and the index host as subprocesses on 127.0.0.1 (free
 ports), or connects to running ones (`scorer=`, `host=` addresses). With `traffic=True` a counting
-relay (`andromeda_nb.relay`) sits in front of each server it starts, so `retrieve_traffic` reports
+relay (`serving.relay`) sits in front of each server it starts, so `retrieve_traffic` reports
 the real bytes per request on both hops: client -> index host, and index host -> scoring service.
 
 Updates go to the index host (`DoAction("update")`), which checks them, applies them and forwards
@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import tempfile
 
-from andromeda_nb.flight import location_of, wait_until_healthy
-from andromeda_nb.guard import connect
-from andromeda_nb.relay import Relay
-from andromeda_nb.services import (START_TIMEOUT_S, ServedRetriever, ServiceProcess, check_same_corpus, child_args,
+from serving.protocol import location_of, wait_until_healthy
+from serving.guard import connect
+from serving.relay import Relay
+from serving.services import (START_TIMEOUT_S, ServedRetriever, ServiceProcess, check_same_corpus, child_args,
                                    dataset_args, relay_in_front, stop_all)
 
-SERVE_MODULE = "cpu_baseline.serve"
+SERVE_MODULE = "cpu_baseline.remote_servers"
 
 
 class RemoteRetriever(ServedRetriever):
     """interfaces.Retriever over the index host's `["retrieve"]` exchange (retrieve, traffic, updates
-    and actions: `andromeda_nb.services.ServedRetriever`)."""
+    and actions: `serving.services.ServedRetriever`)."""
 
     server_name = "the index host"
 
@@ -49,10 +49,10 @@ class RemoteRetriever(ServedRetriever):
         memory is saved as a corpus directory for them. Started services end with this process and
         keep their updates in memory only (`--log off`): a command's own services never write into
         the corpus it reads.
-        `credentials` (`andromeda_nb.guard.ClientCredentials`): what to present to running services.
+        `credentials` (`serving.guard.ClientCredentials`): what to present to running services.
         `scorer_command` (module, extra arguments): how to start the scoring service instead of
-        `python -m cpu_baseline.serve scorer` (the migration layer starts one on a GPU with it).
-        `link` (`andromeda_nb.relay.Link`): the network every counted hop (`traffic=True`) behaves as.
+        `python -m cpu_baseline.remote_servers scorer` (the migration layer starts one on a GPU with it).
+        `link` (`serving.relay.Link`): the network every counted hop (`traffic=True`) behaves as.
         """
         processes: list[ServiceProcess] = []
         relays: dict[str, Relay] = {}

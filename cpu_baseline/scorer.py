@@ -19,7 +19,7 @@ then routing), which are kept here for that. Single-core CPU time per ad on the 
 (AMD EPYC, AVX2), int8: v3 ~115 ns, v4 ~80 ns, v5 ~53 ns; the dot products alone take ~40 ns of it
 (compute-bound: 768 FMAs per ad). Versions 1 to 4 as versions of their own (serial, and `prange`
 drivers of each per-ad loop) are in the lab, `cpu_baseline/lab/scorer.py`; every version is checked
-against `andromeda_nb.reference` in tests/test_cpu_scorer.py and timed by `andromeda bench cpu`.
+against `andromeda_nb.reference` in tests/cpu_baseline/test_cpu_scorer.py and timed by `andromeda bench cpu`.
 
 A version runs one per-ad loop `score_range(values, scale, formats, rows, tab, E, top_k, out, lo, hi)`
 through two drivers made from one template (`candidate_drivers`): a `prange` over blocks of
@@ -66,12 +66,12 @@ def _half_bits_to_float(typingctx, bits):
     return types.float32(types.uint16), codegen
 
 
-def _to_float32(x):
+def to_float32(x):
     """A stored element as float32 (compiled through the overload below)."""
     return np.float32(x)
 
 
-@overload(_to_float32)
+@overload(to_float32)
 def _to_float32_overload(x):
     if x == types.uint16:  # fp16 storage, as its bits
         return lambda x: _half_bits_to_float(x)
@@ -79,7 +79,7 @@ def _to_float32_overload(x):
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
+def score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
     """The same formula with all 2E dot products in one pass over the row (no data-dependent
     row choice between the gate and the expert products), then routing on the results."""
     E2 = 2 * E
@@ -93,7 +93,7 @@ def _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, 
         f = formats[row]
         sc = scale[row]
         for d in range(D):
-            buf[d] = _to_float32(values[row, d])
+            buf[d] = to_float32(values[row, d])
         for j in range(E2):
             a = np.float32(0.0)
             base = j * D
@@ -122,13 +122,13 @@ def _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, 
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
-def _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
+def score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi):
     """E == 6 (the default, `DEFAULT_E`): the 12 dot products as 12 scalar accumulators in one loop
     over the row, which LLVM vectorizes over d (12 vector FMAs per 8 elements, the row converted
     once per 8 elements); top-2 routing as two arg-max passes and one exp. Other E or top_k fall
     back to the all-dots loop."""
     if E != UNROLLED_E:
-        _score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
+        score_range_all_dots(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
         return
     E = UNROLLED_E  # a compile-time constant for the loops below
     D = values.shape[1]
@@ -141,7 +141,7 @@ def _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, 
         f = formats[row]
         sc = scale[row]
         for d in range(D):
-            buf[d] = _to_float32(values[row, d])
+            buf[d] = to_float32(values[row, d])
         Tf = tab[f]
         a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = np.float32(0.0)
         for d in range(D):
@@ -205,7 +205,7 @@ def _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, lo, h
     (12, block) table, then the top-2 routing as branch-free running selections with the ads as
     the inner (vectorized) loop: no unpredictable branches per ad. Other sizes fall back to 4."""
     if E != UNROLLED_E or top_k != 2:
-        _score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
+        score_range_unrolled(values, scale, formats, rows, tab, E, top_k, out, lo, hi)
         return
     E = UNROLLED_E  # a compile-time constant for the loops below
     D = values.shape[1]
@@ -223,7 +223,7 @@ def _score_range_blocked(values, scale, formats, rows, tab, E, top_k, out, lo, h
             f = formats[row]
             sc = scale[row]
             for d in range(D):
-                buf[d] = _to_float32(values[row, d])
+                buf[d] = to_float32(values[row, d])
             Tf = tab[f]
             a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = np.float32(0.0)
             for d in range(D):

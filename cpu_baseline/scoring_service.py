@@ -26,7 +26,7 @@ Protocol (Arrow Flight; docs/PROTOCOL.md has the full text):
   status changes need nothing here. Answer: `{"applied": n, "seq": s}`. An update without a
   sequence number is refused: updates reach this service only through its index host's log, so a
   stray `update` sent here alone cannot make the two services disagree.
-* Tokens and TLS as every server (`andromeda_nb.guard`): scoring needs the reader token, updates
+* Tokens and TLS as every server (`serving.guard`): scoring needs the reader token, updates
   the admin token.
 
 The candidates travel as ad ids, the keys both services share, and this service finds each one's
@@ -46,13 +46,13 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from andromeda_nb import jsontext
-from andromeda_nb.durable import ReadGate
-from andromeda_nb.flight import InvalidInput, ServiceStats, to_flight_error
-from andromeda_nb.guard import ADMIN, OPEN, READER, ClientCredentials, connect
-from andromeda_nb.limits import DEFAULT_LIMITS
+from serving.durable import ReadGate
+from serving.protocol import InvalidInput, ServiceStats, to_flight_error
+from serving.guard import ADMIN, OPEN, READER, ClientCredentials, connect
+from serving.limits import DEFAULT_LIMITS
 from andromeda_nb.model import quantize
-from andromeda_nb.services import fingerprint
-from andromeda_nb.wal import LogRecord, corpus_lineage, snapshot_seq
+from andromeda_nb.dataset import fingerprint
+from serving.wal import LogRecord, corpus_lineage, snapshot_seq
 
 from .candidates import CpuCandidateTable
 

@@ -22,17 +22,18 @@ from typing import Sequence
 
 import numpy as np
 
+from andromeda_nb.batching import BATCH_REQUESTS, in_batches
 from andromeda_nb.compiled import encode_requests
+from andromeda_nb.constants import DEFAULT_LAYOUT
 from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
-from andromeda_nb.constants import DEFAULT_LAYOUT
 from andromeda_nb.geo_layout import LAYOUTS, world_buckets
 from andromeda_nb.model import user_sides
 from andromeda_nb.rows import RowMap
 from andromeda_nb.scoring import fold_tables_batch, table_width
 from andromeda_nb.types import Request, Update, Upsert
 
-MAX_BATCH = 64  # requests per device launch
+MAX_BATCH = BATCH_REQUESTS  # requests per device launch (andromeda_nb.batching)
 
 
 class GpuEngine(EngineBase):
@@ -43,7 +44,7 @@ class GpuEngine(EngineBase):
     `andromeda_nb.constants.DEFAULT_LAYOUT`, measured faster: docs/BENCHMARKS.md). Either way the
     match skips blocks by the bits of the world of the dataset's seed (`geo_layout.world_buckets`)."""
 
-    layout = "format"  # engines built another way (gpu.tiled) lay slots out by format
+    layout = "format"  # engines built another way (benchmarks.tiled) lay slots out by format
 
     def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = DEFAULT_LAYOUT,
                  graphs: bool = True):
@@ -85,7 +86,7 @@ class GpuEngine(EngineBase):
         self._follow_slots()
         if self.index.capacity == 0:  # built from no ads, none created yet: nothing to launch over
             return [no_answer() for _ in requests]
-        parts = [requests[lo : lo + MAX_BATCH] for lo in range(0, len(requests), MAX_BATCH)]
+        parts = list(in_batches(requests, MAX_BATCH))
         out: list[tuple[np.ndarray, np.ndarray]] = []
         if not parts:
             return out

@@ -24,6 +24,7 @@ from . import runtime
 from .graphs import Copy, run_plan
 from .kernels import score as score_kernels
 from .kernels import topk as topk_kernels
+from .kernels.tiles import TILE_ADS, to_tiles
 
 cuda = runtime.cuda()
 
@@ -79,7 +80,7 @@ class FusedScorer:
             raise ValueError("scale and slot_ad_id must have one entry per slot")
 
     def _device_values(self, values: np.ndarray) -> np.ndarray:
-        return values if self.kernel.layout == "rows" else score_kernels.to_tiles(values)
+        return values if self.kernel.layout == "rows" else to_tiles(values)
 
     def _upload(self):
         self.d_emb = cuda.to_device(self._device_values(self._values))
@@ -111,8 +112,8 @@ class FusedScorer:
             if values is not None:
                 self._values[slot] = values
                 self._scale[slot] = scale
-            tiles.add(slot // score_kernels.TILE_ADS)
-        T = score_kernels.TILE_ADS
+            tiles.add(slot // TILE_ADS)
+        T = TILE_ADS
         for t in sorted(tiles):
             lo, hi = t * T, (t + 1) * T
             tile = np.ascontiguousarray(self._device_values(self._values[lo:hi]))

@@ -48,6 +48,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from numba import njit
 
+from andromeda_nb import jitcache
+from andromeda_nb.batching import in_batches
 from andromeda_nb.compiled import (
     NULL_END,
     NULL_START,
@@ -63,7 +65,6 @@ from andromeda_nb.geo import haversine_km
 from andromeda_nb.geo_layout import ALL as GEO_ALL
 from andromeda_nb.geo_layout import GeoBuckets, block_summaries, clustered_order
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
-from andromeda_nb import jitcache
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
 
 from . import runtime
@@ -914,8 +915,8 @@ class GpuTargetingIndex:
     def match(self, requests: Sequence[Request], *, batch: int = 1024) -> list[np.ndarray]:
         out: list[np.ndarray] = []
         requests = list(requests)
-        for i in range(0, len(requests), batch):
-            words = self.match_slots(encode_requests(requests[i:i + batch])).copy_to_host()
+        for part in in_batches(requests, batch):
+            words = self.match_slots(encode_requests(part)).copy_to_host()
             out.extend(self.slot_masks_to_ids(words))
         return out
 

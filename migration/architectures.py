@@ -64,11 +64,11 @@ def build_matcher(dataset, arch: str, device: str = "auto"):
 
 def remote_scorer(scorer_device: str | None) -> dict:
     """The options of the remote architecture for a scoring service on `scorer_device`: None, the CPU
-    scoring service of `cpu_baseline.serve`; a device word, the scoring service of `migration.scorer`
+    scoring service of `cpu_baseline.remote_servers`; a device word, the scoring service of `migration.scorer_server`
     on that device (the 2024 picture: match on CPU hosts, scoring on a remote GPU)."""
     if scorer_device is None:
         return {}
-    return {"scorer_command": ("migration.scorer", ["--device", scorer_device])}
+    return {"scorer_command": ("migration.scorer_server", ["--device", scorer_device])}
 
 
 def build_retriever(dataset, arch: str, device: str = "auto", *, scorer_device: str | None = None, **options):
@@ -101,16 +101,17 @@ def build_engine(dataset, device: str = "auto", *, version=None, layout: str | N
 
 
 def scoring_kernel(version):
-    """The scoring kernel `version` names: a `Version` as it is, a number looked up in the kernel lab's
-    table of every version (`gpu/lab/score.py`), None for the shipped one. Call after the device
-    choice (the lab compiles for it)."""
+    """The scoring kernel `version` names: a `Version` as it is, a number looked up in the shipped
+    kernels' table (`gpu.kernels.score.VERSIONS`; the superseded versions of the kernel lab are the
+    benchmarks' alone), None for the shipped default. Call after the device choice (the kernels
+    compile for it)."""
     if version is None or not isinstance(version, int):
         return version
-    from gpu.lab import score as lab
+    from gpu.kernels import score
 
-    if version not in lab.VERSIONS:
-        raise ValueError(f"unknown scoring kernel version {version}; versions: {sorted(lab.VERSIONS)}")
-    return lab.VERSIONS[version]
+    if version not in score.VERSIONS:
+        raise ValueError(f"unknown scoring kernel version {version}; shipped versions: {sorted(score.VERSIONS)}")
+    return score.VERSIONS[version]
 
 
 __all__ = ["ArchitectureUnavailable", "DEVICE_ARCHS", "DEVICE_MATCHERS", "ENGINES", "MATCHERS", "RETRIEVERS",

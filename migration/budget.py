@@ -13,7 +13,7 @@ EXAMPLE_REQUEST_BYTES = 2_000
 
 
 def _network_from_dataset(dataset, k: int) -> dict:
-    from andromeda_nb.flight import request_text
+    from serving.protocol import request_text
     from cpu_baseline.index import CpuTargetingIndex
 
     index = CpuTargetingIndex(dataset.compiled)  # the compiled form: no ad parsed
@@ -31,16 +31,16 @@ def _network_from_dataset(dataset, k: int) -> dict:
 
 def _measured(paths) -> dict:
     """Measured figures from compare JSON (bytes on the wire) and benchmark JSON (kernel rows)."""
-    import json
+    from andromeda_nb.jsontext import JsonInputError, last_json_document
 
     out: dict = {}
     for path in paths:
         with open(path) as f:
-            lines = [line for line in f.read().splitlines() if line.strip()]
+            text = f.read()
         try:
-            doc = json.loads(lines[-1]) if lines else {}
-        except ValueError as exc:
-            raise ValueError(f"{path}: the last line is not JSON ({exc})") from None
+            doc = last_json_document(text) if text.strip() else {}
+        except JsonInputError as exc:
+            raise ValueError(f"{path}: not JSON, nor is its last line ({exc})") from None
         if "bytes_per_request" in doc:
             out["wire_bytes_per_request"] = doc["bytes_per_request"]
             out["wire_bytes_per_hop"] = doc.get("bytes_per_hop", {})

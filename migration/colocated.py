@@ -4,10 +4,10 @@ and selects top-K next to the ads, and only the final candidates leave it.
 * `ColocatedRetriever`: `interfaces.Retriever`. In process by default, over the engine for the device
   (`migration.architectures.build_engine`: `gpu.engine.GpuEngine` on a GPU or the simulator,
   `cpu_baseline.engine.CpuEngine` on the CPU); with `served=True` or `traffic=True` it starts the
-  co-located server as a subprocess on 127.0.0.1 (`python -m migration.serve --device D`, the device
+  co-located server as a subprocess on 127.0.0.1 (`python -m migration.colocated_server --device D`, the device
   resolved here and passed explicitly) and talks Flight to it
   (through a counting relay with `traffic=True`, so `retrieve_traffic` reports real bytes on the wire).
-* `make_server`: that server, `andromeda_nb.engine_server.EngineServer` around the device's engine.
+* `make_server`: that server, `serving.engine_server.EngineServer` around the device's engine.
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ from typing import Sequence
 import numpy as np
 
 from andromeda_nb.devices import resolve
-from andromeda_nb.services import (ServedRetriever, ServiceProcess, check_same_corpus, child_args, dataset_args,
+from serving.services import (ServedRetriever, ServiceProcess, check_same_corpus, child_args, dataset_args,
                                    relay_in_front, stop_all)
 from andromeda_nb.types import Request, Update
 
 from .architectures import build_engine
 
 START_TIMEOUT_S = 180.0
-SERVE_MODULE = "migration.serve"
+SERVE_MODULE = "migration.colocated_server"
 
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
                 limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
                 layout: str | None = None):
     """The co-located server over the engine for `device`, listening at `location` (`log`: its
-    write-ahead log, replayed before it listens; `limits`, `guard`: `andromeda_nb.limits`, `.guard`;
+    write-ahead log, replayed before it listens; `limits`, `guard`: `serving.limits`, `.guard`;
     `layout`: the GPU engine's slot order, None for its default)."""
-    from andromeda_nb.engine_server import EngineServer  # pyarrow.flight loads only when serving
+    from serving.engine_server import EngineServer  # pyarrow.flight loads only when serving
 
     engine = build_engine(dataset, device, version=version, layout=layout)
     try:
@@ -47,7 +47,7 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
 
 class ColocatedRetriever(ServedRetriever):
     """`interfaces.Retriever` for the co-located architecture: an engine in process, or over Flight to
-    a server (retrieve, traffic, updates and actions: `andromeda_nb.services.ServedRetriever`)."""
+    a server (retrieve, traffic, updates and actions: `serving.services.ServedRetriever`)."""
 
     server_name = "the co-located server"
 
@@ -64,7 +64,7 @@ class ColocatedRetriever(ServedRetriever):
         if location is not None:
             import pyarrow.flight as flight
 
-            from andromeda_nb.flight import flight_action
+            from serving.protocol import flight_action
 
             self.client = flight.connect(location)
             self.device = flight_action(location, "health", client=self.client).get("device")
@@ -78,7 +78,7 @@ class ColocatedRetriever(ServedRetriever):
         if not (served or traffic or host):
             return cls(build_engine(dataset, device, version=version, layout=layout))
         device = resolve(device)  # here, so the server is told where it runs and decides nothing itself
-        from andromeda_nb.flight import location_of, wait_until_healthy
+        from serving.protocol import location_of, wait_until_healthy
 
         proc, tmp, relays = None, None, {}
         data_dir = getattr(dataset, "source_dir", None)  # read from a directory: the server loads it

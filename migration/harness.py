@@ -10,7 +10,7 @@ What it checks (DESIGN section 4):
   eligible sets (and says so where a limit left requests to the CPU index, an index under test).
 
 What it measures: real bytes on the wire per request and per hop (a counting relay in front of every
-server, `andromeda_nb.relay`), and requests per second through each architecture's Flight service.
+server, `serving.relay`), and requests per second through each architecture's Flight service.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from andromeda_nb.bench import spread_of
+from andromeda_nb.measure import spread_of
 from andromeda_nb.budget import network_payload, payload_total
 from andromeda_nb.compare import compare_eligible, compare_scores, compare_topk
 from andromeda_nb.constants import DEFAULT_K
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.devices import resolve
-from andromeda_nb.flight import request_text
+from serving.protocol import request_text
 from andromeda_nb.numbers import rate
-from andromeda_nb.relay import Link
+from serving.relay import Link
 from andromeda_nb.updates import LiveAds, Rejection, apply_updates, nothing_applied, read_updates
 
 Log = Callable[[str], None]
@@ -262,7 +262,7 @@ def _missing(got_ids, ids) -> _Missing:
 def scorer_columns(scorer_devices) -> list[tuple[str, str]]:
     """(report key, device) of the remote design's columns, one per distinct scorer device after
     'auto' is decided (the GPU when usable, else the CPU; the simulator only when asked): 'remote' is
-    the CPU scoring service, 'remote_<device>' a scoring service on that device (migration.scorer)."""
+    the CPU scoring service, 'remote_<device>' a scoring service on that device (migration.scorer_server)."""
     from andromeda_nb.devices import gpu_usable
 
     out: list[tuple[str, str]] = []
@@ -323,7 +323,7 @@ def run_comparison(dataset: Dataset, *, k: int = DEFAULT_K, device: str = "auto"
     columns = [(key, RemoteRetriever, {} if dev == "cpu" else remote_scorer(dev), dev)
                for key, dev in scorer_columns(scorer_devices)]
     columns.append(("colocated", ColocatedRetriever, {"device": device, "layout": layout}, None))
-    from andromeda_nb.services import start_side_by_side
+    from serving.services import start_side_by_side
 
     measured: dict[str, ArchMeasurement] = {}
     log(f"starting the services of {', '.join(c[0] for c in columns)} on 127.0.0.1, side by side")

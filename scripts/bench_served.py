@@ -6,7 +6,7 @@ concurrent clients at least 70% of the in-process batch throughput).
    `--batch` (the median of `--repeat` passes): requests per second; and in batches of `--clients`,
    the largest batch clients with one request each in flight can form.
 2. Served: `serve colocated` (same device, `--batch-wait-ms`) as a process; `--clients` threads over
-   `--client-processes` processes (`migration.clients`), each its own pyarrow.flight client, send one
+   `--client-processes` processes (`benchmarks.clients`), each its own pyarrow.flight client, send one
    request at a time for `--seconds`, each in its own exchange or as the next batch of an exchange
    the client keeps open (`--exchange call,stream` runs both, each against a fresh server), as JSON
    or columnar request batches (`--request-format json,columns`), with the server decoding a stage
@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb import flight as fl  # noqa: E402
-from andromeda_nb.bench import log, software, write_json  # noqa: E402
+from serving import protocol as fl  # noqa: E402
+from andromeda_nb.measure import log, software, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
-from andromeda_nb.services import ServiceProcess  # noqa: E402
+from serving.services import ServiceProcess  # noqa: E402
 
 
 def in_process(dataset, device: str, k: int, batches: list[int], repeat: int, layout: str | None = None):
@@ -112,9 +112,9 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
            request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None):
-    from migration.clients import drive
+    from benchmarks.clients import drive
 
-    proc = ServiceProcess("migration.serve", ["--data", data, "--device", device, "--log", "off",
+    proc = ServiceProcess("migration.colocated_server", ["--data", data, "--device", device, "--log", "off",
                                               "--batch-wait-ms", str(wait_ms),
                                               *(["--decode-ahead"] if decode_ahead else []),
                                               *(["--switch-interval-ms", switch_ms] if switch_ms else []),
@@ -147,9 +147,9 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
 
 
 def main(argv=None) -> int:
-    from andromeda_nb.hostmem import keep_freed_memory
+    from serving.hostmem import keep_freed_memory
 
-    keep_freed_memory()  # as the servers do (andromeda_nb.hostmem)
+    keep_freed_memory()  # as the servers do (serving.hostmem)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="corpus directory (made by `andromeda generate`)")
     ap.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
                          "ahead of the engine), or 'on,off' to run both in turn")
     ap.add_argument("--switch-interval-ms", default="",
                     help="the server's thread switch interval in ms, comma-separated to run each in turn "
-                         "(empty: the server's default, andromeda_nb.serving.SWITCH_INTERVAL_MS; Python's is 5)")
+                         "(empty: the server's default, serving.process.SWITCH_INTERVAL_MS; Python's is 5)")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")

@@ -33,10 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb import flight as fl  # noqa: E402
-from andromeda_nb.bench import log, software, write_json  # noqa: E402
+from serving import protocol as fl  # noqa: E402
+from andromeda_nb.measure import log, software, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
-from andromeda_nb.services import ServiceProcess  # noqa: E402
+from serving.services import ServiceProcess  # noqa: E402
 
 
 def percentiles(seconds: list[float]) -> dict:
@@ -163,11 +163,11 @@ def main(argv=None) -> int:
                 procs = []
                 try:
                     if name == "colocated":
-                        procs.append(ServiceProcess("migration.serve", ["--data", str(root), "--device", args.device,
+                        procs.append(ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", args.device,
                                                                         *extra], start_timeout_s=600))
                     else:
-                        procs.append(ServiceProcess("cpu_baseline.serve", ["scorer", "--data", str(root), *extra]))
-                        procs.append(ServiceProcess("cpu_baseline.serve", ["remote", "--data", str(root),
+                        procs.append(ServiceProcess("cpu_baseline.remote_servers", ["scorer", "--data", str(root), *extra]))
+                        procs.append(ServiceProcess("cpu_baseline.remote_servers", ["remote", "--data", str(root),
                                                                            "--scorer", procs[0].location, *extra]))
                     result = measure(label, procs[-1].location, dataset, body, args.idle_s, True)
                     results.append({**result, "update_cpu_share": share or "default"})

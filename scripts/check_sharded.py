@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import software, write_json  # noqa: E402
+from andromeda_nb.measure import software, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 BATCH = 256  # requests per request batch to the front
@@ -46,7 +46,7 @@ def differences(got, want, requests, limit: int = 5) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from andromeda_nb.hostmem import keep_freed_memory
+    from serving.hostmem import keep_freed_memory
 
     keep_freed_memory()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,10 +57,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    from andromeda_nb import flight as fl
+    from serving import protocol as fl
     from andromeda_nb.answers import apply_updates_file
     from andromeda_nb.devices import resolve
-    from andromeda_nb.services import ServiceProcess
+    from serving.services import ServiceProcess
     from andromeda_nb.store import load_dataset
     from cluster import require_ray
     from migration.architectures import build_retriever

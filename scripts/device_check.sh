@@ -19,16 +19,16 @@
 #             co-located server, on loopback and over a shaped 100 us / 25 Gb/s network
 #             (THREEWAY_ADS, default 1000000: the corpus /tmp/c$THREEWAY_ADS with 2,000 updates;
 #             THREEWAY_LINKS, default "0 100": loopback and 100 us; THREEWAY_REQUESTS, default 64)
-#   shards    the shards' Flight fan-out (no Ray there: shards as plain processes, `cluster.bench
+#   shards    the shards' Flight fan-out (no Ray there: shards as plain processes, `benchmarks.cluster
 #             --placement processes`) against one in-process engine, each Flight row split into encode,
 #             fan-out, slowest shard and merge, with the scaling against one shard (SHARDS_ADS, SHARDS;
 #             the shards go round the machine's GPUs: one per GPU on a kind with several, all on the
 #             one GPU otherwise; SHARDS_ARGS="--gpus N" keeps to the first N)
-#   tiled     a tiled pool per shard on the GPU(s) (`cluster.bench --tiled`: TILED_COPIES copies of an 8,192-ad base
+#   tiled     a tiled pool per shard on the GPU(s) (`benchmarks.cluster --tiled`: TILED_COPIES copies of an 8,192-ad base
 #             per shard, default 12208, 100M ads; TILED_SHARDS, default 1,2): each shard checked against the
 #             float64 reference, the pool growing with the shards, one shard per GPU where there are several
 #   ray       the shards as Ray actors on the one GPU (fractional num_gpus), actor and Flight paths, against one
-#             in-process engine (`cluster.bench --placement ray`; RAY_ADS, RAY_SHARDS); Ray is not on the
+#             in-process engine (`benchmarks.cluster --placement ray`; RAY_ADS, RAY_SHARDS); Ray is not on the
 #             machine's image: scripts/device_wheels.sh makes wheels to carry (.whl) and install first
 #   sharded   `serve cluster` (Ray) with one shard per GPU (SHARDED_SHARDS, default: the machine's GPU
 #             count, at least 2) against one engine over the whole pool, both after the corpus's 2,000
@@ -83,8 +83,8 @@ for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
       ANDROMEDA_TEST_GPU=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -W ignore ${TESTS_JOBS:+-n $TESTS_JOBS} \
-        ${TESTS_FILES:-tests/test_gpu_index.py tests/test_colocated.py tests/test_topk.py tests/test_score_kernels.py \
-        tests/test_score_mma.py tests/test_candidates.py tests/test_deep_specs.py tests/test_unfused.py tests/test_remote_gpu.py tests/test_tiled.py tests/test_geo_layout.py tests/test_graphs.py tests/test_host_prepare.py} 2>&1 \
+        ${TESTS_FILES:-tests/gpu/test_gpu_index.py tests/migration/test_colocated.py tests/gpu/test_topk.py tests/gpu/test_score_kernels.py \
+        tests/gpu/test_score_mma.py tests/cpu_baseline/test_candidates.py tests/core/test_deep_specs.py tests/core/test_unfused.py tests/gpu/test_remote_gpu.py tests/benchmarks/test_tiled.py tests/core/test_geo_layout.py tests/gpu/test_graphs.py tests/gpu/test_host_prepare.py} 2>&1 \
         | tail -15 | tee "$OUT/gpu_tests.txt" ;;
     match)
       timeout ${MATCH_TIMEOUT:-400} $A bench match --pools 10000000,100000000 --versions ${MATCH_VERSIONS:-6,7,8} \
@@ -127,16 +127,16 @@ for stage in "${stages[@]}"; do
     shards)
       ads=${SHARDS_ADS:-1000000}; data=/tmp/c$ads
       [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
-      timeout ${SHARDS_TIMEOUT:-300} python3 -m cluster.bench --data $data --device gpu --placement processes \
+      timeout ${SHARDS_TIMEOUT:-300} python3 -m benchmarks.cluster --data $data --device gpu --placement processes \
         --shards ${SHARDS:-1,2,4} ${SHARDS_ARGS:-} --out "$OUT/shards_${ads}_gpu.json" 2>&1 | tail -14 ;;
     tiled)
-      timeout ${TILED_TIMEOUT:-500} python3 -W ignore -m cluster.bench --tiled ${TILED_COPIES:-12208} --device gpu \
+      timeout ${TILED_TIMEOUT:-500} python3 -W ignore -m benchmarks.cluster --tiled ${TILED_COPIES:-12208} --device gpu \
         --shards ${TILED_SHARDS:-1,2} ${TILED_ARGS:-} --out "$OUT/tiled_${TILED_COPIES:-12208}_gpu.json" 2>&1 | tail -16 ;;
     ray)
       python3 -c "import ray" 2>/dev/null || { echo "ray: not importable here; make the wheels with scripts/device_wheels.sh, carry .whl and install them first"; continue; }
       ads=${RAY_ADS:-1000000}; data=/tmp/c$ads
       [ -d $data ] || timeout 300 $A generate --ads $ads --requests 64 --seed 1 --workers 15 --updates 2000 --out $data --quiet > /dev/null
-      RAY_AUTH_MODE=disabled timeout ${RAY_TIMEOUT:-400} python3 -m cluster.bench --data $data --device gpu --placement ray \
+      RAY_AUTH_MODE=disabled timeout ${RAY_TIMEOUT:-400} python3 -m benchmarks.cluster --data $data --device gpu --placement ray \
         --shards ${RAY_SHARDS:-1,2} --out "$OUT/ray_${ads}_gpu.json" 2>&1 | grep -v "Warning\|warn(" | tail -20 ;;
     sharded)
       python3 -c "import ray" 2>/dev/null || { echo "sharded: ray not importable here; make the wheels with scripts/device_wheels.sh, carry .whl and install them first"; continue; }
@@ -199,7 +199,7 @@ for stage in "${stages[@]}"; do
     sanitize)
       for tool in ${SANITIZE_TOOLS:-racecheck initcheck memcheck synccheck}; do
         ANDROMEDA_TEST_GPU=1 timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
-          python3 -m pytest -q -x -p no:cacheprovider -W ignore ${SANITIZE_TESTS:-tests/test_host_prepare.py::test_engine_overlaps_preparation_and_synchronizes_once_per_batch tests/test_geo_layout.py::test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates} \
+          python3 -m pytest -q -x -p no:cacheprovider -W ignore ${SANITIZE_TESTS:-tests/gpu/test_host_prepare.py::test_engine_overlaps_preparation_and_synchronizes_once_per_batch tests/core/test_geo_layout.py::test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates} \
           > "$OUT/sanitize_$tool.log" 2>&1
         echo "sanitize $tool rc=$?"; grep -E "ERROR SUMMARY|passed|failed|Error" "$OUT/sanitize_$tool.log" | head -5
       done ;;

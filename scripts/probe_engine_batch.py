@@ -32,9 +32,9 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from andromeda_nb.bench import finish_probe
+    from andromeda_nb.measure import finish_probe
     from andromeda_nb.compiled import encode_requests
-    from andromeda_nb.hostmem import keep_freed_memory
+    from serving.hostmem import keep_freed_memory
     from andromeda_nb.store import load_dataset
     from migration.architectures import build_engine
 

@@ -1,5 +1,5 @@
 """What one request costs on the wire path itself, with no engine time: encoding it for a `["retrieve"]`
-exchange, and a round trip to a co-located server around an answer table (`migration.clients.
+exchange, and a round trip to a co-located server around an answer table (`benchmarks.clients.
 AnswerTable`), sent in an exchange of its own or as the next batch of one exchange kept open. One
 client in the server's process sends requests back to back, so the process's CPU time per call is
 what both ends spend on it (the interpreter, Arrow and gRPC alike).
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import write_json  # noqa: E402
+from andromeda_nb.measure import write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 
@@ -43,10 +43,10 @@ def main(argv=None) -> int:
 
     import pyarrow.flight as flight
 
-    from andromeda_nb import flight as fl
-    from andromeda_nb.engine_server import EngineServer
+    from serving import protocol as fl
+    from serving.engine_server import EngineServer
     from andromeda_nb.store import load_dataset
-    from migration.clients import AnswerTable, KeptExchange
+    from benchmarks.clients import AnswerTable, KeptExchange
 
     dataset = load_dataset(args.data)
     requests = dataset.requests

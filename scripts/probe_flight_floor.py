@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import write_json  # noqa: E402
+from andromeda_nb.measure import write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 REQUEST_TEXT_BYTES = 2_300  # about one generated request's JSON
@@ -35,7 +35,7 @@ def _server_class():
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    from andromeda_nb.flight import ANSWER_SCHEMA
+    from serving.protocol import ANSWER_SCHEMA
 
     answer = pa.record_batch([pa.array(np.zeros(100, np.int64)), pa.array(np.arange(100, dtype=np.int64)),
                               pa.array(np.ones(100, np.float32))], schema=ANSWER_SCHEMA)
@@ -60,7 +60,7 @@ def _client(port: int, calls: int, exchange: str) -> None:
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    from andromeda_nb.flight import REQUEST_SCHEMA, RETRIEVE_PATH
+    from serving.protocol import REQUEST_SCHEMA, RETRIEVE_PATH
 
     conn = flight.connect(f"grpc://127.0.0.1:{port}")
     batch = pa.record_batch([pa.array([1]), pa.array(["x" * REQUEST_TEXT_BYTES]), pa.array([100], pa.int32())],

@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import software, write_json  # noqa: E402
+from andromeda_nb.measure import software, write_json  # noqa: E402
 from andromeda_nb.geo_layout import ALL, GeoBuckets, chunk_summaries, clustered_order  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 

@@ -26,14 +26,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # host arrays: nothing here launches a kernel
 
-from andromeda_nb.bench import finish_probe, log  # noqa: E402
+from andromeda_nb.measure import finish_probe, log  # noqa: E402
 
 
 def probe(pool: int, base_ads: int, n_requests: int, seed: int, progress: bool = True) -> dict:
     from andromeda_nb.compiled import encode_requests
     from andromeda_nb.geo_layout import clustered_order, world_buckets
-    from andromeda_nb.tiling import generate_base
-    from gpu.bench_match import build_tiled_index
+    from benchmarks.tiling import generate_base
+    from benchmarks.match import build_tiled_index
 
     base = generate_base(base_ads, n_requests, seed, progress)
     copies = max(1, -(-pool // base_ads))

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import median_ms, write_json  # noqa: E402
+from andromeda_nb.measure import median_ms, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from andromeda_nb import flight as fl
+    from serving import protocol as fl
     from andromeda_nb.store import load_requests, request_settings
 
     kw = request_settings(args.data)

@@ -35,11 +35,11 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from andromeda_nb.bench import finish_probe
+    from andromeda_nb.measure import finish_probe
     from andromeda_nb.compiled import encode_requests
     from andromeda_nb.model import user_sides
     from andromeda_nb.scoring import fold_tables_batch
-    from gpu.bench_score import CHECK_K, pipeline_pool
+    from benchmarks.score import CHECK_K, pipeline_pool
 
     pp = pipeline_pool(pool=args.pool, layout=args.layout)
 

@@ -40,10 +40,10 @@ def measure(pool: int, base_ads: int, batches: list[int], variant: str) -> dict:
 
     resolve("gpu")
     from andromeda_nb.compiled import encode_request
-    from andromeda_nb.tiling import generate_base
+    from benchmarks.tiling import generate_base
     from andromeda_nb.versions import Version
     from gpu import runtime
-    from gpu.bench_match import build_tiled_index, time_kernel
+    from benchmarks.match import build_tiled_index, time_kernel
     from gpu.lab import match as K
 
     cuda = runtime.cuda()

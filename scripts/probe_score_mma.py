@@ -35,7 +35,7 @@ def main() -> None:
 
     from andromeda_nb.model import MoeModel
     from andromeda_nb.scoring import dot_table
-    from gpu.bench_score import _request_tables, make_pool
+    from benchmarks.score import _request_tables, make_pool
     from gpu.fused import FusedScorer
     from gpu.kernels import score as sk
     from gpu.lab import score as lab

@@ -21,14 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import write_json  # noqa: E402
+from andromeda_nb.measure import write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 
 def main(argv=None) -> int:
-    from andromeda_nb.hostmem import keep_freed_memory
+    from serving.hostmem import keep_freed_memory
 
-    keep_freed_memory()  # as the servers do (andromeda_nb.hostmem)
+    keep_freed_memory()  # as the servers do (serving.hostmem)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--clients", type=int, default=32)
@@ -54,9 +54,9 @@ def main(argv=None) -> int:
     if args.clients % args.client_processes:
         ap.error("--clients must be a multiple of --client-processes")
 
-    from andromeda_nb.engine_server import EngineServer
+    from serving.engine_server import EngineServer
     from andromeda_nb.store import load_dataset
-    from migration.clients import AnswerTable, drive
+    from benchmarks.clients import AnswerTable, drive
 
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)

@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from andromeda_nb.oracle import OracleIndex  # noqa: E402
-from andromeda_nb.tiling import generate_base  # noqa: E402
+from benchmarks.tiling import generate_base  # noqa: E402
 
 TILE = 32
 

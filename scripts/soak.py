@@ -38,10 +38,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb import flight as fl  # noqa: E402
-from andromeda_nb.bench import log, software, write_json  # noqa: E402
+from serving import protocol as fl  # noqa: E402
+from andromeda_nb.measure import log, software, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
-from andromeda_nb.services import ServiceProcess  # noqa: E402
+from serving.services import ServiceProcess  # noqa: E402
 
 
 def rss_mb(pid: int) -> float | None:
@@ -118,12 +118,12 @@ class Soak:
     def start(self, which: str) -> None:
         port = ["--port", str(self.ports[which])] if which in self.ports else []
         if which == "colocated":
-            proc = ServiceProcess("migration.serve", ["--data", str(self.root), "--device", self.args.device, *port],
+            proc = ServiceProcess("migration.colocated_server", ["--data", str(self.root), "--device", self.args.device, *port],
                                   start_timeout_s=600)
         elif which == "scorer":
-            proc = ServiceProcess("cpu_baseline.serve", ["scorer", "--data", str(self.root), *port], name="scorer")
+            proc = ServiceProcess("cpu_baseline.remote_servers", ["scorer", "--data", str(self.root), *port], name="scorer")
         else:
-            proc = ServiceProcess("cpu_baseline.serve", ["remote", "--data", str(self.root), "--scorer",
+            proc = ServiceProcess("cpu_baseline.remote_servers", ["remote", "--data", str(self.root), "--scorer",
                                                          self.procs["scorer"].location, *port], name="index host")
         self.procs[which] = proc
         self.ports[which] = proc.port

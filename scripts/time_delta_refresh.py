@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from andromeda_nb.bench import write_json  # noqa: E402
+from andromeda_nb.measure import write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 

@@ -38,13 +38,13 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from andromeda_nb.bench import timed_runs
+    from andromeda_nb.measure import timed_runs
     from andromeda_nb.devices import resolve
     from andromeda_nb.provenance import host_info
-    from andromeda_nb.tiling import load_or_generate_base
+    from benchmarks.tiling import load_or_generate_base
 
     resolve("sim")
-    from gpu.bench_match import BASE_ADS, build_tiled_index, host_prepare
+    from benchmarks.match import BASE_ADS, build_tiled_index, host_prepare
     from gpu.lab import match as lab
 
     base = load_or_generate_base(args.base, BASE_ADS, 256, 7, progress=True)

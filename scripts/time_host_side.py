@@ -34,7 +34,7 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # only host code is timed; n
 
 
 def median_ms(fn, repeat: int) -> float:
-    from andromeda_nb.bench import median_ms as median
+    from andromeda_nb.measure import median_ms as median
 
     return median(fn, repeat)
 
@@ -63,9 +63,9 @@ def blas_info() -> dict:
 
 
 def main(argv=None) -> int:
-    from andromeda_nb.hostmem import keep_freed_memory
+    from serving.hostmem import keep_freed_memory
 
-    keep_freed_memory()  # as the servers do (andromeda_nb.hostmem)
+    keep_freed_memory()  # as the servers do (serving.hostmem)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="corpus directory (andromeda generate)")
     parser.add_argument("--repeat", type=int, default=20)
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     from andromeda_nb.compiled import encode_request, encode_requests
     from andromeda_nb.model import user_sides
     from andromeda_nb.scoring import fold_tables_batch
-    from andromeda_nb.flight import decode_request_batch, request_batch
+    from serving.protocol import decode_request_batch, request_batch
     from andromeda_nb.devices import resolve
     from andromeda_nb.provenance import host_info
     from andromeda_nb.rows import RowMap

@@ -1,5 +1,5 @@
 """How long the GPU targeting index takes to build on the host from a compiled corpus: a corpus tiled
-`--copies` times (`andromeda_nb.tiling.tile_compiled`), then `GpuTargetingIndex.from_compiled` with
+`--copies` times (`benchmarks.tiling.tile_compiled`), then `GpuTargetingIndex.from_compiled` with
 the device under the simulator (so the figure is the host's layout work: term vocabulary, clause
 programs, slots; the device upload is a copy in memory), with the five functions that took longest.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.bench import software, write_json  # noqa: E402
+from andromeda_nb.measure import software, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
     resolve("sim")  # before numba.cuda is imported: the host's work alone is timed
     from andromeda_nb.store import load_dataset
-    from andromeda_nb.tiling import tile_compiled
+    from benchmarks.tiling import tile_compiled
     from gpu.index import GpuTargetingIndex
 
     base = load_dataset(args.data).compiled

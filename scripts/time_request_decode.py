@@ -1,5 +1,5 @@
 """What a server pays to decode requests: the JSON request batch against the columnar one
-(`andromeda_nb.request_columns`), at several batch sizes, and the one-request calls of many clients
+(`serving.request_columns`), at several batch sizes, and the one-request calls of many clients
 decoded one by one against together (`flight.decode_request_batches`); then the GPU engine's host
 side of the largest batch (`compiled.encode_requests` and the folded user-side tables) from the
 `Request` objects JSON decodes to, and from the arrays columns decode to. Both kinds are decoded and
@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from andromeda_nb.bench import median_ms, write_json  # noqa: E402
+from andromeda_nb.measure import median_ms, write_json  # noqa: E402
 from andromeda_nb.provenance import host_info  # noqa: E402
 
 
@@ -31,15 +31,15 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=32, help="one-request calls decoded together")
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--allocator", default="kept", choices=("kept", "default"),
-                    help="'kept': freed memory kept, as the servers do (andromeda_nb.hostmem); 'default': glibc's own")
+                    help="'kept': freed memory kept, as the servers do (serving.hostmem); 'default': glibc's own")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    from andromeda_nb.hostmem import keep_freed_memory
+    from serving.hostmem import keep_freed_memory
 
     kept = keep_freed_memory() if args.allocator == "kept" else False
 
-    from andromeda_nb import flight as fl
-    from andromeda_nb.request_columns import request_columns
+    from serving import protocol as fl
+    from serving.request_columns import request_columns
     from andromeda_nb.store import load_requests, request_settings
 
     kw = request_settings(args.data)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.provenance import host_info  # noqa: E402
-from andromeda_nb.services import ServiceProcess  # noqa: E402
+from serving.services import ServiceProcess  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     seconds = []
     for i in range(args.runs):
         t = time.monotonic()
-        proc = ServiceProcess("migration.serve", ["--data", args.data, "--device", args.device], start_timeout_s=900)
+        proc = ServiceProcess("migration.colocated_server", ["--data", args.data, "--device", args.device], start_timeout_s=900)
         seconds.append(round(time.monotonic() - t, 2))
         proc.stop()
         print(f"run {i + 1}: ready in {seconds[-1]:.1f} s", file=sys.stderr, flush=True)

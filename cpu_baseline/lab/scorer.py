@@ -1,5 +1,5 @@
 """The CPU scorer lab: every version of `cpu_baseline.scorer`, the superseded ones beside the shipped one,
-so that `andromeda bench cpu` still times them and tests/test_cpu_scorer.py still checks them against
+so that `andromeda bench cpu` still times them and tests/cpu_baseline/test_cpu_scorer.py still checks them against
 the float64 reference.
 
 Versions (`VERSIONS`, every one; the scorer ships `cpu_baseline.scorer.SHIPPED`):
@@ -26,7 +26,7 @@ from andromeda_nb.scoring import moe_score
 from andromeda_nb.versions import Version, version_table
 
 from .. import scorer as shipped
-from ..scorer import CandidateDrivers, _score_range_all_dots, _score_range_unrolled, _to_float32, candidate_drivers
+from ..scorer import CandidateDrivers, score_range_all_dots, score_range_unrolled, to_float32, candidate_drivers
 
 # inlined into the cached callers below (compiled with their flags); no cache of its own
 _score_row = numba.njit(inline="always")(moe_score)
@@ -36,7 +36,7 @@ _score_row = numba.njit(inline="always")(moe_score)
 def _load_row(values, row, scale, buf):
     """buf[:] = stored row as float32; returns the row's dequantization scale."""
     for d in range(values.shape[1]):
-        buf[d] = _to_float32(values[row, d])
+        buf[d] = to_float32(values[row, d])
     return scale[row]
 
 
@@ -60,9 +60,9 @@ VERSIONS = version_table(
             CandidateDrivers(_SHARED_FUNCTION.serial, _SHARED_FUNCTION.serial)),
     Version(2, "v2 prange", "prange blocks, the shared per-ad function", _SHARED_FUNCTION),
     Version(3, "v3 all dots", "prange blocks; all 2E dot products, then routing",
-            candidate_drivers(_score_range_all_dots, "_all_dots")),
+            candidate_drivers(score_range_all_dots, "_all_dots")),
     Version(4, "v4 unrolled", "prange blocks; E = 6: 12 accumulators, top-2 with one exp",
-            candidate_drivers(_score_range_unrolled, "_unrolled")),
+            candidate_drivers(score_range_unrolled, "_unrolled")),
     *shipped.VERSIONS.values(),
 )
 SHIPPED = shipped.SHIPPED

@@ -128,7 +128,7 @@ FULL_MASK = 0xFFFFFFFF
 
 # --- device functions of the shipped kernels ---------------------------------------------------------
 @cuda.jit(device=True, cache=True)
-def _residual_alive(slot, resid, sched, ft, tm, n):
+def residual_alive(slot, resid, sched, ft, tm, n):
     """The requests of the group (mask) that pass `slot`'s residual rules: ACTIVE, gender, placements,
     age limits (lookups in the group's tables `ft`) and the schedule (request times `tm`)."""
     w = int64(resid[slot])
@@ -177,7 +177,7 @@ def _transpose_stage_shuffle(x, lane, s, m):
 
 
 @cuda.jit(device=True, cache=True)
-def _clause_terms_wide(prog, q, nt, alive, rtab, g):
+def clause_terms_wide(prog, q, nt, alive, rtab, g):
     """The requests (64-bit mask) holding one of the clause's `nt` terms prog[q:q+nt], TERM_UNROLL
     independent table loads per test of whether every request still `alive` is already satisfied."""
     sat = int64(0)
@@ -263,7 +263,7 @@ def _batched_template(resid, prog_ptr, prog, sched, places, summary, rtab, ftab,
     write_rows(x, tid, slot, g, n, in_range, out)
 
 
-def _load_group_template(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
+def load_group_template(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
     """The group's residual tables, request times and user positions into shared memory."""
     i = tid
     while i < FTAB_WORDS:
@@ -276,7 +276,7 @@ def _load_group_template(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
     cuda.syncthreads()
 
 
-def _write_rows_wide(x, tid, slot, g, n, in_range, out):
+def write_rows_wide(x, tid, slot, g, n, in_range, out):
     """A 64-request group: both 32-bit halves of the warp's masks transposed, then one word per
     request of the group and slot word."""
     lo = transpose(x & FULL_MASK, tid)
@@ -366,7 +366,7 @@ def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
             cs = int64(prog[q])
             nc = int64(prog[q + 1])
             q += 2
-        sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
+        sat = clause_terms_wide(prog, q, nt, alive, rtab, g)
         q += nt
         k = int64(0)
         while k < nc and (sat & alive) != alive:
@@ -385,7 +385,7 @@ def _eval_program_ctab(prog, p, alive, rtab, g, ctab):
 def _slot_mask_ctab(slot, resid, prog_ptr, prog, sched, ctab, rtab, g, ft, tm, lat, lon, n):
     """The 64-bit group mask of requests for which `slot` is eligible, custom locations read from the
     circle table (`lat`, `lon` unused: the table holds the answer)."""
-    alive = _residual_alive(slot, resid, sched, ft, tm, n)
+    alive = residual_alive(slot, resid, sched, ft, tm, n)
     if alive == 0:
         return alive
     return _eval_program_ctab(prog, prog_ptr[slot], alive, rtab, g, ctab)
@@ -403,7 +403,7 @@ def _load_group_ctab(ftab, rtime, rpos, g, ft, tm, lat, lon, tid):
     cuda.syncthreads()
 
 
-CIRCLE_TABLE = RequestGroup("circle table", WIDE_GROUP, uint64, _load_group_ctab, _slot_mask_ctab, _write_rows_wide,
+CIRCLE_TABLE = RequestGroup("circle table", WIDE_GROUP, uint64, _load_group_ctab, _slot_mask_ctab, write_rows_wide,
                             circle_table=True)
 
 # v8 = the shuffle transpose: no barriers in the transpose (v2 -> v3 and v4 -> v5 measured +20 to +45%);

@@ -58,7 +58,7 @@ quads of 4 (16 bytes). Word j of slot s lives at
 
 so the 32 lanes of a warp loading quad q of their ads read 512 contiguous bytes. Words hold the
 stored values little-endian: one float32, two float16 (low half first) or four int8 (byte 0 first).
-`to_tiles` and `from_tiles` convert from and to row-major stored values.
+`gpu.kernels.tiles.to_tiles` and `from_tiles` convert from and to row-major stored values.
 """
 
 from __future__ import annotations
@@ -71,122 +71,22 @@ from typing import Callable
 
 import numpy as np
 
-from andromeda_nb.constants import PRECISION_BYTES
 from andromeda_nb.scoring import dot_score, moe_score, table_width
 from andromeda_nb.slots import CHUNK_SLOTS
-from andromeda_nb.templates import specialize
 from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
 from ..graphs import Launch, run_plan
 from . import _bits
-from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_row
+from .block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS, block_topk_emit
+from .tiles import QUAD_WORDS, words_per_ad
 
 cuda = runtime.cuda()
 from numba import float32, int32, uint32  # noqa: E402  (after the device choice)
 
 CHUNKS_PER_BLOCK = 8
 ADS_PER_BLOCK = CHUNKS_PER_BLOCK * CHUNK_SLOTS  # 2048
-TILE_ADS = 32
-QUAD_WORDS = 4
-HIST_COPIES = 8  # per-warp histograms (warp % HIST_COPIES), fewer atomic collisions
 KINDS = ("moe", "dot")
-
-
-# --- layouts --------------------------------------------------------------------------------------------
-
-
-def words_per_ad(precision: str, dim: int) -> int:
-    if (dim * PRECISION_BYTES[precision]) % (4 * QUAD_WORDS):
-        raise ValueError(f"D = {dim} at {precision}: an ad must fill whole 16-byte quads (D multiple of 16)")
-    return dim * PRECISION_BYTES[precision] // 4
-
-
-def to_tiles(values: np.ndarray) -> np.ndarray:
-    """Row-major stored values (S, D) (S a multiple of 32) -> 'tiles' uint32 words."""
-    values = np.ascontiguousarray(values)
-    S = values.shape[0]
-    if S % TILE_ADS:
-        raise ValueError(f"slot count {S} is not a multiple of {TILE_ADS}")
-    words = values.view(np.uint32).reshape(S, values.shape[1] * values.itemsize // 4)  # S may be 0
-    V = words.shape[1] // QUAD_WORDS
-    return np.ascontiguousarray(words.reshape(S // TILE_ADS, TILE_ADS, V, QUAD_WORDS).transpose(0, 2, 1, 3)).reshape(-1)
-
-
-def from_tiles(words: np.ndarray, dtype, dim: int) -> np.ndarray:
-    """Inverse of `to_tiles`: (S, D) values of `dtype`."""
-    w_per_ad = dim * np.dtype(dtype).itemsize // 4
-    V = w_per_ad // QUAD_WORDS
-    t = np.asarray(words, np.uint32).reshape(-1, V, TILE_ADS, QUAD_WORDS).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(t).reshape(-1, w_per_ad).view(dtype).reshape(-1, dim)
-
-
-def tiles_on_device(values_dev, xp):
-    """`to_tiles` for a device array (CuPy `xp`), without a host copy."""
-    S = values_dev.shape[0]
-    words = values_dev.view(xp.uint32).reshape(S, -1)
-    V = words.shape[1] // QUAD_WORDS
-    return xp.ascontiguousarray(words.reshape(S // TILE_ADS, TILE_ADS, V, QUAD_WORDS).transpose(0, 2, 1, 3)).reshape(-1)
-
-
-# --- block top-K (shared by every version) ---------------------------------------------------------------
-
-
-slot_at = None  # bound per form below: the slot of entry i of a block's keys
-
-
-def _block_topk_emit_template(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
-    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (entry i is slot `slot_at(offs,
-    first_slot, i)`) in out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are
-    nonzero."""
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    kth, krem, emit_all = radix_select_row(keys, r, n, 0, n, cap, hist, part, state, HIST_COPIES)
-    n_greater = uint32(cap) - krem
-    for i in range(tid, n, nt):
-        key = keys[i]
-        if key != 0:
-            if emit_all or key > kth:
-                p = cuda.atomic.add(state, ST_N_GREATER, uint32(1))
-                out_key[r, b, p] = key
-                out_slot[r, b, p] = slot_at(offs, first_slot, i)
-            elif key == kth:
-                p = cuda.atomic.add(state, ST_N_EQUAL, uint32(1))
-                if p < krem:
-                    out_key[r, b, n_greater + p] = key
-                    out_slot[r, b, n_greater + p] = slot_at(offs, first_slot, i)
-    count = cap
-    if emit_all:
-        count = int32(state[ST_TOTAL])
-    for j in range(count + tid, cap, nt):
-        out_key[r, b, j] = uint32(0)
-        out_slot[r, b, j] = -1
-
-
-@cuda.jit(device=True, inline=True)
-def slot_dense(offs, first_slot, i):
-    """Keys held by block offset: entry i is slot first_slot + i (`offs` unused)."""
-    return first_slot + i
-
-
-@cuda.jit(device=True, inline=True)
-def slot_listed(offs, first_slot, i):
-    """Keys held as a list: entry i is slot first_slot + offs[i]."""
-    return first_slot + offs[i]
-
-
-# the one block top-K, in the two forms the scoring kernels hold their keys in: by block offset
-# (`block_topk_emit`, every kernel but the wide walk) and as a list of (key, offset) pairs
-_emit_dense = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_dense", slot_at=slot_dense))
-block_topk_emit_list = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_list",
-                                                        slot_at=slot_listed))
-
-
-@cuda.jit(device=True)
-def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
-    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (slot = first_slot + index) in
-    out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are nonzero."""
-    _emit_dense(keys, keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
 
 
 # --- code generation ------------------------------------------------------------------------------------
@@ -539,6 +439,5 @@ def n_blocks(n_slots: int, ads_per_block: int = ADS_PER_BLOCK) -> int:
 __all__ = [
     "ADS_PER_BLOCK", "CHUNKS_PER_BLOCK", "FALLBACK", "KINDS", "GeneratedRecipe", "KernelSpec", "SHIPPED", "ScoreKernel",
     "TensorCoreRecipe",
-    "VERSIONS", "block_topk_emit", "block_topk_emit_list", "cap_for", "from_tiles", "get_kernel", "kernel_source", "n_blocks",
-    "tiled", "tiles_on_device", "to_tiles", "version", "words_per_ad",
+    "VERSIONS", "cap_for", "get_kernel", "kernel_source", "n_blocks", "tiled", "version",
 ]

@@ -31,7 +31,7 @@ Epilogue per ad, on the four lanes of a group that hold its row (each holds 2 ga
 columns per n-tile pair): unscale, add the biases; the E gate logits are gathered to the four lanes
 by index shuffles, every lane routes (top-k, ties to the lower expert, as `scoring.moe_score`), the
 routed expert values come by shuffles from their owners, then the softmax-weighted score. The
-group's first lane writes the orderable key to shared memory; `score.block_topk_emit` keeps the
+group's first lane writes the orderable key to shared memory; `block_topk.block_topk_emit` keeps the
 block's best `cap`. Nothing per ad reaches device memory.
 
 Kernel arguments (the CUDA-core kernels' plus the prepared table):
@@ -69,8 +69,8 @@ from ..graphs import Launch, run_plan
 from . import _bits, mma, warp
 from andromeda_nb.constants import PRECISION_BYTES as BYTES
 
-from .score import (HIST_BINS, HIST_COPIES, QUAD_WORDS, STATE_WORDS, block_topk_emit, block_topk_emit_list,
-                    words_per_ad)
+from .block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS, block_topk_emit, block_topk_emit_list
+from .tiles import QUAD_WORDS, words_per_ad
 
 cuda = runtime.cuda()
 from numba import float32, int32, uint32  # noqa: E402  (after the device choice)

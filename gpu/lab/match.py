@@ -1,6 +1,6 @@
 """The match kernel lab: every version of the GPU targeting match, the superseded ones beside the
 shipped ones (`gpu/kernels/match.py`), so that the history can still be timed (`andromeda bench
-match`) and checked (tests/test_gpu_index.py) against the oracle.
+match`) and checked (tests/gpu/test_gpu_index.py) against the oracle.
 
 Versions (`VERSIONS`, every one; the index ships `gpu.kernels.match.SHIPPED`):
     v1 naive      one thread per (slot, request); the user's terms are found by binary search in the
@@ -43,7 +43,7 @@ from ..kernels import match as shipped
 from ..kernels.match import (  # noqa: F401  (the constants are read by the kernels below)
     ACTIVE_BIT, AGE_MAX_SHIFT, AGE_MIN_SHIFT, AGE_UNBOUNDED, CIRCLE_TABLE, CIRCLES_BIT, DEVICE_SHIFT, FTAB_WORDS,
     FULL_MASK, GENDER_SHIFT, NEGATIVE_BIT, OS_SHIFT, PUBLISHER_SHIFT, SCHEDULE_BIT, TERM_COUNT_MASK, WIDE_GROUP,
-    RequestGroup, _clause_terms_wide, _load_group_template, _residual_alive, _write_rows_wide, batched_kernel,
+    RequestGroup, clause_terms_wide, load_group_template, residual_alive, write_rows_wide, batched_kernel,
     block_shape, cuda, device_function, index_signature,
 )
 from ..kernels.match import kernel_signatures as shipped_signatures
@@ -205,7 +205,7 @@ def _eval_program(prog, p, alive, rtab, g, circles, lat, lon):
 @cuda.jit(device=True, cache=True)
 def _slot_mask(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
     """The group mask of requests for which `slot` is eligible."""
-    alive = _residual_alive(slot, resid, sched, ft, tm, n)
+    alive = residual_alive(slot, resid, sched, ft, tm, n)
     if alive == 0:
         return alive
     return _eval_program(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
@@ -221,7 +221,7 @@ def _write_rows_narrow(x, tid, slot, g, n, in_range, out):
 
 
 NARROW = RequestGroup("narrow", GROUP_REQUESTS, uint32,
-                      device_function(_load_group_template, "load_group_narrow", group_requests=GROUP_REQUESTS),
+                      device_function(load_group_template, "load_group_narrow", group_requests=GROUP_REQUESTS),
                       _slot_mask, _write_rows_narrow)
 
 
@@ -256,7 +256,7 @@ def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
             cs = int64(prog[q])
             nc = int64(prog[q + 1])
             q += 2
-        sat = _clause_terms_wide(prog, q, nt, alive, rtab, g)
+        sat = clause_terms_wide(prog, q, nt, alive, rtab, g)
         q += nt
         need = alive & ~sat
         if need != 0 and nc > 0:
@@ -273,15 +273,15 @@ def _eval_program_wide(prog, p, alive, rtab, g, circles, lat, lon):
 @cuda.jit(device=True, cache=True)
 def _slot_mask_wide(slot, resid, prog_ptr, prog, sched, circles, rtab, g, ft, tm, lat, lon, n):
     """The 64-bit group mask of requests for which `slot` is eligible."""
-    alive = _residual_alive(slot, resid, sched, ft, tm, n)
+    alive = residual_alive(slot, resid, sched, ft, tm, n)
     if alive == 0:
         return alive
     return _eval_program_wide(prog, prog_ptr[slot], alive, rtab, g, circles, lat, lon)
 
 
-WIDE = RequestGroup("wide", WIDE_GROUP, uint64, device_function(_load_group_template, "load_group_wide",
+WIDE = RequestGroup("wide", WIDE_GROUP, uint64, device_function(load_group_template, "load_group_wide",
                                                                 group_requests=WIDE_GROUP),
-                    _slot_mask_wide, _write_rows_wide)
+                    _slot_mask_wide, write_rows_wide)
 
 
 # --- the table ---------------------------------------------------------------------------------------------

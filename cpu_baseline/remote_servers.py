@@ -1,0 +1,119 @@
+"""Run the scoring service or the index host in the foreground (`andromeda serve scorer|remote`, and
+`python -m cpu_baseline.remote_servers scorer|remote ...` for the processes `RemoteRetriever` starts).
+
+When a server listens it writes one JSON line to stdout, `{"service": ..., "location":
+"grpc://127.0.0.1:PORT"}`, so a parent that asked for port 0 learns the port. SIGTERM or SIGINT
+stops it within `--stop-deadline` seconds (batches in flight finish; `serving.process`); with
+`--parent-pid` it also stops when that process is gone.
+
+The index host keeps the update log (by default `DIR/updates.log` beside its corpus; `--log PATH`,
+or `--log off` for none) and replays it on start; the scoring service keeps none: its index host
+re-delivers what it lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from serving.protocol import location_of
+from serving.guard import ClientCredentials
+from serving.process import (ServerSettings, add_server_arguments, listen, preflight, serve_until_stopped,
+                                  service_errors, settings_from_args)
+from serving.services import announce, load_dataset_for_service, open_corpus
+
+SCORER_TOKEN_ENV = "ANDROMEDA_SCORER_TOKEN"
+
+
+def _announce(service: str, out=None):
+    def on_ready(server):
+        announce(service, server.announced_location, out)
+
+    return on_ready
+
+
+def run_scorer(dataset, settings: ServerSettings | None = None, *, threads: int | None = None, delay_s: float = 0.0,
+               on_ready=None, table=None) -> None:
+    """Serve `dataset`'s embeddings for scoring until stopped (module docstring). `table`: the
+    candidate table to score with (default: the CPU's, `cpu_baseline.candidates.CpuCandidateTable`;
+    `migration.scorer_server` passes the GPU's)."""
+    from .scorer import set_threads
+    from .scoring_service import ScoringServer
+
+    settings = settings or ServerSettings()
+    preflight(settings.host, settings.port, settings.guard)
+    set_threads(threads)
+    server = listen(lambda location: ScoringServer(dataset, location, delay_s=delay_s, limits=settings.limits,
+                                                   guard=settings.guard, table=table),
+                    settings.host, settings.port, settings.guard)
+    server.announced_location = settings.guard.location(settings.host, server.port)
+    serve_until_stopped(server, server._stopping, on_ready or _announce("scorer"), deadline_s=settings.stop_deadline_s,
+                        parent_pid=settings.parent_pid, busy=lambda: server.busy)
+
+
+def scorer_credentials(settings: ServerSettings, *, token=None, ca=None, cert=None, key=None) -> ClientCredentials:
+    """How the index host presents itself to its scoring service: `token` (default
+    $ANDROMEDA_SCORER_TOKEN, else this host's own admin token: it sends updates), the CA of the
+    service's certificate, and a client certificate for mutual TLS."""
+    token = token or os.environ.get(SCORER_TOKEN_ENV) or settings.guard.admin_token
+    return ClientCredentials.from_files(token=token, tls_ca=ca, tls_cert=cert, tls_key=key)
+
+
+def run_index_host(data, scorer: str, settings: ServerSettings | None = None, *, threads: int | None = None,
+                   scorer_timeout_s: float = 10.0, credentials: ClientCredentials | None = None,
+                   on_ready=None) -> None:
+    """Serve the `["retrieve"]` exchange over the corpus directory `data` (its update log as
+    `settings.log` says), scoring on the service at `scorer`, until stopped."""
+    from .index_host import IndexHostServer
+
+    settings = settings or ServerSettings()
+    preflight(settings.host, settings.port, settings.guard)
+    dataset, log = open_corpus(data, settings.log)
+    try:
+        server = listen(lambda location: IndexHostServer(
+            dataset, location_of(scorer), location, scorer_timeout_s=scorer_timeout_s, threads=threads, log=log,
+            limits=settings.limits, guard=settings.guard, scorer_credentials=credentials),
+            settings.host, settings.port, settings.guard)
+    except BaseException:
+        if log is not None:
+            log.close()
+        raise
+    server.announced_location = settings.guard.location(settings.host, server.port)
+    server.serve_until_stopped(on_ready or _announce("remote"), deadline_s=settings.stop_deadline_s,
+                               parent_pid=settings.parent_pid)
+
+
+def main(argv=None) -> int:
+    from serving.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # batches' temporaries reuse the heap's pages (serving.hostmem)
+    parser = argparse.ArgumentParser(prog="python -m cpu_baseline.remote_servers", description=__doc__.split("\n")[0])
+    parser.add_argument("service", choices=("scorer", "remote"))
+    parser.add_argument("--data", help="corpus directory")
+    add_server_arguments(parser)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--scorer", help="scoring service address (remote only)")
+    parser.add_argument("--scorer-timeout", type=float, default=10.0)
+    parser.add_argument("--scorer-token", default=None)
+    parser.add_argument("--scorer-ca", default=None)
+    parser.add_argument("--scorer-cert", default=None)
+    parser.add_argument("--scorer-key", default=None)
+    parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)  # test hook: slow scorer
+    args = parser.parse_args(argv)
+    if args.service == "remote" and not args.scorer:
+        parser.error("remote needs --scorer ADDRESS")
+    with service_errors(f"{args.service}"):
+        settings = settings_from_args(args)
+        if args.service == "scorer":
+            run_scorer(load_dataset_for_service(args.data), settings, threads=args.threads, delay_s=args.delay)
+        else:
+            credentials = scorer_credentials(settings, token=args.scorer_token, ca=args.scorer_ca,
+                                             cert=args.scorer_cert, key=args.scorer_key)
+            run_index_host(args.data, args.scorer, settings, threads=args.threads,
+                           scorer_timeout_s=args.scorer_timeout, credentials=credentials)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

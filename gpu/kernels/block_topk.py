@@ -1,0 +1,75 @@
+"""The block top-K every scoring kernel ends with (the tiled kernels of `gpu.kernels.score` and the
+tensor-core ones of `gpu.kernels.score_mma`): a block's keys in shared memory, its `cap` largest
+selected by the block-wide radix select of `gpu.kernels.radix`, only those written out."""
+
+from __future__ import annotations
+
+from andromeda_nb.templates import specialize
+
+from .. import runtime
+from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_row
+
+cuda = runtime.cuda()
+from numba import int32, uint32  # noqa: E402  (after the device choice)
+
+HIST_COPIES = 8  # per-warp histograms (warp % HIST_COPIES), fewer atomic collisions
+
+
+slot_at = None  # bound per form below: the slot of entry i of a block's keys
+
+
+def _block_topk_emit_template(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
+    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (entry i is slot `slot_at(offs,
+    first_slot, i)`) in out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are
+    nonzero."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    kth, krem, emit_all = radix_select_row(keys, r, n, 0, n, cap, hist, part, state, HIST_COPIES)
+    n_greater = uint32(cap) - krem
+    for i in range(tid, n, nt):
+        key = keys[i]
+        if key != 0:
+            if emit_all or key > kth:
+                p = cuda.atomic.add(state, ST_N_GREATER, uint32(1))
+                out_key[r, b, p] = key
+                out_slot[r, b, p] = slot_at(offs, first_slot, i)
+            elif key == kth:
+                p = cuda.atomic.add(state, ST_N_EQUAL, uint32(1))
+                if p < krem:
+                    out_key[r, b, n_greater + p] = key
+                    out_slot[r, b, n_greater + p] = slot_at(offs, first_slot, i)
+    count = cap
+    if emit_all:
+        count = int32(state[ST_TOTAL])
+    for j in range(count + tid, cap, nt):
+        out_key[r, b, j] = uint32(0)
+        out_slot[r, b, j] = -1
+
+
+@cuda.jit(device=True, inline=True)
+def slot_dense(offs, first_slot, i):
+    """Keys held by block offset: entry i is slot first_slot + i (`offs` unused)."""
+    return first_slot + i
+
+
+@cuda.jit(device=True, inline=True)
+def slot_listed(offs, first_slot, i):
+    """Keys held as a list: entry i is slot first_slot + offs[i]."""
+    return first_slot + offs[i]
+
+
+# the one block top-K, in the two forms the scoring kernels hold their keys in: by block offset
+# (`block_topk_emit`, every kernel but the wide walk) and as a list of (key, offset) pairs
+_emit_dense = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_dense", slot_at=slot_dense))
+block_topk_emit_list = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_list",
+                                                        slot_at=slot_listed))
+
+
+@cuda.jit(device=True)
+def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
+    """Keep the `cap` largest nonzero keys of shared `keys[:n]` (slot = first_slot + index) in
+    out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are nonzero."""
+    _emit_dense(keys, keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
+
+
+__all__ = ["HIST_BINS", "HIST_COPIES", "STATE_WORDS", "block_topk_emit", "block_topk_emit_list"]

@@ -1,0 +1,378 @@
+"""Requests of concurrent calls gathered into one engine batch.
+
+A co-located server answers every Flight exchange on its own thread, and a client usually sends a
+few requests per call; an engine on a GPU costs about the same for one request as for sixty-four
+(the pool is read once per launch either way). `RequestBatcher` puts the calls that arrive together
+into one batch: a caller hands over its requests and waits; one worker thread takes the first call
+waiting, keeps taking calls until `max_wait_s` has passed since that first one or `max_requests` are
+gathered, runs them as one batch (`run(requests, k)` at the largest k asked), and hands every caller
+its own answers cut to its own k. A call alone waits at most `max_wait_s` (default 0.2 ms) longer
+than it would have; with `max_wait_s=0` calls are still served one batch at a time but never wait
+for company.
+
+An error of a batch goes to every caller of that batch; the worker carries on with the next.
+
+A server with many callers should hand over what arrived as it is (`submit_payload`): the payloads
+are decoded into requests (`decode`, or `decode_many` for all the calls waiting at once; an error
+there goes to that caller alone) and the worker encodes each caller's answers (`encode`, or
+`encode_many` for all the calls of a batch at once), so the callers' threads only pass bytes and
+wait. Every step in Python wants the interpreter lock: done on thirty-two callers' threads, each step
+of each call queues for it behind the others, and the lock changes hands many times per request;
+done on one thread, it is that thread's uninterrupted work (docs/BENCHMARKS.md, "The served path").
+
+Without `decode_ahead`, a batcher given `decode_many` and `count` (a payload's number of requests,
+or None for a payload to decode as it is taken) decodes the counted calls of a batch together when
+the batch closes, on the worker: columnar request batches are then checked as one
+(`serving.protocol.decode_request_batches`), however many calls they came in. With `decode_ahead` the payloads are decoded on a thread of their own, a stage ahead of the worker:
+while a batch is on the device (the worker waits for it without the interpreter lock), the calls
+that arrive meanwhile are decoded, and the next batch starts with its requests in hand. Without it
+(the default) the worker decodes each call as it takes it, between batches. Around an engine with no
+wait of its own the extra thread costs: the server's ceiling on a 2-core host fell by about a tenth
+with it (docs/BENCHMARKS.md, "The served path").
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_WAIT_S = 0.0002
+DEFAULT_MAX_REQUESTS = 1024
+
+
+@dataclass
+class _Call:
+    requests: list | None
+    ks: list | None
+    payload: object = None
+    done: threading.Event = field(default_factory=threading.Event)
+    answers: list | None = None
+    tag: object = None
+    error: BaseException | None = None
+    times: dict | None = None  # perf_counter stamps a caller asked for: queued, taken, answered, woke
+    size: int | None = None  # requests in a payload left to decode when its batch closes
+
+
+def _kept(requests):
+    """A call's requests as they are when they join with others' (`concat`: requests as arrays,
+    `serving.request_columns.RequestColumns`), else as a list."""
+    return requests if hasattr(requests, "concat") else list(requests)
+
+
+def _joined(parts: list):
+    """The requests of several calls as one sequence: joined as arrays when every call's are arrays of
+    one kind (an engine takes them whole), else one list."""
+    first = parts[0]
+    if hasattr(first, "concat") and all(type(p) is type(first) for p in parts):
+        return type(first).concat(parts)
+    return [r for p in parts for r in p]
+
+
+class BatcherClosed(RuntimeError):
+    """The batcher was closed: no more calls are taken."""
+
+
+class RequestBatcher:
+    """`run(requests, k) -> (answers, tag)`: one batch on the engine, answers in request order, each
+    (ids, scores) at least k long where that many are eligible; `tag` (for example the sequence number
+    of the last update the batch reflects) goes back to every caller of the batch."""
+
+    def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
+                 name: str = "request-batcher", decode=None, encode=None, encode_many=None, decode_many=None,
+                 decode_ahead: bool = False, count=None):
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
+        if max_requests < 1:
+            raise ValueError(f"max_requests must be at least 1, got {max_requests}")
+        self.run = run
+        # `submit_payload`: decode(payload) -> (requests, ks); encode(requests, answers, tag) -> what the
+        # caller gets back (both run on the worker)
+        self.decode, self.encode = decode, encode
+        # encode_many([(requests, answers), ...], tag) -> one output per call: a batch's answers encoded
+        # together (optional; on an error each call is encoded alone, so only its own caller hears of it)
+        self.encode_many = encode_many
+        # decode_many([payload, ...]) -> one (requests, ks) or exception per payload (optional)
+        self.decode_many = decode_many
+        # count(payload) -> its number of requests, read without decoding it, or None: with decode_many,
+        # the worker decodes a batch's counted calls together when the batch closes
+        self.count = count
+        self.max_wait_s = float(max_wait_s)
+        self.max_requests = int(max_requests)
+        # queue.Queue, not SimpleQueue: the worker waits for company with a timed get, and CPython's
+        # SimpleQueue.get(timeout=t) can wait past t until the next put (its C loop recomputes the
+        # wait after taking a free lock with nothing queued, and a deadline passed by a microsecond
+        # or more, say while the OS ran another thread, becomes a negative wait: no timeout at all).
+        # A batch would then be held until another request arrived, or forever.
+        self._queue: queue.Queue[_Call | None] = queue.Queue()
+        self._closed = threading.Event()
+        self._stats_lock = threading.Lock()
+        self.batches = 0
+        self.calls = 0
+        self.requests = 0
+        # where the worker's time goes: inside `run` (wall clock, and this thread's CPU time: the
+        # difference is waiting, for a device or for the interpreter lock), gathering company for a
+        # batch, and idle with nothing queued
+        self.run_s = self.run_cpu_s = self.gather_s = self.idle_s = 0.0
+        self.decode_s = 0.0  # decoding payloads, wherever it runs
+        # payloads wait here for the decoding thread, decoded calls in `_queue` for the worker
+        self._inbox: queue.Queue[_Call | None] | None = None
+        self._decoder = None
+        if decode is not None and decode_ahead:
+            self._inbox = queue.Queue()
+            self._decoder = threading.Thread(target=self._decode_ahead, name=f"{name}-decode", daemon=True)
+            self._decoder.start()
+        self._in_hand: list[_Call] = []  # the calls the worker has taken and not answered yet
+        self._worker = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._worker.start()
+
+    def submit(self, requests, ks) -> tuple[list, object]:
+        """Answers for `requests` (each cut to its k of `ks`) and the tag of the batch they ran in."""
+        if len(requests) != len(ks):
+            raise ValueError(f"{len(requests)} requests but {len(ks)} values of k")
+        if self._closed.is_set():
+            raise BatcherClosed("the server is shutting down")
+        if not requests:
+            return [], None
+        call = _Call(_kept(requests), list(ks))
+        self._queue.put(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.answers, call.tag
+
+    def submit_payload(self, payload, times: dict | None = None):
+        """What `encode` makes of the answers to the requests `decode` finds in `payload`, both run
+        on the worker (module docstring). An error decoding `payload` is raised here, to this
+        caller alone. `times`: a dict that gets the call's `time.perf_counter()` stamps: 'queued'
+        (handed over), 'taken' (the worker took it), 'answered' (its answer made), 'woke' (this
+        caller running again)."""
+        if self.decode is None or self.encode is None:
+            raise TypeError("this batcher was made without decode and encode: use submit(requests, ks)")
+        if self._closed.is_set():
+            raise BatcherClosed("the server is shutting down")
+        call = _Call(None, None, payload, times=times)
+        if times is not None:
+            times["queued"] = time.perf_counter()
+        (self._inbox if self._inbox is not None else self._queue).put(call)
+        call.done.wait()
+        if times is not None:
+            times["woke"] = time.perf_counter()
+        if call.error is not None:
+            raise call.error
+        return call.answers
+
+    def stats(self) -> dict:
+        """Counts, and per batch the milliseconds the worker spent in the engine's `run` (wall clock and
+        the worker thread's CPU time), gathering requests, and idle."""
+        with self._stats_lock:
+            per = 1e3 / max(1, self.batches)
+            return {"batches": self.batches, "calls": self.calls, "requests": self.requests,
+                    "max_wait_ms": self.max_wait_s * 1e3, "decode_ahead": self._decoder is not None,
+                    "per_batch_ms": {"run": self.run_s * per, "run_cpu": self.run_cpu_s * per,
+                                     "gather": self.gather_s * per, "idle": self.idle_s * per,
+                                     "decode": self.decode_s * per}}
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop taking calls; the batch in hand finishes, calls still queued get BatcherClosed."""
+        self._closed.set()
+        if self._inbox is not None:  # the decoding thread passes the end on to the worker
+            self._inbox.put(None)
+            self._decoder.join(timeout_s)
+        else:
+            self._queue.put(None)
+        self._worker.join(timeout_s)
+
+    # --- the decoding thread -----------------------------------------------------------------------------
+    def _decode_ahead(self) -> None:
+        while True:
+            calls = [self._inbox.get()]
+            while True:  # everything that arrived meanwhile is decoded together
+                try:
+                    calls.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            ending = None in calls
+            for call in self._decode_calls([c for c in calls if c is not None]):
+                self._queue.put(call)
+            if ending:
+                break
+        _refuse_waiting(self._inbox)
+        self._queue.put(None)
+
+    def _decode_calls(self, calls: list[_Call]) -> list[_Call]:
+        """Decode the payloads of `calls` (together when `decode_many` is given); a call that does not
+        decode, or holds no request, is answered here. Returns the calls with requests."""
+        if not calls:
+            return []
+        t0 = time.perf_counter()
+        for call in calls:
+            if call.times is not None:
+                call.times.setdefault("taken", t0)
+        results = None
+        if self.decode_many is not None and len(calls) > 1:
+            try:
+                results = self.decode_many([c.payload for c in calls])
+            except Exception:  # noqa: BLE001 - decoded one call at a time below, each error to its caller
+                results = None
+        if results is None:
+            results = []
+            for call in calls:
+                try:
+                    results.append(self.decode(call.payload))
+                except BaseException as exc:  # this caller's input: only this caller hears of it
+                    results.append(exc)
+        with self._stats_lock:
+            self.decode_s += time.perf_counter() - t0
+        ready = []
+        for call, result in zip(calls, results):
+            if isinstance(result, BaseException):
+                call.error = result
+                call.done.set()
+                continue
+            call.requests, call.ks = _kept(result[0]), list(result[1])
+            if not call.requests:
+                call.answers = self.encode([], [], None)
+                call.done.set()
+                continue
+            ready.append(call)
+        return ready
+
+    # --- the worker ------------------------------------------------------------------------------------
+    def _take(self, call: _Call) -> bool:
+        """Decode a call that came as a payload (unless decoded ahead, or left for the batch's close);
+        False (the caller told) when it does not decode or holds no request."""
+        if call.requests is not None:
+            return True
+        if self._decoder is None and self.decode_many is not None and self.count is not None:
+            call.size = self.count(call.payload)
+            if call.size is not None:  # decoded with the batch's other calls when it closes
+                if call.times is not None:
+                    call.times["taken"] = time.perf_counter()
+                return True
+        return bool(self._decode_calls([call]))
+
+    @staticmethod
+    def _size(call: _Call) -> int:
+        return len(call.requests) if call.requests is not None else call.size
+
+    def _gather(self, first: _Call) -> list[_Call]:
+        if not self._take(first):
+            return []
+        calls, n = [first], self._size(first)
+        deadline = time.perf_counter() + self.max_wait_s
+        while n < self.max_requests:
+            try:
+                left = deadline - time.perf_counter()
+                call = self._queue.get_nowait() if left <= 0 else self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if call is None:  # closing: serve what is in hand, then stop
+                self._queue.put(None)
+                break
+            self._in_hand.append(call)
+            if not self._take(call):
+                continue
+            size = self._size(call)
+            if n + size > self.max_requests and n:
+                self._run([*calls])
+                calls, n = [], 0
+                deadline = time.perf_counter() + self.max_wait_s
+            calls.append(call)
+            n += size
+        return calls
+
+    def _run(self, calls: list[_Call]) -> None:
+        pending = [c for c in calls if c.requests is None]
+        if pending:  # decoded together now that the batch is closed; a call at fault is answered there
+            self._decode_calls(pending)
+            calls = [c for c in calls if not c.done.is_set()]
+            if not calls:
+                return
+        requests = _joined([c.requests for c in calls])
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            try:
+                answers, tag = self.run(requests, max(k for c in calls for k in c.ks))
+            finally:
+                with self._stats_lock:
+                    self.run_s += time.perf_counter() - t0
+                    self.run_cpu_s += time.thread_time() - c0
+            if len(answers) != len(requests):
+                raise RuntimeError(f"the engine answered {len(answers)} of {len(requests)} requests")
+        except BaseException as exc:  # every caller of the batch hears of it
+            for c in calls:
+                c.error = exc
+                c.done.set()
+            return
+        at, cuts = 0, []
+        for c in calls:
+            part = answers[at : at + len(c.requests)]
+            at += len(c.requests)
+            cuts.append([(ids[:k], scores[:k]) for (ids, scores), k in zip(part, c.ks)])
+        payload_calls = [(c, cut) for c, cut in zip(calls, cuts) if c.payload is not None]
+        if self.encode_many is not None and len(payload_calls) > 1:
+            try:
+                outs = self.encode_many([(c.requests, cut) for c, cut in payload_calls], tag)
+            except Exception:  # noqa: BLE001 - encoded one call at a time below, each error to its caller
+                outs = [None] * len(payload_calls)
+            for (c, _), out in zip(payload_calls, outs):
+                c.answers = out
+        for c, cut in zip(calls, cuts):
+            if c.payload is None:
+                c.answers, c.tag = cut, tag
+            else:
+                if c.answers is None:  # not encoded with the batch
+                    try:
+                        c.answers = self.encode(c.requests, cut, tag)
+                    except BaseException as exc:
+                        c.error = exc
+                if c.times is not None:
+                    c.times["answered"] = time.perf_counter()
+            c.done.set()
+        with self._stats_lock:
+            self.batches += 1
+            self.calls += len(calls)
+            self.requests += len(requests)
+
+    def _serve(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            first = self._queue.get()
+            t1 = time.perf_counter()
+            if first is None:
+                break
+            ran = self.run_s
+            self._in_hand = [first]
+            try:
+                calls = self._gather(first)
+                with self._stats_lock:
+                    self.idle_s += t1 - t0
+                    self.gather_s += time.perf_counter() - t1 - (self.run_s - ran)  # a full batch may run inside
+                if calls:
+                    self._run(calls)
+            except BaseException as exc:  # a fault of the batcher's own: the callers in hand hear of it, and
+                for call in self._in_hand:  # the worker goes on (a dead worker would leave every caller waiting)
+                    if not call.done.is_set():
+                        call.error = exc
+                        call.done.set()
+            self._in_hand = []
+            if self._closed.is_set():
+                break
+        _refuse_waiting(self._queue)
+
+
+def _refuse_waiting(calls: queue.Queue) -> None:
+    """Every call still waiting in `calls` after the close hears that the server is shutting down."""
+    while True:
+        try:
+            call = calls.get_nowait()
+        except queue.Empty:
+            return
+        if call is not None:
+            call.error = BatcherClosed("the server is shutting down")
+            call.done.set()
+
+
+__all__ = ["BatcherClosed", "DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_WAIT_S", "RequestBatcher"]

@@ -1,0 +1,323 @@
+"""Updates a server acknowledges only once they are on disk, applied without stalling retrieval.
+
+`UpdateJournal.submit(body, live=..., apply=...)` is what both servers that take updates from
+clients (the co-located server, the remote index host) run for an `update` call:
+
+1. check the call against the limits (bytes, lines) before anything is decoded;
+2. parse every line (`andromeda_nb.jsontext`, then DESIGN section 6's checks): a malformed line is
+   rejected with its number and reason;
+3. check each update against the live ads as the log's end describes them (`live`) plus the
+   updates before it in the call: a status or retire for an ad that is not live is rejected;
+4. append the accepted updates to the write-ahead log, numbered, and sync it once (group commit):
+   from here the updates are durable, and the call will be acknowledged;
+5. hand them to the server's `apply` in slices of `limits.update_slice` (a server may stop a slice
+   early when a request is waiting); between two slices the journal waits (a bounded time) for the
+   retrieval batches in flight (`ReadGate`), and while parsing and logging it steps aside for them
+   at every line, so a large call never holds the server for long; while retrievals keep arriving
+   (one within the last `ACTIVE_S`), it also pauses between slices, and every `PACE_EVERY` lines
+   while parsing and logging, so that the call works at most `limits.update_cpu_share` of its time
+   (`_keep_share`), leaving the cores to retrieval for the rest (docs/RELIABILITY.md has the
+   figures);
+6. acknowledge: `{"applied": n, "rejected": [...], "seq": last sequence number, "seconds": {"parse":
+   ..., "log": ..., "apply": ...}}` (where the call's time went).
+
+The cyclic garbage collector is paused during a call (`store.paused_gc`): the tens of thousands of
+parsed objects of a large call hold no cycles, and a full collection over them stalled every request
+for most of a second.
+
+One call (or compaction) runs at a time. A call that waited for its turn past the server's
+deadline fails before step 4, changing nothing. `replay(apply, live)` applies the records a
+starting server finds in its log after the snapshot; `compact(data_dir)` folds the log into a new
+snapshot (`serving.compaction`) and restarts the log from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Callable, Sequence
+
+from andromeda_nb import jsontext
+from andromeda_nb.types import Retire, TargetingError, Update, Upsert
+from andromeda_nb.updates import LiveAds, Rejection, _reason, parse_update, update_answer
+
+from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
+from .wal import LogError, LogRecord, WriteAheadLog
+
+DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches between two slices
+ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within this many seconds
+MIN_PAUSE_S = 0.002  # an update call pauses for its CPU share once it owes at least this much
+SHARE_WINDOW_S = 0.25  # the span over which an update call's CPU share is kept
+PACE_EVERY = 16  # lines parsed or records encoded between two looks at the share
+
+
+class DeadlineExceeded(TimeoutError):
+    """A call that could not start its work within the server's per-call deadline."""
+
+
+class ReadGate:
+    """Counts the retrieval batches in flight, so that writers can step aside for them."""
+
+    def __init__(self):
+        self._n = 0
+        self._cond = threading.Condition()
+        self.last_read = float("-inf")  # time.monotonic() when a batch last began or ended
+
+    @contextlib.contextmanager
+    def reading(self):
+        with self._cond:
+            self._n += 1
+            self.last_read = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._n -= 1
+                self.last_read = time.monotonic()
+                if not self._n:
+                    self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        return self._n > 0
+
+    @property
+    def in_flight(self) -> int:
+        """How many retrieval batches are being worked on now."""
+        return self._n
+
+    def active(self, within_s: float = ACTIVE_S) -> bool:
+        """Whether retrieval is going on: a batch in flight, or one within the last `within_s`."""
+        return self._n > 0 or time.monotonic() - self.last_read < within_s
+
+    def wait_idle(self, max_wait_s: float) -> bool:
+        """Wait until no batch is in flight, at most `max_wait_s`; True when idle."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._n == 0, timeout=max_wait_s)
+
+
+class _Overlay:
+    """Live ids as `live(ad_id)` says, changed by the updates accepted so far in one call."""
+
+    def __init__(self, live: Callable[[int], bool]):
+        self.live = live
+        self.touched: dict[int, bool] = {}
+
+    def __contains__(self, ad_id) -> bool:
+        ad_id = int(ad_id)
+        return self.touched[ad_id] if ad_id in self.touched else bool(self.live(ad_id))
+
+
+class _CallLive(LiveAds):
+    """`LiveAds` over an overlay (the same checks and messages as every other stream)."""
+
+    def __init__(self, overlay: _Overlay):
+        self.ids = overlay
+
+    def record(self, update: Update) -> None:
+        if isinstance(update, Upsert):
+            self.ids.touched[update.ad.ad_id] = True
+        elif isinstance(update, Retire):
+            self.ids.touched[update.ad_id] = False
+
+
+# applies a slice of (record, update) pairs in order; may return how many it applied when it stopped
+# early (a request was waiting), None meaning all
+Applier = Callable[[Sequence[tuple[LogRecord, Update]]], "int | None"]
+
+
+class UpdateJournal:
+    """The update path of one server over its `WriteAheadLog` (see the module docstring)."""
+
+    def __init__(self, log: WriteAheadLog, *, seed: int, dim: int, formats: int,
+                 limits: ServiceLimits = DEFAULT_LIMITS, gate: ReadGate | None = None,
+                 yield_s: float = DEFAULT_YIELD_S):
+        self.log = log
+        self.seed, self.dim, self.formats = seed, dim, formats
+        self.limits = limits
+        self.gate = gate
+        self.yield_s = yield_s
+        self.lock = threading.Lock()  # one update call or compaction at a time
+        self.slices = 0  # slices applied so far (stats)
+        self.paused_s = 0.0  # seconds update calls paused to keep to their share while retrievals arrived
+        self._window: list | None = None  # [start, seconds applying] of the current share window
+
+    # --- parsing --------------------------------------------------------------------------------------
+    def parse_update(self, obj) -> Update:
+        return parse_update(obj, seed=self.seed, dim=self.dim, formats=self.formats)
+
+    def _step_aside(self) -> None:
+        """Between two slices of a long call: let the retrieval batches in flight finish first."""
+        if self.gate is not None and self.gate.busy:
+            self.gate.wait_idle(self.yield_s)
+        else:
+            time.sleep(0)  # let any other thread that wants the interpreter have it
+
+    def _keep_share(self, slice_s: float) -> None:
+        """After a slice that took `slice_s`: while retrievals arrive, pause so that the call's time
+        working stays within `limits.update_cpu_share` of the time since its share window began.
+        Pauses are taken once at least MIN_PAUSE_S is owed (each one hands the interpreter over,
+        which costs more than a few microseconds), and a window lasts SHARE_WINDOW_S."""
+        share = self.limits.update_cpu_share
+        if share >= 1 or self.gate is None or not self.gate.active():
+            self._window = None
+            return
+        now = time.monotonic()
+        if self._window is None:
+            self._window = [now - slice_s, 0.0]  # began with this slice
+        self._window[1] += slice_s
+        owed = self._window[1] / share - (now - self._window[0])
+        if owed >= MIN_PAUSE_S:
+            pause = min(owed, self.yield_s)
+            time.sleep(pause)
+            self.paused_s += pause
+        if time.monotonic() - self._window[0] >= SHARE_WINDOW_S:
+            self._window = None
+
+    def _yield_to_readers(self) -> None:
+        """Inside a long parse or encode loop (called per line: one attribute read when idle): a
+        retrieval batch in flight gets the interpreter to itself until it is answered."""
+        if self.gate is not None and self.gate.busy:
+            self.gate.wait_idle(self.yield_s)
+
+    def _pacer(self, every: int = PACE_EVERY):
+        """A callable for a long loop over lines or records (parsing, encoding the log's records),
+        called once per item: it yields to a batch in flight at every item, and every `every` items
+        keeps the call's share of the time (`_keep_share`) as the apply loop does between slices, so
+        the whole call, not only its applying, leaves the cores to retrieval."""
+        state = {"n": 0, "t": time.monotonic()}
+
+        def pace() -> None:
+            self._yield_to_readers()
+            state["n"] += 1
+            if state["n"] % every == 0:
+                now = time.monotonic()
+                self._keep_share(now - state["t"])
+                state["t"] = time.monotonic()  # a pause is not work
+
+        return pace
+
+    def _parse(self, body: bytes) -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
+        limits = self.limits
+        if len(body) > limits.max_update_bytes:
+            raise limits.over("max_update_bytes", len(body), "update body of bytes")
+        lines = body.split(b"\n")
+        n_lines = sum(1 for raw in lines if raw.strip())
+        if n_lines > limits.max_updates:
+            raise limits.over("max_updates", n_lines, "update call of lines")
+        parsed: list[tuple[int, dict, Update]] = []
+        rejections: list[Rejection] = []
+        pace = self._pacer()
+        for line_no, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            pace()
+            try:
+                obj = jsontext.loads(raw, max_depth=limits.max_json_depth)
+            except jsontext.JsonInputError as err:
+                rejections.append(Rejection(line_no, None, f"malformed JSON: {err}"))
+                continue
+            try:
+                parsed.append((line_no, obj, parse_update(obj, seed=self.seed, dim=self.dim, formats=self.formats,
+                                                          line=line_no)))
+            except TargetingError as err:
+                rejections.append(Rejection(line_no, err.ad_id, _reason(err)))
+        return parsed, rejections
+
+    # --- the update call -------------------------------------------------------------------------------
+    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier,
+               started: float | None = None) -> dict:
+        """Run one `update` call (module docstring, steps 1-6). `live(ad_id)`: whether an ad is live
+        at the log's end; `apply(items)`: apply a slice of (record, update) pairs, in order.
+        `started`: when the call arrived (time.monotonic()), for the deadline."""
+        from andromeda_nb.store import paused_gc
+
+        started = time.monotonic() if started is None else started
+        with paused_gc():  # parsed updates hold no cycles; a full collection over them would stall requests
+            return self._submit(bytes(body), live, apply, started)
+
+    def _submit(self, body: bytes, live, apply: Applier, started: float) -> dict:
+        t_parse = time.monotonic()
+        parsed, rejections = self._parse(body)
+        remaining = self.limits.deadline_s - (time.monotonic() - started)
+        if remaining <= 0 or not self.lock.acquire(timeout=remaining):
+            waited = time.monotonic() - started
+            raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn, past the server's "
+                                   f"deadline of {self.limits.deadline_s:g} s (--deadline); nothing was applied")
+        try:
+            checker = _CallLive(_Overlay(live))
+            accepted: list[tuple[dict, Update]] = []
+            for line_no, obj, update in parsed:
+                reason = checker.accept(update)
+                if reason is not None:
+                    rejections.append(Rejection(line_no, _ad_id(update), reason))
+                else:
+                    accepted.append((obj, update))
+            t_log = time.monotonic()
+            records = self.log.append([obj for obj, _ in accepted], pause=self._pacer())  # durable: acknowledged
+            t_apply = time.monotonic()
+            items = [(record, update) for record, (_, update) in zip(records, accepted)]
+            step, done, self._window = self.limits.update_slice, 0, None
+            while done < len(items):
+                if done:
+                    self._step_aside()
+                piece = items[done : done + step]
+                t0 = time.monotonic()
+                applied = apply(piece)  # may stop early for a waiting request: the rest comes next
+                done += len(piece) if applied is None else max(1, applied)
+                self.slices += 1
+                if done < len(items):
+                    self._keep_share(time.monotonic() - t0)
+            seq = self.log.last_seq
+            t_end = time.monotonic()
+        finally:
+            self.lock.release()
+        # where the call's time went: parsing and checking, the log (written and synced), applying
+        seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
+        return {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
+
+    # --- start and compaction --------------------------------------------------------------------------
+    def replay(self, apply: Applier, live: Callable[[int], bool]) -> int:
+        """Apply the log's records after the snapshot (a starting server, before it serves); each
+        is checked to apply to the state before it, so a log that does not belong to the snapshot
+        is refused. Returns the number replayed."""
+        checker = _CallLive(_Overlay(live))
+        items = []
+        for record in self.log.replay():
+            try:
+                update = self.parse_update(record.update)
+            except TargetingError as exc:
+                raise LogError(f"{self.log.path}: record {record.seq} does not parse ({exc})") from None
+            reason = checker.accept(update)
+            if reason is not None:
+                raise LogError(f"{self.log.path}: record {record.seq} cannot apply to the snapshot ({reason}); "
+                               "the log does not belong to this corpus directory")
+            items.append((record, update))
+        step, done = max(self.limits.update_slice, 4096), 0
+        while done < len(items):
+            piece = items[done : done + step]
+            applied = apply(piece)
+            done += len(piece) if applied is None else max(1, applied)
+        return len(items)
+
+    def compact(self, data_dir) -> dict:
+        """Fold the log into a new snapshot of `data_dir` and restart the log from it (updates wait
+        meanwhile; retrieval goes on)."""
+        from .compaction import compact
+
+        if not self.log.durable:
+            raise LogError("this server keeps its updates in memory only (--log off): there is no log to compact")
+        if data_dir is None:
+            raise LogError("this server's corpus was not read from a directory: there is no snapshot to write")
+        with self.lock:
+            result = compact(data_dir, self.log.records_after(self.log.base_seq), lineage=self.log.lineage)
+            self.log.reset(result["seq"])
+        return result
+
+
+def _ad_id(update: Update):
+    return update.ad.ad_id if isinstance(update, Upsert) else getattr(update, "ad_id", None)
+
+
+__all__ = ["ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate", "UpdateJournal"]

@@ -1,0 +1,385 @@
+"""The write-ahead log of a server that takes updates: every accepted update, numbered, on disk
+before it is acknowledged.
+
+File (`DIR/updates.log` beside the corpus by default): JSON Lines. The first line is a header, every
+other line one accepted update with its sequence number; each line ends with a CRC-32 of the rest:
+
+    {"log":"andromeda-nb update log","version":1,"lineage":"3f9c...","base_seq":0,"crc":"0b1c2d3e"}
+    {"seq":1,"update":{"op":"upsert","ad":{...}},"crc":"8a7b6c5d"}
+    {"seq":2,"update":{"op":"retire","ad_id":7},"crc":"01234567"}
+
+The checksum covers the line's bytes with `,"crc":"XXXXXXXX"` taken out (so a line is its record
+followed by the checksum, still one JSON object). Sequence numbers run on from `base_seq` without a
+gap. `lineage` names the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto
+another corpus.
+
+* **Appending** (`append`): the records of one call are written with one `write` and made durable
+  with one `fdatasync` (group commit); the server acknowledges after `append` returns. A failed
+  write or sync is cut back off the file and nothing is applied.
+* **Opening** (`WriteAheadLog.open`): every line is checked. A last line that is incomplete or fails
+  its checksum is a torn write (the process died while writing it, before acknowledging it): it is
+  cut off. A damaged line with good lines after it is not a torn write: the file is refused with
+  the line number, never silently shortened. `replay` gives the records after the snapshot's
+  sequence number, in order.
+* **Compaction** (`serving.compaction`) folds the records into a new snapshot whose meta.json
+  records the last folded sequence number (`log_seq`); `reset` then starts a new, empty log at that
+  number (written aside, fsynced, renamed over the old one).
+* **One owner**: a server holds an exclusive lock on `PATH.lock` while it has the log open; a second
+  server (or an offline `compact`) on the same log is refused.
+
+`path=None` keeps the records in memory only (for processes started for one command: `retrieve
+--arch remote`): nothing survives the process, and nothing claims to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no cross-process lock
+    fcntl = None
+
+LOG_FILE = "updates.log"
+MAGIC = "andromeda-nb update log"
+VERSION = 1
+_CRC_PREFIX = b',"crc":"'
+_CRC_SUFFIX_LEN = len(_CRC_PREFIX) + 8 + 2  # ,"crc":"XXXXXXXX"}
+
+
+class LogError(ValueError):
+    """A log that cannot be used as it is; the message names the file, the line and the remedy."""
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    seq: int
+    update: dict  # the update object of DESIGN section 6, as accepted
+
+    def line(self) -> bytes:
+        return encode_line({"seq": self.seq, "update": self.update})
+
+
+def encode_line(obj: dict) -> bytes:
+    """One log line: the object's compact JSON with its checksum appended as a last key."""
+    payload = json.dumps(obj, separators=(",", ":")).encode()
+    return payload[:-1] + b'%s%08x"}\n' % (_CRC_PREFIX, zlib.crc32(payload))
+
+
+def decode_line(line: bytes) -> dict | None:
+    """The object of one log line, or None when the line is incomplete or fails its checksum."""
+    if not line.endswith(b"\n"):
+        return None
+    body = line[:-1]
+    if len(body) < _CRC_SUFFIX_LEN + 2 or body[-_CRC_SUFFIX_LEN:-10] != _CRC_PREFIX or not body.endswith(b'"}'):
+        return None
+    try:
+        crc = int(body[-10:-2], 16)
+    except ValueError:
+        return None
+    payload = body[:-_CRC_SUFFIX_LEN] + b"}"
+    if zlib.crc32(payload) != crc:
+        return None
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def corpus_lineage(dataset) -> str:
+    """The name of a corpus's line of snapshots: kept through compactions (meta.json `lineage`),
+    else the sha256 of the ads.parquet its targeting was compiled from, else (a corpus made in
+    memory) the fingerprint of its ad ids."""
+    meta = getattr(dataset, "meta", None) or {}
+    if isinstance(meta.get("lineage"), str):
+        return meta["lineage"]
+    entry = meta.get("targeting")
+    if isinstance(entry, dict) and isinstance(entry.get("ads_sha256"), str):
+        return entry["ads_sha256"][:16]
+    from andromeda_nb.dataset import fingerprint
+
+    return fingerprint(dataset.ad_ids)
+
+
+def snapshot_seq(dataset) -> int:
+    """The last sequence number folded into the dataset's snapshot (0: none)."""
+    meta = getattr(dataset, "meta", None) or {}
+    return int(meta.get("log_seq", 0))
+
+
+def fsync_dir(path) -> None:
+    """Make a rename or a new file in directory `path` durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _datasync(fd: int) -> None:
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
+
+
+class LogLock:
+    """An exclusive, non-blocking lock on `PATH.lock` for the life of a server."""
+
+    def __init__(self, log_path):
+        self.path = Path(str(log_path) + ".lock")
+        self._fd = None
+
+    def acquire(self) -> "LogLock":
+        if fcntl is None:
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LogError(f"{self.path}: cannot create the log's lock file ({exc.strerror}); give --log PATH "
+                           "in a writable directory, or --log off to keep updates in memory only") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise LogError(f"{self.path}: another process holds this update log (a server already serves "
+                           "this corpus with it); stop it first, or give another --log PATH") from None
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+
+
+class WriteAheadLog:
+    """The log of one server (see the module docstring). Use `WriteAheadLog.open(...)` or
+    `WriteAheadLog.memory(...)`."""
+
+    def __init__(self, path: Path | None, lineage: str, base_seq: int):
+        self.path = path
+        self.lineage = lineage
+        self.base_seq = base_seq
+        self.last_seq = base_seq
+        self._fd: int | None = None
+        self._size = 0
+        self._offsets = array("q")  # file offset of record base_seq + 1 + i
+        self._memory: list[LogRecord] | None = [] if path is None else None
+        self._replay: list[LogRecord] = []
+        self._lock: LogLock | None = None
+
+    # --- opening --------------------------------------------------------------------------------------
+    @classmethod
+    def memory(cls, lineage: str, snapshot_seq: int = 0) -> "WriteAheadLog":
+        return cls(None, lineage, snapshot_seq)
+
+    @classmethod
+    def open(cls, path, *, lineage: str, snapshot_seq: int, lock: LogLock | None = None) -> "WriteAheadLog":
+        """Open (or create) the log at `path` for a corpus of `lineage` whose snapshot holds every
+        update up to `snapshot_seq`. `lock`: the LogLock already held (else one is taken here)."""
+        path = Path(path)
+        log = cls(path, lineage, snapshot_seq)
+        log._lock = lock or LogLock(path).acquire()
+        try:
+            if path.exists():
+                log._load(snapshot_seq)
+            else:
+                log._create(snapshot_seq)
+        except BaseException:
+            log.close()
+            raise
+        return log
+
+    def _header(self, base_seq: int) -> bytes:
+        return encode_line({"log": MAGIC, "version": VERSION, "lineage": self.lineage, "base_seq": base_seq})
+
+    def _create(self, base_seq: int) -> None:
+        _write_new_file(self.path, self._header(base_seq))
+        self.base_seq = self.last_seq = base_seq
+        self._offsets = array("q")
+        self._open_for_append()
+
+    def _open_for_append(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._size = os.fstat(self._fd).st_size
+
+    def _load(self, snapshot_seq: int) -> None:
+        path = self.path
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise LogError(f"{path}: cannot be read ({exc.strerror})") from None
+        lines = data.splitlines(keepends=True)
+        if not lines or decode_line(lines[0]) is None:
+            if len(lines) <= 1:  # the header itself was torn: the log never held a record
+                self._create(snapshot_seq)
+                return
+            raise LogError(f"{path}: line 1 is not a valid log header; this is not an update log of "
+                           "andromeda-nb, or it is damaged")
+        header = decode_line(lines[0])
+        if header.get("log") != MAGIC or header.get("version") != VERSION:
+            raise LogError(f"{path}: not an andromeda-nb update log of version {VERSION} (header {header})")
+        if header.get("lineage") != self.lineage:
+            raise LogError(f"{path}: belongs to another corpus (lineage {header.get('lineage')!r}, this corpus "
+                           f"{self.lineage!r}); move it away to start this corpus without its updates")
+        base = header.get("base_seq")
+        if not isinstance(base, int) or base < 0:
+            raise LogError(f"{path}: header has no valid base_seq")
+        records: list[LogRecord] = []
+        offsets = array("q")
+        offset = len(lines[0])
+        good_end = offset
+        for n, line in enumerate(lines[1:], start=2):
+            obj = decode_line(line)
+            if obj is None:
+                if n == len(lines):  # the last line: a write torn by a crash, never acknowledged
+                    break
+                raise LogError(f"{path}: line {n} is damaged (incomplete or its checksum differs) and valid "
+                               "records follow it: the log was corrupted, not torn by a crash; restore it "
+                               "from a copy, or move it away to start from the snapshot alone")
+            seq, update = obj.get("seq"), obj.get("update")
+            want = base + 1 + len(records)
+            if seq != want or not isinstance(update, dict):
+                raise LogError(f"{path}: line {n} holds sequence number {seq!r}, expected {want}: records are "
+                               "missing or out of order")
+            records.append(LogRecord(seq, update))
+            offsets.append(offset)
+            offset += len(line)
+            good_end = offset
+        if good_end < len(data):  # cut the torn tail so that new records follow a whole line
+            with open(path, "r+b") as fh:
+                fh.truncate(good_end)
+                fh.flush()
+                _datasync(fh.fileno())
+        last = base + len(records)
+        if snapshot_seq < base:
+            raise LogError(f"{path}: starts after sequence number {base}, but the corpus snapshot holds updates "
+                           f"only up to {snapshot_seq}: updates {snapshot_seq + 1}..{base} are missing")
+        self.base_seq, self.last_seq, self._offsets = base, last, offsets
+        self._replay = [r for r in records if r.seq > snapshot_seq]
+        if last < snapshot_seq:  # compacted past the log's end (a crash before the log was reset)
+            self._replay = []
+            self.reset(snapshot_seq)
+            return
+        self._open_for_append()
+
+    # --- reading --------------------------------------------------------------------------------------
+    def replay(self) -> list[LogRecord]:
+        """The records after the snapshot, in order (what a starting server applies); once."""
+        out, self._replay = self._replay, []
+        return out
+
+    def records_after(self, seq: int) -> Iterator[LogRecord]:
+        """Every record with a sequence number above `seq`, in order (redelivery to a service that is
+        behind). LogError when `seq` lies before the log's start (folded into a snapshot)."""
+        if seq < self.base_seq:
+            raise LogError(f"updates {seq + 1}..{self.base_seq} were folded into a snapshot and are no longer "
+                           "in the log; restart the service from the corpus directory's current snapshot")
+        if self._memory is not None:
+            yield from self._memory[seq - self.base_seq:]
+            return
+        first = seq - self.base_seq
+        if first >= len(self._offsets):
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offsets[first])
+            for _ in range(len(self._offsets) - first):
+                obj = decode_line(fh.readline())
+                if obj is None:
+                    raise LogError(f"{self.path}: record {seq + 1} no longer reads back")
+                yield LogRecord(obj["seq"], obj["update"])
+
+    @property
+    def durable(self) -> bool:
+        return self.path is not None
+
+    # --- appending ------------------------------------------------------------------------------------
+    def append(self, updates: Sequence[dict], pause=None) -> list[LogRecord]:
+        """Number `updates` (objects of DESIGN section 6), write them with one `write` and make them
+        durable with one `fdatasync` (group commit): on return they survive any crash. On failure
+        the file is cut back to where it was and LogError says why (nothing was logged). `pause()`
+        is called between records while they are encoded (a server lets retrieval go first)."""
+        records = [LogRecord(self.last_seq + 1 + i, u) for i, u in enumerate(updates)]
+        if not records:
+            return records
+        if self._memory is not None:
+            self._memory.extend(records)
+        else:
+            lines = []
+            for record in records:
+                if pause is not None:
+                    pause()
+                lines.append(record.line())
+            start = self._size
+            try:
+                view = memoryview(b"".join(lines))
+                while view:
+                    view = view[os.write(self._fd, view):]
+                _datasync(self._fd)
+            except OSError as exc:
+                try:
+                    os.ftruncate(self._fd, start)  # never leave part of an unacknowledged call behind
+                except OSError:
+                    pass
+                raise LogError(f"{self.path}: cannot append ({exc.strerror}); nothing was applied") from None
+            for line in lines:
+                self._offsets.append(self._size)
+                self._size += len(line)
+        self.last_seq = records[-1].seq
+        return records
+
+    # --- after a compaction ---------------------------------------------------------------------------
+    def reset(self, base_seq: int) -> None:
+        """Start an empty log at `base_seq` (the snapshot now holds every record up to it): the new
+        file is written aside, synced and renamed over the old one."""
+        if base_seq < self.last_seq and self.path is not None:
+            raise LogError(f"{self.path}: cannot drop records {base_seq + 1}..{self.last_seq}, the snapshot lacks them")
+        if self._memory is not None:
+            self._memory = []
+            self.base_seq = self.last_seq = base_seq
+            return
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        tmp = self.path.with_name(self.path.name + ".new")
+        _write_new_file(tmp, self._header(base_seq))
+        os.replace(tmp, self.path)
+        fsync_dir(self.path.parent)
+        self.base_seq = self.last_seq = base_seq
+        self._offsets = array("q")
+        self._open_for_append()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def describe(self) -> dict:
+        return {"path": None if self.path is None else str(self.path), "durable": self.durable,
+                "base_seq": self.base_seq, "seq": self.last_seq}
+
+
+def _write_new_file(path: Path, data: bytes) -> None:
+    """Write `path` whole and durably (file synced, then its directory)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_dir(path.parent)
+
+
+__all__ = ["LOG_FILE", "LogError", "LogLock", "LogRecord", "WriteAheadLog", "corpus_lineage", "decode_line",
+           "encode_line", "fsync_dir", "snapshot_seq"]

@@ -1,0 +1,173 @@
+"""The served-path load driver (benchmarks/clients.py): clients over several processes against a real
+server on 127.0.0.1, the first pass of answers checked against what each request must get."""
+
+import os
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from serving.engine_server import EngineServer
+from andromeda_nb.corpus import generate_corpus
+from andromeda_nb.store import load_dataset
+from benchmarks.clients import AnswerTable, drive
+
+pytestmark = pytest.mark.e2e  # starts servers or processes, or runs whole commands
+
+
+def test_clients_over_processes_count_requests_and_wrong_answers(tmp_path):
+    generate_corpus(tmp_path / "corpus", 120, 6, 4)
+    dataset = load_dataset(tmp_path / "corpus")
+    rng = np.random.default_rng(4)
+    answers = {r.request_id: (rng.permutation(1000)[:10].astype(np.int64), np.sort(rng.random(10))[::-1].astype(np.float32))
+               for r in dataset.requests}
+    server = EngineServer(AnswerTable(answers), dataset)
+    threading.Thread(target=server.serve, daemon=True).start()
+    location = f"grpc://127.0.0.1:{server.port}"
+    try:
+        right = [answers[r.request_id] for r in dataset.requests]
+        got = drive(location, str(tmp_path / "corpus"), k=10, clients=4, processes=2, seconds=1.0, want=right)
+        assert got["requests"] > 8 and got["n_wrong"] == 0 and got["client_processes"] == 2
+        wrong = [(ids[::-1], s) for ids, s in right]  # every answer reversed: the first pass of each thread fails
+        got = drive(location, str(tmp_path / "corpus"), k=10, clients=2, processes=2, seconds=0.5, want=wrong)
+        assert got["n_wrong"] >= 2 and got["wrong_answers"][0].startswith("request ")
+    finally:
+        server.shutdown()
+    with pytest.raises(ValueError, match="split evenly"):
+        drive(location, str(tmp_path / "corpus"), k=10, clients=3, processes=2)
+
+
+def test_stream_clients_keep_one_exchange_and_reopen_it_when_the_server_ends_it(tmp_path):
+    """`exchange='stream'`: each client sends its requests as batches of one exchange; the answers are
+    checked as in per-call mode, and a server whose deadline (0.3 s) ends every exchange early is met
+    by a new exchange, never a lost or wrong answer. Each exchange carries many requests: the
+    exchanges the deadline ended (the server counts each as an error) are far fewer than the requests."""
+    from serving import protocol as fl
+    from serving.limits import ServiceLimits
+
+    generate_corpus(tmp_path / "corpus", 120, 6, 5)
+    dataset = load_dataset(tmp_path / "corpus")
+    rng = np.random.default_rng(5)
+    answers = {r.request_id: (rng.permutation(1000)[:10].astype(np.int64), np.sort(rng.random(10))[::-1].astype(np.float32))
+               for r in dataset.requests}
+    server = EngineServer(AnswerTable(answers), dataset, limits=ServiceLimits(deadline_s=0.3))
+    threading.Thread(target=server.serve, daemon=True).start()
+    location = f"grpc://127.0.0.1:{server.port}"
+    try:
+        right = [answers[r.request_id] for r in dataset.requests]
+        got = drive(location, str(tmp_path / "corpus"), k=10, clients=2, processes=1, seconds=1.5, want=right,
+                    exchange="stream")
+        assert got["exchange"] == "stream" and got["n_wrong"] == 0 and got["requests"] > 20
+        stats = fl.flight_action(location, "stats")
+        assert stats["batching"]["requests"] >= got["requests"]
+        assert stats["errors"] >= 6  # exchanges ended by the deadline (3 or more a client), each reopened
+        assert got["requests"] > 4 * (stats["errors"] + 2)
+    finally:
+        server.shutdown()
+    with pytest.raises(ValueError, match="exchange is one of"):
+        drive(location, str(tmp_path / "corpus"), k=10, clients=1, exchange="pipe")
+
+
+def test_call_path_accounts_each_batched_call_and_each_turnaround(tmp_path):
+    """`stats` of a batching server carries `call_path`: one entry per call that went through the
+    batcher, a turnaround for each batch after the first on an exchange, every phase a duration; a
+    batch that fails to decode is not counted."""
+    import pyarrow.flight as flight
+
+    from serving import protocol as fl
+
+    generate_corpus(tmp_path / "corpus", 60, 4, 9)
+    dataset = load_dataset(tmp_path / "corpus")
+    server = EngineServer(AnswerTable.computed(dataset, 5), dataset)
+    threading.Thread(target=server.serve, daemon=True).start()
+    location = f"grpc://127.0.0.1:{server.port}"
+    try:
+        client = flight.FlightClient(location)
+        writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
+        writer.begin(fl.REQUEST_SCHEMA)
+        for r in dataset.requests:  # one exchange, four batches of one request each
+            writer.write_batch(fl.encode_requests_for_exchange([r], 5)[0][0])
+            reader.read_chunk()
+        writer.close()
+        bad = fl.request_batch(dataset.requests[:1], 5)
+        bad = bad.set_column(bad.schema.get_field_index("request"), "request", pa.array(["not json"], pa.utf8()))
+        w2, r2 = client.do_exchange(flight.FlightDescriptor.for_path(*fl.RETRIEVE_PATH))
+        w2.begin(fl.REQUEST_SCHEMA)
+        w2.write_batch(bad)
+        with pytest.raises(flight.FlightError):
+            r2.read_chunk()
+        with pytest.raises(flight.FlightError):
+            w2.close()  # the exchange already failed
+        path = fl.flight_action(location, "stats")["call_path"]
+        assert path["calls"] == 4 and path["turnarounds"] == 3
+        assert set(path["ms_per_call"]) == set(fl.CallPath.PHASES)
+        assert all(v >= 0 for v in path["ms_per_call"].values()) and path["ms_per_call"]["batched"] > 0
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is a Linux call")
+def test_bench_served_confines_every_thread_of_the_server_to_its_cpus():
+    """`bench_served.py --server-cpus`: every thread of the server process (its threads exist before it
+    is pinned) ends on the CPUs given, and threads it starts later inherit them; a CPU this process
+    may not use is refused."""
+    import importlib.util
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_served.py"
+    spec = importlib.util.spec_from_file_location("bench_served_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cpus = bench.server_cpus("1")
+    assert cpus == sorted(os.sched_getaffinity(0))[:1]
+    with pytest.raises(SystemExit, match="may use CPUs"):
+        bench.server_cpus(str(max(os.sched_getaffinity(0)) + 1) + ",0")
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import threading, time, sys\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('up', flush=True); sys.stdin.readline()\n"
+        "t = threading.Thread(target=time.sleep, args=(30,), daemon=True); t.start()\n"
+        "print('more', flush=True); time.sleep(30)\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        assert bench.pin(child.pid, cpus) >= 2  # the main thread and the one it started
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "more"
+        tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(tids) >= 3
+        assert all(os.sched_getaffinity(tid) == set(cpus) for tid in tids)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_spy_summary_reads_nested_processes_and_command_lines_with_semicolons():
+    """`scripts/spy_summary.py` on py-spy's raw stacks of a process tree: a client process spawned by
+    multiprocessing has ';' in its command line, which must not be taken for a frame boundary."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "spy_summary.py"
+    spec = importlib.util.spec_from_file_location("spy_summary_under_test", path)
+    spy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(spy)
+    lines = [
+        'process 10:"python bench.py";process 11:"python -c from m import a; a(fd=7) --fork";'
+        "thread (0x1f): Thread-3 (client);run (t.py:1);retrieve (c.py:82) 30",
+        'process 10:"python bench.py";process 11:"python -c from m import a; a(fd=7) --fork";'
+        "thread (0x2f): Thread-4 (client);run (t.py:1);split (f.py:9) 10",
+        'process 10:"python bench.py";process 12:"python -m serve";thread (0x3f): batcher;run (t.py:1);score (s.py:4) 60',
+    ]
+    result = spy.summarize(lines)
+    assert result["samples"] == 100
+    first, second = result["threads"]
+    assert first["thread"] == "batcher" and first["process"].startswith("12 ") and first["samples"] == 60
+    assert second["process"].startswith("11 ") and second["thread"] == "Thread (client)" and second["samples"] == 40
+    assert dict(second["self"]) == {"retrieve (c.py:82)": 30, "split (f.py:9)": 10}
+    assert dict(second["inclusive"])["run"] == 40

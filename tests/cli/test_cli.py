@@ -1,0 +1,299 @@
+"""The command line through click's CliRunner: help everywhere, --json shapes of DESIGN section 8,
+match / retrieve answers equal to the library computed directly, user errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+import pytest
+
+from andromeda_nb import store
+from andromeda_nb.oracle import OracleIndex
+from andromeda_nb.reference import ReferenceRetriever
+from andromeda_nb.updates import apply_update_file
+from cli import main
+from migration import architectures
+from tests.support.cli import run_cli as _run
+from tests.support.cli import runner as _runner
+
+pytestmark = pytest.mark.e2e  # starts servers or processes, or runs whole commands
+
+SEED = 3
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "corpus"
+    result = _run("generate", "--ads", 600, "--requests", 7, "--seed", SEED, "--out", out, "--json", "--quiet")
+    report = json.loads(result.stdout)
+    assert report["ads"] == 600 and report["requests"] == 7 and report["seed"] == SEED
+    assert set(report["eligible_fraction"]) == {"min", "p10", "median", "p90", "max"}
+    assert 0 < report["eligible_fraction"]["median"] < 0.3
+    return out
+
+
+def _commands(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + (name,))
+
+
+def test_every_command_has_help_text():
+    seen = []
+    for path, cmd in _commands(main):
+        assert (cmd.help or "").strip(), f"andromeda {' '.join(path)} has no help text"
+        result = _run(*path, "--help")
+        assert "Usage:" in result.stdout
+        seen.append(" ".join(path))
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert (param.help or "").strip(), f"andromeda {' '.join(path)} {param.opts[0]} has no help"
+    assert {"generate", "import", "match", "retrieve", "demo"} <= set(seen)
+
+
+def test_generate_prints_the_eligible_distribution(tmp_path):
+    result = _run("generate", "--ads", 300, "--requests", 4, "--seed", 1, "--out", tmp_path / "c", "--quiet")
+    assert "eligible fraction per request" in result.stdout
+    for key in ("min", "p10", "median", "p90", "max"):
+        assert key in result.stdout
+    assert result.stderr == ""  # --quiet
+
+
+def test_generate_writes_an_update_stream_that_match_applies_whole(tmp_path):
+    out = tmp_path / "c"
+    _run("generate", "--ads", 400, "--requests", 6, "--seed", 3, "--out", out, "--updates", 60, "--quiet")
+    lines = (out / "updates.jsonl").read_text().splitlines()
+    assert len(lines) == 60 and {json.loads(x)["op"] for x in lines} == {"upsert", "status", "retire"}
+    before = [json.loads(x)["eligible"] for x in _run("match", "--data", out, "--arch", "oracle", "--json",
+                                                      "--quiet").stdout.splitlines()]
+    after = _run("match", "--data", out, "--arch", "cpu", "--updates", out / "updates.jsonl", "--json", "--quiet")
+    oracle = _run("match", "--data", out, "--arch", "oracle", "--updates", out / "updates.jsonl", "--json", "--quiet")
+    assert "rejected" not in after.stderr
+    after_sets = [json.loads(x)["eligible"] for x in after.stdout.splitlines()]
+    assert after_sets == [json.loads(x)["eligible"] for x in oracle.stdout.splitlines()]
+    assert after_sets != before  # the stream changes what requests find
+
+
+def test_match_json_equals_the_oracle(corpus_dir):
+    result = _run("match", "--data", corpus_dir, "--arch", "oracle", "--json", "--quiet")
+    lines = [json.loads(x) for x in result.stdout.splitlines()]
+    dataset = store.load_dataset(corpus_dir)
+    expect = OracleIndex.build(dataset.ads).match(dataset.requests)
+    assert [x["request_id"] for x in lines] == [r.request_id for r in dataset.requests]
+    assert sum(len(x["eligible"]) for x in lines) > 0
+    for line, ids in zip(lines, expect):
+        assert set(line) == {"request_id", "eligible"}
+        assert line["eligible"] == sorted(line["eligible"]) == ids.tolist()
+
+
+def test_match_table_without_json(corpus_dir):
+    result = _run("match", "--data", corpus_dir, "--quiet")
+    assert result.stdout.splitlines()[0].split()[:2] == ["request_id", "eligible"]
+    assert len(result.stdout.splitlines()) == 1 + 7
+
+
+def test_retrieve_json_equals_the_reference(corpus_dir):
+    result = _run("retrieve", "--data", corpus_dir, "--arch", "reference", "--k", 7, "--json", "--quiet")
+    lines = [json.loads(x) for x in result.stdout.splitlines()]
+    dataset = store.load_dataset(corpus_dir)
+    expect = ReferenceRetriever.build(dataset).retrieve(dataset.requests, 7)
+    assert len(lines) == len(dataset.requests)
+    for line, req, (ids, scores) in zip(lines, dataset.requests, expect):
+        assert set(line) == {"request_id", "ads", "scores"} and line["request_id"] == req.request_id
+        assert line["ads"] == ids.tolist()
+        assert np.array_equal(np.asarray(line["scores"], np.float32), scores), "scores read back to the same float32"
+        assert all(a >= b for a, b in zip(line["scores"], line["scores"][1:]))
+    assert any(len(x["ads"]) == 7 for x in lines)
+
+
+def test_retrieve_k_is_validated(corpus_dir):
+    for bad in (0, 4097):
+        result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--k", str(bad)])
+        assert result.exit_code == 2 and "--k" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_updates_are_applied_and_rejections_reported(tmp_path):
+    out = tmp_path / "sample"
+    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7, "--out", out,
+         "--quiet")
+    result = _run("match", "--data", out, "--updates", SAMPLE / "updates.jsonl", "--json", "--quiet")
+    dataset = store.load_dataset(out)
+    index = OracleIndex.build(dataset.ads)
+    applied, rejections = apply_update_file(SAMPLE / "updates.jsonl", [index], dataset.ad_ids.tolist(), seed=7,
+                                            dim=64)
+    assert applied == 26 and [r.line_no for r in rejections] == [27, 28, 29, 30]
+    expect = index.match(dataset.requests)
+    assert [json.loads(x)["eligible"] for x in result.stdout.splitlines()] == [e.tolist() for e in expect]
+    for line in (27, 28, 29, 30):
+        assert f"line {line}:" in result.stderr, "rejections are reported even with --quiet"
+    before = _run("match", "--data", out, "--json", "--quiet")
+    assert before.stdout != result.stdout, "the updates change some answer"
+    ranked = _run("retrieve", "--data", out, "--updates", SAMPLE / "updates.jsonl", "--k", 3, "--json", "--quiet")
+    for line, ids in zip(ranked.stdout.splitlines(), expect):
+        assert set(json.loads(line)["ads"]) <= set(ids.tolist())
+
+
+def test_import_counts_rejections_and_strict_fails(tmp_path):
+    args = ["import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7]
+    result = _run(*args, "--out", tmp_path / "a", "--json")
+    summary = json.loads(result.stdout)
+    assert (summary["ads"], summary["rejected_ads"], summary["requests"]) == (190, 10, 20)
+    assert "rejected 10 ad(s)" in result.stderr and "targeting.genders[0]" in result.stderr
+    assert len((tmp_path / "a" / "rejected.jsonl").read_text().splitlines()) == 10
+    strict = _runner().invoke(main, [str(a) for a in args] + ["--out", str(tmp_path / "b"), "--strict"])
+    assert strict.exit_code == 1 and "--strict" in strict.stderr and "Traceback" not in strict.stderr
+    assert "nothing was written" in strict.stderr and not (tmp_path / "b").exists(), "--strict writes nothing"
+    assert strict.stdout == ""
+
+
+def test_import_of_swapped_files_loads_nothing_and_says_why(tmp_path):
+    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "requests.jsonl"), "--requests",
+                                     str(SAMPLE / "ads.jsonl"), "--out", str(tmp_path / "c"), "--quiet"])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert "no valid ad in" in result.stderr and "swapped?" in result.stderr
+    assert "rejected 20 ad(s)" in result.stderr and not (tmp_path / "c").exists()
+
+
+def test_import_of_requests_that_are_all_rejected_fails(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"request_id": 1, "user": {"age": "old"}}\n{"request_id": 2}\n')
+    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "ads.jsonl"), "--requests", str(bad),
+                                     "--out", str(tmp_path / "c"), "--quiet"])
+    assert result.exit_code == 1 and "no valid request in" in result.stderr and "2 line(s) rejected" in result.stderr
+    assert not (tmp_path / "c").exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = _runner().invoke(main, ["import", "--ads", str(empty), "--requests", str(SAMPLE / "requests.jsonl"),
+                                     "--out", str(tmp_path / "d"), "--quiet"])
+    assert result.exit_code == 1 and "it holds no ad" in result.stderr
+
+
+def test_an_existing_corpus_is_replaced_only_with_force(tmp_path):
+    out = tmp_path / "c"
+    _run("generate", "--ads", 50, "--requests", 2, "--seed", 1, "--out", out, "--quiet")
+    before = (out / "ads.parquet").read_bytes()
+    for command in (["generate", "--ads", 60, "--requests", 2, "--seed", 2],
+                    ["import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7]):
+        result = _runner().invoke(main, [str(a) for a in command] + ["--out", str(out), "--quiet"])
+        assert result.exit_code == 1 and "already holds a corpus" in result.stderr and "--force" in result.stderr
+        assert (out / "ads.parquet").read_bytes() == before, "nothing of the corpus changed"
+    _run("generate", "--ads", 60, "--requests", 2, "--seed", 2, "--out", out, "--quiet", "--force")
+    assert store.load_dataset(out).n_ads == 60
+    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7,
+         "--out", out, "--quiet", "--force")
+    assert store.load_dataset(out).n_ads == 190
+
+
+def test_an_update_stream_of_which_nothing_applies_fails(corpus_dir, tmp_path):
+    rejected = tmp_path / "rejected.jsonl"
+    rejected.write_text("".join(f'{{"op": "retire", "ad_id": {900000 + i}}}\n' for i in range(200)))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for command in (["match"], ["retrieve", "--k", 3]):
+        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates", str(rejected), "--quiet"])
+        assert result.exit_code == 1 and "no update of" in result.stderr and "all 200 were rejected" in result.stderr
+        assert result.stdout == "" and "Traceback" not in result.stderr
+        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates", str(empty), "--quiet"])
+        assert result.exit_code == 1 and "holds no update" in result.stderr
+
+
+def test_user_errors_are_clean(tmp_path, corpus_dir, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    result = _runner().invoke(main, ["match", "--data", str(tmp_path / "empty")])
+    assert result.exit_code == 1 and "meta.json" in result.stderr and "Traceback" not in result.stderr
+    monkeypatch.setitem(architectures.MATCHERS, "gpu", "no_such_module.index:Index")
+    result = _runner().invoke(main, ["match", "--data", str(corpus_dir), "--arch", "gpu", "--quiet"])
+    assert result.exit_code == 1 and "not available" in result.stderr and "Traceback" not in result.stderr
+    monkeypatch.setitem(architectures.RETRIEVERS, "colocated", "no_such_module.colocated:Retriever")
+    result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
+    assert result.exit_code == 1 and "not available" in result.stderr
+
+
+def test_export_then_import_gives_the_same_answers(corpus_dir, tmp_path):
+    _run("export", "--data", corpus_dir, "--out", tmp_path / "jsonl", "--quiet")
+    _run("import", "--ads", tmp_path / "jsonl" / "ads.jsonl", "--requests", tmp_path / "jsonl" / "requests.jsonl",
+         "--model", corpus_dir / "model.npz", "--seed", SEED, "--out", tmp_path / "back", "--strict", "--quiet")
+    for command in (("match", "--json"), ("retrieve", "--k", 5, "--json")):
+        a = _run(*command, "--data", corpus_dir, "--quiet").stdout
+        b = _run(*command, "--data", tmp_path / "back", "--quiet").stdout
+        assert a == b and a.strip()
+
+
+def test_a_service_failing_mid_run_ends_the_command_with_its_message(corpus_dir, monkeypatch):
+    """A Flight error from a service the command started (a scoring service refusing a batch, say)
+    ends the command with exit 1 and the service's own words, without gRPC's debug context or a
+    traceback."""
+    import pyarrow.flight as flight
+
+    class Failing:
+        def retrieve_traffic(self, requests, k):
+            raise flight.FlightInternalError(
+                "scoring service at grpc://127.0.0.1:9 failed: invalid request: candidate batch of bytes (5) is over "
+                "the server's limit of 4 (--max-request-bytes). Detail: Failed. gRPC client debug context: UNKNOWN")
+
+        retrieve = retrieve_traffic
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(architectures, "build_retriever", lambda *a, **kw: Failing())
+    result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert "a service failed: scoring service at grpc://127.0.0.1:9 failed" in result.stderr
+    assert "--max-request-bytes)" in result.stderr
+    assert "Traceback" not in result.stderr and "debug context" not in result.stderr
+    # anything else still surfaces as itself
+    monkeypatch.setattr(architectures, "build_retriever", lambda *a, **kw: 1 / 0)
+    result = _runner().invoke(main, ["retrieve", "--data", str(corpus_dir), "--arch", "colocated", "--quiet"])
+    assert isinstance(result.exception, ZeroDivisionError)
+
+
+def test_bench_pipeline_runs_each_layout_in_turn_in_one_process(monkeypatch):
+    from benchmarks import score as bs
+
+    calls = []
+
+    def fake(*, layout, **options):  # the GPU benchmark's result, as far as the table reads it
+        calls.append((layout, options["pool"]))
+        return {"layout": layout, "env": {"device": "test"}, "pool_ads": options["pool"], "precision": "fp16",
+                "D": 64, "k": 100, "checks_ok": True, "latency_ms": {"p50": 1.0 + len(calls), "p99": 2.0},
+                "throughput": [], "targets": {}}
+
+    monkeypatch.setattr(bs, "bench_pipeline", fake)
+    result = _run("bench", "pipeline", "--pool", 4096, "--layout", "geo,format", "--json")
+    doc = json.loads(result.stdout.splitlines()[-1])
+    assert calls == [("geo", 4096), ("format", 4096)]
+    assert doc["layout"] == "geo" and list(doc["other_layouts"]) == ["format"]
+    assert doc["other_layouts"]["format"]["latency_ms"]["p50"] == 3.0
+    table = _run("bench", "pipeline", "--pool", 4096, "--layout", "format,geo").stdout
+    assert "layout format:" in table and "layout geo:" in table
+    bad = _runner().invoke(main, ["bench", "pipeline", "--layout", "geo,spiral"])
+    assert bad.exit_code == 2 and "'geo,spiral': a comma-separated list of format, geo, each once" in bad.stderr
+
+
+def test_bench_pipeline_passes_its_launch_modes_and_refuses_unknown_ones(monkeypatch):
+    from benchmarks import score as bs
+
+    seen = []
+
+    def fake(*, layout, launches, **options):
+        seen.append(launches)
+        return {"layout": layout, "env": {"device": "test"}, "pool_ads": options["pool"], "precision": "fp16",
+                "D": 64, "k": 100, "checks_ok": True, "launch": launches[0],
+                "latency_ms": {"p50": 1.0, "p99": 2.0}, "throughput": [], "targets": {},
+                "launch_modes": {m: {"latency_ms": {"p50": 1.5, "p99": 2.5},
+                                     "throughput": [{"batch": 64, "pool_ads_per_s": 3e10}]} for m in launches}}
+
+    monkeypatch.setattr(bs, "bench_pipeline", fake)
+    table = _run("bench", "pipeline", "--pool", 4096).stdout
+    assert seen == [("graph", "direct")]  # both, graph first: the engine's way is the result
+    assert "latency per request (batch 1, graph)" in table and "launched direct: latency p50 1.50 ms" in table
+    _run("bench", "pipeline", "--pool", 4096, "--launch", "direct")
+    assert seen[-1] == ("direct",)
+    bad = _runner().invoke(main, ["bench", "pipeline", "--launch", "graph,warp"])
+    assert bad.exit_code == 2 and "'graph,warp': a comma-separated list of graph, direct, each once" in bad.stderr

@@ -1,0 +1,216 @@
+"""The write-ahead log and compaction (issue 15, point 1): records read back exactly; a write torn at
+any byte is dropped and nothing before it; damage before the end, another corpus's log, a gap, a
+second owner are refused with the reason; compaction folds the log into a snapshot equal to one built
+from the final ads, and a crash at any step of it leaves a directory that recovers to the same state."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from andromeda_nb import store
+
+from serving import compaction
+from andromeda_nb.compiled import COMPILED_ARRAYS, compile_ads
+from andromeda_nb.model import ad_embedding_of, quantize
+from andromeda_nb.testing import update_to_json
+from andromeda_nb.types import Retire, SetStatus, Upsert
+from serving.wal import LOG_FILE, LogError, LogLock, WriteAheadLog, corpus_lineage, decode_line, encode_line
+
+from tests.support.servers import D, saved_corpus, update_stream
+
+
+def _open(root, dataset=None):
+    dataset = dataset or store.load_dataset(root)
+    return WriteAheadLog.open(root / LOG_FILE, lineage=corpus_lineage(dataset),
+                              snapshot_seq=int(dataset.meta.get("log_seq", 0)))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root, dataset = saved_corpus(tmp_path / "corpus", 11, n_ads=120, n_requests=4, precision="int8")
+    return root, dataset
+
+
+def test_lines_carry_a_checksum_of_themselves():
+    line = encode_line({"seq": 3, "update": {"op": "retire", "ad_id": 7}})
+    assert json.loads(line)["seq"] == 3 and line.endswith(b'"}\n')
+    assert decode_line(line) == {"seq": 3, "update": {"op": "retire", "ad_id": 7}}
+    assert decode_line(line.replace(b'"ad_id":7', b'"ad_id":8')) is None  # checksum
+    assert decode_line(line[:-1]) is None  # no newline: torn
+
+
+def test_records_read_back_in_order_and_continue_after_reopening(corpus):
+    root, dataset = corpus
+    updates = [update_to_json(u) for u in update_stream(dataset, 30, 1)]
+    log = _open(root, dataset)
+    assert [r.seq for r in log.append(updates[:10])] == list(range(1, 11))
+    assert [r.seq for r in log.append(updates[10:])] == list(range(11, 31))
+    log.close()
+    log = _open(root, dataset)
+    replay = log.replay()
+    assert [r.seq for r in replay] == list(range(1, 31)) and [r.update for r in replay] == updates
+    assert [r.seq for r in log.records_after(25)] == [26, 27, 28, 29, 30]
+    assert log.append([updates[0]])[0].seq == 31
+    log.close()
+
+
+def test_a_write_torn_at_any_byte_is_dropped_and_nothing_before_it(corpus):
+    root, dataset = corpus
+    updates = [update_to_json(u) for u in update_stream(dataset, 4, 2)]
+    log = _open(root, dataset)
+    log.append(updates[:3])
+    log.close()
+    whole = (root / LOG_FILE).read_bytes()
+    last = encode_line({"seq": 4, "update": updates[3]})
+    for cut in range(0, len(last)):  # every prefix of the fourth record, as a crash mid-write leaves it
+        (root / LOG_FILE).write_bytes(whole + last[:cut])
+        log = _open(root, dataset)
+        assert [r.seq for r in log.replay()] == [1, 2, 3], f"cut at byte {cut}"
+        assert (root / LOG_FILE).read_bytes() == whole  # the torn tail is cut off
+        assert log.append([updates[3]])[0].seq == 4
+        log.close()
+        assert [r.seq for r in _reopened(root, dataset)] == [1, 2, 3, 4]
+
+
+def _reopened(root, dataset):
+    log = _open(root, dataset)
+    try:
+        return log.replay()
+    finally:
+        log.close()
+
+
+def test_damage_before_the_end_another_corpus_and_gaps_are_refused(corpus, tmp_path):
+    root, dataset = corpus
+    updates = [update_to_json(u) for u in update_stream(dataset, 3, 3)]
+    log = _open(root, dataset)
+    log.append(updates)
+    log.close()
+    lines = (root / LOG_FILE).read_bytes().splitlines(keepends=True)
+    (root / LOG_FILE).write_bytes(b"".join([lines[0], lines[1].replace(b'"seq":1', b'"seq":7'), *lines[2:]]))
+    with pytest.raises(LogError, match="line 2 is damaged .* valid records follow it"):
+        _open(root, dataset)
+    (root / LOG_FILE).write_bytes(b"".join([lines[0], lines[1], lines[3]]))
+    with pytest.raises(LogError, match="line 3 holds sequence number 3, expected 2"):
+        _open(root, dataset)
+    (root / LOG_FILE).write_bytes(b"".join(lines))
+    other_root, other = saved_corpus(tmp_path / "other", 12, n_ads=50, n_requests=2)
+    (other_root / LOG_FILE).write_bytes(b"".join(lines))
+    with pytest.raises(LogError, match="belongs to another corpus"):
+        _open(other_root, other)
+
+
+def test_one_owner_at_a_time(corpus):
+    root, dataset = corpus
+    log = _open(root, dataset)
+    try:
+        with pytest.raises(LogError, match="another process holds this update log"):
+            _open(root, dataset)
+        with pytest.raises(LogError, match="another process holds"):
+            compaction.compact_corpus(root)
+    finally:
+        log.close()
+    _open(root, dataset).close()  # released with its owner
+
+
+def _expected_state(dataset, updates):
+    live = {a.ad_id: a for a in dataset.ads}
+    emb = dict(zip(dataset.ad_ids.tolist(), dataset.embeddings.dequantize()))
+    for u in updates:
+        if isinstance(u, Upsert):
+            live[u.ad.ad_id] = u.ad
+            emb[u.ad.ad_id] = quantize(ad_embedding_of(u.ad, dataset.seed, D)[None], dataset.precision).dequantize()[0]
+        elif isinstance(u, SetStatus):
+            live[u.ad_id] = dataclasses.replace(live[u.ad_id], status=u.status)
+        elif isinstance(u, Retire):
+            del live[u.ad_id]
+    return live, emb
+
+
+def _assert_snapshot_is(root, dataset, updates, seq):
+    got = store.load_dataset(root)
+    live, emb = _expected_state(dataset, updates)
+    assert got.meta["log_seq"] == seq and got.meta["lineage"] == corpus_lineage(dataset)
+    assert sorted(got.ad_ids.tolist()) == sorted(live)
+    assert {a.ad_id: a for a in got.ads} == live  # every field but the embedding (compared next)
+    stored = got.embeddings.dequantize()
+    for row, ad_id in enumerate(got.ad_ids.tolist()):
+        assert np.array_equal(stored[row], emb[ad_id]), f"embedding of ad {ad_id}"
+    expect = compile_ads([live[i] for i in got.ad_ids.tolist()])
+    for name in COMPILED_ARRAYS:
+        assert np.array_equal(getattr(expect, name), getattr(got.compiled, name)), name
+
+
+def test_compaction_folds_the_log_into_a_snapshot_built_from_the_final_ads(corpus):
+    root, dataset = corpus
+    updates = update_stream(dataset, 120, 4)
+    log = _open(root, dataset)
+    log.append([update_to_json(u) for u in updates[:80]])
+    log.close()
+    result = compaction.compact_corpus(root)
+    assert (result["compacted"], result["seq"]) == (80, 80)
+    _assert_snapshot_is(root, dataset, updates[:80], 80)
+    log = _open(root)
+    assert (log.base_seq, log.last_seq, log.replay()) == (80, 80, [])
+    log.append([update_to_json(u) for u in updates[80:]])  # numbering goes on from the snapshot
+    log.close()
+    assert compaction.compact_corpus(root)["seq"] == 120
+    _assert_snapshot_is(root, dataset, updates, 120)
+    assert not list(root.glob(".compact-*"))
+
+
+@pytest.mark.parametrize("crash_after_renames", [0, 1, 2])
+def test_a_crash_during_the_swap_is_finished_on_recovery(corpus, monkeypatch, crash_after_renames):
+    root, dataset = corpus
+    updates = update_stream(dataset, 40, 5)
+    log = _open(root, dataset)
+    log.append([update_to_json(u) for u in updates])
+    real_replace, calls = os.replace, []
+
+    def crashing_replace(src, dst):
+        if len(calls) == crash_after_renames:
+            raise KeyboardInterrupt("crash")
+        calls.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(compaction.os, "replace", crashing_replace)
+    with pytest.raises(KeyboardInterrupt):
+        compaction.compact(root, log.records_after(0), lineage=log.lineage)
+    monkeypatch.setattr(compaction.os, "replace", real_replace)
+    log.close()
+    assert list(root.glob(".compact-*")), "the decided compaction is still on disk"
+    assert compaction.recover(root) == ["finished 40"]
+    _assert_snapshot_is(root, dataset, updates, 40)
+    log = _open(root)  # the old log's records are all in the snapshot: none replays, numbering goes on
+    assert log.replay() == [] and log.last_seq == 40 and log.append([update_to_json(updates[0])])[0].seq == 41
+    log.close()
+
+
+def test_a_crash_before_the_decision_leaves_the_old_snapshot_and_log(corpus, monkeypatch):
+    root, dataset = corpus
+    updates = update_stream(dataset, 30, 6)
+    log = _open(root, dataset)
+    log.append([update_to_json(u) for u in updates])
+
+    def crash(path):
+        raise KeyboardInterrupt("crash")
+
+    monkeypatch.setattr(compaction, "_sync_file", crash)
+    with pytest.raises(KeyboardInterrupt):
+        compaction.compact(root, log.records_after(0), lineage=log.lineage)
+    log.close()
+    assert compaction.recover(root) == ["discarded 30"]
+    assert store.load_dataset(root).meta.get("log_seq", 0) == 0
+    assert [r.seq for r in _reopened(root, dataset)] == list(range(1, 31))
+
+
+def test_lock_file_sits_beside_the_log(corpus):
+    root, _ = corpus
+    lock = LogLock(root / LOG_FILE).acquire()
+    assert (root / (LOG_FILE + ".lock")).exists()
+    lock.release()
