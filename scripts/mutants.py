@@ -9,8 +9,10 @@ that must catch it.
 A mutant replaces one exact piece of source text (it must occur exactly once, so a mutant that no
 longer applies is reported as stale, not as caught) in a copy of the tracked files, then runs its
 tests there with a fresh numba cache directory, so compiled code from the unmutated tree cannot
-hide the change. A mutant is caught when the tests fail; it survives when they pass. docs/TESTING.md
-lists the mutants and what catches each.
+hide the change. A mutant is caught when the tests fail; it survives when they pass. Its tests run in
+the order given and stop at the first failure, so a caught mutant is reported with the test file that
+caught it (`caught_by`), the failing test and the seconds it took. docs/TESTING.md lists the mutants
+and what catches each.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+END_TO_END = "tests/migration/test_equivalence.py"  # a mutant first caught here has slipped past its module's own tests
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ MUTANTS: list[Mutant] = [
     M("cpu-circle-radius-miles", "radius", "cpu_baseline/index.py", "if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius:",
       "if _haversine(lat, lon, circles[e, 0], circles[e, 1]) <= radius / 2:", ("tests/cpu_baseline/test_cpu_index.py", "tests/migration/test_equivalence.py::test_cpu_index_equals_oracle_drawn"),
       "the CPU index halves every radius"),
+    M("cpu-schedule-end-inclusive", "schedules", "cpu_baseline/index.py",
+      "if status[s] != ACTIVE or not (start_time[s] <= now < end_time[s]):",
+      "if status[s] != ACTIVE or not (start_time[s] <= now <= end_time[s]):", ("tests/cpu_baseline/test_cpu_index.py",),
+      "the CPU index still shows an ad at its end_time"),
     # --- the GPU index and its match kernel -------------------------------------------------------------
     M("gpu-pause-stays-active", "updates", "gpu/index.py", "w = int(self.resid_h[slot]) & ~K.ACTIVE_BIT",
       "w = int(self.resid_h[slot])", ("tests/gpu/test_gpu_index.py::test_update_stream_equals_oracle",),
@@ -127,6 +134,14 @@ MUTANTS: list[Mutant] = [
       "        self.len_h[slot] = 0\n        self.ptr_h[slot] = 0\n",
       ("tests/gpu/test_gpu_index.py::test_retire_only_stream_equals_oracle",),
       "a retired ad's slot keeps its residual word and schedule, so the freed slot still answers"),
+    M("gpu-format-change-keeps-slot", "updates", "gpu/index.py",
+      "if slot is None or slots.format_of_slot(slot) != ad.format or (", "if slot is None or (",
+      ("tests/gpu/test_gpu_index.py",),
+      "an upsert that changes an ad's format keeps its slot in the old format's chunk: scored in the old format"),
+    M("gpu-vocabulary-hash-stale", "updates", "gpu/index.py",
+      "            self._hashed = None\n            self._dirty = False", "            self._dirty = False",
+      ("tests/gpu/test_gpu_index.py",),
+      "the vocabulary's hash table is kept after an upsert brings a new term: requests naming it match nothing"),
     M("match-negative-as-positive", "exclusions", "gpu/kernels/match.py", "            alive &= ~sat\n",
       "            alive &= sat\n", ("tests/gpu/test_gpu_index.py::test_random_corpus_equals_oracle",),
       "the shipped match kernel treats the negative clause as one more positive clause"),
@@ -166,6 +181,9 @@ MUTANTS: list[Mutant] = [
       ("tests/gpu/test_score_mma.py::test_wide_walk_equals_the_reference",),
       "the wide walk's list keeps each key with the wrong slot"),
     # --- updates and logs -----------------------------------------------------------------------------
+    M("log-damage-taken-for-torn-tail", "update log", "serving/wal.py", "if n == len(lines):  # the last line",
+      "if n >= len(lines) - 1:  # the last line", ("tests/serving/test_wal.py",),
+      "a damaged record just before the last is taken for a torn tail: the log is cut there and the last record lost"),
     M("gpu-slice-skips-embeddings", "GPU slice apply", "gpu/engine.py",
       "if isinstance(update, Upsert) and update.ad.ad_id in slots])",
       "if isinstance(update, Upsert) and update.ad.ad_id in slots and False])",
@@ -210,6 +228,10 @@ MUTANTS: list[Mutant] = [
       "count=column.offset + len(column))[column.offset :]", "count=len(column))",
       ("tests/serving/test_request_columns.py::test_sliced_batches_and_null_rows_over_values_read_only_their_own_values",),
       "a sliced columnar batch is read from the start of its buffers, not from its own first row"),
+    M("columns-slice-signals-from-start", "columnar requests", "serving/request_columns.py",
+      "starts = (column.offset + np.arange(n, dtype=np.int64)) * size", "starts = np.arange(n, dtype=np.int64) * size",
+      ("tests/serving/test_request_columns.py",),
+      "a sliced columnar batch takes its signals from the rows at the start of the buffers"),
     M("freed-memory-not-kept", "allocator setting", "serving/hostmem.py",
       "    return mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1",
       "    return True",
@@ -378,14 +400,26 @@ def run_one(mutant: Mutant, timeout_s: float) -> dict:
         except subprocess.TimeoutExpired:
             return {"name": mutant.name, "area": mutant.area, "result": "timeout", "seconds": time.time() - t0}
     tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    row = {"name": mutant.name, "area": mutant.area}
     if proc.returncode == 1:
-        result = "caught"
+        row["result"] = "caught"
+        failed = first_failed(proc.stdout)
+        if failed:
+            row["caught_by"] = failed.split("::")[0]  # the first test file that failed (-x: the only one)
+            row["failed_test"] = failed
     elif proc.returncode == 0:
-        result = "SURVIVED"
+        row["result"] = "SURVIVED"
     else:  # 2-5: interrupted, internal error, usage error, no tests collected
-        result = f"error (pytest rc {proc.returncode})"
-    return {"name": mutant.name, "area": mutant.area, "result": result, "detail": tail,
-            "seconds": round(time.time() - t0, 1)}
+        row["result"] = f"error (pytest rc {proc.returncode})"
+    return {**row, "detail": tail, "seconds": round(time.time() - t0, 1)}
+
+
+def first_failed(stdout: str) -> str | None:
+    """The node id of the first failed test in pytest's short summary ("FAILED path::test - message")."""
+    for line in stdout.splitlines():
+        if line.startswith("FAILED "):
+            return line[len("FAILED "):].split(" - ", 1)[0].strip()
+    return None
 
 
 def main(argv=None) -> int:
@@ -417,10 +451,14 @@ def main(argv=None) -> int:
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"{row['name']:<26} {row['area']:<14} {row['result']:<22} {row['seconds']:>7.1f} s", flush=True)
+                print(f"{row['name']:<26} {row['area']:<14} {row['result']:<22} {row['seconds']:>7.1f} s  "
+                      f"{row.get('caught_by', '')}", flush=True)
     caught = sum(r["result"] == "caught" for r in results)
     if not args.json:
         print(f"{caught} of {len(results)} mutants caught")
+        late = [r["name"] for r in results if r.get("caught_by") == END_TO_END]
+        if late:  # a module's own test file should catch the mutants of its module
+            print(f"caught only once {END_TO_END} ran (gaps in the module tests): {', '.join(late)}")
     return 0 if caught == len(results) else 1
 
 

@@ -1,5 +1,7 @@
 """The CPU inverted index equals the oracle: random corpora, requests and update sequences."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -8,6 +10,7 @@ import cpu_baseline.index as cpu_index
 from andromeda_nb import testing
 from migration.architectures import MATCHERS, load_class
 from andromeda_nb.oracle import OracleIndex
+from andromeda_nb.targeting import parse_ad, parse_request
 from andromeda_nb.types import Retire, SetStatus, Upsert
 from cpu_baseline.index import CpuTargetingIndex
 
@@ -192,3 +195,33 @@ def _assert_delta_is_a_rebuild(cpu, context):
             zip(p.circle_slot.tolist(), p.circle_clause.tolist(), map(tuple, p.circles.tolist())))
 
     assert flat_set(d) == flat_set(fresh), f"{context}: the merged delta differs from a rebuild"
+
+
+def _schedule_request(rid, time):
+    return parse_request({"request_id": rid, "user": {"age": 30, "country": "US"},
+                          "context": {"publisher_platform": "facebook", "device_platform": "mobile",
+                                      "user_os": "iOS", "time": time}}, seed=0, experts=2, width=4)
+
+
+def test_schedule_start_inclusive_end_exclusive_equals_oracle():
+    """Requests at every schedule edge: at start_time and one second before the end an ad is shown, one
+    second before the start and exactly at end_time it is not; for ads built into the main segment and
+    ads upserted into the delta, open starts and open ends included."""
+    geo = {"geo_locations": {"countries": ["US"]}}
+    schedules = [(100, 200), (None, 150), (150, None), (200, 201)]
+    ads = [parse_ad({"ad_id": i + 1, "start_time": s, "end_time": e, "targeting": geo}, seed=0, dim=4, formats=1)
+           for i, (s, e) in enumerate(schedules)]
+    times = [99, 100, 149, 150, 199, 200, 201]
+    requests = [_schedule_request(i, t) for i, t in enumerate(times)]
+    want = {99: [2], 100: [1, 2], 149: [1, 2], 150: [1, 3], 199: [1, 3], 200: [3, 4], 201: [3]}
+    oracle = OracleIndex.build(ads)
+    assert [w.tolist() for w in oracle.match(requests)] == [want[t] for t in times]
+    cpu = CpuTargetingIndex.build(ads, threads=1)
+    _assert_same(cpu, oracle, requests, "schedules, main segment")
+    moved = [dataclasses.replace(a, ad_id=a.ad_id + 10) for a in ads]  # the same schedules, through the delta
+    for update in [Retire(a.ad_id) for a in ads] + [Upsert(a) for a in moved]:
+        cpu.apply(update)
+        oracle.apply(update)
+    assert [w.tolist() for w in oracle.match(requests)] == [[i + 10 for i in want[t]] for t in times]
+    _assert_same(cpu, oracle, requests, "schedules, delta segment")
+    cpu.close()

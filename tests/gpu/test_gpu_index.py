@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from andromeda_nb.compiled import compile_ads, encode_request
+from andromeda_nb.compiled import MAX_TERM_ID, compile_ads, encode_request
 from andromeda_nb.oracle import OracleIndex, eligible
 from andromeda_nb.targeting import parse_ad, parse_request
 from andromeda_nb.testing import random_ads, random_requests, random_updates
@@ -213,6 +213,50 @@ def test_update_visible_to_next_request():
         _assert_same(oracle.match(requests), index.match(requests), f"seed=31 after {u!r}")
 
 
+def test_a_format_change_moves_the_ad_and_the_engine_scores_it_as_the_reference():
+    """Upserts that change eligible ads' formats (half one by one, half in one `apply_many`): the GPU
+    engine over this index answers every request with k at least its eligible count, so every
+    eligible ad's score is compared with the float64 reference (the eligible sets alone do not
+    change with a format), and each moved ad sits in a slot of its new format."""
+    from andromeda_nb.compare import compare_topk
+    from andromeda_nb.dataset import Dataset
+    from andromeda_nb.model import MoeModel, quantize
+    from andromeda_nb.reference import ReferenceRetriever
+    from andromeda_nb.testing import KERNEL_DEVICE
+    from andromeda_nb.types import Upsert
+    from gpu.engine import GpuEngine
+
+    seed, D, F = 26, 16, 2
+    rng = np.random.default_rng(seed)
+    ads = [dataclasses.replace(a, format=a.format % F) for a in random_ads(rng, 60, dim=D)]
+    requests = random_requests(rng, 4)
+    dataset = Dataset(ads=ads, embeddings=quantize(np.stack([a.embedding for a in ads]), "fp32"), requests=requests,
+                      model=MoeModel.init(seed, D=D, F=F), seed=0, precision="fp32")
+    reference = ReferenceRetriever.build(dataset)
+    engine = GpuEngine(dataset, KERNEL_DEVICE)
+    try:
+        eligible = sorted({int(i) for ids in reference.index.match(requests) for i in ids})
+        moved = [dataclasses.replace(reference.index.ads[i], format=F - 1 - reference.index.ads[i].format)
+                 for i in eligible]
+        assert len(moved) >= 4 and {a.format for a in moved} == set(range(F)), f"seed={seed}: too few to move"
+        half = len(moved) // 2
+        for ad in moved[:half]:
+            engine.apply(Upsert(ad))
+        engine.apply_many([Upsert(ad) for ad in moved[half:]])
+        for ad in moved:
+            reference.apply(Upsert(ad))
+        k = max(len(ids) for ids in reference.index.match(requests))
+        for request, (ids, scores) in zip(requests, engine.retrieve(requests, k)):
+            ref_ids, result = reference.score_eligible(request)
+            assert len(ids) == len(ref_ids), f"seed={seed} request {request.request_id}: not every eligible ad"
+            cmp = compare_topk(ref_ids, result, ids, scores, k)
+            assert cmp.ok, f"seed={seed} ads=60 k={k} request {request.request_id} after format changes: {cmp.message}"
+        slots = engine.index.slots
+        assert all(slots.format_of_slot(slots.slot_of(ad.ad_id)) == ad.format for ad in moved)
+    finally:
+        engine.close()
+
+
 def _request(rid, age, time, **user):
     return parse_request({"request_id": rid, "user": {"age": age, **user},
                           "context": {"publisher_platform": "facebook", "device_platform": "mobile",
@@ -244,6 +288,37 @@ def test_boundaries_equal_oracle():
     for version in _sim_versions():
         index = GpuTargetingIndex.build(ads, version=_version(version), chunk_slots=CHUNK)
         _assert_same(expected, index.match(requests), f"boundaries version={version}")
+
+
+def test_an_upsert_bringing_a_never_seen_term_is_matched_by_the_next_request():
+    """Match (which builds the vocabulary's hash table), then upserts whose clauses name terms no ad
+    had used, then match again: requests naming the new terms reach the new ads, as the oracle says
+    (a hash table kept from before the upserts knows none of the new terms)."""
+    from andromeda_nb.types import Upsert
+
+    rng = np.random.default_rng(41)
+    ads = random_ads(rng, 30, formats=1)
+    new_interest, new_behavior = MAX_TERM_ID, MAX_TERM_ID - 1  # ids far above those the ads draw
+    us = {"geo_locations": {"countries": ["US"]}}
+    fresh = [parse_ad({"ad_id": 10**6 + i, "targeting": {**us, "flexible_spec": [spec]}}, seed=0, dim=4, formats=1)
+             for i, spec in enumerate([{"interests": [new_interest]}, {"behaviors": [new_behavior, 3]}])]
+    requests = random_requests(rng, 6) + [
+        _request(100, 30, 150, country="US", interests=[new_interest]),
+        _request(101, 30, 150, country="US", behaviors=[new_behavior]),
+        _request(102, 30, 150, country="US", interests=[new_behavior])]  # the id, in another namespace
+    oracle = OracleIndex.build(ads)
+    index = GpuTargetingIndex.build(ads, chunk_slots=CHUNK)
+    _assert_same(oracle.match(requests), index.match(requests), "seed=41 before the upserts")
+    terms = len(index.vocab)
+    for ad in fresh:
+        index.apply(Upsert(ad))
+        oracle.apply(Upsert(ad))
+    assert len(index.vocab) >= terms + 2  # the terms were new to the index
+    expected = oracle.match(requests)
+    assert [10**6] == [i for i in expected[-3].tolist() if i >= 10**6]
+    assert [10**6 + 1] == [i for i in expected[-2].tolist() if i >= 10**6]
+    assert not [i for i in expected[-1].tolist() if i >= 10**6]
+    _assert_same(expected, index.match(requests), "seed=41 after upserts of never-seen terms")
 
 
 def test_circle_table_equals_the_great_circle_distance():

@@ -370,6 +370,25 @@ def test_the_colocated_server_answers_a_columnar_batch_as_the_json_batch(tmp_pat
         stop(server)
 
 
+@pytest.mark.parametrize("signals_type", ["fixed-size list", "list"])
+def test_sliced_batches_decode_their_own_rows_signals(signals_type):
+    """A slice of a columnar batch decodes each row's own signals, compared explicitly (`Request`
+    equality leaves signals out): slices starting past row 0, short ones (decoded row by row) and
+    long ones (decoded as arrays), with the signals column of either list type."""
+    requests = _requests(30)
+    whole = request_columns(requests, 5)
+    if signals_type == "list":
+        signals = pa.array(whole.column("signals").to_pylist(), pa.list_(pa.float32()))
+        whole = whole.set_column(whole.schema.get_field_index("signals"), "signals", signals)
+    assert len({r.signals.tobytes() for r in requests}) == len(requests)  # a wrong row cannot pass
+    for lo, hi in ((3, 10), (1, 2), (4, 4 + ROW_PATH_MAX), (7, 30), (12, 29)):  # arrays, rows, rows, arrays
+        got, ks = decode_columns(whole.slice(lo, hi - lo), **KW)
+        assert ks == [5] * (hi - lo)
+        _same((list(got), ks), (requests[lo:hi], ks))
+        for i, (g, r) in enumerate(zip(got, requests[lo:hi])):
+            np.testing.assert_array_equal(g.signals, r.signals, err_msg=f"slice {lo}:{hi}, row {lo + i}")
+
+
 def test_sliced_batches_and_null_rows_over_values_read_only_their_own_values():
     """A batch that is a slice of a larger one, and list columns whose null rows cover values (Arrow
     allows it), decode to the rows' own values: a bad id under a null row or outside the slice is

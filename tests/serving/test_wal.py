@@ -105,6 +105,31 @@ def test_damage_before_the_end_another_corpus_and_gaps_are_refused(corpus, tmp_p
         _open(other_root, other)
 
 
+@pytest.mark.parametrize("damage", ["checksum", "truncated"])
+def test_every_damaged_record_before_the_last_is_refused_and_the_log_left_whole(corpus, damage):
+    """Only the last line may be a torn write: a damaged record anywhere before it (the one just
+    before the last included) is refused with its line number, and the file is not cut, so the
+    records after it are not dropped."""
+    root, dataset = corpus
+    updates = [update_to_json(u) for u in update_stream(dataset, 5, 4)]
+    log = _open(root, dataset)
+    log.append(updates)
+    log.close()
+    whole = (root / LOG_FILE).read_bytes()
+    lines = whole.splitlines(keepends=True)  # the header, then records 1..5
+    assert len(lines) == 6
+    for n in range(2, len(lines)):  # line n (1-based) holds record n - 1; the last line is left intact
+        broken = lines[n - 1].replace(b'"seq":', b'"seq": ') if damage == "checksum" else lines[n - 1][:-5] + b"\n"
+        assert decode_line(broken) is None, f"line {n}: the damage must break the record"
+        damaged = b"".join([*lines[:n - 1], broken, *lines[n:]])
+        (root / LOG_FILE).write_bytes(damaged)
+        with pytest.raises(LogError, match=f"line {n} is damaged .* valid records follow it"):
+            _open(root, dataset)
+        assert (root / LOG_FILE).read_bytes() == damaged, f"line {n} ({damage}): the log was cut"
+    (root / LOG_FILE).write_bytes(whole)
+    assert [r.update for r in _reopened(root, dataset)] == updates
+
+
 def test_one_owner_at_a_time(corpus):
     root, dataset = corpus
     log = _open(root, dataset)
