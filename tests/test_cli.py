@@ -4,6 +4,7 @@ match / retrieve answers equal to the library computed directly, user errors wit
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -308,3 +309,77 @@ def test_bench_pipeline_passes_its_launch_modes_and_refuses_unknown_ones(monkeyp
     assert seen[-1] == ("direct",)
     bad = _runner().invoke(main, ["bench", "pipeline", "--launch", "graph,warp"])
     assert bad.exit_code == 2 and "'graph,warp': a comma-separated list of graph, direct, each once" in bad.stderr
+
+
+def _refused(args, option: str, *names: str):
+    """`andromeda ARGS` stops with a usage error naming `option` and each of `names`, without a traceback."""
+    result = _runner().invoke(main, [str(a) for a in args])
+    said = result.stderr
+    assert result.exit_code not in (0, 1) and isinstance(result.exception, (SystemExit, type(None))), \
+        f"andromeda {' '.join(map(str, args))}: exit {result.exit_code}, {result.exception!r}\n{said}"
+    assert option in said and all(str(n) in said for n in names) and "Traceback" not in said + result.stdout, said
+    return said
+
+
+def _unmakeable_folders(tmp_path):
+    """(why, path) pairs of --out folders that cannot be made: under a file (NotADirectoryError), and
+    under /proc (FileNotFoundError: a virtual file system; root may write anywhere else)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder\n")
+    places = [("under a file", a_file / "corpus")]
+    if Path("/proc/self").is_dir():
+        places.append(("under /proc", Path("/proc/no-such-place/corpus")))
+    return places
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_naming_it_before_any_work(tmp_path, corpus_dir):
+    ads, requests = SAMPLE / "ads.jsonl", SAMPLE / "requests.jsonl"
+    for why, out in _unmakeable_folders(tmp_path):
+        for command in (["generate", "--ads", 10, "--requests", 2], ["import", "--ads", ads, "--requests", requests],
+                        ["export", "--data", corpus_dir]):
+            said = _refused([*command, "--out", out, "--quiet"], "'--out'", out)
+            assert ("is a file" if why == "under a file" else "cannot create the folder") in said, (why, said)
+    with_file = tmp_path / "a-file" / "result.json"
+    _refused(["bench", "cpu", "--out", with_file], "'--out'", with_file, "is a file")
+    _refused(["bench", "report", SAMPLE, "--out", tmp_path / "a-file" / "docs"], "'--out'", "is a file")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root may write into a read-only folder")
+def test_an_out_folder_under_a_read_only_folder_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        _refused(["generate", "--ads", 10, "--requests", 2, "--out", locked / "corpus"], "'--out'", "Permission denied")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_the_out_check_leaves_nothing_behind(tmp_path):
+    deep = tmp_path / "a" / "b" / "c"
+    store.check_output_dir(deep)
+    assert list(tmp_path.iterdir()) == []  # the folders it made to prove it can were removed
+    (tmp_path / "kept").mkdir()
+    store.check_output_dir(tmp_path / "kept")
+    assert list((tmp_path / "kept").iterdir()) == []
+    (tmp_path / "f").write_text("")
+    with pytest.raises(store.StoreError, match="cannot be a folder: it is a file"):
+        store.check_output_dir(tmp_path / "f")
+
+
+def test_counts_out_of_range_are_refused_naming_the_option():
+    _refused(["bench", "cpu", "--ads", -5], "'--ads'", "-5")
+    _refused(["bench", "match", "--base-ads", 0], "'--base-ads'")
+    _refused(["bench", "pipeline", "--pool", -1], "'--pool'")
+    _refused(["generate", "--seed", -1, "--out", "unused"], "'--seed'", "-1")
+
+
+def test_every_numeric_option_has_a_range():
+    """A count, size, seed or time outside what the work can take is a usage error naming the option,
+    never a traceback from deep inside: every int or float option of every command is a range."""
+    loose = []
+    for path, cmd in _commands(main):
+        for param in cmd.params:
+            numeric = isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType))
+            if numeric and not isinstance(param.type, (click.IntRange, click.FloatRange)):
+                loose.append(f"andromeda {' '.join(path)} {param.opts[0]}")
+    assert not loose, f"numeric options without a range: {loose}"
