@@ -458,7 +458,7 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
 
     from . import runtime
 
-    where = resolve(device, kernels=True, what="bench match (the GPU index)")
+    where = resolve(device, kernels=True, what="the GPU index")
     cuda = runtime.cuda()
     from .kernels import match as shipped
     from .lab import match as lab

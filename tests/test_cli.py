@@ -383,3 +383,35 @@ def test_every_numeric_option_has_a_range():
             if numeric and not isinstance(param.type, (click.IntRange, click.FloatRange)):
                 loose.append(f"andromeda {' '.join(path)} {param.opts[0]}")
     assert not loose, f"numeric options without a range: {loose}"
+
+
+def test_commands_without_a_device_option_say_what_they_need_not_which_device_to_give():
+    """bench score and bench pipeline run on a CUDA GPU only and have no --device: without one they
+    say so (here the simulator is on, as in every test run), never `--device gpu: ...`."""
+    for command, what in ((["bench", "score", "--ads", 1024], "the fused scoring benchmark"),
+                          (["bench", "pipeline", "--pool", 4096], "the co-located pipeline benchmark")):
+        result = _runner().invoke(main, [str(a) for a in command] + ["--quiet"])
+        assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+        said = result.stderr
+        assert f"{' '.join(command[:2])}: {what} needs a CUDA GPU" in said and "--device" not in said, said
+        assert "no CPU or simulator form" in said and "cu12" in said
+
+
+def test_bench_match_without_a_gpu_names_itself_once(monkeypatch):
+    from andromeda_nb import devices
+
+    monkeypatch.setattr(devices, "simulator_enabled", lambda: False)
+    monkeypatch.setattr(devices, "gpu_usable", lambda: False)
+    result = _runner().invoke(main, ["bench", "match", "--pools", "4096", "--quiet"])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("Error: bench match: the GPU index runs only as CUDA kernels"), result.stderr
+    assert result.stderr.count("bench match") == 1 and "--device sim" in result.stderr
+
+
+def test_import_with_a_model_that_is_not_one_says_what_the_file_is(tmp_path):
+    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "ads.jsonl"), "--requests",
+                                     str(SAMPLE / "requests.jsonl"), "--model", str(SAMPLE / "ads.jsonl"),
+                                     "--out", str(tmp_path / "c"), "--quiet"])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "ads.jsonl: not a model: it is JSON text" in result.stderr and "allow_pickle" not in result.stderr
+    assert not (tmp_path / "c").exists()
