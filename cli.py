@@ -162,6 +162,18 @@ def _output_file(ctx, param, value):
     return value
 
 
+def _quiet_notices(ctx, quiet: bool) -> bool:
+    """--quiet also holds back the library's one-line notices (`andromeda_nb.devices.notice`: a device
+    fallback, say) for as long as the command runs."""
+    if quiet:
+        from andromeda_nb import devices
+
+        previous = devices.notice_sink
+        devices.notice_sink = lambda message: None
+        ctx.call_on_close(lambda: setattr(devices, "notice_sink", previous))
+    return quiet
+
+
 def _word_list(value, choices):
     """'a,b' -> ('a', 'b'); each one of `choices`, none twice."""
     if isinstance(value, tuple):
@@ -254,7 +266,8 @@ _DATA_OPTION = click.option("--data", "data", required=True, type=click.Path(exi
 _UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_okay=False), default=None,
                                help="JSON Lines update stream (DESIGN section 6) applied before answering.")
 _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
-_QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
+_QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, callback=lambda c, p, v: _quiet_notices(c, v),
+                             help="No progress or log lines on stderr.")
 _BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True,
                                   help="Print the JSON result (one line) instead of the table.")
 _SHARDS_OPTION = click.option("--shards", type=click.IntRange(1, 1024), default=None,
@@ -984,12 +997,13 @@ def query(server, requests_path, k, token, tls_ca, tls_cert, tls_key, as_json, q
 @_QUIET_OPTION
 def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     """Ask a running server (any of `andromeda serve`) how it is: its `health` answer, as lines of
-    "key: value", or one JSON line with --json. Exits 1 when no server answers."""
+    "key: value" (nested fields as dotted keys, e.g. log.path), or one JSON line with --json. Exits 1
+    when no server answers."""
     import json
 
     import pyarrow.flight as flight
 
-    from andromeda_nb.client import ServerUnreachable, health as ask
+    from andromeda_nb.client import ServerUnreachable, health as ask, health_lines
 
     try:
         answer = ask(server, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
@@ -1000,8 +1014,7 @@ def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     if as_json:
         click.echo(json.dumps(answer))
     else:
-        for key, value in answer.items():
-            click.echo(f"{key}: {value}")
+        click.echo("\n".join(health_lines(answer)))
 
 
 @bench.command("cpu")

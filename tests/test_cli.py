@@ -415,3 +415,31 @@ def test_import_with_a_model_that_is_not_one_says_what_the_file_is(tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
     assert "ads.jsonl: not a model: it is JSON text" in result.stderr and "allow_pickle" not in result.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_quiet_holds_back_the_library_notices_too(monkeypatch):
+    """`compare -q` printed the device fallback ("no usable CUDA GPU: --device auto runs on the CPU")
+    all the same: --quiet holds back `devices.notice` for the command's run, and only for it."""
+    from andromeda_nb import devices
+    from migration import budget
+
+    monkeypatch.setattr(budget, "build_budget", lambda *a, **k: devices.notice("a device notice") or {})
+    monkeypatch.setattr(budget, "format_budget", lambda report: "the budget")
+    for args, said in ((["budget"], "a device notice\n"), (["budget", "--quiet"], ""), (["budget", "-q"], "")):
+        monkeypatch.setattr(devices, "_said", set())  # each notice is said once per process
+        result = _runner().invoke(main, args)
+        assert result.exit_code == 0 and result.stdout == "the budget\n" and result.stderr == said, (args, result.stderr)
+        assert devices.notice_sink is devices._stderr, "the notices are back on after the command"
+
+
+def test_health_prints_nested_fields_as_dotted_keys_not_python_dicts(monkeypatch):
+    from andromeda_nb import client
+
+    answer = {"status": "ok", "ads": 190, "log": {"path": "/c/updates.log", "durable": True, "seq": [3, 4]},
+              "guard": {"tls": False}, "gpu": None}
+    monkeypatch.setattr(client, "health", lambda server, credentials=None: answer)
+    text = _run("health", "--server", "grpc://127.0.0.1:1").stdout
+    assert text.splitlines() == ["status: ok", "ads: 190", "log.path: /c/updates.log", "log.durable: true",
+                                 "log.seq: [3, 4]", "guard.tls: false", "gpu: null"]
+    assert "{" not in text and "True" not in text and "None" not in text
+    assert json.loads(_run("health", "--server", "grpc://127.0.0.1:1", "--json").stdout) == answer
