@@ -11,6 +11,7 @@ from andromeda_nb.constants import DEFAULT_LAYOUT, LAUNCHES, LAYOUTS, MAX_K, PRE
 from andromeda_nb.devices import DEVICES
 
 _PRECISION = click.Choice(list(PRECISIONS))
+_SEED = click.IntRange(0)  # numpy's generators take non-negative seeds
 
 
 class _Cli(click.Group):
@@ -135,6 +136,44 @@ def _prepare_simulator(ctx, param, device: str) -> str:
     return device
 
 
+def _output_folder(ctx, param, value):
+    """An --out folder, checked before any work: it can be created and written (`store.check_output_dir`)."""
+    if value is not None:
+        from andromeda_nb.store import StoreError, check_output_dir
+
+        try:
+            check_output_dir(value)
+        except StoreError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return value
+
+
+def _output_file(ctx, param, value):
+    """An --out file, checked before any work: its folder can be created and written."""
+    if value is not None:
+        import os
+
+        from andromeda_nb.store import StoreError, check_output_dir
+
+        try:
+            check_output_dir(os.path.dirname(os.path.abspath(value)))
+        except StoreError as exc:
+            raise click.BadParameter(f"{value}: {exc}", ctx, param) from None
+    return value
+
+
+def _quiet_notices(ctx, quiet: bool) -> bool:
+    """--quiet also holds back the library's one-line notices (`andromeda_nb.devices.notice`: a device
+    fallback, say) for as long as the command runs."""
+    if quiet:
+        from andromeda_nb import devices
+
+        previous = devices.notice_sink
+        devices.notice_sink = lambda message: None
+        ctx.call_on_close(lambda: setattr(devices, "notice_sink", previous))
+    return quiet
+
+
 def _word_list(value, choices):
     """'a,b' -> ('a', 'b'); each one of `choices`, none twice."""
     if isinstance(value, tuple):
@@ -227,7 +266,8 @@ _DATA_OPTION = click.option("--data", "data", required=True, type=click.Path(exi
 _UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_okay=False), default=None,
                                help="JSON Lines update stream (DESIGN section 6) applied before answering.")
 _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
-_QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress or log lines on stderr.")
+_QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, callback=lambda c, p, v: _quiet_notices(c, v),
+                             help="No progress or log lines on stderr.")
 _BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True,
                                   help="Print the JSON result (one line) instead of the table.")
 _SHARDS_OPTION = click.option("--shards", type=click.IntRange(1, 1024), default=None,
@@ -238,7 +278,7 @@ _ADDRESS_OPTION = click.option("--address", default=None,
                                help="Join the running Ray cluster at this address (ray://HOST:PORT or HOST:PORT) "
                                     "instead of starting a local one.")
 _FORCE_OPTION = click.option("--force", is_flag=True, help="Replace the corpus OUT already holds.")
-_OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None,
+_OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None, callback=_output_file,
                                 help="Write the results as JSON here.")
 
 
@@ -249,8 +289,9 @@ _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), defaul
 @click.option("--ads", "n_ads", type=click.IntRange(0), default=100_000, show_default=True, help="Number of ads.")
 @click.option("--requests", "n_requests", type=click.IntRange(0), default=100, show_default=True,
               help="Number of requests.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Corpus seed (same seed, same files).")
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--seed", type=_SEED, default=0, show_default=True, help="Corpus seed (same seed, same files).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), callback=_output_folder,
+              help="Output directory.")
 @click.option("--precision", type=_PRECISION, default="fp32", show_default=True,
               help="How embeddings are stored.")
 @click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dimension D.")
@@ -313,13 +354,14 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, n_updates, f
               help="Requests, JSON Lines (DESIGN section 2).")
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="model.npz with the weights (default: seeded weights from --seed).")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=_SEED, default=0, show_default=True,
               help="Seed for missing embeddings, signals and default weights.")
 @click.option("--precision", type=_PRECISION, default="fp32", show_default=True,
               help="How embeddings are stored.")
 @click.option("--dim", type=click.IntRange(1, 4096), default=None,
               help="Embedding dimension D when no --model is given (default 64).")
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Output corpus directory.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), callback=_output_folder,
+              help="Output corpus directory.")
 @click.option("--strict", is_flag=True,
               help="Write nothing and exit non-zero when any ad or request is rejected.")
 @_FORCE_OPTION
@@ -371,7 +413,7 @@ def _report_rejections(summary, quiet: bool, written: bool) -> None:
 
 @main.command()
 @_DATA_OPTION
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), callback=_output_folder,
               help="Directory for ads.jsonl and requests.jsonl.")
 @_JSON_OPTION
 @_QUIET_OPTION
@@ -547,7 +589,7 @@ def retrieve(data, arch, device, k, traffic, shards, replicas, address, scorer_d
               help="Ads in the built-in demo corpus.")
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=12, show_default=True,
               help="Requests in the demo corpus.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Corpus seed.")
+@click.option("--seed", type=_SEED, default=0, show_default=True, help="Corpus seed.")
 @k_option()
 @device_option("Where the co-located path runs (auto: the GPU if usable, else the CPU).")
 @_JSON_OPTION
@@ -678,7 +720,7 @@ _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exist
               help="Where the candidates are scored: cpu (numba, every core), gpu (candidate ids resolved to rows "
                    "and gathered on the device: the remote GPU of the 2024 design), sim (the CUDA simulator, tiny "
                    "corpora), auto (the GPU if usable, else the CPU).")
-@click.option("--threads", type=int, default=None, help="Scoring threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(1), default=None, help="Scoring threads (default: all cores).")
 @_server_options("scorer", log=False)
 def serve_scorer(data, device, threads, quiet, **options):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
@@ -704,8 +746,9 @@ def serve_scorer(data, device, threads, quiet, **options):
 @_SERVE_DATA_OPTION
 @click.option("--scorer", "scorer_address", default=None,
               help="Scoring service address (host:port; default: the scoring service's default port on 127.0.0.1).")
-@click.option("--threads", type=int, default=None, help="Matching threads (default: all cores).")
-@click.option("--scorer-timeout", default=10.0, show_default=True, help="Seconds to wait for the scorer.")
+@click.option("--threads", type=click.IntRange(1), default=None, help="Matching threads (default: all cores).")
+@click.option("--scorer-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds to wait for the scorer.")
 @click.option("--scorer-token", envvar="ANDROMEDA_SCORER_TOKEN", default=None,
               help="Token for the scoring service (default: --admin-token) ($ANDROMEDA_SCORER_TOKEN).")
 @click.option("--scorer-ca", type=click.Path(dir_okay=False), default=None, help="CA of the scorer's TLS certificate.")
@@ -739,7 +782,7 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
 @serve.command("colocated")
 @_SERVE_DATA_OPTION
 @device_option("Where matching and scoring run (sim: the CUDA simulator, tiny corpora only).")
-@click.option("--kernel-version", "version", type=int, default=None,
+@click.option("--kernel-version", "version", type=click.IntRange(1), default=None,
               help="Scoring kernel version, one of the shipped kernels (gpu/kernels/score.py VERSIONS; "
                    "default: the shipped one for the shape).")
 @click.option("--batch-wait-ms", type=click.FloatRange(min=0), default=0.2, show_default=True,
@@ -933,12 +976,13 @@ def query(server, requests_path, k, token, tls_ca, tls_cert, tls_key, as_json, q
 @_QUIET_OPTION
 def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     """Ask a running server (any of `andromeda serve`) how it is: its `health` answer, as lines of
-    "key: value", or one JSON line with --json. Exits 1 when no server answers."""
+    "key: value" (nested fields as dotted keys, e.g. log.path), or one JSON line with --json. Exits 1
+    when no server answers."""
     import json
 
     import pyarrow.flight as flight
 
-    from serving.client import ServerUnreachable, health as ask
+    from serving.client import ServerUnreachable, health as ask, health_lines
 
     try:
         answer = ask(server, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
@@ -949,22 +993,23 @@ def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     if as_json:
         click.echo(json.dumps(answer))
     else:
-        for key, value in answer.items():
-            click.echo(f"{key}: {value}")
+        click.echo("\n".join(health_lines(answer)))
 
 
 @bench.command("cpu")
-@click.option("--ads", "n_ads", default=200_000, show_default=True, help="Pool size (ads).")
-@click.option("--requests", "n_requests", default=64, show_default=True, help="Requests for match and end-to-end.")
+@click.option("--ads", "n_ads", type=click.IntRange(1), default=200_000, show_default=True, help="Pool size (ads).")
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=64, show_default=True,
+              help="Requests for match and end-to-end.")
 @k_option("Top-K of the end-to-end runs.")
-@click.option("--seed", default=1, show_default=True, help="Corpus seed.")
+@click.option("--seed", type=_SEED, default=1, show_default=True, help="Corpus seed.")
 @click.option("--precision", "precisions", multiple=True, default=PRECISIONS, show_default=True,
               type=_PRECISION, help="Storage precisions to score.")
 @click.option("--e2e-precision", default="int8", show_default=True, type=_PRECISION,
               help="Storage precision of the end-to-end run.")
-@click.option("--score-rows", default=2_000_000, show_default=True,
+@click.option("--score-rows", type=click.IntRange(1), default=2_000_000, show_default=True,
               help="Rows of the scorer's table (sized well past the last-level cache).")
-@click.option("--repeat", default=5, show_default=True, help="Repetitions per timing (median reported).")
+@click.option("--repeat", type=click.IntRange(1), default=5, show_default=True,
+              help="Repetitions per timing (median reported).")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
@@ -988,14 +1033,16 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
                  help="Pool sizes (ads), comma-separated; each pool tiles the generated base corpus.")
 @int_list_option("--versions", help="Kernel versions to time, comma-separated (default: all that run here).")
 @int_list_option("--batches", default="64,256", help="Requests per launch, comma-separated.")
-@click.option("--base-ads", default=32_768, show_default=True, help="Ads of the generated base corpus.")
-@click.option("--requests", "n_requests", default=256, show_default=True, help="Requests generated.")
-@click.option("--seed", default=7, show_default=True, help="Corpus seed.")
+@click.option("--base-ads", type=click.IntRange(1), default=32_768, show_default=True,
+              help="Ads of the generated base corpus.")
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=256, show_default=True,
+              help="Requests generated.")
+@click.option("--seed", type=_SEED, default=7, show_default=True, help="Corpus seed.")
 @click.option("--base", "base_path", type=click.Path(dir_okay=False), default=None,
               help="Base corpus cache (Parquet): read when present, else generated and written there.")
 @click.option("--updates/--no-updates", default=True, show_default=True,
               help="Measure updates per second applied while serving (on the first pool).")
-@click.option("--cpu-pool", default=1_000_000, show_default=True,
+@click.option("--cpu-pool", type=click.IntRange(0), default=1_000_000, show_default=True,
               help="Pool size for the CPU inverted index beside the GPU figures (0: skip).")
 @device_option("Where the kernels run (sim: the CUDA simulator; tiny pools only).", choices=("auto", "gpu", "sim"))
 @_OUT_JSON_OPTION
@@ -1026,7 +1073,8 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
 
 
 @bench.command("score")
-@click.option("--ads", "n_ads", default=1 << 26, show_default=True, help="Pool size (ads), generated on the GPU.")
+@click.option("--ads", "n_ads", type=click.IntRange(1), default=1 << 26, show_default=True,
+              help="Pool size (ads), generated on the GPU.")
 @int_list_option("--dims", default="64,128", help="Embedding dims, comma-separated.")
 @click.option("--precision", "precisions", multiple=True, default=PRECISIONS, show_default=True,
               type=_PRECISION, help="Storage precisions.")
@@ -1038,7 +1086,7 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
 @click.option("--eligible", "eligible", type=ShareList(), default="1", show_default=True,
               help="Shares of the pool eligible, comma-separated: 1 (the targets' condition) and, for example, "
                    "0.08 (a random 8%, as a request's match leaves it) to time the walk over eligible ads.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the pool and the model.")
+@click.option("--seed", type=_SEED, default=0, show_default=True, help="Seed of the pool and the model.")
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
@@ -1061,16 +1109,18 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 
 
 @bench.command("pipeline")
-@click.option("--pool", default=10_000_000, show_default=True, help="Pool size (ads): a generated base corpus, tiled.")
-@click.option("--base-ads", default=8192, show_default=True, help="Ads of the generated base corpus.")
+@click.option("--pool", type=click.IntRange(1), default=10_000_000, show_default=True,
+              help="Pool size (ads): a generated base corpus, tiled.")
+@click.option("--base-ads", type=click.IntRange(1), default=8192, show_default=True,
+              help="Ads of the generated base corpus.")
 @click.option("--precision", default="fp16", show_default=True, type=_PRECISION,
               help="Stored embedding precision of the pool.")
-@click.option("--dim", default=64, show_default=True, help="Embedding dim.")
+@click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dim.")
 @k_option("Top-K per request.")
 @int_list_option("--batches", default="1,16,64", help="Requests per batch for throughput.")
 @click.option("--score-version", type=click.IntRange(1), default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
-@click.option("--seed", default=0, show_default=True, help="Corpus seed.")
+@click.option("--seed", type=_SEED, default=0, show_default=True, help="Corpus seed.")
 @click.option("--layout", "layouts", default=DEFAULT_LAYOUT, show_default=True, callback=lambda c, p, v: _layout_list(v),
               help="Slot order within a format: the base corpus's copy after copy ('format'), or clustered by the "
                    "places the ads' geo clauses name over the whole pool ('geo', andromeda_nb.geo_layout). "
@@ -1109,15 +1159,18 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
 @click.option("--tiled", type=click.IntRange(1), default=None, metavar="COPIES",
               help="Instead of --data: every shard holds its own tiled pool on the GPU, COPIES copies of a generated "
                    "base corpus (12,208 copies of 8,192 ads: 100M ads a shard), so the pool grows with the shards.")
-@click.option("--base-ads", default=8192, show_default=True, help="--tiled: ads of the generated base corpus.")
+@click.option("--base-ads", type=click.IntRange(1), default=8192, show_default=True,
+              help="--tiled: ads of the generated base corpus.")
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=64, show_default=True,
               help="--tiled: requests of the generated base corpus.")
-@click.option("--dim", default=64, show_default=True, help="--tiled: embedding dim.")
-@click.option("--seed", default=0, show_default=True, help="--tiled: the base corpus's and the model's seed.")
+@click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="--tiled: embedding dim.")
+@click.option("--seed", type=_SEED, default=0, show_default=True,
+              help="--tiled: the base corpus's and the model's seed.")
 @int_list_option("--shards", default="1,2,4", help="Shard counts to time.")
 @int_list_option("--batches", default="1,64", help="Requests per batch.")
 @k_option()
-@click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="Passes over the requests per timing.")
+@click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
+              help="Passes over the requests per timing.")
 @device_option("Where the engine and every shard run (sim: --tiled only, tiny pools).")
 @click.option("--placement", type=click.Choice(["processes", "ray"]), default="processes", show_default=True,
               help="Shards as plain processes (Flight fan-out; one per GPU where there are several), or as Ray "
@@ -1166,6 +1219,7 @@ def bench_cluster(data, tiled, base_ads, n_requests, dim, seed, shards, batches,
 @bench.command("report")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--out", "out", default="docs", show_default=True, type=click.Path(file_okay=False),
+              callback=_output_folder,
               help="Directory of BENCHMARKS.md; the charts go to OUT/benchmarks/.")
 @click.option("--charts/--no-charts", default=True, show_default=True,
               help="Draw the PNG charts (needs matplotlib, the `plots` extra; skipped with a note without it).")
@@ -1198,9 +1252,9 @@ def bench_report(files, out, charts, commands, as_json, quiet):
 
 
 @main.command()
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=_SEED, default=0, show_default=True,
               help="Seed of the synthetic world, the logs and the training.")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
+@click.option("--out", type=click.Path(file_okay=False), default=None, callback=_output_folder,
               help="Write model.npz (MoE k=2 with the two-tower weights), model_k1/_k4/_dense.npz, "
                    "quality.json and quality.png (with the `plots` extra) into this directory.")
 @click.option("--small", is_flag=True, help="A small world and short training: seconds, for a first look.")
@@ -1306,7 +1360,8 @@ def compare(data, k, device, updates, n_requests, oracle_requests, traffic_reque
 @click.option("--data", "data", default=None, type=click.Path(exists=True, file_okay=False),
               help="Corpus directory: network bytes from its real requests and eligible-set sizes.")
 @k_option()
-@click.option("--dim", type=click.IntRange(1, 4096), default=None, help="Embedding dimension (default: the corpus's, or 64).")
+@click.option("--dim", type=click.IntRange(1, 4096), default=None,
+              help="Embedding dimension (default: the corpus's, or 64).")
 @click.option("--measured", "measured", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Benchmark or compare JSON whose measured figures are printed beside the budget (repeatable).")
 @_JSON_OPTION

@@ -130,6 +130,17 @@ def kernels_unavailable(device: str, what: str = "this work") -> str:
             "simulator (slow: tiny corpora only)")
 
 
+def require_gpu(what: str) -> str:
+    """'gpu' when a real CUDA GPU is usable; else RuntimeError saying that `what` (work with no CPU or
+    simulator form, and no --device to choose one) needs one, why there is none, and what to do."""
+    if gpu_usable():
+        return "gpu"
+    why = ("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1)" if simulator_enabled()
+           else "this machine has no usable CUDA GPU (numba.cuda.is_available() is False)")
+    raise RuntimeError(f"{what} needs a CUDA GPU, and {why}; it has no CPU or simulator form: run it on a "
+                       "machine with an NVIDIA GPU and the cu12 or cu13 extra installed")
+
+
 SIMULATOR_SECONDS_PER_AD_REQUEST = 1e-4  # the GPU index under the simulator: one Python thread per ad and request
 
 
@@ -171,5 +182,5 @@ def resolve(device: str = "auto", *, kernels: bool = False, what: str = "this wo
 
 
 __all__ = ["CPU_FALLBACK", "DEVICES", "NoKernelDevice", "SIM_ENV", "child_environment", "cuda_imported",
-           "gpu_usable", "kernels_unavailable", "notice", "prepare", "resolve", "simulator_enabled",
+           "gpu_usable", "kernels_unavailable", "notice", "prepare", "require_gpu", "resolve", "simulator_enabled",
            "simulator_note"]

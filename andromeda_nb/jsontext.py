@@ -120,6 +120,29 @@ def _find_in(items, path: str) -> str | None:
     return None
 
 
+def _position(text: str, pos: int) -> str:
+    """Where decoding stopped, in the terms of the text a person wrote: "at column C", or "at line L,
+    column C" in a text of several lines. A text that ends too early (a line of JSON Lines cut short,
+    read with its newline) stops at its last character, not at the start of an empty next line."""
+    content = len(text.rstrip())
+    ended = pos >= content
+    pos = min(pos, content)
+    line = text.count("\n", 0, pos) + 1
+    column = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    where = f"at line {line}, column {column}" if "\n" in text[:content] else f"at column {column}"
+    return where + (", where the text ends" if ended else "")
+
+
+def _too_long_number(exc: ValueError) -> str:
+    """Python's refusal of a long integer literal, said without its advice to the programmer."""
+    digits = re.search(r"value has (\d+) digits", str(exc))
+    limit = re.search(r"limit \((\d+) digits\)", str(exc))
+    if digits is None or limit is None:
+        return f"not valid JSON ({exc})"
+    return (f"a number of {int(digits.group(1)):,} digits is longer than the {int(limit.group(1)):,} digits "
+            "accepted; no id, count or value here needs more than 20")
+
+
 def loads(text: str | bytes, *, max_depth: int = DEFAULT_MAX_DEPTH):
     """Decode one JSON value from text or UTF-8 bytes, as the module docstring says. Raises
     `JsonInputError` for every problem with the input."""
@@ -132,11 +155,11 @@ def loads(text: str | bytes, *, max_depth: int = DEFAULT_MAX_DEPTH):
     try:
         value = json.loads(text, object_pairs_hook=_object_hook(marked))
     except json.JSONDecodeError as exc:
-        raise JsonInputError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise JsonInputError(f"not valid JSON ({exc.msg} {_position(text, exc.pos)})") from None
     except RecursionError:  # not reachable after check_depth; kept so no input can raise it
         raise JsonInputError(f"nested too deep; at most {max_depth} levels are allowed") from None
-    except ValueError as exc:  # e.g. an integer literal too long to convert
-        raise JsonInputError(f"not valid JSON ({exc})") from None
+    except ValueError as exc:  # an integer literal too long to convert (sys.get_int_max_str_digits)
+        raise JsonInputError(_too_long_number(exc)) from None
     if marked:
         raise JsonInputError("key appears more than once in its object", _duplicate_path(value) or marked[0])
     return value

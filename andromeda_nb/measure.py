@@ -11,6 +11,7 @@ reports through these functions, so every figure is made and written the same wa
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
@@ -110,7 +111,9 @@ def json_line(result: dict) -> str:
 
 def write_json(result: dict, path) -> None:
     """A benchmark result as indented JSON (numpy scalars written as floats), newline-terminated: the
-    file `--out` writes for `andromeda bench report`; stdout gets `json_line`."""
+    file `--out` writes for `andromeda bench report`; stdout gets `json_line`. Missing folders above
+    `path` are created."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=2, default=float)
         f.write("\n")

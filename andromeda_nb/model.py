@@ -194,20 +194,35 @@ class MoeModel:
         """Read model.npz; `top_k` defaults to 2 when the file has none. Raises ModelError naming the
         file and the array when something is missing or has the wrong shape or dtype."""
         path = os.fspath(path)
+        wanted = f"model.npz is a NumPy .npz archive (a zip file) of the arrays {', '.join(MODEL_ARRAYS)}"
         try:
-            npz = np.load(path, allow_pickle=False)
+            with open(path, "rb") as fh:
+                head = fh.read(64)
         except FileNotFoundError:
             raise ModelError(f"{path}: no such model file") from None
-        except Exception as exc:  # not an npz, truncated, pickled objects
-            raise ModelError(f"{path}: not a readable model.npz ({exc})") from None
+        except OSError as exc:
+            raise ModelError(f"{path}: cannot be read ({exc.strerror})") from None
+        if not head.startswith(b"PK"):  # what the file looks like instead, in the reader's terms
+            text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+            looks = ("JSON text (an ads or requests file?)" if text[:1] in (b"{", b"[") else
+                     "a single NumPy array (.npy)" if head.startswith(b"\x93NUMPY") else
+                     "an empty file" if not head else "not a zip archive")
+            raise ModelError(f"{path}: not a model: it is {looks}; {wanted}")
+        try:
+            npz = np.load(path, allow_pickle=False)
+        except Exception as exc:  # a zip that numpy cannot read (truncated, not an archive of arrays)
+            raise ModelError(f"{path}: not a readable model.npz ({type(exc).__name__}); {wanted}") from None
         with npz:
-            if not hasattr(npz, "files"):
-                raise ModelError(f"{path}: expected an .npz archive with arrays {', '.join(MODEL_ARRAYS)}")
             missing = [name for name in MODEL_ARRAYS if name not in npz.files]
             if missing:
                 raise ModelError(f"{path}: missing array(s) {', '.join(missing)} "
                                  f"(model.npz needs {', '.join(MODEL_ARRAYS)})")
-            arrays = {name: npz[name] for name in MODEL_ARRAYS}
+            try:
+                arrays = {name: npz[name] for name in MODEL_ARRAYS}
+            except ValueError:  # numpy's advice is for programmers: say what the file holds instead
+                raise ModelError(f"{path}: an array holds Python objects, not numbers; {wanted}") from None
+            except Exception as exc:  # a damaged member
+                raise ModelError(f"{path}: an array cannot be read ({type(exc).__name__}); {wanted}") from None
             top_k = DEFAULT_TOP_EXPERTS
             if "top_k" in npz.files:
                 raw = npz["top_k"]

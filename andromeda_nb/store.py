@@ -675,6 +675,41 @@ def refuse_existing_corpus(out_dir, force: bool) -> None:
         raise StoreError(f"{out_dir} already holds a corpus ({META_FILE}); give --force to replace it")
 
 
+def check_output_dir(out_dir) -> None:
+    """Raise `StoreError` when `out_dir` cannot be a folder to write into, saying why in a person's
+    terms: a file stands where it or a folder above it should be, or a folder cannot be created or
+    written there (permissions, a read-only or virtual file system such as /proc). The check is made
+    by doing it: the missing folders are created and a file written, then all removed again."""
+    out = Path(out_dir)
+    existing, missing = out.absolute(), []
+    while not existing.exists() and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "it" if existing == out.absolute() else str(existing)
+        raise StoreError(f"{out_dir}: cannot be a folder: {what} is a file")
+    created: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except OSError as exc:
+                raise StoreError(f"{out_dir}: cannot create the folder {folder} ({exc.strerror})") from None
+            created.append(folder)
+        import tempfile
+
+        try:
+            fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check-")
+        except OSError as exc:
+            raise StoreError(f"{out_dir}: cannot write into it ({exc.strerror})") from None
+        os.close(fd)
+        os.unlink(probe)
+    finally:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
 def _looks_like(path, key: str, probe: int = 20) -> bool:
     """The first decodable lines of a JSON Lines file are objects with `key` (an ads file given as
     requests has `ad_id`, a requests file given as ads `request_id`)."""
@@ -836,7 +871,8 @@ def export_jsonl(dataset, out_dir) -> tuple[Path, Path]:
 
 __all__ = [
     "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
-    "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "export_jsonl",
+    "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_record_batch", "ads_schema", "check_output_dir",
+    "export_jsonl",
     "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta", "request_settings",
     "read_targeting",
     "refuse_existing_corpus", "reindex", "save_dataset", "write_meta", "write_requests", "write_targeting",

@@ -155,9 +155,7 @@ class _Checker:
         self.request_id = request_id
 
     def fail(self, path: str, message: str):
-        if self.request_id is not None:
-            message = f"request {self.request_id}: {message}"
-        raise TargetingError(self.ad_id, path, message, line=self.line)
+        raise TargetingError(self.ad_id, path, message, line=self.line, request_id=self.request_id)
 
     def object(self, v, path: str, allowed: tuple[str, ...], *, nonempty: bool = False) -> Mapping:
         if type(v) is not dict and not isinstance(v, Mapping):
@@ -586,8 +584,8 @@ def parse_request(obj, *, seed: int, experts: int, width: int, request_id: int |
     `request_id` may be passed separately (the Flight protocol carries it in its own column); then
     the object may omit it, and if it has one, the two must agree. Requests without `signals` get
     `derive.request_signals(request_id, seed, experts, width)`; given signals must be `experts`
-    lists of `width` finite numbers. Errors are `TargetingError` with ad_id None and the request id
-    in the message.
+    lists of `width` finite numbers. Errors are `TargetingError` with ad_id None and `request_id`
+    set once the id is known (its text: `request N: PATH: ...`).
     """
     chk = _Checker(None, line)
     if not isinstance(obj, Mapping):

@@ -19,15 +19,20 @@ class TargetingError(ValueError):
     """A spec, ad, request or update that breaks the contract.
 
     `path` is the JSON path of the offending value, e.g. `targeting.flexible_spec[2].interests[7]`.
-    `line` is the 1-based line of a JSON Lines file the value came from, when known.
+    `line` is the 1-based line of a JSON Lines file the value came from, when known;
+    `request_id` the request it belongs to, when it is a request's. The text names them in one
+    order for ads and requests alike, outermost first: `line 3: ad 6: status: ...`,
+    `line 4: request 1: user.age: ...`.
     """
 
-    def __init__(self, ad_id, path: str, message: str, *, line: int | None = None):
+    def __init__(self, ad_id, path: str, message: str, *, line: int | None = None, request_id=None):
         self.ad_id = ad_id
+        self.request_id = request_id
         self.path = path
         self.message = message
         self.line = line
-        where = f"ad {ad_id}" if ad_id is not None else "input"
+        where = (f"ad {ad_id}" if ad_id is not None else f"request {request_id}" if request_id is not None
+                 else "input")
         if line is not None:
             where = f"line {line}: {where}"
         super().__init__(f"{where}: {path}: {message}" if path else f"{where}: {message}")

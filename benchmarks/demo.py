@@ -178,11 +178,28 @@ def _requests_per_second(report: dict, arch: str) -> str:
     return spread_summary(runs, _rate_text) if runs else _rate_text(report["requests_per_second"][arch])
 
 
+def time_verdict(report: dict) -> str:
+    """What the requests/s of the two designs say, by the demo's own rule: a difference counts only
+    when the ranges of the timed runs do not overlap; otherwise it is within this machine's noise."""
+    runs = report.get("requests_per_second_runs") or {}
+    co, remote = runs.get("colocated"), runs.get("remote")
+    if not co or not remote or min(co["runs"], remote["runs"]) < 2:
+        return ("one timed run each cannot tell a difference from this machine's noise (compare --runs 3 "
+                "gives ranges to compare).")
+    if co["min"] > remote["max"]:
+        return "one process with no candidate hop is faster even here (the ranges of the runs do not overlap)."
+    if co["max"] < remote["min"]:
+        return ("slower here (the ranges of the runs do not overlap), because the remote design splits each "
+                "request over two processes (index host and scoring service), which on a few cores is "
+                "parallelism the one co-located process lacks, while loopback makes the hop it pays for nearly "
+                "free.")
+    return ("the difference is within this machine's noise (the ranges of the runs overlap), so neither design "
+            "is faster here.")
+
+
 def cpu_explanation(report: dict, kernels: dict, cores: int) -> list[str]:
     """Why the side-by-side on a CPU looks as it does, and why co-location pays on a GPU server."""
-    q = report["requests_per_second"]
     b = report["bytes_per_request"]
-    faster = q["colocated"] >= q["remote"]
     score = kernels["fused"][kernels["compare_precision"]]["ads_per_s"]
     lines = [
         "\nWhat the CPU figures show",
@@ -191,12 +208,8 @@ def cpu_explanation(report: dict, kernels: dict, cores: int) -> list[str]:
         f"   * bytes: the co-located server sent {b['colocated']:,.0f} B per request where the remote design sent "
         f"{b['remote']:,.0f} B ({report['traffic_reduction']:.1f}x); on loopback those bytes cost little, across "
         "a network they cost transfer time on every request.",
-        f"   * time: co-located answered {rate(q['colocated'])} requests/s against remote's "
-        f"{rate(q['remote'])}: "
-        + ("one process with no candidate hop is faster even here." if faster else
-           "slower here, because the remote design splits each request over two processes (index host and "
-           "scoring service), which on a few cores is parallelism the one co-located process lacks, while "
-           "loopback makes the hop it pays for nearly free."),
+        f"   * time: co-located answered {_requests_per_second(report, 'colocated')} requests/s against remote's "
+        f"{_requests_per_second(report, 'remote')}: " + time_verdict(report),
         f"   Either way the per-ad formula runs at the CPU's scoring rate ({rate(score, 'ads/s')}, step 5), "
         "the same in both designs.",
         "   Co-location pays on a GPU server: there matching and scoring the whole pool run at memory bandwidth, "

@@ -458,7 +458,7 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
 
     from gpu import runtime
 
-    where = resolve(device, kernels=True, what="bench match (the GPU index)")
+    where = resolve(device, kernels=True, what="the GPU index")
     cuda = runtime.cuda()
     from gpu.kernels import match as shipped
     from gpu.lab import match as lab

@@ -16,7 +16,7 @@ def bench_match(*, cpu_pool: int = 1_000_000, base_path: str | None = None, base
     base corpus loaded from `base_path` or generated, then, with `cpu_pool`, the CPU index on a pool of
     that many ads of the same base under "cpu_index". Returns the JSON-ready result (also written to
     `out` when given)."""
-    resolve(device, kernels=True, what="bench match (the GPU index)")  # before anything imports numba.cuda
+    resolve(device, kernels=True, what="the GPU index")  # before anything imports numba.cuda
     from . import match as gpu_bench
 
     base = load_or_generate_base(base_path, base_ads or gpu_bench.BASE_ADS, requests, seed, progress)

@@ -38,7 +38,7 @@ from andromeda_nb.measure import log, repeat_timed, write_json
 from andromeda_nb.numbers import rate
 from andromeda_nb.budget import fused_stages, total
 from andromeda_nb.constants import LAUNCHES, SCORE_ATOL, TOPK_TIE_ATOL
-from andromeda_nb.devices import resolve
+from andromeda_nb.devices import require_gpu
 from andromeda_nb.model import STORED_DTYPES, MoeModel, user_side, user_sides
 from andromeda_nb.scoring import dot_table, fold_tables_batch, fold_user_side, table_width
 from andromeda_nb.slots import CHUNK_SLOTS
@@ -240,7 +240,7 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
     """Run the score benchmark; with `out`, the JSON so far is rewritten after every measurement (a run
     cut short keeps what it measured). `versions_of_kind` ({kind: versions}, optional): time only those
     versions of that kind (the demo: the shipped MoE kernel and the shipped dot kernel, not both of each)."""
-    resolve("gpu")
+    require_gpu("the fused scoring benchmark")
     cuda = runtime.cuda()
     import cupy as xp
 
@@ -480,7 +480,7 @@ def pipeline_pool(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: i
 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-    resolve("gpu")
+    require_gpu("the co-located pipeline benchmark")
     cuda = runtime.cuda()
     import cupy as xp
 

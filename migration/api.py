@@ -57,8 +57,8 @@ class Index:
             try:
                 out.append(parse_request(item, seed=self.corpus.seed, experts=model.E, width=model.S,
                                          request_id=None if isinstance(item, dict) and "request_id" in item else i))
-            except TargetingError as exc:
-                raise ValueError(f"request {i}: {exc}") from None
+            except TargetingError as exc:  # its place in the list, then its id and the path
+                raise ValueError(f"requests[{i}]: {exc}") from None
         return out
 
     def retrieve(self, requests: Sequence[Request | dict], k: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -417,12 +417,12 @@ def format_report(report: dict) -> str:
         lines.append(row("latency p50 / p99 (ms)", [f"{lat[n]['p50']:.2f} / {lat[n]['p99']:.2f}" for n in archs]))
     q = report["requests_per_second"]
     lines.append(row("requests / second", [rate(q[n]) for n in archs]))
-    p = report["pool_ads_per_second"]
-    lines.append(row("pool ads / second", [rate(p[n]) for n in archs]))
     runs = report.get("requests_per_second_runs")
-    if runs:  # the median above, the range of the timed runs here
+    if runs:  # the median above, the range of the timed runs right under it
         lines.append(row("  range over " + str(runs[archs[0]]["runs"]) + " runs",
                          [rate(runs[n]["min"]) + " to " + rate(runs[n]["max"]) for n in archs]))
+    p = report["pool_ads_per_second"]
+    lines.append(row("pool ads / second", [rate(p[n]) for n in archs]))
     cpu = report.get("host_cpu_ms_per_request") or {}
     if any(cpu.get(n) for n in archs):  # host CPU per request, per service and in all
         lines.append(row("host CPU ms / request", [f"{sum(cpu[n].values()):.2f}" if cpu.get(n) else "-" for n in archs]))

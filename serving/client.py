@@ -160,4 +160,22 @@ def health(location, timeout: float = 10.0, credentials: ClientCredentials | Non
         raise _unreachable(location, exc) from None
 
 
-__all__ = ["QueryResult", "ServerUnreachable", "health", "query", "read_requests"]
+def health_lines(answer: dict) -> list[str]:
+    """A `health` answer as lines of "key: value" a person reads: nested objects flattened to dotted
+    keys ("log.path: ..."), lists and other values as JSON (null, true, [1, 2]), text as it is."""
+    import json
+
+    lines: list[str] = []
+
+    def add(prefix: str, value) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                add(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            lines.append(f"{prefix}: {value if isinstance(value, str) else json.dumps(value, default=str)}")
+
+    add("", answer)
+    return lines
+
+
+__all__ = ["QueryResult", "ServerUnreachable", "health", "health_lines", "query", "read_requests"]

@@ -57,24 +57,27 @@ class DeadlineExceeded(TimeoutError):
 
 
 class ReadGate:
-    """Counts the retrieval batches in flight, so that writers can step aside for them."""
+    """Counts the retrieval batches in flight, so that writers can step aside for them. `clock`:
+    seconds, time.monotonic by default (a test passes its own to check pacing without the machine's
+    speed entering)."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._n = 0
         self._cond = threading.Condition()
-        self.last_read = float("-inf")  # time.monotonic() when a batch last began or ended
+        self._clock = clock
+        self.last_read = float("-inf")  # clock() when a batch last began or ended
 
     @contextlib.contextmanager
     def reading(self):
         with self._cond:
             self._n += 1
-            self.last_read = time.monotonic()
+            self.last_read = self._clock()
         try:
             yield
         finally:
             with self._cond:
                 self._n -= 1
-                self.last_read = time.monotonic()
+                self.last_read = self._clock()
                 if not self._n:
                     self._cond.notify_all()
 
@@ -89,7 +92,7 @@ class ReadGate:
 
     def active(self, within_s: float = ACTIVE_S) -> bool:
         """Whether retrieval is going on: a batch in flight, or one within the last `within_s`."""
-        return self._n > 0 or time.monotonic() - self.last_read < within_s
+        return self._n > 0 or self._clock() - self.last_read < within_s
 
     def wait_idle(self, max_wait_s: float) -> bool:
         """Wait until no batch is in flight, at most `max_wait_s`; True when idle."""
@@ -128,16 +131,20 @@ Applier = Callable[[Sequence[tuple[LogRecord, Update]]], "int | None"]
 
 
 class UpdateJournal:
-    """The update path of one server over its `WriteAheadLog` (see the module docstring)."""
+    """The update path of one server over its `WriteAheadLog` (see the module docstring). `clock`
+    and `sleep` measure and take the pauses that keep a call to its share (time.monotonic and
+    time.sleep; a test passes a simulated pair, so the pacing is checked exactly on any machine)."""
 
     def __init__(self, log: WriteAheadLog, *, seed: int, dim: int, formats: int,
                  limits: ServiceLimits = DEFAULT_LIMITS, gate: ReadGate | None = None,
-                 yield_s: float = DEFAULT_YIELD_S):
+                 yield_s: float = DEFAULT_YIELD_S, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
         self.log = log
         self.seed, self.dim, self.formats = seed, dim, formats
         self.limits = limits
         self.gate = gate
         self.yield_s = yield_s
+        self._clock, self._sleep = clock, sleep
         self.lock = threading.Lock()  # one update call or compaction at a time
         self.slices = 0  # slices applied so far (stats)
         self.paused_s = 0.0  # seconds update calls paused to keep to their share while retrievals arrived
@@ -163,16 +170,16 @@ class UpdateJournal:
         if share >= 1 or self.gate is None or not self.gate.active():
             self._window = None
             return
-        now = time.monotonic()
+        now = self._clock()
         if self._window is None:
             self._window = [now - slice_s, 0.0]  # began with this slice
         self._window[1] += slice_s
         owed = self._window[1] / share - (now - self._window[0])
         if owed >= MIN_PAUSE_S:
             pause = min(owed, self.yield_s)
-            time.sleep(pause)
+            self._sleep(pause)
             self.paused_s += pause
-        if time.monotonic() - self._window[0] >= SHARE_WINDOW_S:
+        if self._clock() - self._window[0] >= SHARE_WINDOW_S:
             self._window = None
 
     def _yield_to_readers(self) -> None:
@@ -186,15 +193,15 @@ class UpdateJournal:
         called once per item: it yields to a batch in flight at every item, and every `every` items
         keeps the call's share of the time (`_keep_share`) as the apply loop does between slices, so
         the whole call, not only its applying, leaves the cores to retrieval."""
-        state = {"n": 0, "t": time.monotonic()}
+        state = {"n": 0, "t": self._clock()}
 
         def pace() -> None:
             self._yield_to_readers()
             state["n"] += 1
             if state["n"] % every == 0:
-                now = time.monotonic()
+                now = self._clock()
                 self._keep_share(now - state["t"])
-                state["t"] = time.monotonic()  # a pause is not work
+                state["t"] = self._clock()  # a pause is not work
 
         return pace
 
@@ -238,7 +245,7 @@ class UpdateJournal:
             return self._submit(bytes(body), live, apply, started)
 
     def _submit(self, body: bytes, live, apply: Applier, started: float) -> dict:
-        t_parse = time.monotonic()
+        t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         parsed, rejections = self._parse(body)
         remaining = self.limits.deadline_s - (time.monotonic() - started)
         if remaining <= 0 or not self.lock.acquire(timeout=remaining):
@@ -254,23 +261,23 @@ class UpdateJournal:
                     rejections.append(Rejection(line_no, _ad_id(update), reason))
                 else:
                     accepted.append((obj, update))
-            t_log = time.monotonic()
+            t_log = self._clock()
             records = self.log.append([obj for obj, _ in accepted], pause=self._pacer())  # durable: acknowledged
-            t_apply = time.monotonic()
+            t_apply = self._clock()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
             step, done, self._window = self.limits.update_slice, 0, None
             while done < len(items):
                 if done:
                     self._step_aside()
                 piece = items[done : done + step]
-                t0 = time.monotonic()
+                t0 = self._clock()
                 applied = apply(piece)  # may stop early for a waiting request: the rest comes next
                 done += len(piece) if applied is None else max(1, applied)
                 self.slices += 1
                 if done < len(items):
-                    self._keep_share(time.monotonic() - t0)
+                    self._keep_share(self._clock() - t0)
             seq = self.log.last_seq
-            t_end = time.monotonic()
+            t_end = self._clock()
         finally:
             self.lock.release()
         # where the call's time went: parsing and checking, the log (written and synced), applying

@@ -34,10 +34,9 @@ def parse_batch_request(obj, rid: int, *, seed: int, experts: int, width: int) -
 
     try:
         return parse_request(obj, seed=seed, experts=experts, width=width, request_id=rid)
-    except TargetingError as exc:  # its message starts with the request id, named here once
-        message = exc.message.removeprefix(f"request {rid}: ")
-        raise InvalidInput(f"request {rid}: {exc.path}: {message}" if exc.path
-                           else f"request {rid}: {message}") from None
+    except TargetingError as exc:  # named by the id it was sent with, then the JSON path
+        raise InvalidInput(f"request {rid}: {exc.path}: {exc.message}" if exc.path
+                           else f"request {rid}: {exc.message}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidInput(f"request {rid}: {exc}") from None
 

@@ -4,6 +4,7 @@ match / retrieve answers equal to the library computed directly, user errors wit
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -297,3 +298,137 @@ def test_bench_pipeline_passes_its_launch_modes_and_refuses_unknown_ones(monkeyp
     assert seen[-1] == ("direct",)
     bad = _runner().invoke(main, ["bench", "pipeline", "--launch", "graph,warp"])
     assert bad.exit_code == 2 and "'graph,warp': a comma-separated list of graph, direct, each once" in bad.stderr
+
+
+def _refused(args, option: str, *names: str):
+    """`andromeda ARGS` stops with a usage error naming `option` and each of `names`, without a traceback."""
+    result = _runner().invoke(main, [str(a) for a in args])
+    said = result.stderr
+    assert result.exit_code not in (0, 1) and isinstance(result.exception, (SystemExit, type(None))), \
+        f"andromeda {' '.join(map(str, args))}: exit {result.exit_code}, {result.exception!r}\n{said}"
+    assert option in said and all(str(n) in said for n in names) and "Traceback" not in said + result.stdout, said
+    return said
+
+
+def _unmakeable_folders(tmp_path):
+    """(why, path) pairs of --out folders that cannot be made: under a file (NotADirectoryError), and
+    under /proc (FileNotFoundError: a virtual file system; root may write anywhere else)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder\n")
+    places = [("under a file", a_file / "corpus")]
+    if Path("/proc/self").is_dir():
+        places.append(("under /proc", Path("/proc/no-such-place/corpus")))
+    return places
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_naming_it_before_any_work(tmp_path, corpus_dir):
+    ads, requests = SAMPLE / "ads.jsonl", SAMPLE / "requests.jsonl"
+    for why, out in _unmakeable_folders(tmp_path):
+        for command in (["generate", "--ads", 10, "--requests", 2], ["import", "--ads", ads, "--requests", requests],
+                        ["export", "--data", corpus_dir]):
+            said = _refused([*command, "--out", out, "--quiet"], "'--out'", out)
+            assert ("is a file" if why == "under a file" else "cannot create the folder") in said, (why, said)
+    with_file = tmp_path / "a-file" / "result.json"
+    _refused(["bench", "cpu", "--out", with_file], "'--out'", with_file, "is a file")
+    _refused(["bench", "report", SAMPLE, "--out", tmp_path / "a-file" / "docs"], "'--out'", "is a file")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root may write into a read-only folder")
+def test_an_out_folder_under_a_read_only_folder_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        _refused(["generate", "--ads", 10, "--requests", 2, "--out", locked / "corpus"], "'--out'", "Permission denied")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_the_out_check_leaves_nothing_behind(tmp_path):
+    deep = tmp_path / "a" / "b" / "c"
+    store.check_output_dir(deep)
+    assert list(tmp_path.iterdir()) == []  # the folders it made to prove it can were removed
+    (tmp_path / "kept").mkdir()
+    store.check_output_dir(tmp_path / "kept")
+    assert list((tmp_path / "kept").iterdir()) == []
+    (tmp_path / "f").write_text("")
+    with pytest.raises(store.StoreError, match="cannot be a folder: it is a file"):
+        store.check_output_dir(tmp_path / "f")
+
+
+def test_counts_out_of_range_are_refused_naming_the_option():
+    _refused(["bench", "cpu", "--ads", -5], "'--ads'", "-5")
+    _refused(["bench", "match", "--base-ads", 0], "'--base-ads'")
+    _refused(["bench", "pipeline", "--pool", -1], "'--pool'")
+    _refused(["generate", "--seed", -1, "--out", "unused"], "'--seed'", "-1")
+
+
+def test_every_numeric_option_has_a_range():
+    """A count, size, seed or time outside what the work can take is a usage error naming the option,
+    never a traceback from deep inside: every int or float option of every command is a range."""
+    loose = []
+    for path, cmd in _commands(main):
+        for param in cmd.params:
+            numeric = isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType))
+            if numeric and not isinstance(param.type, (click.IntRange, click.FloatRange)):
+                loose.append(f"andromeda {' '.join(path)} {param.opts[0]}")
+    assert not loose, f"numeric options without a range: {loose}"
+
+
+def test_commands_without_a_device_option_say_what_they_need_not_which_device_to_give():
+    """bench score and bench pipeline run on a CUDA GPU only and have no --device: without one they
+    say so (here the simulator is on, as in every test run), never `--device gpu: ...`."""
+    for command, what in ((["bench", "score", "--ads", 1024], "the fused scoring benchmark"),
+                          (["bench", "pipeline", "--pool", 4096], "the co-located pipeline benchmark")):
+        result = _runner().invoke(main, [str(a) for a in command] + ["--quiet"])
+        assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+        said = result.stderr
+        assert f"{' '.join(command[:2])}: {what} needs a CUDA GPU" in said and "--device" not in said, said
+        assert "no CPU or simulator form" in said and "cu12" in said
+
+
+def test_bench_match_without_a_gpu_names_itself_once(monkeypatch):
+    from andromeda_nb import devices
+
+    monkeypatch.setattr(devices, "simulator_enabled", lambda: False)
+    monkeypatch.setattr(devices, "gpu_usable", lambda: False)
+    result = _runner().invoke(main, ["bench", "match", "--pools", "4096", "--quiet"])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("Error: bench match: the GPU index runs only as CUDA kernels"), result.stderr
+    assert result.stderr.count("bench match") == 1 and "--device sim" in result.stderr
+
+
+def test_import_with_a_model_that_is_not_one_says_what_the_file_is(tmp_path):
+    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "ads.jsonl"), "--requests",
+                                     str(SAMPLE / "requests.jsonl"), "--model", str(SAMPLE / "ads.jsonl"),
+                                     "--out", str(tmp_path / "c"), "--quiet"])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "ads.jsonl: not a model: it is JSON text" in result.stderr and "allow_pickle" not in result.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_quiet_holds_back_the_library_notices_too(monkeypatch):
+    """`compare -q` printed the device fallback ("no usable CUDA GPU: --device auto runs on the CPU")
+    all the same: --quiet holds back `devices.notice` for the command's run, and only for it."""
+    from andromeda_nb import devices
+    from migration import budget
+
+    monkeypatch.setattr(budget, "build_budget", lambda *a, **k: devices.notice("a device notice") or {})
+    monkeypatch.setattr(budget, "format_budget", lambda report: "the budget")
+    for args, said in ((["budget"], "a device notice\n"), (["budget", "--quiet"], ""), (["budget", "-q"], "")):
+        monkeypatch.setattr(devices, "_said", set())  # each notice is said once per process
+        result = _runner().invoke(main, args)
+        assert result.exit_code == 0 and result.stdout == "the budget\n" and result.stderr == said, (args, result.stderr)
+        assert devices.notice_sink is devices._stderr, "the notices are back on after the command"
+
+
+def test_health_prints_nested_fields_as_dotted_keys_not_python_dicts(monkeypatch):
+    from serving import client
+
+    answer = {"status": "ok", "ads": 190, "log": {"path": "/c/updates.log", "durable": True, "seq": [3, 4]},
+              "guard": {"tls": False}, "gpu": None}
+    monkeypatch.setattr(client, "health", lambda server, credentials=None: answer)
+    text = _run("health", "--server", "grpc://127.0.0.1:1").stdout
+    assert text.splitlines() == ["status: ok", "ads: 190", "log.path: /c/updates.log", "log.durable: true",
+                                 "log.seq: [3, 4]", "guard.tls: false", "gpu: null"]
+    assert "{" not in text and "True" not in text and "None" not in text
+    assert json.loads(_run("health", "--server", "grpc://127.0.0.1:1", "--json").stdout) == answer

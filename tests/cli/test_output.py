@@ -123,6 +123,9 @@ def test_compare_table_writes_rates_with_prefixes():
     text = format_report(report)
     assert "e+" not in text and "7.66 M" in text and "10.8 M" in text
     assert "range over 3 runs" in text and "70.1 to 80.0" in text
+    rows = [line.strip().split("  ")[0] for line in text.splitlines()]
+    assert rows[rows.index("requests / second") + 1] == "range over 3 runs", \
+        "the range of requests per second sits right under requests per second, not under pool ads per second"
 
 
 def test_a_timer_that_cannot_resolve_makes_no_figure():

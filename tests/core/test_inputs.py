@@ -55,6 +55,45 @@ def test_byte_order_mark_skipped_and_bad_utf8_named():
         jsontext.loads(b'{"x": "\xff"}')
 
 
+def test_bad_json_is_placed_at_its_true_line_and_column():
+    """A line cut short is read with its newline: the error is where the text ends, on that line,
+    not at column 1 of an empty line after it; a text of several lines names the line too."""
+    cut = '{"ad_id": 5, "status": "ACTIVE", "format": \n'
+    with pytest.raises(jsontext.JsonInputError, match=r"^not valid JSON \(Expecting value at column 43, where the "
+                                                       r"text ends\)$"):
+        jsontext.loads(cut)
+    with pytest.raises(jsontext.JsonInputError, match=r"Expecting value at column 19\)$"):
+        jsontext.loads('{"ad_id": 1, "x": }\n')
+    with pytest.raises(jsontext.JsonInputError, match=r"Expecting property name .* at line 2, column 3\)$"):
+        jsontext.loads('{"a": \n1,}')
+    with pytest.raises(jsontext.JsonInputError, match=r"Extra data at column 10\)$"):
+        jsontext.loads(b'{"a": 1} x\r\n')
+
+
+def test_a_number_too_long_is_said_so_without_pythons_advice():
+    for text in ('{"ad_id": 1' + "1" * 5000 + "}", "[" + "9" * 4301 + "]"):
+        with pytest.raises(jsontext.JsonInputError, match=r"^a number of [\d,]+ digits is longer than the [\d,]+ "
+                                                           r"digits accepted") as err:
+            jsontext.loads(text)
+        assert "sys.set_int_max_str_digits" not in str(err.value)
+
+
+def test_import_names_bad_lines_where_they_break(tmp_path):
+    ads = tmp_path / "ads.jsonl"
+    ads.write_text(json.dumps({"ad_id": 1, "targeting": GEO}) + "\n" + '{"ad_id": 2, "status": \n'
+                   + '{"ad_id": 3, "format": 1' + "0" * 5000 + "}\n" + json.dumps({"ad_id": 6, "status": "BOGUS"}) + "\n")
+    reqs = tmp_path / "requests.jsonl"
+    request = {"request_id": 7, "user": {"age": "x"},
+               "context": {"publisher_platform": "facebook", "device_platform": "mobile", "user_os": "iOS", "time": 0}}
+    reqs.write_text(json.dumps(request) + "\n" + json.dumps({**request, "request_id": 8, "user": {"age": 30}}) + "\n")
+    summary = store.import_jsonl(ads, reqs, tmp_path / "out", seed=1, dim=8)
+    errors = [r["error"] for r in summary.rejections]
+    assert errors[0] == "line 2: not valid JSON (Expecting value at column 23, where the text ends)", errors
+    assert errors[1].startswith("line 3: a number of 5,001 digits is longer than"), errors
+    assert errors[2].startswith("line 4: ad 6: status: "), errors
+    assert errors[3].startswith("line 1: request 7: user.age: must be an int"), errors
+
+
 def test_update_file_bad_lines_rejected_by_number_the_rest_applied(tmp_path):
     path = tmp_path / "updates.jsonl"
     good = [{"op": "upsert", "ad": {"ad_id": i, "targeting": GEO}} for i in (1, 2, 3)]

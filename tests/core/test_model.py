@@ -10,6 +10,7 @@ import pytest
 from andromeda_nb.constants import CONTEXT_WIDTH, DEVICE_PLATFORMS, PUBLISHER_PLATFORMS, USER_OS
 from andromeda_nb.derive import ad_embeddings, request_signals
 from andromeda_nb.model import (
+    MODEL_ARRAYS,
     EmbeddingTable,
     ModelError,
     MoeModel,
@@ -285,8 +286,30 @@ def test_npz_errors_name_file_and_array(tmp_path):
         MoeModel.load(tmp_path / "absent.npz")
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"not a zip file")
-    with pytest.raises(ModelError, match="not a readable model.npz"):
+    with pytest.raises(ModelError, match="junk.npz: not a model: it is not a zip archive; model.npz is a NumPy"):
         MoeModel.load(junk)
+
+
+def test_a_file_that_is_not_a_model_is_named_for_what_it_is(tmp_path):
+    """--model given the wrong file says what the file is and what a model is, never numpy's advice
+    to programmers (allow_pickle=)."""
+    jsonl = tmp_path / "ads.jsonl"
+    jsonl.write_text('{"ad_id": 1, "targeting": {}}\n')
+    with pytest.raises(ModelError, match=r"ads.jsonl: not a model: it is JSON text \(an ads or requests file\?\)"):
+        MoeModel.load(jsonl)
+    single = tmp_path / "one.npy"
+    np.save(single, np.zeros(3, np.float32))
+    with pytest.raises(ModelError, match=r"it is a single NumPy array \(.npy\)"):
+        MoeModel.load(single)
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, **{name: np.array([None, None], dtype=object) for name in MODEL_ARRAYS})
+    with pytest.raises(ModelError, match="objects.npz: an array holds Python objects, not numbers") as caught:
+        MoeModel.load(objects)
+    assert "allow_pickle" not in str(caught.value)
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(b"PK\x03\x04 and then nothing a zip holds")
+    with pytest.raises(ModelError, match=r"broken.npz: not a readable model.npz \(BadZipFile\)"):
+        MoeModel.load(broken)
 
 
 # --- stored embeddings ------------------------------------------------------------------------------

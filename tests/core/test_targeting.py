@@ -376,7 +376,8 @@ def test_bad_users(user, path, words):
         parse_request(req_line(user=user), seed=0, experts=2, width=3)
     err = info.value
     assert err.ad_id is None and err.path == path, str(err)
-    assert words in err.message and "request 17" in str(err), str(err)
+    assert words in err.message and err.request_id == 17, str(err)
+    assert str(err) == f"request 17: {path}: {err.message}", "the request first, then the path, as for ads"
 
 
 @pytest.mark.parametrize(
@@ -399,7 +400,17 @@ def test_bad_contexts(context, path):
 def test_parse_user_and_context_directly():
     with pytest.raises(TargetingError) as info:
         parse_user({"age": 30, "behaviors": [True]}, "u", request_id=5)
-    assert info.value.path == "u.behaviors[0]" and "request 5" in str(info.value)
+    assert info.value.path == "u.behaviors[0]" and str(info.value).startswith("request 5: u.behaviors[0]: ")
+
+
+def test_ads_and_requests_are_named_in_one_order():
+    """Line, then the ad or request, then the JSON path, then what is wrong, for both kinds."""
+    with pytest.raises(TargetingError) as ad:
+        parse_ad({"ad_id": 6, "status": "BOGUS", "targeting": {}}, seed=0, dim=4, line=5)
+    with pytest.raises(TargetingError) as request:
+        parse_request(req_line(user={"age": "x"}), seed=0, experts=2, width=3, line=3)
+    assert str(ad.value).startswith("line 5: ad 6: status: "), str(ad.value)
+    assert str(request.value).startswith("line 3: request 17: user.age: must be an int"), str(request.value)
     c = parse_context(CONTEXT)
     assert (c.publisher_platform, c.time) == ("facebook", 1000)
 

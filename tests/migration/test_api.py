@@ -63,7 +63,7 @@ def test_request_objects_as_a_requests_file_holds_them(corpus_dir, reference):
         _assert_equal(reference, index.retrieve(without_ids, K), "objects without ids")
         assert [r.request_id for r in index.requests(without_ids)] == list(range(len(objects)))
         bad = dict(objects[0], user=dict(objects[0]["user"], age=-1))
-        with pytest.raises(ValueError, match=r"request 1: .*user\.age"):
+        with pytest.raises(ValueError, match=rf"requests\[1\]: request {objects[0]['request_id']}: user\.age: "):
             index.retrieve([objects[0], bad], K)
         with pytest.raises(ValueError, match="k"):
             index.retrieve(objects, 0)
