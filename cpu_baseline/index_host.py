@@ -177,8 +177,8 @@ class IndexHostServer(RetrieveServer):
                                        f"({self.log.last_seq}): it holds updates this host never logged")
                 if have >= target:
                     return
-                if self._pending and have >= self.index_seq:  # the usual case: what was just logged
-                    records = [r for r, _ in self._pending if r.seq > have]
+                if self._pending and self.index_seq <= have and self._pending[0][0].seq <= have + 1:
+                    records = [r for r, _ in self._pending if r.seq > have]  # the usual case: what was just logged
                 else:
                     records = [r for r in self.log.records_after(have) if r.seq <= target]
                 step = self.limits.update_slice
@@ -218,9 +218,15 @@ class IndexHostServer(RetrieveServer):
         finally:
             self._rw.release_write()
 
-    def _ensure_caught_up(self) -> None:
+    def _ensure_caught_up(self, seen: int | None = None) -> None:
+        """Bring both services to the log's end before a retrieval. `seen`: the scoring service's
+        number as a health call just said, set only here, under the write lock, where no delivery
+        is under way. A delivery between that health call and the lock makes `seen` too low, which
+        costs a re-delivery from the log (the service skips what it holds), never a gap."""
         self._rw.acquire_write()
         try:
+            if seen is not None:
+                self._scorer_seq = seen
             if self._pending or self._scorer_problem or self._scorer_seq != self.index_seq:
                 try:
                     self._catch_up()
@@ -246,9 +252,8 @@ class IndexHostServer(RetrieveServer):
                 continue
             seq = int(health.get("seq", 0))
             if seq != self.index_seq or self._pending or self._scorer_problem:
-                self._scorer_seq = seq
                 try:
-                    self._ensure_caught_up()
+                    self._ensure_caught_up(seen=seq)
                 except Exception:  # said by health (`_scorer_problem`); the next round tries again
                     pass
 
@@ -329,6 +334,8 @@ class IndexHostServer(RetrieveServer):
     # --- reporting -------------------------------------------------------------------------------------
     def health_state(self) -> tuple[str, list[str]]:
         reasons = []
+        if self.journal.failed is not None:
+            reasons.append(f"update calls are refused: {self.journal.failed}")
         if self._scorer_problem:
             reasons.append(self._scorer_problem)
         if self._pending:
