@@ -16,6 +16,11 @@ another corpus.
 * **Appending** (`append`): the records of one call are written with one `write` and made durable
   with one `fdatasync` (group commit); the server acknowledges after `append` returns. A failed
   write or sync is cut back off the file and nothing is applied.
+* **The path** holds a log or nothing: a symbolic link (to anything, or dangling), anything but a
+  regular file, an empty file and a file whose first line is not a log header are refused with the
+  path named, never replaced or written through. A new log (and a log restarted after a
+  compaction) is written aside (`PATH.new`), synced and renamed into place, so a log on disk
+  always begins with its whole header.
 * **Opening** (`WriteAheadLog.open`): every line is checked. A last line that is incomplete or fails
   its checksum is a torn write (the process died while writing it, before acknowledging it): it is
   cut off. A damaged line with good lines after it is not a torn write: the file is refused with
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import zlib
 from array import array
 from dataclasses import dataclass
@@ -51,6 +57,7 @@ MAGIC = "andromeda-nb update log"
 VERSION = 1
 _CRC_PREFIX = b',"crc":"'
 _CRC_SUFFIX_LEN = len(_CRC_PREFIX) + 8 + 2  # ,"crc":"XXXXXXXX"}
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # never open a log, its lock or its new file through a link
 
 
 class LogError(ValueError):
@@ -143,7 +150,7 @@ class LogLock:
         if fcntl is None:
             return self
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError as exc:
             raise LogError(f"{self.path}: cannot create the log's lock file ({exc.strerror}); give --log PATH "
                            "in a writable directory, or --log off to keep updates in memory only") from None
@@ -191,7 +198,7 @@ class WriteAheadLog:
         log = cls(path, lineage, snapshot_seq)
         log._lock = lock or LogLock(path).acquire()
         try:
-            if path.exists():
+            if check_log_path(path):
                 log._load(snapshot_seq)
             else:
                 log._create(snapshot_seq)
@@ -204,13 +211,14 @@ class WriteAheadLog:
         return encode_line({"log": MAGIC, "version": VERSION, "lineage": self.lineage, "base_seq": base_seq})
 
     def _create(self, base_seq: int) -> None:
-        _write_new_file(self.path, self._header(base_seq))
+        """A new log holding only its header, at `base_seq`: written aside and renamed into place."""
+        _write_in_place_of(self.path, self._header(base_seq))
         self.base_seq = self.last_seq = base_seq
         self._offsets = array("q")
         self._open_for_append()
 
     def _open_for_append(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW)
         self._size = os.fstat(self._fd).st_size
 
     def _load(self, snapshot_seq: int) -> None:
@@ -220,13 +228,14 @@ class WriteAheadLog:
         except OSError as exc:
             raise LogError(f"{path}: cannot be read ({exc.strerror})") from None
         lines = data.splitlines(keepends=True)
-        if not lines or decode_line(lines[0]) is None:
-            if len(lines) <= 1:  # the header itself was torn: the log never held a record
-                self._create(snapshot_seq)
-                return
-            raise LogError(f"{path}: line 1 is not a valid log header; this is not an update log of "
-                           "andromeda-nb, or it is damaged")
+        if not lines:
+            raise LogError(f"{path}: is empty, so it is not an update log (a log always holds its header: it is "
+                           "written aside and renamed into place); it is left as it is: remove it if it never held "
+                           "an acknowledged update, or give another --log PATH")
         header = decode_line(lines[0])
+        if header is None:
+            raise LogError(f"{path}: line 1 is not a valid log header: this file is not an andromeda-nb update log, "
+                           "or its header is damaged; it is left as it is: move it away, or give another --log PATH")
         if header.get("log") != MAGIC or header.get("version") != VERSION:
             raise LogError(f"{path}: not an andromeda-nb update log of version {VERSION} (header {header})")
         if header.get("lineage") != self.lineage:
@@ -351,10 +360,7 @@ class WriteAheadLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        tmp = self.path.with_name(self.path.name + ".new")
-        _write_new_file(tmp, self._header(base_seq))
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        _write_in_place_of(self.path, self._header(base_seq))
         self.base_seq = self.last_seq = base_seq
         self._offsets = array("q")
         self._open_for_append()
@@ -372,14 +378,57 @@ class WriteAheadLog:
                 "base_seq": self.base_seq, "seq": self.last_seq}
 
 
+def check_log_path(path) -> bool:
+    """Whether a file is at a log's `path` (False: nothing is). Refuses, naming the path, anything
+    there but a regular file: a symbolic link (to a log, to any other file, or dangling), a
+    directory, a device, a pipe. The contents are checked when the log is read."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be examined ({exc.strerror})") from None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = f" to {_quoted(os.readlink(path))}"
+        except OSError:
+            target = ""
+        raise LogError(f"{path}: is a symbolic link{target}; an update log must be a regular file or absent, "
+                       "and is never written through a link: give --log the file's own path, or move the link away")
+    if not stat.S_ISREG(st.st_mode):
+        raise LogError(f"{path}: is not a regular file; an update log must be a regular file or absent: "
+                       "give another --log PATH")
+    return True
+
+
+def _quoted(text: str, limit: int = 200) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _write_in_place_of(path: Path, data: bytes) -> None:
+    """Make `path` a file holding `data`, durably: written aside (`PATH.new`), synced, renamed over
+    `path` (a link there is replaced, never written through), and the directory synced."""
+    tmp = path.with_name(path.name + ".new")
+    _write_new_file(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def _write_new_file(path: Path, data: bytes) -> None:
-    """Write `path` whole and durably (file synced, then its directory)."""
-    with open(path, "wb") as fh:
+    """Write `path` whole and durably (file synced, then its directory), as a new file: whatever was
+    at `path` (a file left by a crash, a link) is removed first, never written through."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     fsync_dir(path.parent)
 
 
-__all__ = ["LOG_FILE", "LogError", "LogLock", "LogRecord", "WriteAheadLog", "corpus_lineage", "decode_line",
+__all__ = ["LOG_FILE", "LogError", "LogLock", "LogRecord", "WriteAheadLog", "check_log_path", "corpus_lineage", "decode_line",
            "encode_line", "fsync_dir", "snapshot_seq"]

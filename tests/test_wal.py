@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -212,3 +213,83 @@ def test_lock_file_sits_beside_the_log(corpus):
     lock = LogLock(root / LOG_FILE).acquire()
     assert (root / (LOG_FILE + ".lock")).exists()
     lock.release()
+
+
+def _log_at(path, dataset):
+    return WriteAheadLog.open(path, lineage=corpus_lineage(dataset), snapshot_seq=0)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a log\n", b"not a log", b'{"log":"andromeda-nb update log"}\n',
+                                     b"\0" * 4096])
+def test_a_file_at_the_log_path_that_is_not_a_log_is_refused_and_left_alone(corpus, content):
+    """Issue 37, point 4: one line of anything (or nothing) at the log path was taken for a torn header
+    and replaced by a new log. A log is always created whole (written aside, renamed into place), so
+    such a file is never one of ours: refused, naming the path, and left as it was."""
+    root, dataset = corpus
+    path = root / LOG_FILE
+    path.write_bytes(content)
+    with pytest.raises(LogError, match=f"^{re.escape(str(path))}: (is empty|line 1 is not a valid log header).* left as it is"):
+        _log_at(path, dataset)
+    assert path.read_bytes() == content
+    assert not path.with_name(LOG_FILE + ".new").exists()
+
+
+def test_a_symbolic_link_at_the_log_path_is_refused_whatever_it_points_to(corpus, tmp_path):
+    root, dataset = corpus
+    path = root / LOG_FILE
+    real = tmp_path / "real.log"
+    _log_at(real, dataset).close()  # a valid log of this corpus
+    one_line = tmp_path / "notes.txt"
+    one_line.write_bytes(b"one line\n")
+    for target in (real, one_line, tmp_path / "missing"):
+        before = target.read_bytes() if target.exists() else None
+        path.symlink_to(target)
+        with pytest.raises(LogError, match=f"^{re.escape(str(path))}: is a symbolic link to '{re.escape(str(target))}'; "
+                                           "an update log must be a regular file or absent"):
+            _log_at(path, dataset)
+        assert (target.read_bytes() if target.exists() else None) == before, target  # never written through
+        assert path.is_symlink()
+        path.unlink()
+    path.mkdir()
+    with pytest.raises(LogError, match=f"^{re.escape(str(path))}: is not a regular file"):
+        _log_at(path, dataset)
+
+
+def test_a_new_log_is_written_aside_and_never_through_a_link(corpus, tmp_path):
+    """The header of a new log goes to PATH.new, synced, then renamed into place: a link (or a file a
+    crash left) at PATH.new is replaced, not written through, and a log at PATH always has its header."""
+    root, dataset = corpus
+    path = root / LOG_FILE
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me\n")
+    path.with_name(LOG_FILE + ".new").symlink_to(victim)
+    log = _log_at(path, dataset)
+    log.append([update_to_json(update_stream(dataset, 1, 7)[0])])
+    log.reset(1)  # a compaction's restart of the log goes the same way
+    log.close()
+    assert victim.read_bytes() == b"keep me\n"
+    assert not path.with_name(LOG_FILE + ".new").exists() and not path.is_symlink()
+    assert decode_line(path.read_bytes().splitlines(keepends=True)[0])["base_seq"] == 1
+
+
+def test_the_serve_command_refuses_a_log_path_that_is_not_a_log_in_one_line(corpus, tmp_path):
+    """Through the server process (a process with a timeout: a server that took the file would serve
+    on instead of failing)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, dataset = corpus
+    project = Path(__file__).resolve().parent.parent
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"one line\n")
+    link = tmp_path / "link.log"
+    link.symlink_to(notes)
+    for log, expected in ((notes, "line 1 is not a valid log header"), (link, "is a symbolic link")):
+        run = subprocess.run([sys.executable, "-m", "migration.serve", "--data", str(root), "--device", "cpu",
+                              "--host", "127.0.0.1", "--port", "0", "--log", str(log)], cwd=project,
+                             env={**os.environ, "PYTHONPATH": str(project)}, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+        assert run.returncode == 2 and f"colocated: {log}: {expected}" in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr and not run.stdout, run.stdout  # never listened
+    assert notes.read_bytes() == b"one line\n"
