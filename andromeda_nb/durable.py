@@ -45,6 +45,7 @@ from typing import Callable, Sequence
 
 from . import jsontext
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
+from .quoting import clip
 from .types import Retire, TargetingError, Update, Upsert
 from .updates import LiveAds, Rejection, _reason, parse_update, update_answer
 from .wal import LogError, LogRecord, WriteAheadLog
@@ -318,7 +319,7 @@ class UpdateJournal:
         except BaseException as exc:
             first, last = items[done][0].seq, items[-1][0].seq
             self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
-                           f"{str(exc)[:200]}); restart the server: it replays its log")
+                           f"{clip(str(exc))}); restart the server: it replays its log")
             raise LogError(f"the updates were logged up to {last}, but {self.failed}") from exc
 
     def _refuse_if_failed(self) -> None:

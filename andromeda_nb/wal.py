@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .quoting import quote
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: no cross-process lock
@@ -391,7 +393,7 @@ def check_log_path(path) -> bool:
         raise LogError(f"{path}: cannot be examined ({exc.strerror})") from None
     if stat.S_ISLNK(st.st_mode):
         try:
-            target = f" to {_quoted(os.readlink(path))}"
+            target = f" to {quote(os.readlink(path))}"
         except OSError:
             target = ""
         raise LogError(f"{path}: is a symbolic link{target}; an update log must be a regular file or absent, "
@@ -400,10 +402,6 @@ def check_log_path(path) -> bool:
         raise LogError(f"{path}: is not a regular file; an update log must be a regular file or absent: "
                        "give another --log PATH")
     return True
-
-
-def _quoted(text: str, limit: int = 200) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _write_in_place_of(path: Path, data: bytes) -> None:
