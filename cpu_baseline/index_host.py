@@ -218,15 +218,15 @@ class IndexHostServer(RetrieveServer):
         finally:
             self._rw.release_write()
 
-    def _ensure_caught_up(self, seen: int | None = None) -> None:
-        """Bring both services to the log's end before a retrieval. `seen`: the scoring service's
-        number as a health call just said, set only here, under the write lock, where no delivery
-        is under way. A delivery between that health call and the lock makes `seen` too low, which
-        costs a re-delivery from the log (the service skips what it holds), never a gap."""
+    def _ensure_caught_up(self, recheck: bool = False) -> None:
+        """Bring both services to the log's end before a retrieval. `recheck` (the monitor saw the
+        scoring service at another number): forget its number and ask again here, under the write
+        lock, where no delivery is under way; the monitor's own health call may be older than a
+        delivery made since, and its number is never published."""
         self._rw.acquire_write()
         try:
-            if seen is not None:
-                self._scorer_seq = seen
+            if recheck:
+                self._scorer_seq = None
             if self._pending or self._scorer_problem or self._scorer_seq != self.index_seq:
                 try:
                     self._catch_up()
@@ -253,7 +253,7 @@ class IndexHostServer(RetrieveServer):
             seq = int(health.get("seq", 0))
             if seq != self.index_seq or self._pending or self._scorer_problem:
                 try:
-                    self._ensure_caught_up(seen=seq)
+                    self._ensure_caught_up(recheck=True)
                 except Exception:  # said by health (`_scorer_problem`); the next round tries again
                     pass
 
