@@ -419,7 +419,7 @@ def to_flight_error(exc: BaseException, what: str = "request") -> Exception:
     if isinstance(exc, DeadlineExceeded):
         return flight.FlightTimedOutError(clip(str(exc), MESSAGE_LIMIT))
     if isinstance(exc, LogError):
-        return flight.FlightInternalError(clip(f"update log: {exc}", MESSAGE_LIMIT))
+        return flight.FlightInternalError(clip(f"{exc.label}: {exc}", MESSAGE_LIMIT))
     return flight.FlightInternalError(clip(f"internal error: {type(exc).__name__}: {exc}", MESSAGE_LIMIT))
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .quoting import quote
+from .quoting import clip, quote
 
 try:
     import fcntl
@@ -64,6 +64,13 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # never open a log, its lock or its ne
 
 class LogError(ValueError):
     """A log that cannot be used as it is; the message names the file, the line and the remedy."""
+
+    label = "update log"  # how a server's error to its client begins
+
+
+class UnreadableLine(ValueError):
+    """A log line whose checksum holds but whose JSON cannot be decoded (nested too deep for the
+    decoder, or not JSON): it was written so, not torn by a crash."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,8 @@ def encode_line(obj: dict) -> bytes:
 
 
 def decode_line(line: bytes) -> dict | None:
-    """The object of one log line, or None when the line is incomplete or fails its checksum."""
+    """The object of one log line, or None when the line is incomplete or fails its checksum.
+    `UnreadableLine` when the checksum holds but the JSON cannot be decoded (a line written so)."""
     if not line.endswith(b"\n"):
         return None
     body = line[:-1]
@@ -97,9 +105,16 @@ def decode_line(line: bytes) -> dict | None:
         return None
     try:
         obj = json.loads(payload)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
+    except RecursionError:
+        from .jsontext import nesting_depth
+
+        depth = nesting_depth(payload.decode("utf-8", "replace"))
+        raise UnreadableLine(f"nested {depth} levels deep, deeper than the JSON decoder goes") from None
+    except ValueError as exc:
+        raise UnreadableLine(f"not JSON ({clip(str(exc))})") from None
+    if not isinstance(obj, dict):
+        raise UnreadableLine(f"a JSON {type(obj).__name__}, not an object")
+    return obj
 
 
 def corpus_lineage(dataset) -> str:
@@ -234,7 +249,7 @@ class WriteAheadLog:
             raise LogError(f"{path}: is empty, so it is not an update log (a log always holds its header: it is "
                            "written aside and renamed into place); it is left as it is: remove it if it never held "
                            "an acknowledged update, or give another --log PATH")
-        header = decode_line(lines[0])
+        header = _read_line(path, lines[0], 1)
         if header is None:
             raise LogError(f"{path}: line 1 is not a valid log header: this file is not an andromeda-nb update log, "
                            "or its header is damaged; it is left as it is: move it away, or give another --log PATH")
@@ -251,7 +266,7 @@ class WriteAheadLog:
         offset = len(lines[0])
         good_end = offset
         for n, line in enumerate(lines[1:], start=2):
-            obj = decode_line(line)
+            obj = _read_line(path, line, n)
             if obj is None:
                 if n == len(lines):  # the last line: a write torn by a crash, never acknowledged
                     break
@@ -304,8 +319,8 @@ class WriteAheadLog:
             return
         with open(self.path, "rb") as fh:
             fh.seek(self._offsets[first])
-            for _ in range(len(self._offsets) - first):
-                obj = decode_line(fh.readline())
+            for n in range(len(self._offsets) - first):
+                obj = _read_line(self.path, fh.readline(), f"of record {seq + 1 + n}")
                 if obj is None:
                     raise LogError(f"{self.path}: record {seq + 1} no longer reads back")
                 yield LogRecord(obj["seq"], obj["update"])
@@ -352,17 +367,22 @@ class WriteAheadLog:
     # --- after a compaction ---------------------------------------------------------------------------
     def reset(self, base_seq: int) -> None:
         """Start an empty log at `base_seq` (the snapshot now holds every record up to it): the new
-        file is written aside, synced and renamed over the old one."""
+        file is written aside, synced and renamed over the old one. Should that fail (LogError), the
+        old log stays open and in use: its records up to `base_seq` are skipped on replay."""
         if base_seq < self.last_seq and self.path is not None:
             raise LogError(f"{self.path}: cannot drop records {base_seq + 1}..{self.last_seq}, the snapshot lacks them")
         if self._memory is not None:
             self._memory = []
             self.base_seq = self.last_seq = base_seq
             return
+        try:
+            _write_in_place_of(self.path, self._header(base_seq))
+        except OSError as exc:
+            raise LogError(f"{self.path}: cannot start the log afresh ({exc.strerror}); it goes on as it was, and "
+                           f"its records up to {base_seq} are skipped on replay (the snapshot holds them)") from None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        _write_in_place_of(self.path, self._header(base_seq))
         self.base_seq = self.last_seq = base_seq
         self._offsets = array("q")
         self._open_for_append()
@@ -378,6 +398,16 @@ class WriteAheadLog:
     def describe(self) -> dict:
         return {"path": None if self.path is None else str(self.path), "durable": self.durable,
                 "base_seq": self.base_seq, "seq": self.last_seq}
+
+
+def _read_line(path, line: bytes, n) -> dict | None:
+    """`decode_line`, a line that cannot be decoded refused as a LogError naming line `n`."""
+    try:
+        return decode_line(line)
+    except UnreadableLine as exc:
+        raise LogError(f"{path}: line {n} passes its checksum but cannot be read: {exc}; it was written so, "
+                       "not torn by a crash: restore the log from a copy, or move it away to start from the "
+                       "snapshot alone") from None
 
 
 def check_log_path(path) -> bool:

@@ -293,3 +293,150 @@ def test_the_serve_command_refuses_a_log_path_that_is_not_a_log_in_one_line(corp
         assert run.returncode == 2 and f"colocated: {log}: {expected}" in run.stderr, run.stderr
         assert "Traceback" not in run.stderr and not run.stdout, run.stdout  # never listened
     assert notes.read_bytes() == b"one line\n"
+
+
+# --- issue 37, the minor three: clean messages, a decided compaction checked before it is moved ---------
+
+
+def _line_with_checksum(payload: bytes) -> bytes:
+    """A log line of `payload` (a JSON object's bytes, not necessarily decodable) with a valid CRC-32."""
+    import zlib
+
+    return payload[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(payload)
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_record_that_passes_its_checksum_but_cannot_be_read_is_refused_in_words(corpus, last):
+    """A record nested 3,000 deep (or not JSON) with a valid checksum was refused with the decoder's raw
+    `maximum recursion depth exceeded`; it is not a torn write either, so it is never cut off, even last."""
+    root, dataset = corpus
+    log = _open(root, dataset)
+    log.append([update_to_json(u) for u in update_stream(dataset, 2, 8)])
+    log.close()
+    lines = (root / LOG_FILE).read_bytes().splitlines(keepends=True)
+    deep = _line_with_checksum(b'{"seq":3,"update":' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"}")
+    not_json = _line_with_checksum(b'{"seq":3,"update":{"op":"retire",}}')
+    for bad, reason in ((deep, r"nested 3001 levels deep, deeper than the JSON decoder goes"), (not_json, "not JSON")):
+        whole = b"".join(lines[:2] + [bad] + ([] if last else lines[2:]))
+        (root / LOG_FILE).write_bytes(whole)
+        with pytest.raises(LogError, match=f"line 3 passes its checksum but cannot be read: {reason}.*not torn by a "
+                                           "crash"):
+            _open(root, dataset)
+        assert (root / LOG_FILE).read_bytes() == whole  # nothing cut off
+
+
+def _decided_garbage(root, seq: int, files: dict) -> "os.PathLike":
+    tmp = root / f"{compaction.COMPACT_PREFIX}{seq}"
+    tmp.mkdir()
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    return tmp
+
+
+def _corpus_bytes(root):
+    return {name: (root / name).read_bytes() for name in (store.ADS_FILE, store.TARGETING_FILE, store.META_FILE)}
+
+
+def test_a_decided_compaction_directory_is_checked_before_it_replaces_the_snapshot(corpus):
+    """A `.compact-N` holding COMPLETE and garbage was renamed over the snapshot, and the corpus no longer
+    loaded. Now the directory is checked first (marker, meta.json, the sha256 of each file) and refused,
+    naming it, with the corpus as it was; the server's start and `andromeda compact` say so in one line."""
+    from andromeda_nb.services import open_corpus
+
+    root, dataset = corpus
+    before = _corpus_bytes(root)
+    meta = json.loads(before[store.META_FILE])
+    cases = {
+        "garbage": ({compaction.COMPLETE: b"5\n", store.ADS_FILE: b"garbage", store.TARGETING_FILE: b"garbage",
+                     store.META_FILE: b"{}"}, r"ends at update None, not 5"),
+        "wrong marker": ({compaction.COMPLETE: b"6\n", store.META_FILE: json.dumps({**meta, "log_seq": 5}).encode()},
+                         r"the marker says b'6\\n', the directory's name '5'"),
+        "meta not JSON": ({compaction.COMPLETE: b"5\n", store.META_FILE: b"{not json"}, "not valid JSON"),
+        "files not recorded": ({compaction.COMPLETE: b"5\n", store.ADS_FILE: b"garbage",
+                                store.TARGETING_FILE: before[store.TARGETING_FILE],
+                                store.META_FILE: json.dumps({**meta, "log_seq": 5}).encode()},
+                               r"ads.parquet is not the file its meta.json records"),
+        "marker alone": ({compaction.COMPLETE: b"5\n"}, r"meta.json ends at update None, not 5"),
+    }
+    for case, (files, reason) in cases.items():
+        tmp = _decided_garbage(root, 5, files)
+        with pytest.raises(compaction.CompactionError, match=f"marked COMPLETE but it does not hold the compacted "
+                                                             f"snapshot it decided \\(.*{reason}"):
+            compaction.recover(root)
+        with pytest.raises(LogError, match=re.escape(str(tmp))):
+            open_corpus(root)  # what a server's start runs
+        assert _corpus_bytes(root) == before, case
+        assert tmp.is_dir(), case  # left for the operator to look at
+        import shutil
+
+        shutil.rmtree(tmp)
+    assert store.load_dataset(root).n_ads == dataset.n_ads
+
+
+def test_a_decided_compaction_whose_file_was_damaged_is_refused(corpus, monkeypatch):
+    """A real compaction decided, then a crash before its renames, then one of its files damaged: the
+    next start refuses it instead of moving a damaged file over the snapshot."""
+    root, dataset = corpus
+    log = _open(root, dataset)
+    log.append([update_to_json(u) for u in update_stream(dataset, 20, 9)])
+    monkeypatch.setattr(compaction, "recover", lambda data_dir: [])  # the crash: decided, nothing moved
+    compaction.compact(root, log.records_after(0), lineage=log.lineage)
+    monkeypatch.undo()
+    log.close()
+    tmp = root / f"{compaction.COMPACT_PREFIX}20"
+    assert (tmp / compaction.COMPLETE).is_file()
+    before = _corpus_bytes(root)
+    data = bytearray((tmp / store.TARGETING_FILE).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (tmp / store.TARGETING_FILE).write_bytes(bytes(data))
+    with pytest.raises(compaction.CompactionError, match="targeting.npz is not the file its meta.json records.*"
+                                                         "nothing of it was moved"):
+        compaction.recover(root)
+    assert _corpus_bytes(root) == before
+
+
+def test_a_compaction_that_cannot_write_fails_in_words_and_changes_nothing(tmp_path, monkeypatch):
+    """Compaction on a read-only corpus directory answered `internal error: OSError`. The first write
+    into the directory fails as on a read-only file system (tests may run as root, for whom permission
+    bits do not stop a write, so the failure is made at that call)."""
+    import errno
+    import pathlib
+
+    import pyarrow.flight as flight
+
+    from andromeda_nb import flight as fl
+
+    from _servers import assert_equals_reference, colocated_server, lines_of, location, reference_at, stop
+
+    root, dataset = saved_corpus(tmp_path / "corpus", 13, n_ads=80, n_requests=3)
+    (tmp_path / "logs").mkdir()
+    log = WriteAheadLog.open(tmp_path / "logs" / LOG_FILE, lineage=corpus_lineage(dataset), snapshot_seq=0)
+    server = colocated_server(dataset, log=log, data_dir=root)
+    real_mkdir = pathlib.Path.mkdir
+
+    def read_only(self, *args, **kw):
+        if self.parent == root:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kw)
+
+    stream = update_stream(dataset, 30, 10)
+    try:
+        loc = location(server)
+        fl.flight_action(loc, "update", lines_of(stream[:20]))
+        before = _corpus_bytes(root)
+        log_before = (tmp_path / "logs" / LOG_FILE).read_bytes()
+        monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
+        with pytest.raises(flight.FlightInternalError) as err:
+            fl.flight_action(loc, "compact", timeout=60)
+        message = str(err.value).split(". Detail:")[0]
+        assert message == (f"compaction: {root}: cannot write the compacted snapshot (Read-only file system: "
+                           f"{root / '.compact-20'}); nothing changed: the snapshot and the log are as they were")
+        assert _corpus_bytes(root) == before and not list(root.glob(".compact-*"))
+        assert (tmp_path / "logs" / LOG_FILE).read_bytes() == log_before
+        monkeypatch.undo()
+        assert fl.flight_action(loc, "update", lines_of(stream[20:]))["seq"] == 30  # the server goes on
+        assert_equals_reference(reference_at(dataset, stream), dataset.requests,
+                                fl.retrieve_over_flight(loc, dataset.requests, 50), 50, "after the refused compaction")
+        assert fl.flight_action(loc, "compact", timeout=60)["seq"] == 30  # and compacts once it can write
+    finally:
+        stop(server)
