@@ -847,6 +847,34 @@ def compact(data, log, as_json, quiet):
                    f"{result['ads']} ads); log {result['log']} starts afresh")
 
 
+@main.command("truncate-log")
+@click.option("--log", "log", required=True, type=click.Path(dir_okay=False),
+              help="The update log a server refused as damaged (e.g. DIR/updates.log).")
+@click.option("--after", type=click.IntRange(0), required=True,
+              help="The last record to keep: the refusal names it (the records before the damaged one).")
+@_JSON_OPTION
+def truncate_log(log, after, as_json):
+    """Keep a damaged update log's records up to --after and drop the rest, on purpose.
+
+    A server never shortens a damaged log by itself: it refuses to start, naming the damaged record and
+    this command. Every line up to record --after must be intact; the file as it was is kept beside the
+    log (LOG.damaged). No server may hold the log meanwhile."""
+    import json
+
+    from serving.process import startup_errors
+    from serving.wal import truncate_log as truncate
+
+    try:
+        result = truncate(log, after)
+    except startup_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"{log}: kept the records through {after}, dropped {result['dropped_bytes']} bytes after them; "
+                   f"the file as it was is {result['kept_aside']}")
+
+
 def _require_ray() -> None:
     """Stop with the install command when Ray (the cluster extra) is missing."""
     from cluster import RayMissing, require_ray

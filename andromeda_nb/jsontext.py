@@ -20,6 +20,8 @@ import re
 
 import numpy as np
 
+from .quoting import clip
+
 DEFAULT_MAX_DEPTH = 64
 BOM = "\ufeff"
 
@@ -31,6 +33,7 @@ class JsonInputError(ValueError):
     """JSON input that cannot be used: not UTF-8, not JSON, nested too deep, or a duplicate key."""
 
     def __init__(self, message: str, path: str = ""):
+        path = clip(path)  # a path holds keys from the input (a repeated key names itself)
         self.path = path
         self.message = message
         super().__init__(f"{path}: {message}" if path else message)

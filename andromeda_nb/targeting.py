@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from . import derive
+from .quoting import clip, quote
 from .compiled import MAX_TERM_ID
 from .constants import (
     AGE_HIGHEST,
@@ -155,6 +156,7 @@ class _Checker:
         self.request_id = request_id
 
     def fail(self, path: str, message: str):
+        path = clip(path)  # a path holds keys from the input (an unknown key names itself)
         raise TargetingError(self.ad_id, path, message, line=self.line, request_id=self.request_id)
 
     def object(self, v, path: str, allowed: tuple[str, ...], *, nonempty: bool = False) -> Mapping:
@@ -163,7 +165,7 @@ class _Checker:
         if not v.keys() <= _keyset(allowed):  # the per-key loop names the first unknown key
             for key in v:
                 if not isinstance(key, str) or key not in allowed:
-                    self.fail(_join(path, str(key)), f"unknown key {key!r}; allowed: {', '.join(allowed)}")
+                    self.fail(_join(path, str(key)), f"unknown key {quote(key)}; allowed: {', '.join(allowed)}")
         if nonempty and not v:
             self.fail(path, "must not be an empty object")
         return v
@@ -173,7 +175,7 @@ class _Checker:
             self.fail(path, f"must be an int, got {_type_name(v)}")
         v = int(v)
         if not lo <= v <= hi:
-            self.fail(path, f"{v} is out of range {lo}..{hi}")
+            self.fail(path, f"{quote(v)} is out of range {lo}..{hi}")
         return v
 
     def number(self, v, path: str, lo: float | None = None, hi: float | None = None) -> float:
@@ -217,7 +219,7 @@ class _Checker:
         if universe and _is_int(universe[0]) and not _is_int(v):
             self.fail(path, f"must be an int, got {_type_name(v)}")
         if v not in universe:
-            self.fail(path, f"{v!r} is not one of {', '.join(map(repr, universe))}")
+            self.fail(path, f"{quote(v)} is not one of {', '.join(map(repr, universe))}")
         return v.item() if isinstance(v, np.generic) else v
 
     def enum_set(self, v, path: str, universe: tuple) -> frozenset:
@@ -241,7 +243,7 @@ class _Checker:
         if not isinstance(v, str):
             self.fail(path, f"must be a string, got {_type_name(v)}")
         if not _ISO2.fullmatch(v):
-            self.fail(path, f"{v!r} is not an ISO-3166 alpha-2 code (two upper-case letters)")
+            self.fail(path, f"{quote(v)} is not an ISO-3166 alpha-2 code (two upper-case letters)")
         return v
 
     def time(self, v, path: str) -> int:

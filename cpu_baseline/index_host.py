@@ -33,16 +33,15 @@ ahead, or holds another corpus.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pyarrow.flight as flight
 
-from serving.durable import ReadGate, UpdateJournal
-from serving.protocol import RetrieveServer
-from serving.limits import DEFAULT_LIMITS
 from andromeda_nb.model import user_side
 from andromeda_nb.reference import reference_topk
+from serving.durable import ReadGate, UpdateJournal
+from serving.limits import DEFAULT_LIMITS
+from serving.protocol import RetrieveServer
 from serving.wal import LogError, WriteAheadLog, corpus_lineage, snapshot_seq
 
 from .index import CpuTargetingIndex
@@ -177,8 +176,8 @@ class IndexHostServer(RetrieveServer):
                                        f"({self.log.last_seq}): it holds updates this host never logged")
                 if have >= target:
                     return
-                if self._pending and have >= self.index_seq:  # the usual case: what was just logged
-                    records = [r for r, _ in self._pending if r.seq > have]
+                if self._pending and self.index_seq <= have and self._pending[0][0].seq <= have + 1:
+                    records = [r for r, _ in self._pending if r.seq > have]  # the usual case: what was just logged
                 else:
                     records = [r for r in self.log.records_after(have) if r.seq <= target]
                 step = self.limits.update_slice
@@ -218,9 +217,15 @@ class IndexHostServer(RetrieveServer):
         finally:
             self._rw.release_write()
 
-    def _ensure_caught_up(self) -> None:
+    def _ensure_caught_up(self, recheck: bool = False) -> None:
+        """Bring both services to the log's end before a retrieval. `recheck` (the monitor saw the
+        scoring service at another number): forget its number and ask again here, under the write
+        lock, where no delivery is under way; the monitor's own health call may be older than a
+        delivery made since, and its number is never published."""
         self._rw.acquire_write()
         try:
+            if recheck:
+                self._scorer_seq = None
             if self._pending or self._scorer_problem or self._scorer_seq != self.index_seq:
                 try:
                     self._catch_up()
@@ -246,9 +251,8 @@ class IndexHostServer(RetrieveServer):
                 continue
             seq = int(health.get("seq", 0))
             if seq != self.index_seq or self._pending or self._scorer_problem:
-                self._scorer_seq = seq
                 try:
-                    self._ensure_caught_up()
+                    self._ensure_caught_up(recheck=True)
                 except Exception:  # said by health (`_scorer_problem`); the next round tries again
                     pass
 
@@ -329,6 +333,8 @@ class IndexHostServer(RetrieveServer):
     # --- reporting -------------------------------------------------------------------------------------
     def health_state(self) -> tuple[str, list[str]]:
         reasons = []
+        if self.journal.failed is not None:
+            reasons.append(f"update calls are refused: {self.journal.failed}")
         if self._scorer_problem:
             reasons.append(self._scorer_problem)
         if self._pending:

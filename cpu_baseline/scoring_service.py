@@ -46,12 +46,13 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from andromeda_nb import jsontext
+from andromeda_nb.dataset import fingerprint
+from andromeda_nb.model import quantize
+from andromeda_nb.quoting import clip, quote
 from serving.durable import ReadGate
-from serving.protocol import InvalidInput, ServiceStats, to_flight_error
 from serving.guard import ADMIN, OPEN, READER, ClientCredentials, connect
 from serving.limits import DEFAULT_LIMITS
-from andromeda_nb.model import quantize
-from andromeda_nb.dataset import fingerprint
+from serving.protocol import InvalidInput, ServiceStats, to_flight_error
 from serving.wal import LogRecord, corpus_lineage, snapshot_seq
 
 from .candidates import CpuCandidateTable
@@ -171,7 +172,7 @@ class ScoringServer(flight.FlightServerBase):
         body = action.body.to_pybytes() if action.body is not None else b""
         what = "update" if action.type == "update" else "request"
         try:
-            self.guard.require(context, ADMIN if action.type == "update" else READER, f"action {action.type!r}")
+            self.guard.require(context, ADMIN if action.type == "update" else READER, f"action {quote(action.type)}")
             if action.type == "health":
                 result = self.health()
             elif action.type == "stats":
@@ -181,7 +182,7 @@ class ScoringServer(flight.FlightServerBase):
             elif action.type == "update":
                 result = self.apply_records(body)
             else:
-                raise InvalidInput(f"unknown action {action.type!r}; actions: {', '.join(ACTIONS)}")
+                raise InvalidInput(f"unknown action {quote(action.type)}; actions: {', '.join(ACTIONS)}")
         except Exception as exc:
             self.stats.add(errors=1)
             raise to_flight_error(exc, what) from None
@@ -212,7 +213,8 @@ class ScoringServer(flight.FlightServerBase):
                 raise InvalidInput(f"line {n}: the scoring service takes its index host's log records "
                                    '({"seq": n, "update": {...}}) only; send updates to the index host')
             if records and obj["seq"] != records[-1][0] + 1:
-                raise InvalidInput(f"line {n}: record {obj['seq']} follows {records[-1][0]}: records must be consecutive")
+                raise InvalidInput(f"line {n}: record {quote(obj['seq'])} follows {records[-1][0]}: records must be "
+                                   "consecutive")
             records.append((obj["seq"], scoring_fields(obj["update"], dim=self.D, formats=self.F, seed=self.seed,
                                                        line=n)))
         with self._lock:
@@ -255,19 +257,19 @@ def scoring_fields(update, *, dim: int, formats: int, seed: int, line: int | Non
     def ad_id_of(obj, path):
         value = obj.get("ad_id") if isinstance(obj, dict) else None
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_AD_ID:
-            raise InvalidInput(f"{where}{path}: expected an ad id in 0..2**63-1, got {value!r}")
+            raise InvalidInput(f"{where}{path}: expected an ad id in 0..2**63-1, got {quote(value)}")
         return value
 
     op = update.get("op") if isinstance(update, dict) else None
     if op in ("status", "retire"):
         return op, ad_id_of(update, "ad_id"), None, None
     if op != "upsert" or not isinstance(update.get("ad"), dict):
-        raise InvalidInput(f"{where}op: expected upsert (with an ad), status or retire, got {op!r}")
+        raise InvalidInput(f"{where}op: expected upsert (with an ad), status or retire, got {quote(op)}")
     ad = update["ad"]
     ad_id = ad_id_of(ad, "ad.ad_id")
     fmt = ad.get("format", 0)
     if not isinstance(fmt, int) or isinstance(fmt, bool) or not 0 <= fmt < formats:
-        raise InvalidInput(f"{where}ad.format: expected 0..{formats - 1}, got {fmt!r}")
+        raise InvalidInput(f"{where}ad.format: expected 0..{formats - 1}, got {quote(fmt)}")
     values = ad.get("embedding")
     if values is None:
         return op, ad_id, fmt, ad_embedding(ad_id, seed, dim)
@@ -288,7 +290,7 @@ def _expected_seq(path: tuple) -> int | None:
             return int(path[1])
         except ValueError:
             pass
-    raise InvalidInput(f"unknown exchange {list(path)}; this service serves {list(SCORE_PATH)} or "
+    raise InvalidInput(f"unknown exchange {clip(str(list(path)))}; this service serves {list(SCORE_PATH)} or "
                        f"{list(SCORE_PATH) + ['SEQ']}")
 
 

@@ -257,6 +257,11 @@ MUTANTS: list[Mutant] = [
       "if True:",
       ("tests/serving/test_limits.py::test_an_update_call_keeps_to_its_cpu_share_only_while_retrievals_arrive",),
       "an update call never leaves the cores to retrievals, whatever its share"),
+    M("update-calls-share-a-window", "concurrent update calls", "serving/durable.py",
+      "        window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock",
+      "        window = self.__dict__.setdefault(\"_shared_window\", _ShareWindow())  # one for every call",
+      ("tests/serving/test_concurrent_updates.py::test_concurrent_update_calls_and_retrievals_on_the_colocated_server",),
+      "every update call paces itself in one share window, which a call parsing resets under another's feet"),
     # --- scale-out -------------------------------------------------------------------------------------
     M("tiled-copies-not-offset", "tiled pools", "benchmarks/match.py",
       "ids = lay(base_ct.ad_id[rows][None, :] + (np.arange(first_copy, first_copy + copies, dtype=np.int64)",

@@ -13,9 +13,9 @@
     relay             a counting TCP relay: real bytes on the wire
     hostmem           the allocator setting of a serving process
 
-The servers themselves are thin and say which engine they wrap: `migration.serve` (the co-located
-design, an `EngineServer` around the engine `--device` picks), `cpu_baseline.serve` (the remote
-design's index host and scoring service), `cluster.serve` (shards behind one front).
+The servers themselves are thin and say which engine they wrap: `migration.colocated_server` (the co-located
+design, an `EngineServer` around the engine `--device` picks), `cpu_baseline.remote_servers` (the remote
+design's index host and scoring service), `cluster.front` (shards behind one front).
 
 The names below are this package's face: `from serving import EngineServer` loads only the module
 that holds it.

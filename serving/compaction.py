@@ -10,7 +10,12 @@ start at SEQ afterwards (`WriteAheadLog.reset`).
 
 A crash anywhere leaves a directory `recover` puts right before anything reads it: without the
 marker the half-written snapshot is discarded (the old snapshot and the whole log are intact);
-with it the remaining renames are done. A log that still holds records the new snapshot folded in
+with it the remaining renames are done, once the directory is checked to hold the snapshot the
+marker decided (`_check_decided`: the marker names the directory's number, meta.json reads and ends
+at that number, and the files to move are those meta.json records, by sha256); a marked directory
+that fails the check is refused, naming it, and nothing of it is moved. A compaction that cannot
+write (a read-only corpus directory, a full disk) fails with `CompactionError` saying so and
+leaves the snapshot and the log as they were. A log that still holds records the new snapshot folded in
 is harmless: replay skips every record up to meta.json's `log_seq`.
 
 Unchanged ads keep their stored bytes (rows are taken from the old ads.parquet and targeting.npz
@@ -52,6 +57,13 @@ COMPACT_PREFIX = ".compact-"
 COMPLETE = "COMPLETE"
 
 
+class CompactionError(LogError):
+    """A compaction that could not be done, or a decided one that cannot be finished; the message
+    says what is left on disk and what to do."""
+
+    label = "compaction"
+
+
 def _moved_files() -> tuple[str, ...]:
     from andromeda_nb.store import ADS_FILE, META_FILE, TARGETING_FILE
 
@@ -67,6 +79,7 @@ def recover(data_dir) -> list[str]:
         if not tmp.is_dir():
             continue
         if (tmp / COMPLETE).is_file():
+            _check_decided(root, tmp)
             for name in _moved_files():
                 if (tmp / name).exists():
                     os.replace(tmp / name, root / name)
@@ -76,6 +89,55 @@ def recover(data_dir) -> list[str]:
             done.append(f"discarded {tmp.name[len(COMPACT_PREFIX):]}")
         shutil.rmtree(tmp)
     return done
+
+
+def _check_decided(root: Path, tmp: Path) -> None:
+    """A directory marked COMPLETE holds what a compaction wrote and decided, or is refused
+    (`CompactionError`) before any of it is moved: the marker holds the directory's number; if
+    meta.json is still there (it moves last), it reads, ends at that number, and the data files,
+    in the directory or already moved, are the ones it records (sha256); if it was moved, nothing
+    else is left and the corpus's meta.json ends at that number."""
+    from andromeda_nb import jsontext
+    from andromeda_nb.quoting import clip
+    from andromeda_nb.store import ADS_FILE, META_FILE, TARGETING_FILE, file_sha256
+
+    seq = tmp.name[len(COMPACT_PREFIX):]
+    moved_some = [name for name in _moved_files() if not (tmp / name).exists()]
+
+    def refuse(reason: str):
+        where = (f"some of its files were already moved into {root}: restore the corpus directory from a copy"
+                 if moved_some else f"nothing of it was moved: remove it to start from the current snapshot "
+                                    "and its log")
+        raise CompactionError(f"{tmp}: marked {COMPLETE} but it does not hold the compacted snapshot it decided "
+                              f"({reason}); {where}")
+
+    try:
+        marker = (tmp / COMPLETE).read_bytes()
+        if marker.strip() != seq.encode() or not seq.isdigit():
+            refuse(f"the marker says {clip(repr(marker))}, the directory's name {seq!r}")
+        meta_path = tmp / META_FILE if (tmp / META_FILE).exists() else root / META_FILE
+        try:
+            meta = jsontext.loads(meta_path.read_bytes())
+        except jsontext.JsonInputError as exc:
+            refuse(f"{meta_path}: {exc}")
+        if not isinstance(meta, dict) or meta.get("log_seq") != int(seq):
+            got = meta.get("log_seq") if isinstance(meta, dict) else None
+            refuse(f"{meta_path} ends at update {clip(repr(got))}, not {seq}")
+        if meta_path.parent == root:  # meta.json moved last: everything was, and only the removal is left
+            left = [p.name for p in tmp.iterdir() if p.name != COMPLETE]
+            if left:
+                refuse(f"meta.json was moved but {', '.join(sorted(left)[:5])} {'is' if len(left) == 1 else 'are'} left")
+            return
+        entry = meta.get("targeting")
+        if not isinstance(entry, dict):
+            refuse(f"{meta_path} records no targeting files")
+        for name, key in ((ADS_FILE, "ads_sha256"), (TARGETING_FILE, "sha256")):
+            path = tmp / name if (tmp / name).exists() else root / name
+            if not path.is_file() or file_sha256(path) != entry.get(key):
+                refuse(f"{path} is not the file its meta.json records (sha256)")
+    except OSError as exc:
+        raise CompactionError(f"{tmp}: marked {COMPLETE} but cannot be read ({exc.strerror}); nothing of it "
+                              "was moved") from None
 
 
 def _sync_file(path: Path) -> None:
@@ -136,7 +198,7 @@ def compact(data_dir, records: Iterable[LogRecord], *, lineage: str | None = Non
     module docstring). Records the snapshot already holds are skipped. Returns
     `{"compacted": n, "seq": last folded, "ads": ads in the new snapshot}`. The caller holds the
     log (no update may be logged meanwhile) and resets it to the returned seq afterwards."""
-    from andromeda_nb.store import ADS_FILE, META_FILE, ROW_GROUP_ADS, load_dataset, write_targeting
+    from andromeda_nb.store import ADS_FILE, load_dataset
 
     root = Path(data_dir)
     recover(root)
@@ -170,6 +232,26 @@ def compact(data_dir, records: Iterable[LogRecord], *, lineage: str | None = Non
     del old, kept_table
 
     tmp = root / f"{COMPACT_PREFIX}{last}"
+    try:
+        _write_decided(root, tmp, dataset, new_table, compiled, base, last, lineage)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # undecided: nothing of it counts
+        raise CompactionError(f"{root}: cannot write the compacted snapshot ({exc.strerror or exc}"
+                              f"{': ' + str(exc.filename) if exc.filename else ''}); nothing changed: the snapshot "
+                              "and the log are as they were") from None
+    try:
+        recover(root)  # the swap itself, the same code a restart runs
+    except OSError as exc:
+        raise CompactionError(f"{root}: the compaction to update {last} is decided but its files could not be moved "
+                              f"into place ({exc.strerror}); the next start finishes it (the log keeps every "
+                              "update meanwhile)") from None
+    return {"compacted": len(records), "seq": last, "ads": len(compiled)}
+
+
+def _write_decided(root: Path, tmp: Path, dataset, new_table, compiled, base: int, last: int, lineage: str) -> None:
+    """The new snapshot into `tmp`, each file synced, then the COMPLETE marker that decides it."""
+    from andromeda_nb.store import ADS_FILE, META_FILE, ROW_GROUP_ADS, write_targeting
+
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -196,8 +278,6 @@ def compact(data_dir, records: Iterable[LogRecord], *, lineage: str | None = Non
         os.fsync(fh.fileno())
     fsync_dir(tmp)
     fsync_dir(root)
-    recover(root)  # the swap itself, the same code a restart runs
-    return {"compacted": len(records), "seq": last, "ads": len(compiled)}
 
 
 def compact_corpus(data_dir, log_path=None) -> dict:
@@ -226,4 +306,4 @@ def compact_corpus(data_dir, log_path=None) -> dict:
         lock.release()
 
 
-__all__ = ["COMPACT_PREFIX", "COMPLETE", "compact", "compact_corpus", "recover"]
+__all__ = ["COMPACT_PREFIX", "COMPLETE", "CompactionError", "compact", "compact_corpus", "recover"]

@@ -25,8 +25,14 @@ The cyclic garbage collector is paused during a call (`store.paused_gc`): the te
 parsed objects of a large call hold no cycles, and a full collection over them stalled every request
 for most of a second.
 
-One call (or compaction) runs at a time. A call that waited for its turn past the server's
-deadline fails before step 4, changing nothing. `replay(apply, live)` applies the records a
+Calls from any number of clients parse at once, each pacing itself in its own share window
+(`_ShareWindow`: a window shared by every call could be reset by one call while another used it,
+failing calls after their records were logged); from step 3 to the end one call (or
+compaction) runs at a time, so calls are checked, logged and applied in log order. A call that
+waited for its turn past the server's deadline fails before step 4, changing nothing. Should
+applying a logged call fail, the journal refuses every later call (`failed`, which health reports)
+instead of logging after a live state it no longer knows; a restart replays the log. `replay(apply,
+live)` applies the records a
 starting server finds in its log after the snapshot; `compact(data_dir)` folds the log into a new
 snapshot (`serving.compaction`) and restarts the log from it.
 """
@@ -39,6 +45,7 @@ import time
 from typing import Callable, Sequence
 
 from andromeda_nb import jsontext
+from andromeda_nb.quoting import clip
 from andromeda_nb.types import Retire, TargetingError, Update, Upsert
 from andromeda_nb.updates import LiveAds, Rejection, _reason, parse_update, update_answer
 
@@ -100,6 +107,21 @@ class ReadGate:
             return self._cond.wait_for(lambda: self._n == 0, timeout=max_wait_s)
 
 
+class _ShareWindow:
+    """One update call's window for its CPU share (`UpdateJournal._keep_share`): when it began and
+    the seconds worked in it. Each call has its own: calls parse (outside the journal's lock) while
+    another applies, and a window shared between them was reset by one call under another's feet."""
+
+    __slots__ = ("start", "worked")
+
+    def __init__(self):
+        self.start: float | None = None
+        self.worked = 0.0
+
+    def close(self) -> None:
+        self.start, self.worked = None, 0.0
+
+
 class _Overlay:
     """Live ids as `live(ad_id)` says, changed by the updates accepted so far in one call."""
 
@@ -148,7 +170,10 @@ class UpdateJournal:
         self.lock = threading.Lock()  # one update call or compaction at a time
         self.slices = 0  # slices applied so far (stats)
         self.paused_s = 0.0  # seconds update calls paused to keep to their share while retrievals arrived
-        self._window: list | None = None  # [start, seconds applying] of the current share window
+        self._stats_lock = threading.Lock()  # paused_s is added to by calls parsing at once
+        # why update calls are refused: applying logged records failed, so this process no longer
+        # knows how far its live state follows its log (None: all is well)
+        self.failed: str | None = None
 
     # --- parsing --------------------------------------------------------------------------------------
     def parse_update(self, obj) -> Update:
@@ -161,26 +186,28 @@ class UpdateJournal:
         else:
             time.sleep(0)  # let any other thread that wants the interpreter have it
 
-    def _keep_share(self, slice_s: float) -> None:
+    def _keep_share(self, window: "_ShareWindow", slice_s: float) -> None:
         """After a slice that took `slice_s`: while retrievals arrive, pause so that the call's time
         working stays within `limits.update_cpu_share` of the time since its share window began.
         Pauses are taken once at least MIN_PAUSE_S is owed (each one hands the interpreter over,
-        which costs more than a few microseconds), and a window lasts SHARE_WINDOW_S."""
+        which costs more than a few microseconds), and a window lasts SHARE_WINDOW_S. `window` is
+        the call's own (calls parse at once, outside the lock, while another applies)."""
         share = self.limits.update_cpu_share
         if share >= 1 or self.gate is None or not self.gate.active():
-            self._window = None
+            window.close()
             return
         now = self._clock()
-        if self._window is None:
-            self._window = [now - slice_s, 0.0]  # began with this slice
-        self._window[1] += slice_s
-        owed = self._window[1] / share - (now - self._window[0])
+        if window.start is None:
+            window.start = now - slice_s  # began with this slice
+        window.worked += slice_s
+        owed = window.worked / share - (now - window.start)
         if owed >= MIN_PAUSE_S:
             pause = min(owed, self.yield_s)
             self._sleep(pause)
-            self.paused_s += pause
-        if self._clock() - self._window[0] >= SHARE_WINDOW_S:
-            self._window = None
+            with self._stats_lock:
+                self.paused_s += pause
+        if self._clock() - window.start >= SHARE_WINDOW_S:
+            window.close()
 
     def _yield_to_readers(self) -> None:
         """Inside a long parse or encode loop (called per line: one attribute read when idle): a
@@ -188,11 +215,12 @@ class UpdateJournal:
         if self.gate is not None and self.gate.busy:
             self.gate.wait_idle(self.yield_s)
 
-    def _pacer(self, every: int = PACE_EVERY):
+    def _pacer(self, window: "_ShareWindow", every: int = PACE_EVERY):
         """A callable for a long loop over lines or records (parsing, encoding the log's records),
         called once per item: it yields to a batch in flight at every item, and every `every` items
-        keeps the call's share of the time (`_keep_share`) as the apply loop does between slices, so
-        the whole call, not only its applying, leaves the cores to retrieval."""
+        keeps the call's share of the time (`_keep_share`, in the call's own `window`) as the apply
+        loop does between slices, so the whole call, not only its applying, leaves the cores to
+        retrieval."""
         state = {"n": 0, "t": self._clock()}
 
         def pace() -> None:
@@ -200,12 +228,12 @@ class UpdateJournal:
             state["n"] += 1
             if state["n"] % every == 0:
                 now = self._clock()
-                self._keep_share(now - state["t"])
+                self._keep_share(window, now - state["t"])
                 state["t"] = self._clock()  # a pause is not work
 
         return pace
 
-    def _parse(self, body: bytes) -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
+    def _parse(self, body: bytes, window: "_ShareWindow") -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
         limits = self.limits
         if len(body) > limits.max_update_bytes:
             raise limits.over("max_update_bytes", len(body), "update body of bytes")
@@ -215,7 +243,7 @@ class UpdateJournal:
             raise limits.over("max_updates", n_lines, "update call of lines")
         parsed: list[tuple[int, dict, Update]] = []
         rejections: list[Rejection] = []
-        pace = self._pacer()
+        pace = self._pacer(window)
         for line_no, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
@@ -245,14 +273,17 @@ class UpdateJournal:
             return self._submit(bytes(body), live, apply, started)
 
     def _submit(self, body: bytes, live, apply: Applier, started: float) -> dict:
+        window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
-        parsed, rejections = self._parse(body)
+        self._refuse_if_failed()
+        parsed, rejections = self._parse(body, window)
         remaining = self.limits.deadline_s - (time.monotonic() - started)
         if remaining <= 0 or not self.lock.acquire(timeout=remaining):
             waited = time.monotonic() - started
             raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn, past the server's "
                                    f"deadline of {self.limits.deadline_s:g} s (--deadline); nothing was applied")
-        try:
+        try:  # the call's turn: from here to the end no other call checks, logs or applies anything
+            self._refuse_if_failed()  # a call before this one may have failed while this one parsed
             checker = _CallLive(_Overlay(live))
             accepted: list[tuple[dict, Update]] = []
             for line_no, obj, update in parsed:
@@ -262,10 +293,28 @@ class UpdateJournal:
                 else:
                     accepted.append((obj, update))
             t_log = self._clock()
-            records = self.log.append([obj for obj, _ in accepted], pause=self._pacer())  # durable: acknowledged
+            window.close()
+            records = self.log.append([obj for obj, _ in accepted], pause=self._pacer(window))  # durable: acknowledged
             t_apply = self._clock()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
-            step, done, self._window = self.limits.update_slice, 0, None
+            self._apply_logged(items, apply, window)
+            seq = self.log.last_seq
+            t_end = self._clock()
+        finally:
+            self.lock.release()
+        # where the call's time went: parsing and checking, the log (written and synced), applying
+        seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
+        return {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
+
+    def _apply_logged(self, items, apply: Applier, window: "_ShareWindow") -> None:
+        """Hand a call's logged (record, update) pairs to `apply` in slices, in order, pacing between
+        them (caller holds the lock). Should `apply` raise, the records are in the log but this
+        process cannot say how many of them its live state holds: the journal refuses every later
+        call (`failed`) rather than log records after a state it does not know; a restart replays
+        the log and agrees with it again."""
+        step, done = self.limits.update_slice, 0
+        window.close()
+        try:
             while done < len(items):
                 if done:
                     self._step_aside()
@@ -275,14 +324,16 @@ class UpdateJournal:
                 done += len(piece) if applied is None else max(1, applied)
                 self.slices += 1
                 if done < len(items):
-                    self._keep_share(self._clock() - t0)
-            seq = self.log.last_seq
-            t_end = self._clock()
-        finally:
-            self.lock.release()
-        # where the call's time went: parsing and checking, the log (written and synced), applying
-        seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
-        return {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
+                    self._keep_share(window, self._clock() - t0)
+        except BaseException as exc:
+            first, last = items[done][0].seq, items[-1][0].seq
+            self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
+                           f"{clip(str(exc))}); restart the server: it replays its log")
+            raise LogError(f"the updates were logged up to {last}, but {self.failed}") from exc
+
+    def _refuse_if_failed(self) -> None:
+        if self.failed is not None:
+            raise LogError(f"update calls are refused: {self.failed}")
 
     # --- start and compaction --------------------------------------------------------------------------
     def replay(self, apply: Applier, live: Callable[[int], bool]) -> int:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import threading
 
 from andromeda_nb import rows
+from andromeda_nb.dataset import fingerprint
 
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from .durable import ReadGate, UpdateJournal
 from .limits import DEFAULT_LIMITS
 from .protocol import RetrieveServer, batch_bytes
-from andromeda_nb.dataset import fingerprint
 from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
 
@@ -80,18 +80,21 @@ class EngineServer(RetrieveServer):
         apply_many = getattr(self.engine, "apply_many", None)
         with self._lock:
             done = 0
-            if apply_many is not None:  # the GPU engine: one upload for the slice, so the slice goes whole
-                apply_many([update for _, update in items])
-                done = len(items)
-            for record, update in items[done:]:
-                self.engine.apply(update)
-                done += 1
-                if self.gate.busy:
-                    break
-            prepare = getattr(self.engine, "prepare", None)
-            if prepare is not None:  # the slice's cost is paid here, not by the next request
-                prepare()
-            self.seq = items[done - 1][0].seq
+            try:
+                if apply_many is not None:  # the GPU engine: one upload for the slice, so the slice goes whole
+                    apply_many([update for _, update in items])
+                    done = len(items)
+                for record, update in items[done:]:
+                    self.engine.apply(update)
+                    done += 1
+                    if self.gate.busy:
+                        break
+                prepare = getattr(self.engine, "prepare", None)
+                if prepare is not None:  # the slice's cost is paid here, not by the next request
+                    prepare()
+            finally:  # answers name the last update the engine holds, also when one failed to apply
+                if done:
+                    self.seq = items[done - 1][0].seq
         return done
 
     def _run_batch(self, requests, k):
@@ -127,6 +130,11 @@ class EngineServer(RetrieveServer):
     @property
     def busy(self) -> bool:
         return self.gate.busy or self.journal.lock.locked()
+
+    def health_state(self) -> tuple[str, list[str]]:
+        if self.journal.failed is not None:
+            return "degraded", [f"update calls are refused: {self.journal.failed}"]
+        return "ok", []
 
     def health_info(self) -> dict:
         return {**self.engine.describe(), "fingerprint": self.fingerprint, "lineage": self.lineage,

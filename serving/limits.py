@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields
 from andromeda_nb.constants import MAX_K
 from andromeda_nb.jsontext import DEFAULT_MAX_DEPTH
 
+
 class LimitExceeded(ValueError):
     """A call beyond one of the server's limits."""
 

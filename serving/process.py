@@ -22,7 +22,6 @@ ending with the process that started it.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 import errno
 import gc
 import os
@@ -31,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from .guard import OPEN, GuardError, ServerGuard

@@ -58,6 +58,7 @@ import pyarrow.flight as flight
 
 from andromeda_nb import jsontext
 from andromeda_nb.batching import BATCH_REQUESTS, in_batches
+from andromeda_nb.quoting import MESSAGE_LIMIT, clip, quote
 from andromeda_nb.types import Request, TargetingError
 
 from .durable import DeadlineExceeded, ReadGate
@@ -290,7 +291,8 @@ def decode_request_batch(batch: pa.RecordBatch, *, seed: int, experts: int, widt
         ks = _column_as(batch, "k", _INT32).to_pylist()
         texts = _column_as(batch, "request", _UTF8).to_pylist()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"batch columns have the wrong types or encoding ({exc}); expected {REQUEST_SCHEMA}") from None
+        raise InvalidInput(f"batch columns have the wrong types or encoding ({clip(str(exc))}); expected "
+                           f"{REQUEST_SCHEMA}") from None
     if len(set(ids)) != len(ids):
         seen: set = set()
         twice = next(r for r in ids if r in seen or seen.add(r))
@@ -375,16 +377,18 @@ def split_answers(batch: pa.RecordBatch | pa.Table, request_ids: Sequence[int]
 
 def to_flight_error(exc: BaseException, what: str = "request") -> Exception:
     """Map a handler exception to the Flight error a client sees (`what`: "request" or "update", the
-    word after "invalid")."""
+    word after "invalid"). Its message is at most `quoting.MESSAGE_LIMIT` characters: a longer one
+    would not fit gRPC's metadata, and the client would get RESOURCE_EXHAUSTED instead of it."""
     if isinstance(exc, flight.FlightError):
-        return exc
+        text = str(exc)
+        return exc if len(text) <= MESSAGE_LIMIT else type(exc)(clip(text, MESSAGE_LIMIT))
     if isinstance(exc, (InvalidInput, TargetingError, LimitExceeded, jsontext.JsonInputError)):
-        return flight.FlightServerError(f"invalid {what}: {exc}")
+        return flight.FlightServerError(clip(f"invalid {what}: {exc}", MESSAGE_LIMIT))
     if isinstance(exc, DeadlineExceeded):
-        return flight.FlightTimedOutError(str(exc))
+        return flight.FlightTimedOutError(clip(str(exc), MESSAGE_LIMIT))
     if isinstance(exc, LogError):
-        return flight.FlightInternalError(f"update log: {exc}")
-    return flight.FlightInternalError(f"internal error: {type(exc).__name__}: {exc}")
+        return flight.FlightInternalError(clip(f"{exc.label}: {exc}", MESSAGE_LIMIT))
+    return flight.FlightInternalError(clip(f"internal error: {type(exc).__name__}: {exc}", MESSAGE_LIMIT))
 
 
 class RetrieveServer(flight.FlightServerBase):
@@ -497,7 +501,8 @@ class RetrieveServer(flight.FlightServerBase):
             if descriptor.descriptor_type != flight.DescriptorType.PATH or tuple(
                 p.decode() if isinstance(p, bytes) else p for p in descriptor.path
             ) != RETRIEVE_PATH:
-                raise InvalidInput(f"unknown exchange {descriptor}; this server serves path {list(RETRIEVE_PATH)}")
+                raise InvalidInput(f"unknown exchange {clip(str(descriptor))}; this server serves path "
+                                   f"{list(RETRIEVE_PATH)}")
             began, written = False, None
             for chunk in reader:
                 times = {"arrived": time.perf_counter()}
@@ -533,7 +538,7 @@ class RetrieveServer(flight.FlightServerBase):
         body = action.body.to_pybytes() if action.body is not None else b""
         what = "update" if name == "update" else "request"
         try:
-            self.guard.require(context, self.action_role(name), f"action {name!r}")
+            self.guard.require(context, self.action_role(name), f"action {quote(name)}")
             if name == "health":
                 status, reasons = self.health_state()
                 result = {"status": status, **({"reasons": reasons} if reasons else {}), "server": self.name,
@@ -550,7 +555,7 @@ class RetrieveServer(flight.FlightServerBase):
             else:
                 result = self.handle_action(name, body)
                 if result is None:
-                    raise InvalidInput(f"unknown action {name!r}; actions: {', '.join(self.action_names())}")
+                    raise InvalidInput(f"unknown action {quote(name)}; actions: {', '.join(self.action_names())}")
         except Exception as exc:
             self.stats.add(errors=1)
             raise to_flight_error(exc, what) from None

@@ -47,11 +47,12 @@ import pyarrow as pa
 from andromeda_nb import derive
 from andromeda_nb.compiled import MAX_TERM_ID
 from andromeda_nb.constants import DEVICE_PLATFORMS, MAX_K, PUBLISHER_PLATFORMS, USER_GENDERS, USER_ID_KEYS, USER_OS
+from andromeda_nb.quoting import clip, quote
 from andromeda_nb.targeting import MAX_ABS_TIME, NO_LOCATION, USER_AGE_RANGE
 from andromeda_nb.types import Context, Request, User
 
-from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
 from .inputs import InvalidInput, check_k, parse_batch_request
+from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _ENUMS = {"publisher_platform": PUBLISHER_PLATFORMS, "device_platform": DEVICE_PLATFORMS, "user_os": USER_OS}
@@ -291,10 +292,10 @@ class _Columns:
         self._names = names = data.schema.names
         unknown = [name for name in names if name not in BY_NAME]
         if unknown:
-            raise InvalidInput(f"batch has unknown column(s) {', '.join(unknown)}; a columnar request batch "
+            raise InvalidInput(f"batch has unknown column(s) {clip(', '.join(unknown))}; a columnar request batch "
                                f"has {', '.join(BY_NAME)}")
         if len(set(names)) != len(names):
-            raise InvalidInput("batch has a column twice: " + ", ".join(sorted({x for x in names if names.count(x) > 1})))
+            raise InvalidInput("batch has a column twice: " + clip(", ".join(sorted({x for x in names if names.count(x) > 1}))))
         missing = [name for name in REQUIRED if name not in names]
         if missing:
             raise InvalidInput(f"batch lacks column(s) {', '.join(missing)}; a columnar request batch must have "
@@ -617,7 +618,7 @@ def _faults(a: _Arrays, limits: ServiceLimits, experts: int, width: int) -> list
     country = a.country
     if country is not None:
         bad = np.fromiter((not _is_iso2(c) for c in country), bool, n)
-        faults.append(_Fault(bad, fail("user.country", lambda i: f"{country[i]!r} is not an ISO-3166 alpha-2 code "
+        faults.append(_Fault(bad, fail("user.country", lambda i: f"{quote(country[i])} is not an ISO-3166 alpha-2 code "
                                                                  "(two upper-case letters)")))
     for name in _TERMS:
         values, null = a.ints[name]
@@ -654,7 +655,7 @@ def _faults(a: _Arrays, limits: ServiceLimits, experts: int, width: int) -> list
         allowed = _ENUM_SETS[name]
         faults.append(_Fault(np.fromiter((v is not None and v not in allowed for v in values), bool, n),
                              fail(path, lambda i, v=values, u=universe:
-                                  f"{v[i]!r} is not one of {', '.join(map(repr, u))}")))
+                                  f"{quote(v[i])} is not one of {', '.join(map(repr, u))}")))
     required("time", -MAX_ABS_TIME, MAX_ABS_TIME)
 
     size = experts * width

@@ -2,25 +2,39 @@
 before it is acknowledged.
 
 File (`DIR/updates.log` beside the corpus by default): JSON Lines. The first line is a header, every
-other line one accepted update with its sequence number; each line ends with a CRC-32 of the rest:
+other line one accepted update with its sequence number; each line ends with a CRC-32:
 
-    {"log":"andromeda-nb update log","version":1,"lineage":"3f9c...","base_seq":0,"crc":"0b1c2d3e"}
+    {"log":"andromeda-nb update log","version":2,"lineage":"3f9c...","base_seq":0,"crc":"0b1c2d3e"}
     {"seq":1,"update":{"op":"upsert","ad":{...}},"crc":"8a7b6c5d"}
     {"seq":2,"update":{"op":"retire","ad_id":7},"crc":"01234567"}
 
 The checksum covers the line's bytes with `,"crc":"XXXXXXXX"` taken out (so a line is its record
-followed by the checksum, still one JSON object). Sequence numbers run on from `base_seq` without a
-gap. `lineage` names the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto
-another corpus.
+followed by the checksum, still one JSON object) and, from version 2 on, is **chained**: a record's
+CRC-32 starts from the one of the line before (`zlib.crc32(payload, previous)`), the header's from
+nothing, so a line is checked against everything before it back to the header: a damaged, swapped,
+copied-in or dropped line breaks the chain at that line. Version 1 logs (written before the chain)
+are still read, each line against its own checksum, and appended to as version 1 until a compaction
+restarts them as version 2. Sequence numbers run on from `base_seq` without a gap. `lineage` names
+the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto another corpus.
 
 * **Appending** (`append`): the records of one call are written with one `write` and made durable
   with one `fdatasync` (group commit); the server acknowledges after `append` returns. A failed
   write or sync is cut back off the file and nothing is applied.
-* **Opening** (`WriteAheadLog.open`): every line is checked. A last line that is incomplete or fails
-  its checksum is a torn write (the process died while writing it, before acknowledging it): it is
-  cut off. A damaged line with good lines after it is not a torn write: the file is refused with
-  the line number, never silently shortened. `replay` gives the records after the snapshot's
-  sequence number, in order.
+* **The path** holds a log or nothing: a symbolic link (to anything, or dangling), anything but a
+  regular file, an empty file and a file whose first line is not a log header are refused with the
+  path named, never replaced or written through. A new log (and a log restarted after a
+  compaction) is written aside (`PATH.new`), synced and renamed into place, so a log on disk
+  always begins with its whole header.
+* **Opening** (`WriteAheadLog.open`): every line is checked. The one thing repaired without a word is
+  a write torn by a crash before its call was synced, so never acknowledged: a last line without its
+  newline that is a beginning of the next record as it would be written (`_torn`: it opens with
+  `{"seq":NEXT,"update":`, holds no zero byte, and stops before its checksum is whole, or is the
+  whole record, valid, short of its newline only). It is cut off. Anything else (a complete line
+  that fails its checksum, even the last one; zeros; a last line longer than a record) is damage:
+  the log is refused, naming the line and the record, and never shortened by itself;
+  `truncate_log` (`andromeda truncate-log`) keeps the intact records before it on purpose, the
+  damaged file kept beside it. `replay` gives the records after the snapshot's sequence number, in
+  order.
 * **Compaction** (`serving.compaction`) folds the records into a new snapshot whose meta.json
   records the last folded sequence number (`log_seq`); `reset` then starts a new, empty log at that
   number (written aside, fsynced, renamed over the old one).
@@ -35,11 +49,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from andromeda_nb.quoting import clip, quote
 
 try:
     import fcntl
@@ -48,13 +65,22 @@ except ImportError:  # pragma: no cover - not POSIX: no cross-process lock
 
 LOG_FILE = "updates.log"
 MAGIC = "andromeda-nb update log"
-VERSION = 1
+VERSION = 2  # written: each line's checksum chained to the line before
+READ_VERSIONS = (1, 2)  # 1: each line's checksum of itself alone (logs written before the chain)
 _CRC_PREFIX = b',"crc":"'
 _CRC_SUFFIX_LEN = len(_CRC_PREFIX) + 8 + 2  # ,"crc":"XXXXXXXX"}
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # never open a log, its lock or its new file through a link
 
 
 class LogError(ValueError):
     """A log that cannot be used as it is; the message names the file, the line and the remedy."""
+
+    label = "update log"  # how a server's error to its client begins
+
+
+class UnreadableLine(ValueError):
+    """A log line whose checksum holds but whose JSON cannot be decoded (nested too deep for the
+    decoder, or not JSON): it was written so, not torn by a crash."""
 
 
 @dataclass(frozen=True)
@@ -62,18 +88,30 @@ class LogRecord:
     seq: int
     update: dict  # the update object of DESIGN section 6, as accepted
 
-    def line(self) -> bytes:
-        return encode_line({"seq": self.seq, "update": self.update})
 
 
-def encode_line(obj: dict) -> bytes:
-    """One log line: the object's compact JSON with its checksum appended as a last key."""
+def encode_line(obj: dict, chain: int | None = None) -> bytes:
+    """One log line: the object's compact JSON with its checksum appended as a last key; `chain`: the
+    checksum of the line before (version 2), None for a header or a version 1 line."""
+    return _encode(obj, chain)[0]
+
+
+def _encode(obj: dict, chain: int | None) -> tuple[bytes, int]:
     payload = json.dumps(obj, separators=(",", ":")).encode()
-    return payload[:-1] + b'%s%08x"}\n' % (_CRC_PREFIX, zlib.crc32(payload))
+    crc = zlib.crc32(payload) if chain is None else zlib.crc32(payload, chain)
+    return payload[:-1] + b'%s%08x"}\n' % (_CRC_PREFIX, crc), crc
 
 
-def decode_line(line: bytes) -> dict | None:
-    """The object of one log line, or None when the line is incomplete or fails its checksum."""
+def decode_line(line: bytes, chain: int | None = None) -> dict | None:
+    """The object of one log line, or None when the line is incomplete or fails its checksum (chained
+    from `chain`, the line before's, when given). `UnreadableLine` when the checksum holds but the
+    JSON cannot be decoded (a line written so)."""
+    decoded = _decode(line, chain)
+    return None if decoded is None else decoded[0]
+
+
+def _decode(line: bytes, chain: int | None) -> tuple[dict, int] | None:
+    """(object, its checksum) of one log line, or None (see `decode_line`)."""
     if not line.endswith(b"\n"):
         return None
     body = line[:-1]
@@ -84,13 +122,42 @@ def decode_line(line: bytes) -> dict | None:
     except ValueError:
         return None
     payload = body[:-_CRC_SUFFIX_LEN] + b"}"
-    if zlib.crc32(payload) != crc:
+    if (zlib.crc32(payload) if chain is None else zlib.crc32(payload, chain)) != crc:
         return None
     try:
         obj = json.loads(payload)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
+    except RecursionError:
+        from andromeda_nb.jsontext import nesting_depth
+
+        depth = nesting_depth(payload.decode("utf-8", "replace"))
+        raise UnreadableLine(f"nested {depth} levels deep, deeper than the JSON decoder goes") from None
+    except ValueError as exc:
+        raise UnreadableLine(f"not JSON ({clip(str(exc))})") from None
+    if not isinstance(obj, dict):
+        raise UnreadableLine(f"a JSON {type(obj).__name__}, not an object")
+    return obj, crc
+
+
+def _torn(tail: bytes, want: int, chain: int | None) -> bool:
+    """Whether `tail`, a last line without its newline, is what a crash in the middle of writing
+    record `want` leaves: a beginning of that record as it is written (no zero byte; it opens with
+    `{"seq":WANT,"update":`, or stops inside that), cut before its checksum is whole, or the whole
+    record, valid, short of its newline only. A complete record followed by more bytes, or one whose
+    whole checksum fails, is damage."""
+    if b"\0" in tail:
+        return False
+    start = b'{"seq":%d,"update":' % want
+    if not (tail.startswith(start) or start.startswith(tail)):
+        return False
+    at = tail.rfind(_CRC_PREFIX)
+    if at < 0 or len(tail) < at + _CRC_SUFFIX_LEN:
+        return True
+    if len(tail) > at + _CRC_SUFFIX_LEN:
+        return False
+    try:
+        return _decode(tail + b"\n", chain) is not None
+    except UnreadableLine:
+        return False
 
 
 def corpus_lineage(dataset) -> str:
@@ -143,7 +210,7 @@ class LogLock:
         if fcntl is None:
             return self
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError as exc:
             raise LogError(f"{self.path}: cannot create the log's lock file ({exc.strerror}); give --log PATH "
                            "in a writable directory, or --log off to keep updates in memory only") from None
@@ -174,6 +241,9 @@ class WriteAheadLog:
         self._fd: int | None = None
         self._size = 0
         self._offsets = array("q")  # file offset of record base_seq + 1 + i
+        self._crcs = array("I")  # checksum of record base_seq + 1 + i (the chain's links)
+        self._header_crc: int | None = None
+        self.version = VERSION
         self._memory: list[LogRecord] | None = [] if path is None else None
         self._replay: list[LogRecord] = []
         self._lock: LogLock | None = None
@@ -191,7 +261,7 @@ class WriteAheadLog:
         log = cls(path, lineage, snapshot_seq)
         log._lock = lock or LogLock(path).acquire()
         try:
-            if path.exists():
+            if check_log_path(path):
                 log._load(snapshot_seq)
             else:
                 log._create(snapshot_seq)
@@ -200,17 +270,30 @@ class WriteAheadLog:
             raise
         return log
 
-    def _header(self, base_seq: int) -> bytes:
-        return encode_line({"log": MAGIC, "version": VERSION, "lineage": self.lineage, "base_seq": base_seq})
+    def _header(self, base_seq: int) -> tuple[bytes, int]:
+        return _encode({"log": MAGIC, "version": VERSION, "lineage": self.lineage, "base_seq": base_seq}, None)
 
     def _create(self, base_seq: int) -> None:
-        _write_new_file(self.path, self._header(base_seq))
-        self.base_seq = self.last_seq = base_seq
-        self._offsets = array("q")
+        """A new log holding only its header, at `base_seq`: written aside and renamed into place."""
+        header, crc = self._header(base_seq)
+        _write_in_place_of(self.path, header)
+        self._started(base_seq, crc)
         self._open_for_append()
 
+    def _started(self, base_seq: int, header_crc: int) -> None:
+        """The state of a log that holds only a (version 2) header at `base_seq`."""
+        self.base_seq = self.last_seq = base_seq
+        self.version, self._header_crc = VERSION, header_crc
+        self._offsets, self._crcs = array("q"), array("I")
+
+    def _chain_before(self, index: int) -> int | None:
+        """The checksum record `base_seq + 1 + index` is chained from (None: version 1, no chain)."""
+        if self.version < 2:
+            return None
+        return self._header_crc if index == 0 else self._crcs[index - 1]
+
     def _open_for_append(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW)
         self._size = os.fstat(self._fd).st_size
 
     def _load(self, snapshot_seq: int) -> None:
@@ -219,43 +302,13 @@ class WriteAheadLog:
             data = path.read_bytes()
         except OSError as exc:
             raise LogError(f"{path}: cannot be read ({exc.strerror})") from None
-        lines = data.splitlines(keepends=True)
-        if not lines or decode_line(lines[0]) is None:
-            if len(lines) <= 1:  # the header itself was torn: the log never held a record
-                self._create(snapshot_seq)
-                return
-            raise LogError(f"{path}: line 1 is not a valid log header; this is not an update log of "
-                           "andromeda-nb, or it is damaged")
-        header = decode_line(lines[0])
-        if header.get("log") != MAGIC or header.get("version") != VERSION:
-            raise LogError(f"{path}: not an andromeda-nb update log of version {VERSION} (header {header})")
-        if header.get("lineage") != self.lineage:
-            raise LogError(f"{path}: belongs to another corpus (lineage {header.get('lineage')!r}, this corpus "
+        scan = _scan(path, data)
+        if scan.lineage != self.lineage:
+            raise LogError(f"{path}: belongs to another corpus (lineage {quote(scan.lineage)}, this corpus "
                            f"{self.lineage!r}); move it away to start this corpus without its updates")
-        base = header.get("base_seq")
-        if not isinstance(base, int) or base < 0:
-            raise LogError(f"{path}: header has no valid base_seq")
-        records: list[LogRecord] = []
-        offsets = array("q")
-        offset = len(lines[0])
-        good_end = offset
-        for n, line in enumerate(lines[1:], start=2):
-            obj = decode_line(line)
-            if obj is None:
-                if n == len(lines):  # the last line: a write torn by a crash, never acknowledged
-                    break
-                raise LogError(f"{path}: line {n} is damaged (incomplete or its checksum differs) and valid "
-                               "records follow it: the log was corrupted, not torn by a crash; restore it "
-                               "from a copy, or move it away to start from the snapshot alone")
-            seq, update = obj.get("seq"), obj.get("update")
-            want = base + 1 + len(records)
-            if seq != want or not isinstance(update, dict):
-                raise LogError(f"{path}: line {n} holds sequence number {seq!r}, expected {want}: records are "
-                               "missing or out of order")
-            records.append(LogRecord(seq, update))
-            offsets.append(offset)
-            offset += len(line)
-            good_end = offset
+        if scan.problem is not None and not scan.torn:
+            raise LogError(scan.problem)
+        base, records, good_end = scan.base, scan.records, scan.end
         if good_end < len(data):  # cut the torn tail so that new records follow a whole line
             with open(path, "r+b") as fh:
                 fh.truncate(good_end)
@@ -265,7 +318,8 @@ class WriteAheadLog:
         if snapshot_seq < base:
             raise LogError(f"{path}: starts after sequence number {base}, but the corpus snapshot holds updates "
                            f"only up to {snapshot_seq}: updates {snapshot_seq + 1}..{base} are missing")
-        self.base_seq, self.last_seq, self._offsets = base, last, offsets
+        self.base_seq, self.last_seq, self._offsets = base, last, scan.offsets
+        self.version, self._header_crc, self._crcs = scan.version, scan.header_crc, scan.crcs
         self._replay = [r for r in records if r.seq > snapshot_seq]
         if last < snapshot_seq:  # compacted past the log's end (a crash before the log was reset)
             self._replay = []
@@ -291,12 +345,15 @@ class WriteAheadLog:
         first = seq - self.base_seq
         if first >= len(self._offsets):
             return
+        chain = self._chain_before(first)
         with open(self.path, "rb") as fh:
             fh.seek(self._offsets[first])
-            for _ in range(len(self._offsets) - first):
-                obj = decode_line(fh.readline())
-                if obj is None:
-                    raise LogError(f"{self.path}: record {seq + 1} no longer reads back")
+            for n in range(len(self._offsets) - first):
+                decoded = _read_line(self.path, fh.readline(), f"of record {seq + 1 + n}", chain)
+                if decoded is None:
+                    raise LogError(f"{self.path}: record {seq + 1 + n} no longer reads back (its checksum differs)")
+                obj, crc = decoded
+                chain = None if chain is None else crc
                 yield LogRecord(obj["seq"], obj["update"])
 
     @property
@@ -315,11 +372,15 @@ class WriteAheadLog:
         if self._memory is not None:
             self._memory.extend(records)
         else:
-            lines = []
+            lines, crcs = [], []
+            chain = self._chain_before(len(self._offsets))
             for record in records:
                 if pause is not None:
                     pause()
-                lines.append(record.line())
+                line, crc = _encode({"seq": record.seq, "update": record.update}, chain)
+                chain = None if chain is None else crc
+                lines.append(line)
+                crcs.append(crc)
             start = self._size
             try:
                 view = memoryview(b"".join(lines))
@@ -335,28 +396,31 @@ class WriteAheadLog:
             for line in lines:
                 self._offsets.append(self._size)
                 self._size += len(line)
+            self._crcs.extend(crcs)
         self.last_seq = records[-1].seq
         return records
 
     # --- after a compaction ---------------------------------------------------------------------------
     def reset(self, base_seq: int) -> None:
         """Start an empty log at `base_seq` (the snapshot now holds every record up to it): the new
-        file is written aside, synced and renamed over the old one."""
+        file is written aside, synced and renamed over the old one. Should that fail (LogError), the
+        old log stays open and in use: its records up to `base_seq` are skipped on replay."""
         if base_seq < self.last_seq and self.path is not None:
             raise LogError(f"{self.path}: cannot drop records {base_seq + 1}..{self.last_seq}, the snapshot lacks them")
         if self._memory is not None:
             self._memory = []
             self.base_seq = self.last_seq = base_seq
             return
+        header, header_crc = self._header(base_seq)
+        try:
+            _write_in_place_of(self.path, header)
+        except OSError as exc:
+            raise LogError(f"{self.path}: cannot start the log afresh ({exc.strerror}); it goes on as it was, and "
+                           f"its records up to {base_seq} are skipped on replay (the snapshot holds them)") from None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        tmp = self.path.with_name(self.path.name + ".new")
-        _write_new_file(tmp, self._header(base_seq))
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
-        self.base_seq = self.last_seq = base_seq
-        self._offsets = array("q")
+        self._started(base_seq, header_crc)
         self._open_for_append()
 
     def close(self) -> None:
@@ -369,17 +433,175 @@ class WriteAheadLog:
 
     def describe(self) -> dict:
         return {"path": None if self.path is None else str(self.path), "durable": self.durable,
+                **({"version": self.version} if self.durable else {}),
                 "base_seq": self.base_seq, "seq": self.last_seq}
 
 
+def _read_line(path, line: bytes, n, chain: int | None = None) -> tuple[dict, int] | None:
+    """`_decode`, a line that cannot be decoded refused as a LogError naming line `n`."""
+    try:
+        return _decode(line, chain)
+    except UnreadableLine as exc:
+        raise LogError(f"{path}: line {n} passes its checksum but cannot be read: {exc}; it was written so, "
+                       "not torn by a crash: restore the log from a copy, or move it away to start from the "
+                       "snapshot alone") from None
+
+
+@dataclass
+class _Scan:
+    """What a log file holds, line by line: its header's fields, the records of its intact beginning
+    (with their offsets and checksums) and where that beginning ends, and the first problem after it
+    (None: none; `torn`: the problem is a torn last write, the only one repaired without a word)."""
+
+    version: int
+    lineage: str
+    base: int
+    header_crc: int
+    records: list
+    offsets: array
+    crcs: array
+    end: int
+    problem: str | None = None
+    torn: bool = False
+
+
+def _scan(path: Path, data: bytes) -> _Scan:
+    """Read a log's bytes (the module docstring's rules); LogError when it has no usable header."""
+    parts = data.split(b"\n")  # lines end at a newline only (a damaged byte may be any other line break)
+    lines = [part + b"\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    if not lines:
+        raise LogError(f"{path}: is empty, so it is not an update log (a log always holds its header: it is "
+                       "written aside and renamed into place); it is left as it is: remove it if it never held "
+                       "an acknowledged update, or give another --log PATH")
+    decoded = _read_line(path, lines[0], 1)
+    if decoded is None:
+        raise LogError(f"{path}: line 1 is not a valid log header: this file is not an andromeda-nb update log, "
+                       "or its header is damaged; it is left as it is: move it away, or give another --log PATH")
+    header, header_crc = decoded
+    version = header.get("version")
+    if header.get("log") != MAGIC or version not in READ_VERSIONS:
+        raise LogError(f"{path}: not an andromeda-nb update log of version "
+                       f"{' or '.join(map(str, READ_VERSIONS))} (header {clip(str(header))})")
+    base = header.get("base_seq")
+    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+        raise LogError(f"{path}: header has no valid base_seq")
+    scan = _Scan(version, header.get("lineage"), base, header_crc, [], array("q"), array("I"), len(lines[0]))
+    chain = header_crc if version >= 2 else None
+    for n, line in enumerate(lines[1:], start=2):
+        want = base + 1 + len(scan.records)
+        if not line.endswith(b"\n"):  # only the last line can lack its newline
+            scan.torn = _torn(line, want, chain)
+            if not scan.torn:
+                scan.problem = _damaged(path, n, want, base, "incomplete, and not a beginning of that record "
+                                                            "as a crash could leave it", 0)
+            break
+        decoded = _read_line(path, line, n, chain)
+        if decoded is None:
+            why = "its checksum, chained from the line before, differs" if chain is not None else "its checksum differs"
+            scan.problem = _damaged(path, n, want, base, why, len(lines) - n)
+            break
+        obj, crc = decoded
+        seq, update = obj.get("seq"), obj.get("update")
+        if seq != want or not isinstance(update, dict):
+            scan.problem = (f"{path}: line {n} holds sequence number {clip(repr(seq))}, expected {want}: records "
+                            "are missing or out of order")
+            break
+        scan.records.append(LogRecord(seq, update))
+        scan.offsets.append(scan.end)
+        scan.crcs.append(crc)
+        scan.end += len(line)
+        chain = None if chain is None else crc
+    return scan
+
+
+def _damaged(path: Path, n: int, want: int, base: int, why: str, after: int) -> str:
+    intact = ("no record before it is intact" if want - 1 == base else f"record {want - 1} before it is intact"
+              if want - 2 == base else f"records {base + 1}..{want - 1} before it are intact")
+    follow = f", and {after} more line{'s' if after != 1 else ''} follow{'s' if after == 1 else ''} it" if after else ""
+    return (f"{path}: line {n}, record {want}, is damaged ({why}){follow}; {intact}. The log is refused, never "
+            "shortened by itself: restore it from a copy, or keep the records before the damage on purpose with "
+            f"`andromeda truncate-log --log {path} --after {want - 1}` (the file as it is now is kept beside it)")
+
+
+def truncate_log(path, after: int) -> dict:
+    """Keep a log's records up to `after` and drop the rest, on purpose (`andromeda truncate-log`),
+    for a log refused as damaged: every line up to record `after` must be intact (checksums and the
+    chain). The file as it was is kept beside it (`PATH.damaged`, or `.damaged-2`, ...); the kept
+    part is written aside and renamed into place. The log's lock is taken: no server may hold it."""
+    path = Path(path)
+    if not check_log_path(path):
+        raise LogError(f"{path}: no such log")
+    lock = LogLock(path).acquire()
+    try:
+        data = path.read_bytes()
+        scan = _scan(path, data)
+        last = scan.base + len(scan.records)
+        if not scan.base <= after <= last:
+            reason = scan.problem or f"the log ends at record {last}"
+            raise LogError(f"{path}: cannot keep records through {after}: the intact records are "
+                           f"{scan.base + 1}..{last} ({reason})" if last > scan.base else
+                           f"{path}: cannot keep records through {after}: no record is intact ({reason})")
+        end = scan.offsets[after - scan.base] if after < last else scan.end
+        aside = path.with_name(path.name + ".damaged")
+        k = 1
+        while aside.exists() or aside.is_symlink():
+            k += 1
+            aside = path.with_name(f"{path.name}.damaged-{k}")
+        _write_new_file(aside, data)
+        _write_in_place_of(path, data[:end])
+        return {"log": str(path), "kept_through": after, "dropped_bytes": len(data) - end, "kept_aside": str(aside)}
+    finally:
+        lock.release()
+
+
+def check_log_path(path) -> bool:
+    """Whether a file is at a log's `path` (False: nothing is). Refuses, naming the path, anything
+    there but a regular file: a symbolic link (to a log, to any other file, or dangling), a
+    directory, a device, a pipe. The contents are checked when the log is read."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be examined ({exc.strerror})") from None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = f" to {quote(os.readlink(path))}"
+        except OSError:
+            target = ""
+        raise LogError(f"{path}: is a symbolic link{target}; an update log must be a regular file or absent, "
+                       "and is never written through a link: give --log the file's own path, or move the link away")
+    if not stat.S_ISREG(st.st_mode):
+        raise LogError(f"{path}: is not a regular file; an update log must be a regular file or absent: "
+                       "give another --log PATH")
+    return True
+
+
+def _write_in_place_of(path: Path, data: bytes) -> None:
+    """Make `path` a file holding `data`, durably: written aside (`PATH.new`), synced, renamed over
+    `path` (a link there is replaced, never written through), and the directory synced."""
+    tmp = path.with_name(path.name + ".new")
+    _write_new_file(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def _write_new_file(path: Path, data: bytes) -> None:
-    """Write `path` whole and durably (file synced, then its directory)."""
-    with open(path, "wb") as fh:
+    """Write `path` whole and durably (file synced, then its directory), as a new file: whatever was
+    at `path` (a file left by a crash, a link) is removed first, never written through."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     fsync_dir(path.parent)
 
 
-__all__ = ["LOG_FILE", "LogError", "LogLock", "LogRecord", "WriteAheadLog", "corpus_lineage", "decode_line",
+__all__ = ["LOG_FILE", "LogError", "LogLock", "LogRecord", "WriteAheadLog", "check_log_path", "corpus_lineage", "decode_line",
+           "truncate_log",
            "encode_line", "fsync_dir", "snapshot_seq"]

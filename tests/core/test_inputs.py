@@ -275,3 +275,116 @@ def test_the_base_corpus_cache_is_parquet_and_a_foreign_file_is_refused(tmp_path
     path.write_bytes(b"\x80\x04\x95 a pickle, say")
     with pytest.raises(BaseCorpusError, match="not a base corpus cache"):
         BaseCorpus.load(str(path))
+
+
+# --- errors quote at most 200 characters of a value (issue 37, point 7) --------------------------------
+
+BIG = 1 << 20  # a 1 MB value: quoted whole, it made an error larger than gRPC's metadata limit
+
+
+def _short(message: str, big: str):
+    """The message names the value by its first 200 characters and its length, and stays small."""
+    from andromeda_nb.quoting import MESSAGE_LIMIT
+
+    assert len(message) <= MESSAGE_LIMIT, len(message)
+    assert f"{big[:200]!r}... ({len(big)} characters)" in message, message[:400]
+    assert big[:201] not in message
+
+
+def test_quote_shows_at_most_200_characters_and_the_length():
+    from andromeda_nb.quoting import clip, quote
+
+    assert quote("US") == "'US'" and quote(7) == "7" and clip("user.country") == "user.country"
+    assert quote("x" * 201) == repr("x" * 200) + "... (201 characters)"
+    assert quote("x" * 200) == repr("x" * 200)
+    assert quote(10 ** 300).endswith("... (301 characters)") and len(quote(10 ** 300)) < 230
+    assert quote(b"\0" * 1000).endswith("... (1000 bytes)")
+    assert clip("k" * 300) == "k" * 200 + "... (300 characters)"
+
+
+def test_a_1mb_bad_value_in_a_request_is_an_error_quoting_200_characters(server):
+    """The issue's case: a 1 MB `country` came back as RESOURCE_EXHAUSTED (metadata too large), not as
+    the error; in the JSON request column and in a columnar batch."""
+    import dataclasses
+
+    from andromeda_nb.request_columns import request_columns
+
+    srv, loc, dataset = server
+    big = "Z" * BIG
+    body = request_to_json(dataset.requests[0], with_id=False)
+    bad = {**body, "user": {**body["user"], "country": big}}
+    with pytest.raises(flight.FlightServerError, match=r"^invalid request: request 3: user\.country: 'ZZZ") as err:
+        _send(loc, [(3, json.dumps(bad))])
+    _short(str(err.value).split(". Detail:")[0], big)
+    unknown = {**body, "user": {**body["user"], big: 1}}
+    with pytest.raises(flight.FlightServerError, match="unknown key") as err:
+        _send(loc, [(4, json.dumps(unknown))])
+    _short(str(err.value).split(". Detail:")[0], big)
+    request = dataset.requests[0]
+    columns = request_columns([dataclasses.replace(request, user=dataclasses.replace(request.user, country=big))], 5)
+    client = flight.connect(loc)
+    try:
+        with pytest.raises(flight.FlightServerError, match=r"user\.country: 'ZZZ") as err:
+            fl.exchange_batches(client, [columns], timeout=20)
+    finally:
+        client.close()
+    _short(str(err.value).split(". Detail:")[0], big)
+    with pytest.raises(flight.FlightServerError, match="unknown action") as err:
+        fl.flight_action(loc, big)
+    _short(str(err.value).split(". Detail:")[0], big)
+    assert fl.flight_action(loc, "health")["status"] == "ok"
+
+
+def test_an_update_acknowledgement_carries_counts_and_ids_never_the_body(server):
+    """Each rejected line is named by its number, ad id and a reason quoting at most 200 characters:
+    a body of large bad values gets an acknowledgement far smaller than itself (a 124 MB body got a
+    126 MB acknowledgement)."""
+    srv, loc, dataset = server
+    big = "Q" * (BIG // 16)
+    good = lines_of(update_stream(dataset, 1, 11))
+    ad = json.loads(good)["ad"]
+    bad_lines = [json.dumps({"op": "upsert", "ad": {**ad, "ad_id": 9000 + i,
+                                                    "targeting": {"geo_locations": {"countries": [big]}}}})
+                 for i in range(8)]
+    bad_lines += [json.dumps({"op": "status", "ad_id": ad["ad_id"], "status": big}),
+                  json.dumps({"op": big, "ad_id": 1}), json.dumps({"op": "retire", "ad_id": 1, big: 2})]
+    body = "\n".join([good, *bad_lines])
+    raw = fl.flight_action(loc, "update", body)
+    assert raw["applied"] == 1 and [r["line"] for r in raw["rejected"]] == list(range(2, 2 + len(bad_lines)))
+    assert [r["ad_id"] for r in raw["rejected"][:8]] == [9000 + i for i in range(8)]
+    for rejection in raw["rejected"]:
+        _short(rejection["error"], big)
+    assert len(json.dumps(raw)) < 8 * 1024 < len(body) // 64, len(json.dumps(raw))
+
+
+def test_the_remote_services_quote_at_most_200_characters_too(tmp_path):
+    from cpu_baseline.index_host import IndexHostServer
+    from cpu_baseline.scoring_service import ScoringServer
+
+    _, dataset = saved_corpus(tmp_path / "corpus", 9, n_ads=60, n_requests=2)
+    scorer = ScoringServer(dataset, "grpc://127.0.0.1:0")
+    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=1, monitor_s=0)
+    big = "W" * BIG
+    try:
+        body = request_to_json(dataset.requests[0], with_id=False)
+        with pytest.raises(flight.FlightServerError, match=r"user\.country") as err:
+            _send(location(host), [(3, json.dumps({**body, "user": {**body["user"], "country": big}}))])
+        _short(str(err.value).split(". Detail:")[0], big)
+        with pytest.raises(flight.FlightServerError, match="expected upsert") as err:  # the scorer's own check
+            fl.flight_action(location(scorer), "update", json.dumps({"seq": 1, "update": {"op": big}}))
+        _short(str(err.value).split(". Detail:")[0], big)
+        with pytest.raises(flight.FlightServerError, match="unknown action") as err:
+            fl.flight_action(location(scorer), big)
+        _short(str(err.value).split(". Detail:")[0], big)
+    finally:
+        host.shutdown()
+        host.close_resources()
+        scorer.shutdown()
+
+
+def test_a_flight_error_is_cut_to_the_message_limit():
+    from andromeda_nb.quoting import MESSAGE_LIMIT
+
+    for exc in (RuntimeError("r" * BIG), fl.InvalidInput("i" * BIG), flight.FlightServerError("f" * BIG)):
+        out = fl.to_flight_error(exc)
+        assert len(str(out).split(". Detail:")[0]) <= MESSAGE_LIMIT + 40, type(exc)
