@@ -853,7 +853,8 @@ def compact(data, log, as_json, quiet):
 @click.option("--after", type=click.IntRange(0), required=True,
               help="The last record to keep: the refusal names it (the records before the damaged one).")
 @_JSON_OPTION
-def truncate_log(log, after, as_json):
+@_QUIET_OPTION
+def truncate_log(log, after, as_json, quiet):
     """Keep a damaged update log's records up to --after and drop the rest, on purpose.
 
     A server never shortens a damaged log by itself: it refuses to start, naming the damaged record and

@@ -68,8 +68,16 @@ A="python3 -W ignore cli.py"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(tests)
 [ "${stages[0]}" = all ] && stages=(tests match pipeline compare demo)
+# The machine's copy of the tree comes with the repository as it was when the checkout was made: with
+# BUNDLE=FILE (a `git bundle` of the commits since, ending at the branch `main`, carried along), its
+# HEAD is moved to the tree's own commit first, so every result records the commit it was made from
+# and, when the tree is that commit's, git_dirty false.
+if [ -n "${BUNDLE:-}" ]; then
+  git fetch -q "$BUNDLE" main:refs/heads/measured 2>&1 && git reset -q measured 2>&1 \
+    || echo "BUNDLE=$BUNDLE: could not move HEAD to the bundle's main"
+fi
 {
-  nvidia-smi -L; git log --oneline -1 2>/dev/null
+  nvidia-smi -L; git log --oneline -1 2>/dev/null; git status --porcelain 2>/dev/null | head -5
   python3 -c "import numpy, numba, numba_cuda, pyarrow; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'pyarrow', pyarrow.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 corpus_1m() {  # the generated 1M-ad corpus of a precision (64 requests, 2,000 updates), made once a machine

@@ -307,7 +307,7 @@ def test_a_1mb_bad_value_in_a_request_is_an_error_quoting_200_characters(server)
     the error; in the JSON request column and in a columnar batch."""
     import dataclasses
 
-    from andromeda_nb.request_columns import request_columns
+    from serving.request_columns import request_columns
 
     srv, loc, dataset = server
     big = "Z" * BIG

@@ -128,7 +128,7 @@ def test_every_damaged_record_before_the_last_is_refused_and_the_log_left_whole(
         assert decode_line(broken) is None, f"line {n}: the damage must break the record"
         damaged = b"".join([*lines[:n - 1], broken, *lines[n:]])
         (root / LOG_FILE).write_bytes(damaged)
-        with pytest.raises(LogError, match=f"line {n} is damaged .* valid records follow it"):
+        with pytest.raises(LogError, match=f"line {n}, record {n - 1}, is damaged .* and {len(lines) - n} more line"):
             _open(root, dataset)
         assert (root / LOG_FILE).read_bytes() == damaged, f"line {n} ({damage}): the log was cut"
     (root / LOG_FILE).write_bytes(whole)
@@ -317,7 +317,7 @@ def test_the_serve_command_refuses_a_log_path_that_is_not_a_log_in_one_line(corp
     link = tmp_path / "link.log"
     link.symlink_to(notes)
     for log, expected in ((notes, "line 1 is not a valid log header"), (link, "is a symbolic link")):
-        run = subprocess.run([sys.executable, "-m", "migration.serve", "--data", str(root), "--device", "cpu",
+        run = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu",
                               "--host", "127.0.0.1", "--port", "0", "--log", str(log)], cwd=project,
                              env={**os.environ, "PYTHONPATH": str(project)}, capture_output=True, text=True,
                              timeout=120, stdin=subprocess.DEVNULL)
@@ -373,7 +373,7 @@ def test_a_decided_compaction_directory_is_checked_before_it_replaces_the_snapsh
     """A `.compact-N` holding COMPLETE and garbage was renamed over the snapshot, and the corpus no longer
     loaded. Now the directory is checked first (marker, meta.json, the sha256 of each file) and refused,
     naming it, with the corpus as it was; the server's start and `andromeda compact` say so in one line."""
-    from andromeda_nb.services import open_corpus
+    from serving.services import open_corpus
 
     root, dataset = corpus
     before = _corpus_bytes(root)
@@ -438,7 +438,7 @@ def test_a_compaction_that_cannot_write_fails_in_words_and_changes_nothing(tmp_p
 
     from serving import protocol as fl
 
-    from _servers import assert_equals_reference, colocated_server, lines_of, location, reference_at, stop
+    from tests.support.servers import assert_equals_reference, colocated_server, lines_of, location, reference_at, stop
 
     root, dataset = saved_corpus(tmp_path / "corpus", 13, n_ads=80, n_requests=3)
     (tmp_path / "logs").mkdir()
@@ -561,7 +561,7 @@ def test_truncate_log_keeps_the_intact_records_on_purpose(corpus, tmp_path):
 
     from click.testing import CliRunner
 
-    from andromeda_nb.wal import truncate_log
+    from serving.wal import truncate_log
     from cli import main
 
     root, dataset = corpus
@@ -571,7 +571,7 @@ def test_truncate_log_keeps_the_intact_records_on_purpose(corpus, tmp_path):
     damaged = _flip(data, at)
     (root / LOG_FILE).write_bytes(damaged)
     project = Path(__file__).resolve().parent.parent
-    run = subprocess.run([sys.executable, "-m", "migration.serve", "--data", str(root), "--device", "cpu", "--host",
+    run = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu", "--host",
                           "127.0.0.1", "--port", "0"], cwd=project, env={**os.environ, "PYTHONPATH": str(project)},
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert run.returncode == 2 and "line 21, record 20, is damaged" in run.stderr, run.stderr
