@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+
+from .progress import Say, to_stderr
 
 DEVICES = ("auto", "gpu", "sim", "cpu")
 SIM_ENV = "NUMBA_ENABLE_CUDASIM"
@@ -106,11 +107,7 @@ def gpu_usable() -> bool:
 _said: set[str] = set()
 
 
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-notice_sink: Callable[[str], None] = _stderr  # where notices go (a command may redirect them)
+notice_sink: Say = to_stderr  # where notices go (a command may redirect them)
 
 
 def notice(message: str) -> None:

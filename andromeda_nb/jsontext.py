@@ -171,17 +171,14 @@ def loads(text: str | bytes, *, max_depth: int = DEFAULT_MAX_DEPTH):
 def last_json_document(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH):
     """The JSON document a command's output ends with: the whole text when it is one document, else
     its last non-empty line (JSON Lines, or a log whose last line is the result). JsonInputError when
-    neither is JSON."""
+    neither is JSON: the last line's fault when the text has several lines, else the whole text's."""
     try:
         return loads(text, max_depth=max_depth)
     except JsonInputError as whole:
         lines = [line for line in text.splitlines() if line.strip()]
-        if len(lines) > 1:
-            try:
-                return loads(lines[-1], max_depth=max_depth)
-            except JsonInputError:
-                pass
-        raise whole from None
+        if len(lines) < 2:
+            raise whole from None
+    return loads(lines[-1], max_depth=max_depth)
 
 
 __all__ = ["BOM", "DEFAULT_MAX_DEPTH", "JsonInputError", "check_depth", "decode_utf8", "last_json_document", "loads",

@@ -14,17 +14,18 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Callable
 
 import numpy as np
 
+from .progress import Say, say_of
 
-def log(progress: bool, *parts) -> None:
-    """A progress line on stderr when `progress` is on (results go to stdout or a file)."""
-    if progress:
-        print(*parts, file=sys.stderr, flush=True)
+
+def log(progress: "bool | Say | None", *parts) -> None:
+    """One progress line (`andromeda_nb.progress`): on stderr when `progress` is true, to `progress`
+    itself when it is a `Say`, nowhere when it is false (results go to stdout or a file)."""
+    say_of(progress)(" ".join(map(str, parts)))
 
 
 class UnresolvedTiming(RuntimeError):

@@ -32,7 +32,7 @@ import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,7 @@ from . import __version__, derive, jsontext
 from .compiled import COMPILED_ARRAYS, CompiledTargeting, check_compiled, check_values
 from .constants import PRECISIONS, SCHEMA_VERSION
 from .model import STORED_DTYPES, EmbeddingTable, ModelError, MoeModel, quantize
+from .progress import Advance
 from .types import Ad, Request, TargetingError
 
 META_FILE = "meta.json"
@@ -55,7 +56,7 @@ REQUESTS_JSONL = "requests.jsonl"
 TARGETING_FILE = "targeting.npz"
 TARGETING_FORMAT = 1  # version of targeting.npz's layout (the arrays of compiled.COMPILED_ARRAYS)
 
-Progress = Callable[[int], None]  # called with the number of items just done
+Progress = Advance  # called with the number of items just done (andromeda_nb.progress)
 
 
 class StoreError(ValueError):

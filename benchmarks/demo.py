@@ -22,12 +22,12 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from typing import Callable
 
 import numpy as np
 
 from andromeda_nb.measure import spread_of, timed_runs
 from andromeda_nb.numbers import rate, spread_summary
+from andromeda_nb.progress import Say
 
 DEFAULT_ADS = 50_000
 DEFAULT_REQUESTS = 12
@@ -38,7 +38,7 @@ ELIGIBLE_SHARE = 0.08  # a request's match leaves 2% to 14% of a pool eligible (
 CHECK_ROWS = 2000
 REPEAT = 5
 
-Echo = Callable[[str], None]
+Echo = Say  # one line of the demo's output (andromeda_nb.progress)
 
 
 class DemoError(RuntimeError):
@@ -62,8 +62,9 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
     from andromeda_nb.reference import reference_scores, two_tower_scores
     from andromeda_nb.scoring import fold_user_side
     from andromeda_nb.unfused import unfused_scores
-    from .cpu import measure_copy_bandwidth
     from cpu_baseline.scorer import CpuScorer
+
+    from .cpu import measure_copy_bandwidth
 
     model = dataset.model
     rng = np.random.default_rng(seed)
@@ -111,8 +112,9 @@ def cpu_kernels(dataset, seed: int, rows: int = CPU_KERNEL_ROWS, log: Echo = lam
 
 def gpu_kernels(seed: int, log: Echo = lambda m: None) -> dict:
     """The fused GPU kernels (the shipped version) and the unfused CuPy pipeline, from `benchmarks.score`."""
-    from .score import bench_score
     from gpu.kernels import score as sk
+
+    from .score import bench_score
 
     moe_v = sk.version(None, "moe", "fp16", 64).number  # the tensor-core kernel where the device has them
     dot_v = sk.version(None, "dot", "fp16", 64).number
@@ -264,7 +266,6 @@ STAGE_NAMES = {"user_side": "user side", "match_preparation": "match preparation
 def colocated_stages(dataset, device: str, k: int) -> dict:
     """`andromeda_nb.engine.stage_breakdown` of the co-located engine for `device`, in process."""
     from andromeda_nb.engine import stage_breakdown
-
     from migration.architectures import build_engine
 
     engine = build_engine(dataset, device)
@@ -340,7 +341,6 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     from andromeda_nb.devices import resolve
     from andromeda_nb.quality import QualityConfig, run_quality
     from andromeda_nb.store import load_dataset
-
     from migration.budget import build_budget
     from migration.harness import run_comparison
 

@@ -26,8 +26,9 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
+from andromeda_nb.progress import Say
 from andromeda_nb.updates import Rejection, update_answer
 
 from . import require_ray
@@ -268,7 +269,7 @@ class Router:
         return {"shards": len(shards), "ads": ads, "available": all(x["ads"] is not None for x in shards),
                 "shard_state": shards}
 
-    def catch_up(self, progress: Callable[[str], None] | None = None) -> int:
+    def catch_up(self, progress: Say | None = None) -> int:
         """Bring every live replica to its shard log's end (a front started on a durable log that
         holds updates: its replicas start from the corpus); returns the entries replayed per replica,
         summed over shards."""
@@ -308,7 +309,7 @@ class Cluster:
 
     @classmethod
     def start(cls, dataset, *, shards: int, replicas: int = 1, device: str = "cpu", address: str | None = None,
-              num_cpus: int | None = None, progress: Callable[[str], None] | None = None, log=None) -> "Cluster":
+              num_cpus: int | None = None, progress: Say | None = None, log=None) -> "Cluster":
         """`log`: the router's per-shard log (`ShardLog` in memory by default, or a `DurableShardLog`,
         whose entries are replayed into the replicas before this returns); closed with the cluster."""
         ray = require_ray()

@@ -18,22 +18,23 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from andromeda_nb.measure import spread_of
 from andromeda_nb.budget import network_payload, payload_total
 from andromeda_nb.compare import compare_eligible, compare_scores, compare_topk
 from andromeda_nb.constants import DEFAULT_K
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.devices import resolve
-from serving.protocol import request_text
+from andromeda_nb.measure import spread_of
 from andromeda_nb.numbers import rate
-from serving.relay import Link
+from andromeda_nb.progress import Say
 from andromeda_nb.updates import LiveAds, Rejection, apply_updates, nothing_applied, read_updates
+from serving.protocol import request_text
+from serving.relay import Link
 
-Log = Callable[[str], None]
+Log = Say  # one progress line (andromeda_nb.progress)
 SIMULATOR_MAX_ADS = 20_000  # the GPU index under the CUDA simulator costs ~0.1 ms per thread
 
 

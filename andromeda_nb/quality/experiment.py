@@ -24,6 +24,7 @@ import numpy as np
 from ..budget import stored_ad_bytes
 from ..constants import CONTEXT_WIDTH, PRECISIONS
 from ..model import MoeModel, quantize, two_tower_vector, user_side
+from ..progress import Say
 from ..reference import reference_scores, reference_topk, two_tower_scores
 from . import train as tr
 from .truth import TruthConfig, Users, World, eligible_rows
@@ -171,7 +172,7 @@ def reference_scorers(world: World, test: Users, seed: int) -> dict:
 
 
 def evaluate(world: World, test: Users, scorers: dict[str, Callable[[int, np.ndarray], np.ndarray]],
-             config: QualityConfig, progress: Callable[[str], None] | None = None) -> Evaluation:
+             config: QualityConfig, progress: Say | None = None) -> Evaluation:
     """recall@K of each scorer against the ranking model's top K among the eligible ads."""
     hits = {name: np.zeros(len(test)) for name in scorers}
     n_ads = len(world.ads)
@@ -255,7 +256,7 @@ def _as(params: dict, dtype) -> dict:
 
 
 def train_all(config: QualityConfig, data: tr.TrainData, click_rate: float,
-              progress: Callable[[str], None] | None = None) -> tuple[dict, dict, dict]:
+              progress: Say | None = None) -> tuple[dict, dict, dict]:
     """Train the two-tower model and every MoE variant on `data`. Returns (params by model name,
     per-epoch losses, seconds). Each model gets dense_epochs + finetune_epochs epochs; the MoE
     variants share the dense phase and then fine-tune with their own routing."""
@@ -299,7 +300,7 @@ def held_out_loss(params: dict, data: tr.TrainData, experts: int) -> dict[str, f
 
 
 def run_quality(config: QualityConfig = QualityConfig(),
-                progress: Callable[[str], None] | None = None) -> QualityResult:
+                progress: Say | None = None) -> QualityResult:
     """The whole experiment, seeded by `config.seed`; the same config on the same machine gives the
     same figures. numpy's BLAS is held to one thread while it runs (threadpoolctl): the trainers
     multiply many small matrices, where BLAS threads on a shared 2-core machine spin and wait (up to 10x

@@ -27,6 +27,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..progress import Say
+
 # --- parameter sets --------------------------------------------------------------------------------
 
 MOE_WEIGHTS = ("W", "b", "K", "A", "B")
@@ -289,7 +291,7 @@ class History:
 
 def train(loss_and_grad: Callable[[dict, TrainData], tuple[float, dict]], params: dict, data: TrainData,
           settings: TrainSettings, rng: np.random.Generator,
-          progress: Callable[[str], None] | None = None, label: str = "") -> History:
+          progress: Say | None = None, label: str = "") -> History:
     """Minibatch Adam over `data` for `settings.epochs` epochs; updates `params` in place."""
     opt = Adam(params, settings.lr)
     hist = History()
