@@ -8,6 +8,7 @@ after `andromeda_nb.devices.resolve` has chosen where the work runs.
 from __future__ import annotations
 
 import importlib
+import os
 
 from andromeda_nb.devices import simulator_enabled  # the kernels ask it too: simulator or GPU code
 
@@ -19,6 +20,7 @@ def cuda():
     compile-cache locator is installed for CUDA kernels too (andromeda_nb.jitcache); under the
     simulator, `gpu.simulator`'s repairs are."""
     module = importlib.import_module("numba.cuda")
+    quiet_launch_heuristics()
     if simulator_enabled():
         from . import simulator
 
@@ -28,6 +30,22 @@ def cuda():
 
         jitcache.install(cuda=True)
     return module
+
+
+LOW_OCCUPANCY_ENV = "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"
+
+
+def quiet_launch_heuristics() -> bool:
+    """Turn off numba's "Grid size N will likely result in GPU under-utilization" warning, unless the
+    user set NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS: the project's small grids are chosen (one request's
+    final top-K, a batch's table preparation), and a demo's or a server's terminal is for its own
+    lines. Returns whether the warning is now off."""
+    if LOW_OCCUPANCY_ENV in os.environ:
+        return False
+    from numba.cuda.core import config
+
+    config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    return True
 
 
 def kept_rows(need: int, have: int = 0) -> int:

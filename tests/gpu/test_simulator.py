@@ -74,3 +74,20 @@ def test_a_kernel_reading_shared_memory_it_never_wrote_sees_garbage():
     unwritten[1, 64](out)
     host = out.copy_to_host()
     assert np.count_nonzero(host[0]) > 48 and np.count_nonzero(host[1]) > 48, host
+
+
+def test_numbas_low_occupancy_warning_is_off_unless_the_user_asks_for_it(monkeypatch):
+    """numba warns on every launch of fewer than 128 blocks; the engine's small grids are chosen, so
+    the runtime turns that warning off (a demo's terminal keeps to its own lines), but not when the
+    user set NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS."""
+    from numba.cuda.core import config
+
+    from gpu import runtime
+
+    runtime.cuda()
+    assert config.CUDA_LOW_OCCUPANCY_WARNINGS == 0
+    monkeypatch.setattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 1)
+    monkeypatch.setenv(runtime.LOW_OCCUPANCY_ENV, "1")
+    assert runtime.quiet_launch_heuristics() is False and config.CUDA_LOW_OCCUPANCY_WARNINGS == 1
+    monkeypatch.delenv(runtime.LOW_OCCUPANCY_ENV)
+    assert runtime.quiet_launch_heuristics() is True and config.CUDA_LOW_OCCUPANCY_WARNINGS == 0
