@@ -1182,6 +1182,57 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
     _write_json(result, out, quiet)
 
 
+@bench.command("served")
+@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Corpus directory (made by `andromeda generate` or `import`).")
+@device_option("Where the engine runs, in process and in the server.", choices=("auto", "gpu", "cpu"))
+@k_option()
+@click.option("--layout", type=click.Choice(["format", "geo"]), default=None,
+              help="The GPU engine's slot order, in process and served alike [default: the engine's].")
+@click.option("--clients", type=click.IntRange(1), default=32, show_default=True,
+              help="Plain Flight clients, each with one request in flight.")
+@click.option("--client-processes", type=click.IntRange(1), default=4, show_default=True,
+              help="Processes the clients are spread over.")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="How long the clients send, for each way of serving.")
+@click.option("--exchange", type=click.Choice(["call", "stream"]), multiple=True, default=("stream",),
+              show_default=True, help="An exchange per request (call) or one per client (stream); repeat for both.")
+@click.option("--request-format", type=click.Choice(["json", "columns"]), multiple=True, default=("json",),
+              show_default=True, help="The clients' request batches; repeat for both.")
+@click.option("--batch", type=click.IntRange(1), default=64, show_default=True,
+              help="Requests per in-process batch (the rate the target compares with).")
+@click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="In-process passes.")
+@click.option("--checks", type=click.IntRange(1), default=16, show_default=True,
+              help="In-process answers checked against the float64 reference before timing.")
+@_OUT_JSON_OPTION
+@_BENCH_JSON_OPTION
+@_QUIET_OPTION
+def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,
+                 repeat, checks, out, as_json, quiet):
+    """The served path against the engine in process: `serve colocated` started on loopback, many plain
+    Flight clients each with one request in flight, requests per second and latency against the
+    in-process rate in batches of --batch (target: 70%). The in-process answers are checked against the
+    float64 reference first, and every served answer of the first pass against the in-process one; the
+    target counts only with both checks passed. `python -m benchmarks.served` takes the probes' options
+    (CPU pinning, py-spy, decoding ahead, switch intervals)."""
+    from andromeda_nb.measure import json_line
+
+    from benchmarks import served
+
+    try:
+        result = served.run(data, device=device, k=k, layout=layout, batch=batch, repeat=repeat, clients=clients,
+                            client_processes=client_processes, seconds=seconds, exchanges=exchange,
+                            request_formats=request_format, checks=checks, progress=lambda m: _info(m, quiet))
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise click.ClickException(f"bench served: {exc}") from None
+    _stamp(result, None)
+    click.echo(json_line(result) if as_json else served.table(result))
+    _write_json(result, out, quiet)
+    if not result["checks_ok"]:
+        raise click.ClickException("bench served: answers differ from the reference (see reference_check and "
+                                   "n_wrong); no figure of this run counts")
+
+
 @bench.command("cluster")
 @click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
               help="Corpus directory whose pool is split into the shards (or --tiled).")

@@ -8,6 +8,8 @@ figures through `andromeda_nb.measure`.
     score, peers      `bench score`: every scoring kernel version, and the PyTorch and CuPy peers
     tiled, tiling     pools tiled from a small generated corpus, laid out on the device
     tiled_shard       a shard process over a tiled pool (`bench cluster --tiled`)
+    served            `bench served`: many plain Flight clients against `serve colocated`, against the
+                      engine in process
     cluster           `bench cluster`: shards behind a router
     clients           many plain Flight clients against one server: the served path's load
     demo              `andromeda demo`: the migration walked step by step, measured

@@ -109,19 +109,15 @@ def test_call_path_accounts_each_batched_call_and_each_turnaround(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is a Linux call")
 def test_bench_served_confines_every_thread_of_the_server_to_its_cpus():
-    """`bench_served.py --server-cpus`: every thread of the server process (its threads exist before it
+    """`bench served --server-cpus`: every thread of the server process (its threads exist before it
     is pinned) ends on the CPUs given, and threads it starts later inherit them; a CPU this process
     may not use is refused."""
-    import importlib.util
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_served.py"
-    spec = importlib.util.spec_from_file_location("bench_served_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from benchmarks import served as bench
+
     cpus = bench.server_cpus("1")
     assert cpus == sorted(os.sched_getaffinity(0))[:1]
     with pytest.raises(SystemExit, match="may use CPUs"):

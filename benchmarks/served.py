@@ -1,0 +1,307 @@
+"""`andromeda bench served`: the served path against the in-process batch. Many plain Flight clients,
+one request at a time, against a co-located server started as a process on loopback; the target is
+32 concurrent clients served at least 70% of the in-process batch's rate.
+
+0. The in-process engine's answers to the corpus's requests are checked against the float64
+   reference (eligibility by the CPU inverted index, itself tested against the oracle) on `checks`
+   of them before anything is timed; a target counts only with that check passed.
+
+1. In process: the engine of `--device` over the corpus answers the corpus's requests in batches of
+   `--batch` (the median of `--repeat` passes): requests per second; and in batches of `--clients`,
+   the largest batch clients with one request each in flight can form.
+2. Served: `serve colocated` (same device, `--batch-wait-ms`) as a process; `--clients` threads over
+   `--client-processes` processes (`benchmarks.clients`), each its own pyarrow.flight client, send one
+   request at a time for `--seconds`, each in its own exchange or as the next batch of an exchange
+   the client keeps open (`--exchange call,stream` runs both, each against a fresh server), as JSON
+   or columnar request batches (`--request-format json,columns`), with the server decoding a stage
+   ahead of the engine or between batches (`--decode-ahead on,off`):
+   requests per second, latency p50/p99, the server's batching counters (how many engine batches the
+   calls shared) and where a batch's time went. Every answer of the first pass is checked against
+   the in-process engine's. The target reads the better way of sending.
+
+    andromeda bench served --data DIR --device gpu --out served.json
+    python3 -m benchmarks.served --data DIR ...         (the same, with every option of the probes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from andromeda_nb.measure import log, software, write_json
+from andromeda_nb.provenance import host_info
+from serving import protocol as fl
+from serving.services import ServiceProcess
+
+CHECKS = 16  # requests of the corpus whose in-process answers are checked against the reference
+
+
+def in_process(dataset, device: str, k: int, batches: list[int], repeat: int, layout: str | None = None):
+    """The engine's answers to every request, and its requests/s in batches of each size in `batches`
+    (the passes alternate between the sizes, so a drift of the machine touches each alike)."""
+    from migration.architectures import build_engine
+
+    engine = build_engine(dataset, device, layout=layout)
+    try:
+        requests = dataset.requests
+        want = engine.retrieve(requests, k)
+        passes: dict[int, list[float]] = {b: [] for b in batches}
+        for _ in range(repeat):
+            for batch in batches:
+                t = time.perf_counter()
+                for lo in range(0, len(requests), batch):
+                    engine.retrieve(requests[lo : lo + batch], k)
+                passes[batch].append(len(requests) / (time.perf_counter() - t))
+        return want, [{"requests_per_s": statistics.median(p), "min": min(p), "max": max(p), "batch": b,
+                       "device": engine.device} for b, p in passes.items()]
+    finally:
+        engine.close()
+
+
+def check_against_reference(dataset, want, k: int, n: int = CHECKS) -> dict:
+    """The in-process answers `want` of the first `n` requests against the float64 reference retriever
+    (eligibility by the CPU inverted index): {"requests", "ok", "failures"} (the first few messages)."""
+    from andromeda_nb.compare import compare_topk
+    from andromeda_nb.reference import ReferenceRetriever
+    from cpu_baseline.index import CpuTargetingIndex
+
+    reference = ReferenceRetriever.build(dataset, matcher=CpuTargetingIndex)
+    failures = []
+    for request, (ids, scores) in zip(dataset.requests[:n], want[:n]):
+        ref_ids, result = reference.score_eligible(request)
+        verdict = compare_topk(ref_ids, result, ids, scores, k)
+        if not verdict.ok:
+            failures.append(f"request {request.request_id}: {verdict.message}")
+    return {"requests": min(n, len(want)), "ok": not failures, "failures": failures[:5]}
+
+
+def server_cpus(spec: str | None) -> list[int] | None:
+    """`--server-cpus`: a count N (the first N CPUs this process may use) or a comma-separated list."""
+    if not spec:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = allowed[: int(spec)] if "," not in spec else [int(c) for c in spec.split(",")]
+    if not cpus or not set(cpus) <= set(allowed):
+        raise SystemExit(f"--server-cpus {spec}: this process may use CPUs {allowed}")
+    return cpus
+
+
+def pin(pid: int, cpus: list[int]) -> int:
+    """Confine every thread of process `pid` to `cpus` (Linux: each thread's affinity is its own, so
+    each is set, as `taskset -a -p` does); threads it starts later inherit it. Returns the count."""
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    return len(tids)
+
+
+def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Thread:
+    """Sample with py-spy while the clients send: the whole process tree (the server and the client
+    processes, every thread on a CPU) for the first half of `seconds`, then the server's thread that
+    holds the interpreter lock for the second half. Raw collapsed stacks, one file each."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        raise SystemExit("--profile needs py-spy on the PATH (pip install py-spy)")
+    half = max(1, int(seconds / 2))
+    runs = [(os.getpid(), ["--subprocesses", "--threads"], f"spy_{tag}_all.txt"),
+            (server_pid, ["--threads", "--gil"], f"spy_{tag}_server_gil.txt")]
+
+    def record():
+        time.sleep(min(3.0, seconds / 4))  # the clients have started
+        for pid, extra, name in runs:
+            done = subprocess.run([exe, "record", "--pid", str(pid), "--duration", str(half), "--rate", "250",
+                                   "--nonblocking", "--format", "raw", "--output", str(Path(out_dir) / name), *extra],
+                                  capture_output=True, text=True)
+            log(True, f"py-spy {name}: rc {done.returncode} {done.stderr.strip()[-200:]}")
+
+    thread = threading.Thread(target=record, name="py-spy", daemon=True)
+    thread.start()
+    return thread
+
+
+def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
+           exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
+           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None):
+    from benchmarks.clients import drive
+
+    proc = ServiceProcess("migration.colocated_server", ["--data", data, "--device", device, "--log", "off",
+                                              "--batch-wait-ms", str(wait_ms),
+                                              *(["--decode-ahead"] if decode_ahead else []),
+                                              *(["--switch-interval-ms", switch_ms] if switch_ms else []),
+                                              *(["--layout", layout] if layout else [])],
+                          name="the co-located server")
+    try:
+        if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
+            pin(proc.proc.pid, cpus)
+        cpu0 = proc.cpu_seconds()
+        tag = f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}{'-si' + switch_ms if switch_ms else ''}"
+        spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
+        result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
+                       exchange=exchange, request_format=request_format)
+        cpu1 = proc.cpu_seconds()
+        if spying is not None:
+            spying.join()
+        stats = fl.flight_action(proc.location, "stats")
+        result["batching"] = stats.get("batching")
+        result["call_path"] = stats.get("call_path")  # where a call's time went (flight.CallPath)
+        # where a batch's time goes in the server: the batcher's own split (batcher.stats), the device's
+        # busy time, and the server process's CPU per request (all its threads)
+        batches = max(1, (result["batching"] or {}).get("batches", 0))
+        device_s = stats.get("device_seconds")
+        result["device_ms_per_batch"] = None if device_s is None else 1e3 * device_s / batches
+        result["server_cpu_ms_per_request"] = (None if cpu0 is None or cpu1 is None or not result["requests"]
+                                               else 1e3 * (cpu1 - cpu0) / result["requests"])
+    finally:
+        proc.stop()
+    return {**result, "batch_wait_ms": wait_ms}
+
+
+def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = None, batch: int = 64,
+        repeat: int = 3, clients: int = 32, client_processes: int = 1, seconds: float = 20.0,
+        batch_wait_ms: float = 0.2, exchanges=("call",), request_formats=("json",), decode_aheads=(False,),
+        switch_intervals=("",), cpus: list[int] | None = None, profile: str | None = None, checks: int = CHECKS,
+        progress=True, command: str | None = None) -> dict:
+    """The whole measurement (the module docstring): the in-process engine checked against the
+    reference, timed in batches of `batch` and of `clients`; then one served run per combination of
+    `exchanges`, `request_formats`, `decode_aheads` and `switch_intervals`, each against its own
+    server, every answer of its first pass checked against the in-process engine's. Returns the
+    JSON-ready result; `target.met` only when every check passed."""
+    from andromeda_nb.devices import resolve
+    from andromeda_nb.store import load_dataset
+    from serving.hostmem import keep_freed_memory
+
+    keep_freed_memory()  # as the servers do (serving.hostmem)
+    if profile:
+        Path(profile).mkdir(parents=True, exist_ok=True)
+    device = resolve(device)
+    dataset = load_dataset(data)
+    log(progress, f"{dataset.n_ads:,} ads, {len(dataset.requests)} requests, device {device}")
+    sizes = [batch] + ([clients] if clients != batch else [])
+    want, runs = in_process(dataset, device, k, sizes, repeat, layout)
+    checked = check_against_reference(dataset, want, k, checks)
+    log(progress, f"in-process answers against the float64 reference: {'ok' if checked['ok'] else 'FAILED'} "
+                  f"({checked['requests']} requests)")
+    inproc = runs[0]
+    for r in runs:
+        log(progress, f"in process, batches of {r['batch']}: {r['requests_per_s']:.1f} requests/s")
+    by_exchange = {}
+    for exchange, request_format, ahead, switch in itertools.product(exchanges, request_formats, decode_aheads,
+                                                                     switch_intervals):
+        srv = served(data, device, want, k, clients, client_processes, seconds, batch_wait_ms, exchange, cpus,
+                     profile, request_format, ahead, switch, layout)
+        srv["server_cpus"] = cpus
+        srv["decode_ahead"] = ahead
+        srv["switch_interval_ms"] = float(switch) if switch else None
+        # one key per way of serving: the exchange alone when it is the only thing varied
+        key = "/".join([exchange] + ([request_format] if len(request_formats) > 1 else [])
+                       + ([f"decode-ahead-{'on' if ahead else 'off'}"] if len(decode_aheads) > 1 else [])
+                       + ([f"switch-{switch or 'default'}ms"] if len(switch_intervals) > 1 else []))
+        by_exchange[key] = srv
+        ratio = srv["requests_per_s"] / inproc["requests_per_s"]
+        log(progress, f"served, {clients} clients in {client_processes} processes, {key}: "
+                      f"{srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
+                      f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
+                      f"batching {srv['batching']}, device ms a batch {srv['device_ms_per_batch']}, "
+                      f"server CPU ms a request {srv['server_cpu_ms_per_request']}, wrong answers {srv['n_wrong']}")
+    srv = max(by_exchange.values(), key=lambda x: x["requests_per_s"])  # the target reads the best way
+    ratio = srv["requests_per_s"] / inproc["requests_per_s"]
+    checks_ok = checked["ok"] and all(not s["n_wrong"] for s in by_exchange.values())
+    met = checks_ok and ratio >= 0.70
+    # the target reads the in-process batch of `batch`; the batch as large as the clients can make it
+    # (one request each in flight) is beside it, for what the batch size alone explains
+    return {"kind": "served", "ads": dataset.n_ads, "requests": len(dataset.requests), "k": k, "layout": layout,
+            "precision": dataset.precision, "dim": dataset.model.D, "device": device, "clients": clients,
+            "client_processes": client_processes, "seconds": seconds,
+            "reference_check": checked, "checks_ok": checks_ok,
+            "in_process": inproc,
+            "in_process_at_clients": runs[-1] if len(runs) > 1 else inproc,
+            "served_over_in_process_at_clients": srv["requests_per_s"] / runs[-1]["requests_per_s"],
+            "served": srv, "served_by_exchange": by_exchange, "served_over_in_process": ratio,
+            "target": {"value": ratio, "target": ">= 0.70", "met": met,
+                       **({} if checks_ok else {"reason": "checks failed"})},
+            "host": host_info(), "software": software(),
+            **({"command": command} if command else {})}
+
+
+def table(result: dict) -> str:
+    """The result as a person reads it: the in-process rate, each way of serving, the target."""
+    inproc = result["in_process"]
+    lines = [f"{result['ads']:,} ads, {result['requests']} requests, k = {result['k']}, device {result['device']}, "
+             f"{result['clients']} clients in {result['client_processes']} process(es)",
+             f"in-process answers against the float64 reference: "
+             f"{'ok' if result['reference_check']['ok'] else 'FAILED'} ({result['reference_check']['requests']} requests)",
+             f"in process, batches of {inproc['batch']}: {inproc['requests_per_s']:,.1f} requests/s",
+             f"{'served':<28} {'requests/s':>12} {'of in process':>14} {'p50 ms':>8} {'p99 ms':>8} {'wrong':>6}"]
+    for key, srv in result["served_by_exchange"].items():
+        lines.append(f"{key:<28} {srv['requests_per_s']:>12,.1f} "
+                     f"{srv['requests_per_s'] / inproc['requests_per_s']:>14.0%} {srv['latency_ms']['p50']:>8.2f} "
+                     f"{srv['latency_ms']['p99']:>8.2f} {srv['n_wrong']:>6}")
+    t = result["target"]
+    lines.append(f"target served / in process {t['target']}: {t['value']:.0%}, "
+                 f"{'met' if t['met'] else 'NOT met'}{' (' + t['reason'] + ')' if 'reason' in t else ''}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """`python -m benchmarks.served`: every option of the measurement, the probes' way."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.served", description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="corpus directory (made by `andromeda generate`)")
+    ap.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
+    ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--layout", default=None, choices=("format", "geo"),
+                    help="the GPU engine's slot order, in process and served alike (default: the engine's)")
+    ap.add_argument("--batch", type=int, default=64, help="requests per in-process batch")
+    ap.add_argument("--repeat", type=int, default=3, help="in-process passes (the median is reported)")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--client-processes", type=int, default=1,
+                    help="processes the client threads are spread over (1: one interpreter for all clients)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="how long the clients send")
+    ap.add_argument("--batch-wait-ms", type=float, default=0.2)
+    ap.add_argument("--exchange", default="call",
+                    help="how clients send, comma-separated to run each against its own server in turn: 'call' "
+                         "(an exchange per request), 'stream' (one exchange per client, a batch per request)")
+    ap.add_argument("--request-format", default="json",
+                    help="the clients' request batches, comma-separated to run each in turn: 'json' (the request "
+                         "column) or 'columns' (the columnar batch)")
+    ap.add_argument("--decode-ahead", default="off",
+                    help="'off' (requests decoded between engine batches), 'on' (on a thread of their own, a stage "
+                         "ahead of the engine), or 'on,off' to run both in turn")
+    ap.add_argument("--switch-interval-ms", default="",
+                    help="the server's thread switch interval in ms, comma-separated to run each in turn "
+                         "(empty: the server's default, serving.process.SWITCH_INTERVAL_MS; Python's is 5)")
+    ap.add_argument("--server-cpus", default=None,
+                    help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
+                         "the clients are not confined (Linux)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="sample the server and the clients with py-spy while they run; raw stacks under DIR")
+    ap.add_argument("--checks", type=int, default=CHECKS, help="in-process answers checked against the reference")
+    ap.add_argument("--out", default=None, help="JSON file to write")
+    args = ap.parse_args(argv)
+    formats, aheads = args.request_format.split(","), args.decode_ahead.split(",")
+    if not set(formats) <= {"json", "columns"} or not set(aheads) <= {"on", "off"}:
+        ap.error("--request-format takes json and columns, --decode-ahead on and off")
+    result = run(args.data, device=args.device, k=args.k, layout=args.layout, batch=args.batch, repeat=args.repeat,
+                 clients=args.clients, client_processes=args.client_processes, seconds=args.seconds,
+                 batch_wait_ms=args.batch_wait_ms, exchanges=args.exchange.split(","), request_formats=formats,
+                 decode_aheads=[a == "on" for a in aheads], switch_intervals=args.switch_interval_ms.split(","),
+                 cpus=server_cpus(args.server_cpus), profile=args.profile, checks=args.checks,
+                 command="python3 -m benchmarks.served " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(table(result))
+    if args.out:
+        write_json(result, args.out)
+    return 0 if result["checks_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""`andromeda bench served`: the in-process engine checked against the float64 reference, then served
+to plain Flight clients, every served answer checked against the in-process one."""
+
+import json
+
+import numpy as np
+import pytest
+
+from andromeda_nb.corpus import generate_corpus
+from andromeda_nb.store import load_dataset
+from benchmarks import served
+from tests.support.cli import run_cli
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("served") / "corpus"
+    generate_corpus(out, 400, 6, 5)
+    return out
+
+
+def test_the_reference_check_passes_on_the_engines_answers_and_fails_on_a_wrong_one(corpus_dir):
+    from migration.architectures import build_engine
+
+    dataset = load_dataset(corpus_dir)
+    engine = build_engine(dataset, "cpu")
+    try:
+        want = engine.retrieve(dataset.requests, 10)
+    finally:
+        engine.close()
+    assert served.check_against_reference(dataset, want, 10, 6) == {"requests": 6, "ok": True, "failures": []}
+    ids, scores = want[2]
+    assert len(ids) > 1
+    wrong = list(want)
+    wrong[2] = (ids, np.asarray(scores) + np.float32(0.01))  # every score of one request off
+    verdict = served.check_against_reference(dataset, wrong, 10, 6)
+    assert not verdict["ok"] and verdict["failures"][0].startswith(f"request {dataset.requests[2].request_id}:")
+
+
+@pytest.mark.e2e
+def test_bench_served_prints_one_checked_result(corpus_dir, tmp_path):
+    out = tmp_path / "served.json"
+    result = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 3,
+                     "--client-processes", 1, "--seconds", 1, "--repeat", 1, "--checks", 6, "--json", "--quiet",
+                     "--out", out)
+    line = json.loads(result.stdout)
+    assert line == json.loads(out.read_text())
+    assert line["checks_ok"] and line["reference_check"] == {"requests": 6, "ok": True, "failures": []}
+    srv = line["served"]
+    assert srv["requests"] > 0 and srv["n_wrong"] == 0 and srv["requests_per_s"] > 0
+    assert line["target"]["met"] == (line["served_over_in_process"] >= 0.70)
+    assert line["provenance"]["command"].startswith("andromeda bench served") or "bench served" in \
+        line["provenance"]["command"]
+    table = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 2,
+                    "--client-processes", 1, "--seconds", 0.5, "--repeat", 1, "--checks", 2, "--quiet").stdout
+    assert "in-process answers against the float64 reference: ok" in table and "target served" in table
