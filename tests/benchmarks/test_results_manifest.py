@@ -1,6 +1,7 @@
 """scripts/results_manifest.py on a small tree of its own: the provenance it reads from each form of
 result file, the files a page names (and where), the manifest it writes, and every problem `--check`
-reports, each shown failing on a bad tree and passing on the good one."""
+reports, each shown failing on a bad tree and passing on the good one; then the check on this
+repository itself, so a page that quotes an unclean result, or a stale manifest, fails here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "results_manifest.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "results_manifest.py"
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +202,13 @@ def test_the_check_fails_on_a_stale_manifest(rm, tmp_path):
     rm.write(root)
     assert rm.check(root) == ["README.md: quotes docs/results/dirty.json (dirty); re-run it from a commit or list "
                               "it under \"To be re-run\""]
+
+
+# --- this repository ------------------------------------------------------------------------------------
+
+
+def test_this_repository_quotes_only_clean_results_and_its_manifest_is_current(rm):
+    """README.md and docs/*.md name only existing result files, quote only clean ones (an unclean file
+    is named only under "To be re-run"), and docs/results/MANIFEST.jsonl is what the script writes."""
+    problems = rm.check(ROOT)
+    assert problems == [], "python3 scripts/results_manifest.py --check:\n" + "\n".join(problems)
