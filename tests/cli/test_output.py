@@ -58,7 +58,7 @@ def test_no_command_prints_indented_json():
 def test_corpus_commands_print_json_lines(tmp_path):
     data = tmp_path / "corpus"
     assert _json_lines(_run("generate", "--ads", 200, "--requests", 4, "--out", data, "--json", "-q").stdout)[0]["ads"] == 200
-    summary = _json_lines(_run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl",
+    summary = _json_lines(_run("import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl",
                                "--seed", 7, "--out", tmp_path / "sample", "--json", "-q").stdout)
     assert summary[0]["ads"] == 190
     exported = _json_lines(_run("export", "--data", data, "--out", tmp_path / "jsonl", "--json", "-q").stdout)
@@ -72,7 +72,7 @@ def test_corpus_commands_print_json_lines(tmp_path):
 
 def test_the_retrieve_table_shows_every_answer_or_counts_the_hidden_ones(tmp_path):
     data = tmp_path / "corpus"
-    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7, "--out",
+    _run("import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl", "--seed", 7, "--out",
          data, "-q")
     five = _run("retrieve", "--data", data, "--k", 5, "-q").stdout.splitlines()
     rows = five[1:]

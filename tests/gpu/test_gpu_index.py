@@ -615,5 +615,5 @@ def test_cli_bench_match_help():
 
     res = CliRunner().invoke(cli.main, ["bench", "match", "--help"])
     assert res.exit_code == 0 and "pool ads/s" in res.output
-    res = CliRunner().invoke(cli.main, ["bench", "match", "--pools", "ten"])
-    assert res.exit_code != 0 and "--pools" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli.main, ["bench", "match", "--ads", "ten"])
+    assert res.exit_code != 0 and "--ads" in res.output and "Traceback" not in res.output
