@@ -25,6 +25,7 @@ from andromeda_nb.updates import LiveAds, apply_updates
 from andromeda_nb import devices
 from gpu.index import GpuTargetingIndex, Vocabulary, clause_programs, residual_tables, resid_words
 from gpu.kernels.match import SHIPPED as SHIPPED_MATCH
+from tests.support.ptx import needs_nvrtc
 
 CHUNK = 32  # slots per format chunk in these tests (production: CHUNK_SLOTS = 256)
 FORMATS = 3
@@ -485,6 +486,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@needs_nvrtc
 def test_every_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
