@@ -176,3 +176,50 @@ def test_a_result_records_its_command_with_the_option_names_a_user_types(monkeyp
     command = json.loads(result.stdout.splitlines()[-1])["provenance"]["command"]
     assert "--ads 4096" in command and "--kernel-version 7" in command and "--json" in command, command
     assert "--pool " not in command and "--score-version" not in command and "--as-json" not in command, command
+
+
+COMMON = {"--json", "--quiet", "-q", "--help", "-h"}  # on every command, said once under the table
+
+
+def _readme_commands() -> list[tuple[list[str], set[str]]]:
+    """(command names, options) of every `andromeda ...` in the first column of README's commands
+    table; `serve colocated|remote|scorer` names three commands."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## Commands"):].split("\n\n", 2)[1]
+    found = []
+    for row in table.splitlines()[2:]:
+        first = re.split(r"(?<!\\)\|", row)[1]
+        for span in re.findall(r"`(andromeda [^`]*)`", first):
+            words = span.replace("\\|", "|").split()[1:]
+            names = [""]
+            group = main
+            while words and isinstance(group, click.Group) and all(w in group.commands for w in words[0].split("|")):
+                subs = words.pop(0).split("|")
+                names = [f"{n} {s}".strip() for n in names for s in subs]
+                group = group.commands[subs[0]]
+            options = set(re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", " ".join(words)))
+            found.append((names, options))
+    return found
+
+
+def test_the_readme_commands_table_matches_every_commands_options():
+    """Every option the table names is one of its command's; every command is in the table; and
+    where the table gives a command's whole line (all but serve and bench, whose --help lists the
+    server and bench options), every option of the command is on it."""
+    listed: dict[str, set] = {}
+    for names, options in _readme_commands():
+        for name in names:
+            assert name in COMMANDS, f"README names `andromeda {name}`, which is no command"
+            cmd = COMMANDS[name]
+            unknown = options - _options(cmd)
+            assert not unknown, f"README: `andromeda {name}` has no option {sorted(unknown)}"
+            listed.setdefault(name, set()).update(options)
+    assert set(COMMANDS) == set(listed), f"commands missing from README's table: {set(COMMANDS) - set(listed)}"
+    for name, cmd in COMMANDS.items():
+        required = [p.opts[0] for p in cmd.params if isinstance(p, click.Option) and p.required]
+        assert set(required) <= listed[name], f"README: `andromeda {name}` lacks its required {required}"
+        if name.split()[0] in ("serve", "bench"):
+            continue
+        missing = [p.opts[0] for p in cmd.params if isinstance(p, click.Option) and not p.hidden
+                   and not set(p.opts + p.secondary_opts) & (listed[name] | COMMON)]
+        assert not missing, f"README: `andromeda {name}` lacks {missing} (andromeda {name} --help)"

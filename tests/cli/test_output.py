@@ -157,8 +157,9 @@ def test_bench_cpu_prints_one_json_line_of_positive_figures():
 def test_the_readme_and_ci_run_the_same_commands():
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("```bash\n") + 8:readme.index("```", readme.index("```bash\n") + 8)]
-    install, tests = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    venv, install, tests = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert venv == "python3 -m venv .venv && . .venv/bin/activate" and "python3 -m venv" in "\n".join(ci)
     assert install == 'pip install -e ".[test,cluster]" && andromeda demo'
     assert 'python -m pip install -q -e ".[test,cluster]"' in ci
     assert tests == "python -m pytest -q -n auto" and ci[-1] == tests
