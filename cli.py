@@ -5,6 +5,8 @@ stderr."""
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from andromeda_nb.constants import DEFAULT_LAYOUT, LAUNCHES, LAYOUTS, MAX_K, PRECISIONS
@@ -12,11 +14,90 @@ from andromeda_nb.devices import DEVICES
 
 _PRECISION = click.Choice(list(PRECISIONS))
 _SEED = click.IntRange(0)  # numpy's generators take non-negative seeds
+_ADS = click.IntRange(1)  # --ads N: ads in a corpus or pool, one at least wherever it is asked
+
+
+class _Command(click.Command):
+    """A command that still takes the option names it had before a rename (`renamed`), for one release:
+    an old name on the command line is read as its new one, with a one-line notice on stderr; `--help`
+    shows the new names and lists the old ones at its end."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.renamed = dict(getattr(self.callback, "__renamed__", {}))  # old name -> _Rename
+
+    def parse_args(self, ctx, args):
+        if self.renamed:
+            args = _renamed_args(" ".join(["andromeda", *ctx.command_path.split()[1:]]), args, self.renamed)
+        return super().parse_args(ctx, args)
+
+    def format_epilog(self, ctx, formatter):
+        super().format_epilog(ctx, formatter)
+        if self.renamed:
+            with formatter.section("Old option names (accepted until the next release)"):
+                formatter.write_dl([(old, f"now {rename.now}") for old, rename in self.renamed.items()])
+
+
+class _Rename:
+    """Where an old option name goes: `new`, or `pick(value)` when the old name's value decides it."""
+
+    def __init__(self, new: str, pick=None, now: str | None = None):
+        self.new, self.pick, self.now = new, pick, now or new
+
+    def target(self, value: str | None) -> str:
+        return self.pick(value) if self.pick is not None and value is not None else self.new
+
+
+def renamed(old: str, new: str, *, pick=None, now: str | None = None):
+    """Declare that a command's option `old` is now `new` (its values unchanged): the old name is still
+    accepted for one release, with a deprecation line on stderr. `pick(value)` chooses the new name by
+    the value where the old name stood for two (`query --requests`: a file or a corpus directory);
+    `now` is what the notice and --help say it became."""
+
+    def decorate(f):
+        f.__renamed__ = {old: _Rename(new, pick, now), **getattr(f, "__renamed__", {})}
+        return f
+
+    return decorate
+
+
+def _renamed_args(command: str, args: list[str], renames: dict) -> list[str]:
+    """`args` with every old option name replaced by its new one (also in --old=VALUE form), each old
+    name said once on stderr; nothing after "--" is touched."""
+    out, said = [], set()
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not isinstance(token, str):  # a value passed as a number by a caller in Python
+            out.append(token)
+            i += 1
+            continue
+        if token == "--":
+            out.extend(args[i:])
+            break
+        name, eq, value = token.partition("=")
+        rename = renames.get(name) if token.startswith("--") else None
+        if rename is None:
+            out.append(token)
+        else:
+            given = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+            new = rename.target(given)
+            out.append(new + eq + value)
+            if name not in said:
+                said.add(name)
+                click.echo(f"{command}: {name} is deprecated (it goes in the next release): use {rename.now}",
+                           err=True)
+        i += 1
+    return out
 
 
 class _Cli(click.Group):
     """The command group: a service that fails during a run (compare, demo, retrieve against the
-    services they start) ends the command with its message, never a traceback."""
+    services they start) ends the command with its message, never a traceback. Its commands take
+    their old option names for a release (`_Command`)."""
+
+    command_class = _Command
+    group_class = type
 
     def invoke(self, ctx):
         try:
@@ -263,13 +344,20 @@ def k_option(help: str = f"Answers per request (1..{MAX_K}).", default: int = 10
 
 _DATA_OPTION = click.option("--data", "data", required=True, type=click.Path(exists=True, file_okay=False),
                             help="Corpus directory (made by `generate` or `import`).")
-_UPDATES_OPTION = click.option("--updates", type=click.Path(exists=True, dir_okay=False), default=None,
-                               help="JSON Lines update stream (DESIGN section 6) applied before answering.")
-_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
+_UPDATES_FILE = click.option("--updates-file", "updates", type=click.Path(exists=True, dir_okay=False), default=None,
+                             help="JSON Lines update stream (DESIGN section 6) applied before answering.")
+
+
+def _UPDATES_OPTION(f):
+    """--updates-file FILE (once --updates, which is a count in `generate`)."""
+    return renamed("--updates", "--updates-file")(_UPDATES_FILE(f))
+
+
+_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="JSON Lines on stdout: one object per line.")
 _QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, callback=lambda c, p, v: _quiet_notices(c, v),
                              help="No progress or log lines on stderr.")
 _BENCH_JSON_OPTION = click.option("--json", "as_json", is_flag=True,
-                                  help="Print the JSON result (one line) instead of the table.")
+                                  help="JSON Lines on stdout: the result as one line, instead of the table.")
 _SHARDS_OPTION = click.option("--shards", type=click.IntRange(1, 1024), default=None,
                                help="Shards the pool is split into by a hash of the ad id (--arch sharded; default 2).")
 _REPLICAS_OPTION = click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -278,15 +366,20 @@ _ADDRESS_OPTION = click.option("--address", default=None,
                                help="Join the running Ray cluster at this address (ray://HOST:PORT or HOST:PORT) "
                                     "instead of starting a local one.")
 _FORCE_OPTION = click.option("--force", is_flag=True, help="Replace the corpus OUT already holds.")
-_OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), default=None, callback=_output_file,
-                                help="Write the results as JSON here.")
+_OUT_FILE = click.option("--out-file", "out", type=click.Path(dir_okay=False), default=None, callback=_output_file,
+                         help="Also write the result, as JSON, to this file.")
+
+
+def _OUT_JSON_OPTION(f):
+    """A bench's --out-file FILE (once --out, which is a directory in every other command)."""
+    return renamed("--out", "--out-file")(_OUT_FILE(f))
 
 
 # --- corpus commands -------------------------------------------------------------------------------
 
 
 @main.command()
-@click.option("--ads", "n_ads", type=click.IntRange(0), default=100_000, show_default=True, help="Number of ads.")
+@click.option("--ads", "n_ads", type=_ADS, default=100_000, show_default=True, help="Number of ads.")
 @click.option("--requests", "n_requests", type=click.IntRange(0), default=100, show_default=True,
               help="Number of requests.")
 @click.option("--seed", type=_SEED, default=0, show_default=True, help="Corpus seed (same seed, same files).")
@@ -299,7 +392,7 @@ _OUT_JSON_OPTION = click.option("--out", type=click.Path(dir_okay=False), defaul
               help="Processes that make ads (default: up to 2; the files do not depend on it).")
 @click.option("--updates", "n_updates", type=click.IntRange(0), default=0, show_default=True,
               help="Also write OUT/updates.jsonl: this many seeded, valid updates (creates, replacements, "
-                   "status changes, retirements) for --updates of match, retrieve and compare.")
+                   "status changes, retirements) for --updates-file of match, retrieve and compare.")
 @_FORCE_OPTION
 @_JSON_OPTION
 @_QUIET_OPTION
@@ -348,10 +441,12 @@ def generate(n_ads, n_requests, seed, out, precision, dim, workers, n_updates, f
 
 
 @main.command(name="import")
-@click.option("--ads", "ads_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--ads-file", "ads_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Ads, JSON Lines (DESIGN section 2).")
-@click.option("--requests", "requests_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--requests-file", "requests_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Requests, JSON Lines (DESIGN section 2).")
+@renamed("--ads", "--ads-file")
+@renamed("--requests", "--requests-file")
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="model.npz with the weights (default: seeded weights from --seed).")
 @click.option("--seed", type=_SEED, default=0, show_default=True,
@@ -585,7 +680,7 @@ def retrieve(data, arch, device, k, traffic, shards, replicas, address, scorer_d
 
 
 @main.command()
-@click.option("--ads", "n_ads", type=click.IntRange(100), default=50_000, show_default=True,
+@click.option("--ads", "n_ads", type=_ADS, default=50_000, show_default=True,
               help="Ads in the built-in demo corpus.")
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=12, show_default=True,
               help="Requests in the demo corpus.")
@@ -716,10 +811,9 @@ _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exist
 
 @serve.command("scorer")
 @_SERVE_DATA_OPTION
-@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
-              help="Where the candidates are scored: cpu (numba, every core), gpu (candidate ids resolved to rows "
-                   "and gathered on the device: the remote GPU of the 2024 design), sim (the CUDA simulator, tiny "
-                   "corpora), auto (the GPU if usable, else the CPU).")
+@device_option("Where the candidates are scored: auto (the GPU if usable, else the CPU), cpu (numba, every core: "
+               "the CPU scoring service of the remote-scoring baseline), gpu (candidate ids resolved to rows and "
+               "gathered on the device: the remote GPU of the 2024 design), sim (the CUDA simulator, tiny corpora).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="Scoring threads (default: all cores).")
 @_server_options("scorer", log=False)
 def serve_scorer(data, device, threads, quiet, **options):
@@ -894,9 +988,10 @@ def _require_ray() -> None:
 @device_option("Where every shard's engine runs (auto: the GPU if usable, else the CPU; sim is refused).",
                choices=("auto", "gpu", "cpu"))
 @_ADDRESS_OPTION
-@click.option("--log", "log", default=None,
-              help="Per-shard update logs: a directory, or 'off' for none (updates in memory only) "
+@click.option("--log-dir", "log", default=None, type=click.Path(file_okay=False),
+              help="Directory of the per-shard update logs, or 'off' for none (updates in memory only) "
                    "[default: DIR/cluster-log].")
+@renamed("--log", "--log-dir")
 @_server_options("cluster", log=False)
 def serve_cluster(data, shards, replicas, device, address, quiet, log, **options):
     """Shards with replicas on Ray behind one front: the co-located server's ["retrieve"] exchange,
@@ -960,13 +1055,17 @@ def _credentials(token, tls_ca, tls_cert, tls_key):
 
 @main.command()
 @_SERVER_OPTION
-@click.option("--requests", "requests_path", required=True, type=click.Path(exists=True),
-              help="Requests: JSON Lines (DESIGN section 2), or a corpus directory whose requests to send.")
+@click.option("--requests-file", "requests_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Requests to send: JSON Lines (DESIGN section 2).")
+@click.option("--data", "data", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Or a corpus directory (made by `generate` or `import`): send its requests.")
+@renamed("--requests", "--requests-file", now="--requests-file (a JSON Lines file) or --data (a corpus directory)",
+         pick=lambda value: "--data" if os.path.isdir(value) else "--requests-file")
 @k_option()
 @_credential_options
 @_JSON_OPTION
 @_QUIET_OPTION
-def query(server, requests_path, k, token, tls_ca, tls_cert, tls_key, as_json, quiet):
+def query(server, requests_file, data, k, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     """Top-K eligible ads per request from a running server of either architecture (`andromeda serve
     colocated` or `remote`), printed as `retrieve` prints them: a table, or with --json one line per
     request {"request_id": .., "ads": [..], "scores": [..]}.
@@ -978,6 +1077,9 @@ def query(server, requests_path, k, token, tls_ca, tls_cert, tls_key, as_json, q
     from andromeda_nb.answers import retrieve_json_lines, retrieve_table
     from serving.client import ServerUnreachable, query as ask, read_requests
 
+    if (requests_file is None) == (data is None):
+        raise click.UsageError("give the requests to send: --requests-file FILE or --data DIR, one of them")
+    requests_path = requests_file or data
     try:
         requests, unreadable = read_requests(requests_path)
         _info(f"asking {server} for the top {k} of {len(requests)} request(s)", quiet)
@@ -1026,7 +1128,7 @@ def health(server, token, tls_ca, tls_cert, tls_key, as_json, quiet):
 
 
 @bench.command("cpu")
-@click.option("--ads", "n_ads", type=click.IntRange(1), default=200_000, show_default=True, help="Pool size (ads).")
+@click.option("--ads", "n_ads", type=_ADS, default=200_000, show_default=True, help="Pool size (ads).")
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=64, show_default=True,
               help="Requests for match and end-to-end.")
 @k_option("Top-K of the end-to-end runs.")
@@ -1058,9 +1160,10 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
 
 
 @bench.command("match")
-@int_list_option("--pools", default="10000000,100000000",
-                 help="Pool sizes (ads), comma-separated; each pool tiles the generated base corpus.")
-@int_list_option("--versions", help="Kernel versions to time, comma-separated (default: all that run here).")
+@int_list_option("--ads", default="10000000,100000000",
+                 help="Pool sizes in ads, comma-separated, each timed; each pool tiles the generated base corpus.")
+@int_list_option("--kernel-versions", "versions",
+                 help="Match kernel versions to time, comma-separated (default: all that run here).")
 @int_list_option("--batches", default="64,256", help="Requests per launch, comma-separated.")
 @click.option("--base-ads", type=click.IntRange(1), default=32_768, show_default=True,
               help="Ads of the generated base corpus.")
@@ -1069,15 +1172,20 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
 @click.option("--seed", type=_SEED, default=7, show_default=True, help="Corpus seed.")
 @click.option("--base", "base_path", type=click.Path(dir_okay=False), default=None,
               help="Base corpus cache (Parquet): read when present, else generated and written there.")
-@click.option("--updates/--no-updates", default=True, show_default=True,
+@click.option("--measure-updates/--no-measure-updates", "updates", default=True, show_default=True,
               help="Measure updates per second applied while serving (on the first pool).")
-@click.option("--cpu-pool", type=click.IntRange(0), default=1_000_000, show_default=True,
-              help="Pool size for the CPU inverted index beside the GPU figures (0: skip).")
+@click.option("--cpu-ads", "cpu_pool", type=click.IntRange(0), default=1_000_000, show_default=True,
+              help="Pool size in ads of the CPU inverted index timed beside the GPU figures (0: skip it).")
 @device_option("Where the kernels run (sim: the CUDA simulator; tiny pools only).", choices=("auto", "gpu", "sim"))
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
-def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path, updates, cpu_pool, device, out,
+@renamed("--pools", "--ads")
+@renamed("--versions", "--kernel-versions")
+@renamed("--updates", "--measure-updates")
+@renamed("--no-updates", "--no-measure-updates")
+@renamed("--cpu-pool", "--cpu-ads")
+def bench_match(ads, versions, batches, base_ads, n_requests, seed, base_path, updates, cpu_pool, device, out,
                 as_json, quiet):
     """GPU targeting index: pool ads/s of every match kernel version for each pool size, device bytes
     per ad, updates/s applied while serving, and the CPU index beside it; the full-size answer is
@@ -1089,7 +1197,7 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
     try:
         from benchmarks import match as bm
 
-        result = run_bench(pools=pools, versions=versions, batches=batches, base_ads=base_ads, requests=n_requests,
+        result = run_bench(pools=ads, versions=versions, batches=batches, base_ads=base_ads, requests=n_requests,
                            seed=seed, base_path=base_path,
                            updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
                            cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
@@ -1102,12 +1210,13 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
 
 
 @bench.command("score")
-@click.option("--ads", "n_ads", type=click.IntRange(1), default=1 << 26, show_default=True,
+@click.option("--ads", "n_ads", type=_ADS, default=1 << 26, show_default=True,
               help="Pool size (ads), generated on the GPU.")
 @int_list_option("--dims", default="64,128", help="Embedding dims, comma-separated.")
 @click.option("--precision", "precisions", multiple=True, default=PRECISIONS, show_default=True,
               type=_PRECISION, help="Storage precisions.")
-@int_list_option("--versions", help="Kernel versions, comma-separated (default: all).")
+@int_list_option("--kernel-versions", "versions",
+                 help="Scoring kernel versions to time, comma-separated (default: all).")
 @k_option("Top-K of the full-size check and the timed runs.")
 @click.option("--unfused/--no-unfused", default=True, show_default=True, help="Also time the unfused CuPy pipeline.")
 @click.option("--peers/--no-peers", default=True, show_default=True,
@@ -1119,6 +1228,7 @@ def bench_match(pools, versions, batches, base_ads, n_requests, seed, base_path,
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
+@renamed("--versions", "--kernel-versions")
 def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, seed, out, as_json, quiet):
     """Fused scoring kernel: ads/s and fraction of the copy bandwidth (measured in the same run) for
     every version x {moe, dot} x precision x D, each checked against the float64 reference first;
@@ -1138,8 +1248,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 
 
 @bench.command("pipeline")
-@click.option("--pool", type=click.IntRange(1), default=10_000_000, show_default=True,
-              help="Pool size (ads): a generated base corpus, tiled.")
+@click.option("--ads", "pool", type=_ADS, default=10_000_000, show_default=True,
+              help="Pool size in ads: a generated base corpus, tiled.")
 @click.option("--base-ads", type=click.IntRange(1), default=8192, show_default=True,
               help="Ads of the generated base corpus.")
 @click.option("--precision", default="fp16", show_default=True, type=_PRECISION,
@@ -1147,14 +1257,15 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @click.option("--dim", type=click.IntRange(1, 4096), default=64, show_default=True, help="Embedding dim.")
 @k_option("Top-K per request.")
 @int_list_option("--batches", default="1,16,64", help="Requests per batch for throughput.")
-@click.option("--score-version", type=click.IntRange(1), default=None,
+@click.option("--kernel-version", "score_version", type=click.IntRange(1), default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
 @click.option("--seed", type=_SEED, default=0, show_default=True, help="Corpus seed.")
-@click.option("--layout", "layouts", default=DEFAULT_LAYOUT, show_default=True, callback=lambda c, p, v: _layout_list(v),
+@click.option("--layouts", "layouts", default=DEFAULT_LAYOUT, show_default=True, metavar="LIST",
+              callback=lambda c, p, v: _layout_list(v),
               help="Slot order within a format: the base corpus's copy after copy ('format'), or clustered by the "
                    "places the ads' geo clauses name over the whole pool ('geo', andromeda_nb.geo_layout). "
                    "Comma-separated: each in turn in one run, the first as the result and the others beside it.")
-@click.option("--launch", "launches", default=",".join(LAUNCHES), show_default=True,
+@click.option("--launches", "launches", default=",".join(LAUNCHES), show_default=True, metavar="LIST",
               callback=lambda c, p, v: _word_list(v, LAUNCHES),
               help="How a batch's upload, kernels and answer copies are enqueued: replayed from a CUDA graph "
                    "('graph', as the engine serves) or step by step ('direct'). Comma-separated: each measured on "
@@ -1162,6 +1273,10 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
+@renamed("--pool", "--ads")
+@renamed("--score-version", "--kernel-version")
+@renamed("--layout", "--layouts")
+@renamed("--launch", "--launches")
 def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, launches, out, as_json,
                    quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
@@ -1312,7 +1427,7 @@ def bench_report(files, out, charts, commands, as_json, quiet):
     the copy bandwidth measured in the same run, match throughput against pool size (GPU and CPU
     index), pipeline throughput and latency, bytes on the wire, and the CPU baseline figures.
 
-    FILES are the JSON written by `bench match|score|pipeline|cpu --out`, `compare --json` and
+    FILES are the JSON written by `bench match|score|pipeline|cpu --out-file`, `compare --json` and
     `quality --out` (a directory stands for its *.json files); each file's kind is recognised from
     its content. Only the generated part of BENCHMARKS.md (between its markers) is rewritten."""
     import json
@@ -1343,7 +1458,8 @@ def bench_report(files, out, charts, commands, as_json, quiet):
 @click.option("--kernel/--no-kernel", default=True, show_default=True,
               help="Measure the fused kernel's ads/s for each model when a CUDA GPU is usable.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object (recall, flops_per_ad, bytes_per_ad, ...) instead of the table.")
+              help="JSON Lines on stdout: the result as one line (recall, flops_per_ad, bytes_per_ad, ...), "
+                   "instead of the table.")
 @_QUIET_OPTION
 def quality(seed, out, small, precision, kernel, as_json, quiet):
     """Retrieval quality on synthetic data with known truth: train the two-tower baseline and the
@@ -1387,7 +1503,7 @@ def quality(seed, out, small, precision, kernel, as_json, quiet):
                "(tiny corpora).")
 @_UPDATES_OPTION
 @click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
-              help="Use only the first N requests of the corpus.")
+              help="Requests to use: the first N of the corpus [default: all].")
 @click.option("--oracle-requests", type=click.IntRange(0), default=None,
               help="Check only the first N requests against the plain-Python oracle (default: every request, "
                    "one process per core); the reference then takes the rest's eligible sets from the CPU index.")

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .batching import in_batches
-from .constants import MAX_K
+from .constants import MAX_K, SCORE_ATOL, TOPK_TIE_ATOL
 from .types import Request
 
 MATCH_BATCH = 16  # requests per call, so long runs can report progress
@@ -109,6 +109,11 @@ def match_table(requests: Sequence[Request], eligible: Sequence[np.ndarray], poo
 
 
 RETRIEVE_TABLE_SHOW = 10  # answers per row of the table; the rest are counted ("... 90 more")
+# what a score in the table is, and when two architectures' answers are the same (andromeda_nb.compare)
+AGREEMENT_NOTE = (f"(scores rounded to 4 places; answers agree when they hold the same ads in the same order, ads "
+                  f"whose float64 reference scores lie within {TOPK_TIE_ATOL:g} in either order, and every score is "
+                  f"within {SCORE_ATOL:g} of that reference (DESIGN section 4), so the last digit shown may differ "
+                  f"between architectures)")
 
 
 def retrieve_table(requests: Sequence[Request | int], answers, show: int = RETRIEVE_TABLE_SHOW) -> str:
@@ -123,6 +128,8 @@ def retrieve_table(requests: Sequence[Request | int], answers, show: int = RETRI
         lines.append(f"{_request_id(req):>12}  {len(ids):>8}  {head}{f'  ... {more} more' if more > 0 else ''}")
     if hidden:
         lines.append(f"(the first {show} answers of each request are shown; --json prints them all)")
+    if len(lines) > 1:
+        lines.append(AGREEMENT_NOTE)
     return "\n".join(lines)
 
 

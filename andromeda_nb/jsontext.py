@@ -1,5 +1,5 @@
 """JSON text from outside the process, read one safe way: every place that decodes JSON a person or a
-client wrote (`import`, `--updates`, the Flight request column and update body, meta.json, the
+client wrote (`import`, `--updates-file`, the Flight request column and update body, meta.json, the
 request texts of a corpus) goes through `loads`, so none of them can end in a traceback.
 
 * Nesting deeper than `max_depth` (default 64; a targeting spec needs about 6) is an error that says

@@ -4,7 +4,7 @@ package versions and source revision. Commands that write result JSON (`bench ..
 `andromeda bench report` can show every figure with the command and environment that produced it.
 
     {"kind": "match" | "score" | "pipeline" | "cpu" | "compare" | "quality",
-     "provenance": {"command": "andromeda bench match --pools 10000000 ...",
+     "provenance": {"command": "andromeda bench match --ads 10000000 ...",
                     "options": {every parsed option of the command, defaults included},
                     "created": "2026-01-01T12:00:00Z",
                     "host": {"python", "platform", "cpu", "cores", package versions, "git_commit", ...}}}
@@ -120,7 +120,20 @@ def stamp_from_click(result: dict, kind: str | None) -> dict:
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return stamp(result, kind)
-    return stamp(result, kind, command_path=ctx.command_path, params=dict(ctx.params))
+    return stamp(result, kind, command_path=ctx.command_path, params=_by_flag(ctx))
+
+
+def _by_flag(ctx) -> dict:
+    """The command's parsed options keyed by their long flag's name ("--kernel-version" ->
+    "kernel_version", whatever the keyword the command takes), so a rebuilt command line names the
+    options a user types."""
+    import click
+
+    flags = {}
+    for param in ctx.command.params:
+        longs = [o for o in param.opts if o.startswith("--")] if isinstance(param, click.Option) else []
+        flags[param.name] = longs[0][2:].replace("-", "_") if longs else param.name
+    return {flags.get(name, name): value for name, value in ctx.params.items()}
 
 
 __all__ = ["KINDS", "command_line", "cpu_model", "host_info", "stamp", "stamp_from_click"]

@@ -730,7 +730,7 @@ def import_problem(summary: ImportSummary, ads_path, requests_path, strict: bool
     a requests file with lines none of which is valid, or `strict` with any rejection."""
     swapped = ""
     if _looks_like(ads_path, "request_id") or _looks_like(requests_path, "ad_id"):
-        swapped = "; its lines look like the other kind: are --ads and --requests swapped?"
+        swapped = "; its lines look like the other kind: are --ads-file and --requests-file swapped?"
     if summary.ads == 0:
         what = f"{summary.rejected_ads} line(s) rejected" if summary.rejected_ads else "it holds no ad"
         return f"no valid ad in {ads_path} ({what}){swapped}"

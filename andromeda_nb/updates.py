@@ -238,7 +238,7 @@ def nothing_applied(source, applied: int, rejections: Sequence[Rejection]) -> st
 
 def apply_update_file(lines_or_path, targets: Sequence[Any], ad_ids: Iterable[int], *, seed: int, dim: int,
                       formats: int = DEFAULT_F) -> tuple[int, list[Rejection]]:
-    """Read a stream (what `--updates FILE` does) and apply it to every target, the live set starting
+    """Read a stream (what `--updates-file FILE` does) and apply it to every target, the live set starting
     from `ad_ids`. Returns (number applied, every rejection, malformed or not live, by line)."""
     updates, malformed = read_updates(lines_or_path, seed=seed, dim=dim, formats=formats)
     not_live = apply_updates(updates, targets, LiveAds(ad_ids))

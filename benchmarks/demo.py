@@ -141,6 +141,22 @@ def gpu_kernels(seed: int, log: Echo = lambda m: None) -> dict:
     return out
 
 
+def wire_bytes_text(report: dict, arch: str) -> str:
+    """'43,616 bytes on the wire': one request's bytes over every hop of `arch`, as step 4 and the
+    side-by-side table give them (step 1 splits the same figure by hop)."""
+    return f"{report['bytes_per_request'][arch]:,.0f} bytes on the wire"
+
+
+def precision_line(kernels: dict, dim: int) -> str:
+    """The fused kernel's int8 rate against its fp16 rate, said as what it is: a ratio of ads per
+    second (above 1: int8 is faster), beside the bytes each reads per ad."""
+    from andromeda_nb.budget import stored_ad_bytes
+
+    int8, fp16 = kernels["fused"]["int8"]["ads_per_s"], kernels["fused"]["fp16"]["ads_per_s"]
+    return (f"   int8 against fp16, fused: {int8 / fp16:.2f}x the ads per second (above 1: int8 is faster), reading "
+            f"{stored_ad_bytes('int8', dim)} B of stored embedding per ad against {stored_ad_bytes('fp16', dim)} B")
+
+
 def moe_against_dot(kernels: dict) -> list[str]:
     """The headline of the kernel step: the gated MoE's time against the dot product's on the same bytes.
     On a GPU the shipped kernel runs the 2E per-ad dots on the tensor cores, so the model's arithmetic
@@ -387,8 +403,9 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
         echo(f"   scoring its {e['eligible_mean']:,.0f} candidates takes {score_s * 1e3:.2f} ms at "
              f"{rate(score_rate, 'ads/s')}; the other {rest * 1e3:.1f} ms ({100 * rest / per_req:.0f}%) go to moving "
              f"candidate lists and scores between processes and to top-K")
-    echo(f"   bytes on the wire per request: {hop.get('index host->scorer', 0):,.0f} between index host and "
-         f"scorer, {hop.get('client->index host', 0):,.0f} between client and index host")
+    echo(f"   {wire_bytes_text(report, 'remote')} per request, counted by relays: "
+         f"{hop.get('index host->scorer', 0):,.0f} between index host and scorer, "
+         f"{hop.get('client->index host', 0):,.0f} between client and index host")
     read_GBps = ref["ads_per_s"] * stored_ad_bytes(cp, m.D) / 1e9
     echo(f"   the {kernels['device']} scoring kernel ({cp}) reads {read_GBps:,.1f} GB/s of embeddings against "
          f"{kernels['copy_GBps']:,.1f} GB/s of measured copy bandwidth (read + write); every candidate costs its "
@@ -402,8 +419,9 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
     net = budget["network"]["payload"]
     remote = sum(d["upstream"] + d["downstream"] for d in net["remote"].values())
     colo = sum(d["upstream"] + d["downstream"] for d in net["colocated"].values())
-    echo(f"   network payload per request: remote {remote:,.0f} B (the candidate list and its scores), "
-         f"co-located {colo:,.0f} B (user features in, top-{k} out)")
+    echo(f"   network payload per request, counted from the data layout (the fields alone, without Arrow and "
+         f"gRPC framing): remote {remote:,.0f} B (the candidate list and its scores), co-located {colo:,.0f} B "
+         f"(user features in, top-{k} out); with framing, on the wire: step 4")
 
     # 3 -------------------------------------------------------------------------------------------------
     echo("\n3. One tower versus experts")
@@ -425,9 +443,9 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
          f"{'equal' if report['scores_equal'] else 'DIFFERENT'}, top-{k} {'equal' if report['topk_equal'] else 'DIFFERENT'}"
          f" (oracle and float64 reference, DESIGN section 4)")
     b = report["bytes_per_request"]
-    echo(f"   bytes on the wire per request: remote {b['remote']:,.0f}, co-located {b['colocated']:,.0f}: "
-         f"{report['traffic_reduction']:.1f}x less (grows with the eligible pool: the remote design ships "
-         f"every candidate)")
+    echo(f"   bytes on the wire per request, every hop, counted by relays: remote {b['remote']:,.0f} (step 1), "
+         f"co-located {b['colocated']:,.0f}: {report['traffic_reduction']:.1f}x less (grows with the eligible pool: "
+         f"the remote design ships every candidate)")
     for line in colocation_over_gpu_scoring(report):
         echo(line)
     for line in stage_lines(stages):
@@ -445,7 +463,7 @@ def run_demo(n_ads: int = DEFAULT_ADS, n_requests: int = DEFAULT_REQUESTS, seed:
         if fu.get("copy_fraction") is not None:
             line += f", {100 * fu['copy_fraction']:.0f}% of copy bandwidth"
         echo(line)
-    echo(f"   int8 over fp16: {kernels['fused']['int8']['ads_per_s'] / kernels['fused']['fp16']['ads_per_s']:.2f}x")
+    echo(precision_line(kernels, m.D))
     for line in moe_against_dot(kernels):
         echo(line)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from andromeda_nb.budget import network_payload, payload_total
 from andromeda_nb.compare import compare_eligible, compare_scores, compare_topk
-from andromeda_nb.constants import DEFAULT_K
+from andromeda_nb.constants import DEFAULT_K, SCORE_ATOL
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.devices import resolve
 from andromeda_nb.measure import spread_of
@@ -406,7 +406,7 @@ def format_report(report: dict) -> str:
     lines.append(row("", [title(n) for n in archs]))
     lines.append(row("runs on", [f"CPU + {report[n]['device'].upper()}" if n != "colocated" else report[n]["device"]
                                  for n in archs]))
-    lines.append(row("scores vs reference", [mark(report[n]["scores"]["ok"]) for n in archs]))
+    lines.append(row(f"scores vs reference, ±{SCORE_ATOL:g}", [mark(report[n]["scores"]["ok"]) for n in archs]))
     lines.append(row("top-K vs reference", [mark(report[n]["topk"]["ok"]) for n in archs]))
     b = report["bytes_per_request"]
     lines.append(row("bytes on the wire / request", [f"{b[n]:,.0f}" for n in archs]))

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     t = time.monotonic()
     say(f"starting `serve cluster` with {args.shards} shard(s) on {args.device}")
     front = ServiceProcess("cli", ["serve", "cluster", "--data", args.data, "--shards", str(args.shards), "--device",
-                                   args.device, "--port", "0", "--log", "off", "-q"], name="serve cluster",
+                                   args.device, "--port", "0", "--log-dir", "off", "-q"], name="serve cluster",
                            start_timeout_s=600)
     seconds["front_start"] = time.monotonic() - t
     one = None

@@ -7,7 +7,7 @@
 #             pytest-xdist workers, where it is installed; TESTS_FILES: other test files)
 #   match     `bench match` of the shipped match kernel against the circle-table versions (10M, 100M)
 #   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size; PIPELINE_ARGS: more
-#             options, e.g. "--layout format,geo" for both slot orders in one run, with PIPELINE_TAG naming its files)
+#             options, e.g. "--layouts format,geo" for both slot orders in one run, with PIPELINE_TAG naming its files)
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures (COMPARE_ARGS: more options, e.g.
 #             "--layout geo", with COMPARE_TAG naming its files)
@@ -95,22 +95,22 @@ for stage in "${stages[@]}"; do
         tests/gpu/test_score_mma.py tests/cpu_baseline/test_candidates.py tests/core/test_deep_specs.py tests/core/test_unfused.py tests/gpu/test_remote_gpu.py tests/benchmarks/test_tiled.py tests/core/test_geo_layout.py tests/gpu/test_graphs.py tests/gpu/test_host_prepare.py} 2>&1 \
         | tail -15 | tee "$OUT/gpu_tests.txt" ;;
     match)
-      timeout ${MATCH_TIMEOUT:-400} $A bench match --pools 10000000,100000000 --versions ${MATCH_VERSIONS:-6,7,8} \
-        --batches 64,256 --no-updates --cpu-pool 0 --out "$OUT/bench_match.json" > "$OUT/bench_match.log" 2>&1
+      timeout ${MATCH_TIMEOUT:-400} $A bench match --ads 10000000,100000000 --kernel-versions ${MATCH_VERSIONS:-6,7,8} \
+        --batches 64,256 --no-measure-updates --cpu-ads 0 --out-file "$OUT/bench_match.json" > "$OUT/bench_match.log" 2>&1
       echo "match rc=$?"; grep -E "G pool ads/s|check passed|registers" "$OUT/bench_match.log" | cut -c1-200 ;;
     pipeline)
-      timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline ${PIPELINE_ARGS:-} --out "$OUT/pipeline${PIPELINE_TAG:-}.json" \
+      timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline ${PIPELINE_ARGS:-} --out-file "$OUT/pipeline${PIPELINE_TAG:-}.json" \
         > "$OUT/pipeline${PIPELINE_TAG:-}.log" 2>&1
       echo "pipeline rc=$?"; tail -13 "$OUT/pipeline${PIPELINE_TAG:-}.log" ;;
     compare)
       timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
         --updates ${COMPARE_UPDATES:-2000} --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
-      timeout ${COMPARE_TIMEOUT:-400} $A compare --data /tmp/c1m --device gpu --updates /tmp/c1m/updates.jsonl --json --quiet \
+      timeout ${COMPARE_TIMEOUT:-400} $A compare --data /tmp/c1m --device gpu --updates-file /tmp/c1m/updates.jsonl --json --quiet \
         ${COMPARE_ARGS:-} > "$OUT/compare_1m_gpu${COMPARE_TAG:-}.json" 2> "$OUT/compare_1m_gpu${COMPARE_TAG:-}.err"; echo "compare rc=$?"
       tail -c 600 "$OUT/compare_1m_gpu${COMPARE_TAG:-}.json"; tail -3 "$OUT/compare_1m_gpu${COMPARE_TAG:-}.err" ;;
     score)
-      timeout ${SCORE_TIMEOUT:-300} $A bench score --dims ${SCORE_DIMS:-64,128} --precision fp16 --precision int8 --versions ${SCORE_VERSIONS:-4,6} --eligible ${SCORE_ELIGIBLE:-1} \
-        --out "$OUT/bench_score.json" > "$OUT/bench_score.log" 2>&1
+      timeout ${SCORE_TIMEOUT:-300} $A bench score --dims ${SCORE_DIMS:-64,128} --precision fp16 --precision int8 --kernel-versions ${SCORE_VERSIONS:-4,6} --eligible ${SCORE_ELIGIBLE:-1} \
+        --out-file "$OUT/bench_score.json" > "$OUT/bench_score.log" 2>&1
       echo "score rc=$?"; grep -E "G ads/s|peer|copy" "$OUT/bench_score.log" | cut -c1-200 | tail -20
       timeout 120 ncu --clock-control none --kernel-name regex:score_ --launch-skip 2 --launch-count 1 \
         python3 scripts/probe_score_mma.py --version ${NCU_VERSION:-6} --ads 16777216 > "$OUT/ncu_score_v${NCU_VERSION:-6}.txt" 2>&1
@@ -127,7 +127,7 @@ for stage in "${stages[@]}"; do
       for latency in ${THREEWAY_LINKS:-0 100}; do
         extra=$([ "$latency" = 0 ] || echo "--link-latency-us $latency --link-gbps 25")
         timeout ${THREEWAY_TIMEOUT:-280} $A compare --data $data --device gpu --scorer-devices cpu,gpu \
-          --updates $data/updates.jsonl --oracle-requests ${THREEWAY_ORACLE:-8} $extra --json \
+          --updates-file $data/updates.jsonl --oracle-requests ${THREEWAY_ORACLE:-8} $extra --json \
           > "$OUT/threeway_${ads}_link$latency.json" 2> "$OUT/threeway_${ads}_link$latency.err"
         echo "threeway $ads link $latency rc=$?"; tail -c 700 "$OUT/threeway_${ads}_link$latency.json"; echo
         tail -2 "$OUT/threeway_${ads}_link$latency.err"

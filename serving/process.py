@@ -282,8 +282,8 @@ def server_options(*, log: bool = True) -> list[ServerOption]:
         ServerOption("--stop-deadline", "stop_deadline", float, "Seconds from SIGTERM to exit, whatever clients do "
                      "(batches in flight finish).", default=DEFAULT_STOP_DEADLINE_S, at_least=0, above=True),
         ServerOption("--parent-pid", "parent_pid", int, "Stop when this process is gone.", cli=False),
-        *([ServerOption("--log", "log", str, "Update log: a path, or 'off' for none (updates in memory only) "
-                        "[default: DIR/updates.log].")] if log else []),
+        *([ServerOption("--log", "log", str, "Update log file, or 'off' for none (updates in memory only) "
+                        "[default: DIR/updates.log].", path=True)] if log else []),
     ]
 
 

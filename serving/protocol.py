@@ -50,7 +50,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -400,9 +400,13 @@ class RetrieveServer(flight.FlightServerBase):
     constructor, which starts listening. They implement `retrieve_at` (or `retrieve`), and may
     override `apply_updates`, `compact`, `health_info`, `health_state`, `handle_action` (for further
     actions; return None when the name is not theirs) and `action_role`.
+
+    `exchange_clock` dates an exchange against the deadline (time.monotonic; a test sets a simulated
+    one, so what is refused does not depend on how fast the machine answers).
     """
 
     name = "retrieve"
+    exchange_clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self, location: str = "grpc://127.0.0.1:0", *, seed: int, experts: int, width: int,
                  limits: ServiceLimits | None = None, guard: ServerGuard | None = None, **kwargs):
@@ -495,7 +499,7 @@ class RetrieveServer(flight.FlightServerBase):
 
     # --- Flight handlers -----------------------------------------------------------------------------
     def do_exchange(self, context, descriptor, reader, writer):
-        started = time.monotonic()
+        started = self.exchange_clock()
         try:
             self.guard.require(context, READER, "retrieve")
             if descriptor.descriptor_type != flight.DescriptorType.PATH or tuple(
@@ -511,7 +515,7 @@ class RetrieveServer(flight.FlightServerBase):
                     continue
                 if self._stopping.is_set():
                     raise flight.FlightUnavailableError("the server is shutting down; retry on another")
-                if time.monotonic() - started > self.limits.deadline_s:
+                if self.exchange_clock() - started > self.limits.deadline_s:
                     raise flight.FlightTimedOutError(
                         f"the exchange is older than the server's deadline of {self.limits.deadline_s:g} s "
                         "(--deadline); open a new one")

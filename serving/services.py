@@ -64,7 +64,7 @@ def banner(service: str, location: str, serving: str) -> str:
     if service == "scorer":
         lines.append(f"  used by  andromeda serve remote --data DIR --scorer {location}")
     else:
-        lines += [f"  ask it   andromeda query --server {location} --requests REQUESTS.jsonl --k 10",
+        lines += [f"  ask it   andromeda query --server {location} --requests-file REQUESTS.jsonl --k 10",
                   "           or from Python with pyarrow.flight (README, \"Asking a server\")"]
     lines += [f"  health   andromeda health --server {location}", "  stop it  Ctrl-C or SIGTERM"]
     return "\n".join(lines)

@@ -196,3 +196,23 @@ def test_on_a_gpu_the_colocation_step_times_a_lone_request_from_graphs_and_step_
     lines = stage_lines({"device": "gpu", "requests": 2, "repeat": 2, "launches": {"graph": 812.0, "direct": 1034.0},
                          "stages": {"match": {"us": 300.0, "bytes": 1.5e9}}})
     assert "812 us with its batch replayed from CUDA graphs, 1,034 us with every kernel launched" in lines[1]
+
+
+def test_a_requests_bytes_are_one_figure_and_every_other_count_says_what_it_counts(demo_run):
+    """One request's bytes on the wire are one figure in steps 1 and 4 and the table (step 1 splits it
+    by hop); the budget's payload of step 2 says it is counted from the data layout, without framing;
+    the int8 line says it is a ratio of ads per second and which way is faster."""
+    figures, text = demo_run
+    report = figures["compare"]
+    remote = report["bytes_per_request"]["remote"]
+    assert sum(report["bytes_per_hop"]["remote"].values()) == pytest.approx(remote)
+    step = {n: text[text.index(f"\n{n}. "):] for n in (1, 2, 4, 5)}
+    assert f"{remote:,.0f} bytes on the wire per request, counted by relays" in step[1][:step[1].index("\n2. ")]
+    assert f"counted by relays: remote {remote:,.0f} (step 1)" in step[4][:step[4].index("\n5. ")]
+    table = text[text.index("Side by side"):]
+    assert "bytes on the wire / request" in table and f"{remote:,.0f}" in table
+    payload = step[2][:step[2].index("\n3. ")]
+    assert "counted from the data layout (the fields alone, without Arrow and gRPC framing)" in payload
+    kernels = step[5]
+    assert "int8 against fp16, fused: " in kernels and "x the ads per second (above 1: int8 is faster)" in kernels
+    assert "int8 over fp16" not in text

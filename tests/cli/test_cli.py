@@ -72,8 +72,8 @@ def test_generate_writes_an_update_stream_that_match_applies_whole(tmp_path):
     assert len(lines) == 60 and {json.loads(x)["op"] for x in lines} == {"upsert", "status", "retire"}
     before = [json.loads(x)["eligible"] for x in _run("match", "--data", out, "--arch", "oracle", "--json",
                                                       "--quiet").stdout.splitlines()]
-    after = _run("match", "--data", out, "--arch", "cpu", "--updates", out / "updates.jsonl", "--json", "--quiet")
-    oracle = _run("match", "--data", out, "--arch", "oracle", "--updates", out / "updates.jsonl", "--json", "--quiet")
+    after = _run("match", "--data", out, "--arch", "cpu", "--updates-file", out / "updates.jsonl", "--json", "--quiet")
+    oracle = _run("match", "--data", out, "--arch", "oracle", "--updates-file", out / "updates.jsonl", "--json", "--quiet")
     assert "rejected" not in after.stderr
     after_sets = [json.loads(x)["eligible"] for x in after.stdout.splitlines()]
     assert after_sets == [json.loads(x)["eligible"] for x in oracle.stdout.splitlines()]
@@ -120,9 +120,9 @@ def test_retrieve_k_is_validated(corpus_dir):
 
 def test_updates_are_applied_and_rejections_reported(tmp_path):
     out = tmp_path / "sample"
-    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7, "--out", out,
+    _run("import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl", "--seed", 7, "--out", out,
          "--quiet")
-    result = _run("match", "--data", out, "--updates", SAMPLE / "updates.jsonl", "--json", "--quiet")
+    result = _run("match", "--data", out, "--updates-file", SAMPLE / "updates.jsonl", "--json", "--quiet")
     dataset = store.load_dataset(out)
     index = OracleIndex.build(dataset.ads)
     applied, rejections = apply_update_file(SAMPLE / "updates.jsonl", [index], dataset.ad_ids.tolist(), seed=7,
@@ -134,13 +134,13 @@ def test_updates_are_applied_and_rejections_reported(tmp_path):
         assert f"line {line}:" in result.stderr, "rejections are reported even with --quiet"
     before = _run("match", "--data", out, "--json", "--quiet")
     assert before.stdout != result.stdout, "the updates change some answer"
-    ranked = _run("retrieve", "--data", out, "--updates", SAMPLE / "updates.jsonl", "--k", 3, "--json", "--quiet")
+    ranked = _run("retrieve", "--data", out, "--updates-file", SAMPLE / "updates.jsonl", "--k", 3, "--json", "--quiet")
     for line, ids in zip(ranked.stdout.splitlines(), expect):
         assert set(json.loads(line)["ads"]) <= set(ids.tolist())
 
 
 def test_import_counts_rejections_and_strict_fails(tmp_path):
-    args = ["import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7]
+    args = ["import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl", "--seed", 7]
     result = _run(*args, "--out", tmp_path / "a", "--json")
     summary = json.loads(result.stdout)
     assert (summary["ads"], summary["rejected_ads"], summary["requests"]) == (190, 10, 20)
@@ -153,7 +153,7 @@ def test_import_counts_rejections_and_strict_fails(tmp_path):
 
 
 def test_import_of_swapped_files_loads_nothing_and_says_why(tmp_path):
-    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "requests.jsonl"), "--requests",
+    result = _runner().invoke(main, ["import", "--ads-file", str(SAMPLE / "requests.jsonl"), "--requests-file",
                                      str(SAMPLE / "ads.jsonl"), "--out", str(tmp_path / "c"), "--quiet"])
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert "no valid ad in" in result.stderr and "swapped?" in result.stderr
@@ -163,13 +163,13 @@ def test_import_of_swapped_files_loads_nothing_and_says_why(tmp_path):
 def test_import_of_requests_that_are_all_rejected_fails(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"request_id": 1, "user": {"age": "old"}}\n{"request_id": 2}\n')
-    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "ads.jsonl"), "--requests", str(bad),
+    result = _runner().invoke(main, ["import", "--ads-file", str(SAMPLE / "ads.jsonl"), "--requests-file", str(bad),
                                      "--out", str(tmp_path / "c"), "--quiet"])
     assert result.exit_code == 1 and "no valid request in" in result.stderr and "2 line(s) rejected" in result.stderr
     assert not (tmp_path / "c").exists()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    result = _runner().invoke(main, ["import", "--ads", str(empty), "--requests", str(SAMPLE / "requests.jsonl"),
+    result = _runner().invoke(main, ["import", "--ads-file", str(empty), "--requests-file", str(SAMPLE / "requests.jsonl"),
                                      "--out", str(tmp_path / "d"), "--quiet"])
     assert result.exit_code == 1 and "it holds no ad" in result.stderr
 
@@ -179,13 +179,13 @@ def test_an_existing_corpus_is_replaced_only_with_force(tmp_path):
     _run("generate", "--ads", 50, "--requests", 2, "--seed", 1, "--out", out, "--quiet")
     before = (out / "ads.parquet").read_bytes()
     for command in (["generate", "--ads", 60, "--requests", 2, "--seed", 2],
-                    ["import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7]):
+                    ["import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl", "--seed", 7]):
         result = _runner().invoke(main, [str(a) for a in command] + ["--out", str(out), "--quiet"])
         assert result.exit_code == 1 and "already holds a corpus" in result.stderr and "--force" in result.stderr
         assert (out / "ads.parquet").read_bytes() == before, "nothing of the corpus changed"
     _run("generate", "--ads", 60, "--requests", 2, "--seed", 2, "--out", out, "--quiet", "--force")
     assert store.load_dataset(out).n_ads == 60
-    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7,
+    _run("import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl", "--seed", 7,
          "--out", out, "--quiet", "--force")
     assert store.load_dataset(out).n_ads == 190
 
@@ -196,10 +196,10 @@ def test_an_update_stream_of_which_nothing_applies_fails(corpus_dir, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     for command in (["match"], ["retrieve", "--k", 3]):
-        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates", str(rejected), "--quiet"])
+        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates-file", str(rejected), "--quiet"])
         assert result.exit_code == 1 and "no update of" in result.stderr and "all 200 were rejected" in result.stderr
         assert result.stdout == "" and "Traceback" not in result.stderr
-        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates", str(empty), "--quiet"])
+        result = _runner().invoke(main, [*command, "--data", str(corpus_dir), "--updates-file", str(empty), "--quiet"])
         assert result.exit_code == 1 and "holds no update" in result.stderr
 
 
@@ -217,7 +217,7 @@ def test_user_errors_are_clean(tmp_path, corpus_dir, monkeypatch):
 
 def test_export_then_import_gives_the_same_answers(corpus_dir, tmp_path):
     _run("export", "--data", corpus_dir, "--out", tmp_path / "jsonl", "--quiet")
-    _run("import", "--ads", tmp_path / "jsonl" / "ads.jsonl", "--requests", tmp_path / "jsonl" / "requests.jsonl",
+    _run("import", "--ads-file", tmp_path / "jsonl" / "ads.jsonl", "--requests-file", tmp_path / "jsonl" / "requests.jsonl",
          "--model", corpus_dir / "model.npz", "--seed", SEED, "--out", tmp_path / "back", "--strict", "--quiet")
     for command in (("match", "--json"), ("retrieve", "--k", 5, "--json")):
         a = _run(*command, "--data", corpus_dir, "--quiet").stdout
@@ -266,14 +266,14 @@ def test_bench_pipeline_runs_each_layout_in_turn_in_one_process(monkeypatch):
                 "throughput": [], "targets": {}}
 
     monkeypatch.setattr(bs, "bench_pipeline", fake)
-    result = _run("bench", "pipeline", "--pool", 4096, "--layout", "geo,format", "--json")
+    result = _run("bench", "pipeline", "--ads", 4096, "--layouts", "geo,format", "--json")
     doc = json.loads(result.stdout.splitlines()[-1])
     assert calls == [("geo", 4096), ("format", 4096)]
     assert doc["layout"] == "geo" and list(doc["other_layouts"]) == ["format"]
     assert doc["other_layouts"]["format"]["latency_ms"]["p50"] == 3.0
-    table = _run("bench", "pipeline", "--pool", 4096, "--layout", "format,geo").stdout
+    table = _run("bench", "pipeline", "--ads", 4096, "--layouts", "format,geo").stdout
     assert "layout format:" in table and "layout geo:" in table
-    bad = _runner().invoke(main, ["bench", "pipeline", "--layout", "geo,spiral"])
+    bad = _runner().invoke(main, ["bench", "pipeline", "--layouts", "geo,spiral"])
     assert bad.exit_code == 2 and "'geo,spiral': a comma-separated list of format, geo, each once" in bad.stderr
 
 
@@ -291,12 +291,12 @@ def test_bench_pipeline_passes_its_launch_modes_and_refuses_unknown_ones(monkeyp
                                      "throughput": [{"batch": 64, "pool_ads_per_s": 3e10}]} for m in launches}}
 
     monkeypatch.setattr(bs, "bench_pipeline", fake)
-    table = _run("bench", "pipeline", "--pool", 4096).stdout
+    table = _run("bench", "pipeline", "--ads", 4096).stdout
     assert seen == [("graph", "direct")]  # both, graph first: the engine's way is the result
     assert "latency per request (batch 1, graph)" in table and "launched direct: latency p50 1.50 ms" in table
-    _run("bench", "pipeline", "--pool", 4096, "--launch", "direct")
+    _run("bench", "pipeline", "--ads", 4096, "--launches", "direct")
     assert seen[-1] == ("direct",)
-    bad = _runner().invoke(main, ["bench", "pipeline", "--launch", "graph,warp"])
+    bad = _runner().invoke(main, ["bench", "pipeline", "--launches", "graph,warp"])
     assert bad.exit_code == 2 and "'graph,warp': a comma-separated list of graph, direct, each once" in bad.stderr
 
 
@@ -324,12 +324,12 @@ def _unmakeable_folders(tmp_path):
 def test_an_out_folder_that_cannot_be_made_is_refused_naming_it_before_any_work(tmp_path, corpus_dir):
     ads, requests = SAMPLE / "ads.jsonl", SAMPLE / "requests.jsonl"
     for why, out in _unmakeable_folders(tmp_path):
-        for command in (["generate", "--ads", 10, "--requests", 2], ["import", "--ads", ads, "--requests", requests],
+        for command in (["generate", "--ads", 10, "--requests", 2], ["import", "--ads-file", ads, "--requests-file", requests],
                         ["export", "--data", corpus_dir]):
             said = _refused([*command, "--out", out, "--quiet"], "'--out'", out)
             assert ("is a file" if why == "under a file" else "cannot create the folder") in said, (why, said)
     with_file = tmp_path / "a-file" / "result.json"
-    _refused(["bench", "cpu", "--out", with_file], "'--out'", with_file, "is a file")
+    _refused(["bench", "cpu", "--out-file", with_file], "'--out-file'", with_file, "is a file")
     _refused(["bench", "report", SAMPLE, "--out", tmp_path / "a-file" / "docs"], "'--out'", "is a file")
 
 
@@ -358,7 +358,7 @@ def test_the_out_check_leaves_nothing_behind(tmp_path):
 def test_counts_out_of_range_are_refused_naming_the_option():
     _refused(["bench", "cpu", "--ads", -5], "'--ads'", "-5")
     _refused(["bench", "match", "--base-ads", 0], "'--base-ads'")
-    _refused(["bench", "pipeline", "--pool", -1], "'--pool'")
+    _refused(["bench", "pipeline", "--ads", -1], "'--ads'")
     _refused(["generate", "--seed", -1, "--out", "unused"], "'--seed'", "-1")
 
 
@@ -378,7 +378,7 @@ def test_commands_without_a_device_option_say_what_they_need_not_which_device_to
     """bench score and bench pipeline run on a CUDA GPU only and have no --device: without one they
     say so (here the simulator is on, as in every test run), never `--device gpu: ...`."""
     for command, what in ((["bench", "score", "--ads", 1024], "the fused scoring benchmark"),
-                          (["bench", "pipeline", "--pool", 4096], "the co-located pipeline benchmark")):
+                          (["bench", "pipeline", "--ads", 4096], "the co-located pipeline benchmark")):
         result = _runner().invoke(main, [str(a) for a in command] + ["--quiet"])
         assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
         said = result.stderr
@@ -391,14 +391,14 @@ def test_bench_match_without_a_gpu_names_itself_once(monkeypatch):
 
     monkeypatch.setattr(devices, "simulator_enabled", lambda: False)
     monkeypatch.setattr(devices, "gpu_usable", lambda: False)
-    result = _runner().invoke(main, ["bench", "match", "--pools", "4096", "--quiet"])
+    result = _runner().invoke(main, ["bench", "match", "--ads", "4096", "--quiet"])
     assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith("Error: bench match: the GPU index runs only as CUDA kernels"), result.stderr
     assert result.stderr.count("bench match") == 1 and "--device sim" in result.stderr
 
 
 def test_import_with_a_model_that_is_not_one_says_what_the_file_is(tmp_path):
-    result = _runner().invoke(main, ["import", "--ads", str(SAMPLE / "ads.jsonl"), "--requests",
+    result = _runner().invoke(main, ["import", "--ads-file", str(SAMPLE / "ads.jsonl"), "--requests-file",
                                      str(SAMPLE / "requests.jsonl"), "--model", str(SAMPLE / "ads.jsonl"),
                                      "--out", str(tmp_path / "c"), "--quiet"])
     assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr

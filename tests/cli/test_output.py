@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import pytest
 
-from andromeda_nb import numbers
+from andromeda_nb import answers, numbers
 
 from andromeda_nb import measure as bench
 from cli import main
@@ -58,7 +58,7 @@ def test_no_command_prints_indented_json():
 def test_corpus_commands_print_json_lines(tmp_path):
     data = tmp_path / "corpus"
     assert _json_lines(_run("generate", "--ads", 200, "--requests", 4, "--out", data, "--json", "-q").stdout)[0]["ads"] == 200
-    summary = _json_lines(_run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl",
+    summary = _json_lines(_run("import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl",
                                "--seed", 7, "--out", tmp_path / "sample", "--json", "-q").stdout)
     assert summary[0]["ads"] == 190
     exported = _json_lines(_run("export", "--data", data, "--out", tmp_path / "jsonl", "--json", "-q").stdout)
@@ -72,18 +72,20 @@ def test_corpus_commands_print_json_lines(tmp_path):
 
 def test_the_retrieve_table_shows_every_answer_or_counts_the_hidden_ones(tmp_path):
     data = tmp_path / "corpus"
-    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7, "--out",
+    _run("import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl", "--seed", 7, "--out",
          data, "-q")
     five = _run("retrieve", "--data", data, "--k", 5, "-q").stdout.splitlines()
-    rows = five[1:]
+    rows = five[1:-1]
     counts = [int(row.split()[1]) for row in rows]
     assert max(counts) == 5
     for row, n in zip(rows, counts):
         assert row.count(" (") == n and "more" not in row, row
     twenty = _run("retrieve", "--data", data, "--k", 20, "-q").stdout.splitlines()
-    full = [row for row in twenty[1:-1] if int(row.split()[1]) == 20]
+    full = [row for row in twenty[1:-2] if int(row.split()[1]) == 20]
     assert full and all(row.count(" (") == 10 and row.endswith("... 10 more") for row in full)
-    assert twenty[-1] == "(the first 10 answers of each request are shown; --json prints them all)"
+    assert twenty[-2] == "(the first 10 answers of each request are shown; --json prints them all)"
+    assert five[-1] == twenty[-1] == answers.AGREEMENT_NOTE  # 0.8365 and 0.8366 can be the same answer
+    assert "same ads in the same order" in five[-1] and "within 0.0001 of that reference" in five[-1]
 
 
 def test_serve_has_kernel_version_and_the_top_level_keeps_version():
@@ -155,8 +157,9 @@ def test_bench_cpu_prints_one_json_line_of_positive_figures():
 def test_the_readme_and_ci_run_the_same_commands():
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("```bash\n") + 8:readme.index("```", readme.index("```bash\n") + 8)]
-    install, tests = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    venv, install, tests = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert venv == "python3 -m venv .venv && . .venv/bin/activate" and "python3 -m venv" in "\n".join(ci)
     assert install == 'pip install -e ".[test,cluster]" && andromeda demo'
     assert 'python -m pip install -q -e ".[test,cluster]"' in ci
     assert tests == "python -m pytest -q -n auto" and ci[-1] == tests

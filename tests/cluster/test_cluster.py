@@ -400,7 +400,7 @@ def test_retrieve_arch_sharded_prints_what_the_single_engine_prints(ray_instance
     corpus_dir = tmp_path / "c"
     assert runner.invoke(cli.main, ["generate", "--ads", "600", "--requests", "5", "--seed", "3", "--updates", "40",
                                     "--out", str(corpus_dir), "-q"]).exit_code == 0
-    common = ["retrieve", "--data", str(corpus_dir), "--k", "15", "--updates", str(corpus_dir / "updates.jsonl"),
+    common = ["retrieve", "--data", str(corpus_dir), "--k", "15", "--updates-file", str(corpus_dir / "updates.jsonl"),
               "--json", "-q", "--device", "cpu"]
     want = runner.invoke(cli.main, common + ["--arch", "colocated"])
     got = runner.invoke(cli.main, common + ["--arch", "sharded", "--shards", "4"])

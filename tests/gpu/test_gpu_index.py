@@ -25,6 +25,7 @@ from andromeda_nb.updates import LiveAds, apply_updates
 from andromeda_nb import devices
 from gpu.index import GpuTargetingIndex, Vocabulary, clause_programs, residual_tables, resid_words
 from gpu.kernels.match import SHIPPED as SHIPPED_MATCH
+from tests.support.ptx import needs_nvrtc
 
 CHUNK = 32  # slots per format chunk in these tests (production: CHUNK_SLOTS = 256)
 FORMATS = 3
@@ -485,6 +486,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@needs_nvrtc
 def test_every_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -615,5 +617,5 @@ def test_cli_bench_match_help():
 
     res = CliRunner().invoke(cli.main, ["bench", "match", "--help"])
     assert res.exit_code == 0 and "pool ads/s" in res.output
-    res = CliRunner().invoke(cli.main, ["bench", "match", "--pools", "ten"])
-    assert res.exit_code != 0 and "--pools" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli.main, ["bench", "match", "--ads", "ten"])
+    assert res.exit_code != 0 and "--ads" in res.output and "Traceback" not in res.output

@@ -57,7 +57,7 @@ def test_cli_retrieve_remote_with_a_simulated_gpu_scorer_equals_the_reference(tm
     made = runner.invoke(main, ["generate", "--ads", "300", "--requests", "2", "--seed", "6", "--out", str(data),
                                 "--precision", "fp16", "--updates", "30", "--quiet"])
     assert made.exit_code == 0, made.output
-    common = ["--data", str(data), "--k", "10", "--json", "-q", "--updates", str(data / "updates.jsonl")]
+    common = ["--data", str(data), "--k", "10", "--json", "-q", "--updates-file", str(data / "updates.jsonl")]
     ref = runner.invoke(main, ["retrieve", "--arch", "reference", *common])
     got = runner.invoke(main, ["retrieve", "--arch", "remote", "--scorer-device", "sim", *common])
     assert ref.exit_code == 0 and got.exit_code == 0, got.output
@@ -81,7 +81,7 @@ def test_compare_shows_three_designs_that_answer_alike(tmp_path):
                                 "--precision", "int8", "--updates", "20", "--quiet"])
     assert made.exit_code == 0, made.output
     args = ["compare", "--data", str(data), "--device", "cpu", "--scorer-devices", "cpu,sim", "--runs", "1",
-            "--traffic-requests", "1", "--k", "10", "--updates", str(data / "updates.jsonl"), "-q"]
+            "--traffic-requests", "1", "--k", "10", "--updates-file", str(data / "updates.jsonl"), "-q"]
     table = runner.invoke(main, args)
     assert table.exit_code == 0, table.output
     assert "remote, CPU scorer" in table.stdout and "remote, SIM scorer" in table.stdout

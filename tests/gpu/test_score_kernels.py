@@ -18,6 +18,8 @@ from andromeda_nb.compare import compare_topk
 from andromeda_nb.scoring import dot_score, dot_table, fold_tables, moe_score, table_width
 from andromeda_nb.slots import CHUNK_SLOTS
 
+from tests.support.ptx import needs_nvrtc
+
 ROOT = Path(__file__).resolve().parents[2]
 D, E, F, TOP = 16, 3, 2, 2
 
@@ -191,6 +193,7 @@ def test_dot_kernels_equal_the_reference(version):
            context=f"seed {seed} v{version} dot {precision}")
 
 
+@needs_nvrtc
 def test_kernels_compile_for_sm90_without_local_memory():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT)

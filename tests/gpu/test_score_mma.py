@@ -25,6 +25,7 @@ from andromeda_nb.slots import CHUNK_SLOTS
 
 from gpu.kernels import mma
 from tests.gpu.test_score_kernels import _check, random_user_side
+from tests.support.ptx import needs_nvrtc
 
 ROOT = Path(__file__).resolve().parents[2]
 ON_GPU = KERNEL_DEVICE == "gpu"
@@ -261,6 +262,7 @@ def test_fast_mode_meets_the_reduced_precision_rule():
 
 
 @pytest.mark.skipif(ON_GPU, reason="compiled by the GPU run itself")
+@needs_nvrtc
 def test_tensor_core_kernels_compile_for_sm90():
     """Every served shape compiles for sm_90 (compile_ptx, no GPU): the products are mma.sync
     instructions, with no float64 arithmetic and no local memory."""

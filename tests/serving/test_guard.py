@@ -162,7 +162,7 @@ def test_query_and_health_present_a_token_and_say_when_refused(corpus, tmp_path)
     loc = f"grpc://127.0.0.1:{server.port}"
     runner = CliRunner()
     try:
-        for command in (["health", "--server", loc], ["query", "--server", loc, "--requests", str(root), "--k", "3"]):
+        for command in (["health", "--server", loc], ["query", "--server", loc, "--data", str(root), "--k", "3"]):
             refused = runner.invoke(main, [*command, "--quiet"])
             assert refused.exit_code == 1 and "refused" in refused.output and "needs a token" in refused.output
             assert "Traceback" not in refused.output
@@ -170,7 +170,7 @@ def test_query_and_health_present_a_token_and_say_when_refused(corpus, tmp_path)
             assert answered.exit_code == 0, answered.output
             from_env = runner.invoke(main, [*command, "--json", "--quiet"], env={"ANDROMEDA_TOKEN": READER})
             assert from_env.exit_code == 0 and from_env.output == answered.output
-        lines = runner.invoke(main, ["query", "--server", loc, "--requests", str(root), "--k", "3", "--json",
+        lines = runner.invoke(main, ["query", "--server", loc, "--data", str(root), "--k", "3", "--json",
                                      "--quiet", "--token", READER]).output.splitlines()
         assert [json.loads(x)["request_id"] for x in lines] == [int(r.request_id) for r in dataset.requests]
     finally:

@@ -69,25 +69,33 @@ def test_each_limit_refuses_a_call_naming_itself(corpus):
 
 
 def test_the_deadline_bounds_waiting_updates_and_old_exchanges(corpus):
+    """An update call that waits for its turn past the deadline changes nothing, however long its
+    parse took (it fails before its turn or when the wait runs out, both naming the deadline); an
+    exchange is dated on the server's exchange clock, here a simulated one moved on by hand, so its
+    first batch is answered and a batch after the deadline refused on any machine."""
     server = colocated_server(corpus, limits=ServiceLimits(deadline_s=0.5))
     loc = f"grpc://127.0.0.1:{server.port}"
+    clock = _SimulatedClock()
+    server.exchange_clock = clock
     try:
         with server.journal.lock:  # another update call holding the server for longer than the deadline
             with pytest.raises(flight.FlightTimedOutError, match="waited .* past the server's deadline of 0.5 s "
                                                                  r"\(--deadline\); nothing was applied"):
-                fl.flight_action(loc, "update", lines_of(update_stream(corpus, 2, 2)), timeout=10)
+                fl.flight_action(loc, "update", lines_of(update_stream(corpus, 2, 2)), timeout=60)
         assert server.seq == 0
         client = flight.connect(loc)
+        answered = []
         try:
             writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("retrieve"))
             with pytest.raises(flight.FlightTimedOutError, match="older than the server's deadline of 0.5 s"):
                 with writer:
                     writer.begin(fl.REQUEST_SCHEMA)
                     writer.write_batch(fl.request_batch(corpus.requests[:1], 5))
-                    reader.read_chunk()  # the first batch is answered in time
-                    time.sleep(0.7)
+                    answered.append(reader.read_chunk().data.num_rows)  # in time: the clock has not moved
+                    clock.sleep(0.7)  # the exchange is now older than the deadline, whatever the machine's speed
                     writer.write_batch(fl.request_batch(corpus.requests[:1], 5))
                     reader.read_chunk()
+            assert answered and answered[0] > 0
         finally:
             client.close()
     finally:
@@ -95,25 +103,33 @@ def test_the_deadline_bounds_waiting_updates_and_old_exchanges(corpus):
 
 
 def test_a_large_update_call_is_applied_in_slices_that_retrieval_runs_between(corpus):
+    """A retrieval that arrives between two slices of a long update call is answered before the call
+    ends, at the updates applied so far. The retrieval is sent from between the slices themselves
+    (the server's slice step wrapped), so that it falls inside the call does not depend on thread
+    scheduling."""
     server = colocated_server(corpus, limits=ServiceLimits(update_slice=32))
     loc = f"grpc://127.0.0.1:{server.port}"
     updates = update_stream(corpus, 2000, 3)
-    seen: list = []
-    acks: list = []
-    try:
-        thread = threading.Thread(target=lambda: acks.append(fl.flight_action(loc, "update", lines_of(updates),
-                                                                              timeout=120)))
-        thread.start()
-        client = flight.connect(loc)
-        while thread.is_alive():  # the seq each answer reflects: some fall inside the call
+    apply_slice, seen = server._apply, []
+
+    def apply_then_retrieve(items):
+        done = apply_slice(items)
+        if len(seen) < 3:  # after each of the first three slices: the call holds its turn, the engine is free
+            assert server.journal.lock.locked()
             seqs: list = []
-            fl.retrieve_over_flight(loc, corpus.requests[:1], 10, client=client, seqs=seqs)
-            seen.extend(seqs)
-        client.close()
-        thread.join()
-        assert acks[0]["seq"] == 2000 and server.journal.slices >= 2000 // 32 + 1
-        inside = [s for s in seen if 0 < s < 2000]
-        assert inside, f"no retrieval ran between the slices (answers at {sorted(set(seen))})"
+            answers = fl.retrieve_over_flight(loc, corpus.requests[:1], 10, seqs=seqs, timeout=60)
+            assert len(answers) == 1
+            seen.append((server.seq, seqs[0]))
+        return done
+
+    server._apply = apply_then_retrieve
+    try:
+        ack = fl.flight_action(loc, "update", lines_of(updates), timeout=600)
+        assert ack["seq"] == 2000 and server.journal.slices >= 2000 // 32 + 1
+        assert len(seen) == 3
+        for applied, answered_at in seen:  # each answer names the updates the engine held when it ran
+            assert 0 < answered_at == applied < 2000, seen
+        assert [a for a, _ in seen] == sorted({a for a, _ in seen}), seen  # later slices, later seqs
     finally:
         stop(server)
 

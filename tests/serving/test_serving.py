@@ -77,7 +77,7 @@ class Served:
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("serving") / "corpus"
-    _run("import", "--ads", SAMPLE / "ads.jsonl", "--requests", SAMPLE / "requests.jsonl", "--seed", 7,
+    _run("import", "--ads-file", SAMPLE / "ads.jsonl", "--requests-file", SAMPLE / "requests.jsonl", "--seed", 7,
          "--out", out, "--quiet")
     return out
 
@@ -134,7 +134,7 @@ def test_a_banner_on_stderr_beside_the_machine_line(servers):
 def test_query_gets_the_answers_of_each_served_architecture(servers, reference, corpus_dir, arch):
     dataset, want = reference
     location = servers[arch].location
-    lines = _run("query", "--server", location, "--requests", SAMPLE / "requests.jsonl", "--k", K, "--json",
+    lines = _run("query", "--server", location, "--requests-file", SAMPLE / "requests.jsonl", "--k", K, "--json",
                  "--quiet").stdout.splitlines()
     assert [json.loads(x)["request_id"] for x in lines] == [int(r.request_id) for r in dataset.requests]
     for line in lines:
@@ -143,7 +143,7 @@ def test_query_gets_the_answers_of_each_served_architecture(servers, reference, 
         ids, scores = want[got["request_id"]]
         verdict = compare_topk(ids, scores, got["ads"], got["scores"], K)
         assert verdict.ok, f"{arch}, request {got['request_id']}: {verdict.message}"
-    table = _run("query", "--server", location, "--requests", corpus_dir, "--k", K, "--quiet").stdout
+    table = _run("query", "--server", location, "--data", corpus_dir, "--k", K, "--quiet").stdout
     retrieve = _run("retrieve", "--data", corpus_dir, "--k", K, "--quiet").stdout
     assert table.splitlines()[0] == retrieve.splitlines()[0] and len(table.splitlines()) == len(retrieve.splitlines())
 
@@ -154,14 +154,14 @@ def test_query_reports_each_refused_request_and_answers_the_others(servers, tmp_
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join([json.dumps(good[0]), json.dumps(bad_age), "{not json", json.dumps(good[2]),
                                json.dumps(good[0])]) + "\n")
-    result = _run("query", "--server", servers["colocated"].location, "--requests", path, "--k", 3, "--json")
+    result = _run("query", "--server", servers["colocated"].location, "--requests-file", path, "--k", 3, "--json")
     assert [json.loads(x)["request_id"] for x in result.stdout.splitlines()] == [good[0]["request_id"],
                                                                                  good[2]["request_id"]]
     assert "request 99: user.age" in result.stderr
     assert "line 3: not valid JSON" in result.stderr and "line 5: request 1: request_id: repeats" in result.stderr
     only_bad = tmp_path / "bad.jsonl"
     only_bad.write_text(json.dumps(bad_age) + "\n")
-    failed = _run("query", "--server", servers["colocated"].location, "--requests", only_bad, "--quiet", code=1)
+    failed = _run("query", "--server", servers["colocated"].location, "--requests-file", only_bad, "--quiet", code=1)
     assert "no request of" in failed.stderr and "Traceback" not in failed.stderr
 
 
@@ -177,7 +177,7 @@ def test_the_client_says_when_no_server_answers():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there
-    for command in (["health"], ["query", "--requests", SAMPLE / "requests.jsonl"]):
+    for command in (["health"], ["query", "--requests-file", SAMPLE / "requests.jsonl"]):
         result = _run(*command, "--server", f"grpc://127.0.0.1:{port}", "--quiet", code=1)
         assert "no server answers at" in result.stderr and "Traceback" not in result.stderr
 
