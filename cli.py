@@ -1319,7 +1319,7 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="In-process passes.")
 @click.option("--checks", type=click.IntRange(1), default=16, show_default=True,
               help="In-process answers checked against the float64 reference before timing.")
-@_OUT_JSON_OPTION
+@_OUT_FILE
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,

@@ -42,7 +42,7 @@ def test_bench_served_prints_one_checked_result(corpus_dir, tmp_path):
     out = tmp_path / "served.json"
     result = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 3,
                      "--client-processes", 1, "--seconds", 1, "--repeat", 1, "--checks", 6, "--json", "--quiet",
-                     "--out", out)
+                     "--out-file", out)
     line = json.loads(result.stdout)
     assert line == json.loads(out.read_text())
     assert line["checks_ok"] and line["reference_check"] == {"requests": 6, "ok": True, "failures": []}
