@@ -14,16 +14,17 @@ re-delivers what it lacks.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from serving.protocol import location_of
-from serving.guard import ClientCredentials
-from serving.process import (ServerSettings, add_server_arguments, listen, preflight, serve_until_stopped,
-                                  service_errors, settings_from_args)
+from serving.guard import ClientCredentials, GuardError
+from serving.process import (ServeError, ServerSettings, add_server_arguments, listen, preflight, read_token,
+                             serve_until_stopped, service_errors, settings_from_args)
 from serving.services import announce, load_dataset_for_service, open_corpus
 
 SCORER_TOKEN_ENV = "ANDROMEDA_SCORER_TOKEN"
+SCORER_TOKEN_WARNING = ("warning: --scorer-token on the command line shows in the process list (ps) to every user of "
+                        f"this machine; give it in ${SCORER_TOKEN_ENV} or --scorer-token-file instead")
 
 
 def _announce(service: str, out=None):
@@ -52,11 +53,16 @@ def run_scorer(dataset, settings: ServerSettings | None = None, *, threads: int 
                         parent_pid=settings.parent_pid, busy=lambda: server.busy)
 
 
-def scorer_credentials(settings: ServerSettings, *, token=None, ca=None, cert=None, key=None) -> ClientCredentials:
-    """How the index host presents itself to its scoring service: `token` (default
-    $ANDROMEDA_SCORER_TOKEN, else this host's own admin token: it sends updates), the CA of the
-    service's certificate, and a client certificate for mutual TLS."""
-    token = token or os.environ.get(SCORER_TOKEN_ENV) or settings.guard.admin_token
+def scorer_credentials(settings: ServerSettings, *, token=None, token_file=None, ca=None, cert=None,
+                       key=None) -> ClientCredentials:
+    """How the index host presents itself to its scoring service: `token` (or the file `token_file`,
+    else $ANDROMEDA_SCORER_TOKEN, else this host's own admin token: it sends updates), the CA of the
+    service's certificate, and a client certificate for mutual TLS. A `token` given on the command
+    line is warned about by the caller (it shows in the process list)."""
+    try:
+        token = read_token(token, token_file, SCORER_TOKEN_ENV, "--scorer-token") or settings.guard.admin_token
+    except GuardError as exc:
+        raise ServeError(str(exc)) from None
     return ClientCredentials.from_files(token=token, tls_ca=ca, tls_cert=cert, tls_key=key)
 
 
@@ -95,7 +101,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--scorer", help="scoring service address (remote only)")
     parser.add_argument("--scorer-timeout", type=float, default=10.0)
-    parser.add_argument("--scorer-token", default=None)
+    parser.add_argument("--scorer-token", default=None, help="prefer $ANDROMEDA_SCORER_TOKEN or --scorer-token-file")
+    parser.add_argument("--scorer-token-file", default=None)
     parser.add_argument("--scorer-ca", default=None)
     parser.add_argument("--scorer-cert", default=None)
     parser.add_argument("--scorer-key", default=None)
@@ -108,8 +115,10 @@ def main(argv=None) -> int:
         if args.service == "scorer":
             run_scorer(load_dataset_for_service(args.data), settings, threads=args.threads, delay_s=args.delay)
         else:
-            credentials = scorer_credentials(settings, token=args.scorer_token, ca=args.scorer_ca,
-                                             cert=args.scorer_cert, key=args.scorer_key)
+            if args.scorer_token is not None:
+                print(SCORER_TOKEN_WARNING, file=sys.stderr, flush=True)
+            credentials = scorer_credentials(settings, token=args.scorer_token, token_file=args.scorer_token_file,
+                                             ca=args.scorer_ca, cert=args.scorer_cert, key=args.scorer_key)
             run_index_host(args.data, args.scorer, settings, threads=args.threads,
                            scorer_timeout_s=args.scorer_timeout, credentials=credentials)
     return 0

@@ -8,9 +8,14 @@
   handler runs. Once a token is configured, every call needs one: `retrieve`, `health` and `stats`
   take either token, `update` and `compact` (and the scoring service's sequenced updates) the admin
   token. Tokens are compared in constant time.
+* **Token rules**, checked when a guard is made (at a server's start): a token is ASCII (a gRPC
+  header carries nothing else, so no client could present another), printable, without spaces, and
+  at least `MIN_TOKEN_CHARS` (16) characters; the reader token may not equal the admin token (a
+  reader could then update).
 * **Exposure**: a server that would listen on anything but loopback without authentication (tokens
-  or mutual TLS) refuses to start unless told `insecure`; on loopback without tokens everything
-  works as before.
+  or mutual TLS), or with tokens but without TLS (the tokens would cross the network in clear
+  text), refuses to start unless told `insecure`; on loopback without tokens everything works as
+  before.
 
 Server side: `ServerGuard` (from files: `ServerGuard.from_files`) gives the `FlightServerBase`
 keyword arguments (`server_kwargs`), the location scheme, and `require(context, role)` for the
@@ -30,6 +35,7 @@ import pyarrow.flight as flight
 READER, ADMIN = "reader", "admin"
 AUTH_MIDDLEWARE = "auth"
 AUTHORIZATION = "authorization"
+MIN_TOKEN_CHARS = 16  # a server's tokens are at least this long (a client presents whatever it holds)
 
 
 class GuardError(ValueError):
@@ -46,11 +52,22 @@ def _read(path, what: str) -> bytes:
     return data
 
 
-def _check_token(token: str | None, what: str) -> str | None:
+def _check_token(token: str | None, what: str, min_chars: int = 1) -> str | None:
+    """`token` if it can travel in an `authorization` header and is at least `min_chars` long (the
+    message names the rule it breaks, never the token); None stays None."""
     if token is None:
         return None
-    if not token or any(c.isspace() for c in token) or not token.isprintable():
-        raise GuardError(f"{what}: must be non-empty printable text without spaces")
+    if not token:
+        raise GuardError(f"{what}: is empty")
+    if not token.isascii():
+        raise GuardError(f"{what}: holds characters that are not ASCII; a token travels in a gRPC header, which "
+                         "carries ASCII only, so no client could present it: use ASCII letters, digits and "
+                         "punctuation")
+    if any(c.isspace() for c in token) or not token.isprintable():
+        raise GuardError(f"{what}: must be printable text without spaces")
+    if len(token) < min_chars:
+        raise GuardError(f"{what}: is {len(token)} characters long; a server's token needs at least {min_chars} "
+                         "(e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
     return token
 
 
@@ -110,6 +127,13 @@ class ServerGuard:
     client_ca: bytes | None = None  # PEM: mutual TLS, clients need a certificate this CA signed
     insecure: bool = False
 
+    def __post_init__(self):
+        _check_token(self.reader_token, "reader token", MIN_TOKEN_CHARS)
+        _check_token(self.admin_token, "admin token", MIN_TOKEN_CHARS)
+        if self.reader_token is not None and self.reader_token == self.admin_token:
+            raise GuardError("the reader token equals the admin token: every reader could update; give two "
+                             "different tokens (or the admin token alone)")
+
     @classmethod
     def from_files(cls, *, token: str | None = None, admin_token: str | None = None, tls_cert=None,
                    tls_key=None, tls_client_ca=None, insecure: bool = False) -> "ServerGuard":
@@ -118,8 +142,7 @@ class ServerGuard:
             raise GuardError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
         if tls_client_ca is not None and tls_cert is None:
             raise GuardError("mutual TLS (--tls-client-ca) needs the server's own certificate (--tls-cert, --tls-key)")
-        return cls(reader_token=_check_token(token, "reader token"),
-                   admin_token=_check_token(admin_token, "admin token"),
+        return cls(reader_token=token, admin_token=admin_token,
                    tls_cert=None if tls_cert is None else _read(tls_cert, "TLS certificate"),
                    tls_key=None if tls_key is None else _read(tls_key, "TLS key"),
                    client_ca=None if tls_client_ca is None else _read(tls_client_ca, "client CA"),
@@ -151,12 +174,19 @@ class ServerGuard:
         return {"tls": self.tls, "mutual_tls": self.client_ca is not None, "tokens": self.tokens}
 
     def check_exposure(self, host: str) -> None:
-        """Refuse to listen beyond loopback without authentication unless `insecure` was given."""
-        if is_loopback(host) or self.authenticated or self.insecure:
+        """Refuse to listen beyond loopback without authentication, or with tokens but without TLS
+        (they would cross the network in clear text), unless `insecure` was given."""
+        if is_loopback(host) or self.insecure:
             return
-        raise GuardError(f"refusing to listen on {host} without authentication: anyone who reaches the port "
-                         "could send updates. Give tokens (--token, --admin-token) or mutual TLS "
-                         "(--tls-client-ca), or --insecure to accept the risk")
+        if not self.authenticated:
+            raise GuardError(f"refusing to listen on {host} without authentication: anyone who reaches the port "
+                             "could send updates. Give tokens ($ANDROMEDA_TOKEN, $ANDROMEDA_ADMIN_TOKEN or "
+                             "--token-file, --admin-token-file) with TLS (--tls-cert, --tls-key), or mutual TLS "
+                             "(--tls-client-ca), or --insecure to accept the risk")
+        if self.tokens and not self.tls:
+            raise GuardError(f"refusing to listen on {host} with tokens but without TLS: every call would carry "
+                             "its token in clear text to anyone on the network. Give --tls-cert and --tls-key, "
+                             "or --insecure to accept the risk")
 
     def server_location(self, location: str) -> str:
         """`location` with the scheme this guard serves (`grpc+tls://` once there is a certificate)."""
@@ -262,5 +292,5 @@ def connect(location: str, credentials: ClientCredentials | None = None) -> flig
     return flight.connect(location, **kwargs)
 
 
-__all__ = ["ADMIN", "NO_CREDENTIALS", "OPEN", "READER", "ClientCredentials", "GuardError", "ServerGuard",
+__all__ = ["ADMIN", "MIN_TOKEN_CHARS", "NO_CREDENTIALS", "OPEN", "READER", "ClientCredentials", "GuardError", "ServerGuard",
            "connect", "is_loopback"]
