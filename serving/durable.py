@@ -50,7 +50,7 @@ from andromeda_nb.types import Retire, TargetingError, Update, Upsert
 from andromeda_nb.updates import LiveAds, Rejection, _reason, parse_update, update_answer
 
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
-from .wal import LogError, LogRecord, WriteAheadLog
+from .wal import LogError, LogRecord, WriteAheadLog, corpus_writer
 
 DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches between two slices
 ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within this many seconds
@@ -368,7 +368,7 @@ class UpdateJournal:
             raise LogError("this server keeps its updates in memory only (--log off): there is no log to compact")
         if data_dir is None:
             raise LogError("this server's corpus was not read from a directory: there is no snapshot to write")
-        with self.lock:
+        with self.lock, corpus_writer(data_dir, self.log.path):  # one writer per corpus, whatever its log
             result = compact(data_dir, self.log.records_after(self.log.base_seq), lineage=self.log.lineage)
             self.log.reset(result["seq"])
         return result

@@ -40,6 +40,11 @@ the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto a
   number (written aside, fsynced, renamed over the old one).
 * **One owner**: a server holds an exclusive lock on `PATH.lock` while it has the log open; a second
   server (or an offline `compact`) on the same log is refused.
+* **One writer per corpus**: a server that logs updates also holds `DIR/writer.lock` in its corpus
+  directory (`CorpusLock`, the holder's pid written in it) for its life, so a second server on the
+  same corpus is refused whatever its `--log`, naming the holder; a compaction (the server's action
+  or `andromeda compact`) runs only under it. Two logs of one corpus would be two histories, and a
+  compaction of one would drop the other's acknowledged updates.
 
 `path=None` keeps the records in memory only (for processes started for one command: `retrieve
 --arch remote`): nothing survives the process, and nothing claims to.
@@ -47,6 +52,7 @@ the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -229,6 +235,97 @@ class LogLock:
             self._fd = None
 
 
+class CorpusLock:
+    """One writer per corpus directory: an exclusive, non-blocking `flock` on `DIR/writer.lock`,
+    held by a server that logs updates for its life (or by an offline compaction), with the
+    holder's pid and log written in the file so that a refusal can name them. A process knows the
+    corpus locks it holds (`held_here`): a compaction inside a server that holds its corpus's lock
+    runs under it, one elsewhere takes it for its own time."""
+
+    FILE = "writer.lock"
+    _held: dict[str, "CorpusLock"] = {}  # by resolved directory: the locks this process holds
+
+    def __init__(self, data_dir):
+        self.dir = Path(data_dir)
+        self.path = self.dir / self.FILE
+        self._fd = None
+
+    @staticmethod
+    def _key(data_dir) -> str:
+        return str(Path(data_dir).resolve())
+
+    @classmethod
+    def held_here(cls, data_dir) -> bool:
+        return cls._key(data_dir) in cls._held
+
+    def acquire(self, log=None) -> "CorpusLock":
+        """Take the lock (`log`: the holder's log path, for the refusal of another); LogError naming
+        the holder when another process, or another server of this one, holds it."""
+        if fcntl is None:
+            return self
+        key = self._key(self.dir)
+        if key in self._held:
+            raise LogError(f"{self.dir}: a server in this process already writes this corpus; one corpus has one "
+                           "writer, whatever its --log")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise LogError(f"{self.path}: cannot create the corpus's writer lock ({exc.strerror}); a server that "
+                           "logs updates holds it for its life: make the corpus directory writable, or give --log "
+                           "off to keep updates in memory only") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise LogError(f"{self.dir}: another server writes this corpus{holder}; one corpus has one writer, "
+                           "whatever its --log (two logs of one corpus are two histories, and a compaction of "
+                           "one drops the other's acknowledged updates): stop that server first, or give this one "
+                           "--log off (updates in memory only)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "log": None if log is None else str(log)}) + "\n").encode(), 0)
+        self._fd = fd
+        self._held[key] = self
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            self._held.pop(self._key(self.dir), None)
+            try:
+                os.ftruncate(self._fd, 0)  # no pid left behind for the next holder's refusals to name
+            except OSError:
+                pass
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+
+
+@contextlib.contextmanager
+def corpus_writer(data_dir, log=None):
+    """Run the block as the corpus's one writer: under the `CorpusLock` this process holds (a server
+    took it at start), or under one taken for the block; LogError naming the holder when another
+    process writes the corpus."""
+    if CorpusLock.held_here(data_dir):
+        yield
+        return
+    lock = CorpusLock(data_dir).acquire(log)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _holder(fd: int) -> str:
+    """' (pid N, log PATH)' from a writer lock's file, or '' when it cannot say."""
+    try:
+        obj = json.loads(os.pread(fd, 4096, 0) or b"null")
+        pid, log = obj.get("pid"), obj.get("log")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(pid, int):
+        return ""
+    return f" (pid {pid}" + (f", log {clip(str(log))})" if log else ")")
+
+
 class WriteAheadLog:
     """The log of one server (see the module docstring). Use `WriteAheadLog.open(...)` or
     `WriteAheadLog.memory(...)`."""
@@ -247,6 +344,7 @@ class WriteAheadLog:
         self._memory: list[LogRecord] | None = [] if path is None else None
         self._replay: list[LogRecord] = []
         self._lock: LogLock | None = None
+        self._held: list = []  # further locks released with the log (the corpus's writer lock)
 
     # --- opening --------------------------------------------------------------------------------------
     @classmethod
@@ -423,6 +521,10 @@ class WriteAheadLog:
         self._started(base_seq, header_crc)
         self._open_for_append()
 
+    def hold(self, lock) -> None:
+        """Release `lock` (a `CorpusLock`) when the log is closed: its owner's life is the log's."""
+        self._held.append(lock)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -430,6 +532,8 @@ class WriteAheadLog:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        while self._held:
+            self._held.pop().release()
 
     def describe(self) -> dict:
         return {"path": None if self.path is None else str(self.path), "durable": self.durable,
@@ -602,6 +706,6 @@ def _write_new_file(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-__all__ = ["LOG_FILE", "LogError", "LogLock", "LogRecord", "WriteAheadLog", "check_log_path", "corpus_lineage", "decode_line",
+__all__ = ["LOG_FILE", "CorpusLock", "LogError", "LogLock", "corpus_writer", "LogRecord", "WriteAheadLog", "check_log_path", "corpus_lineage", "decode_line",
            "truncate_log",
            "encode_line", "fsync_dir", "snapshot_seq"]

@@ -128,7 +128,7 @@ def test_every_damaged_record_before_the_last_is_refused_and_the_log_left_whole(
         assert decode_line(broken) is None, f"line {n}: the damage must break the record"
         damaged = b"".join([*lines[:n - 1], broken, *lines[n:]])
         (root / LOG_FILE).write_bytes(damaged)
-        with pytest.raises(LogError, match=f"line {n} is damaged .* valid records follow it"):
+        with pytest.raises(LogError, match=f"line {n}, record {n - 1}, is damaged .* more lines? follows? it"):
             _open(root, dataset)
         assert (root / LOG_FILE).read_bytes() == damaged, f"line {n} ({damage}): the log was cut"
     (root / LOG_FILE).write_bytes(whole)
@@ -146,6 +146,67 @@ def test_one_owner_at_a_time(corpus):
     finally:
         log.close()
     _open(root, dataset).close()  # released with its owner
+
+
+def test_one_corpus_has_one_writer_whatever_its_log(corpus, tmp_path):
+    """Two servers on one corpus, one with --log elsewhere, then a compaction: the other's acknowledged
+    updates were gone and its log rewritten. A server that logs updates holds the corpus's writer
+    lock for its life (its pid written in it): a second server is refused whatever its --log, naming
+    the holder, and so are `andromeda compact` with another log and the compaction of a server in
+    another process; once the holder stops, the corpus can be written again."""
+    import subprocess
+    import sys
+
+    import pyarrow.flight as flight
+
+    from serving import protocol as fl
+    from serving.services import PROJECT_ROOT, ServiceProcess, open_corpus
+    from serving.wal import CorpusLock
+
+    from tests.support.servers import colocated_server, lines_of, location, stop
+
+    root, dataset = corpus
+    first = ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", "cpu", "--port", "0"],
+                           name="first")
+    holder = f"another server writes this corpus (pid {first.proc.pid}, log {(root / LOG_FILE).resolve()})"
+    stream = update_stream(dataset, 8, 21)
+    try:
+        assert fl.flight_action(first.location, "update", lines_of(stream))["seq"] == 8
+        log_bytes = (root / LOG_FILE).read_bytes()
+        assert json.loads((root / CorpusLock.FILE).read_text())["pid"] == first.proc.pid
+        second = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device",
+                                 "cpu", "--port", "0", "--log", str(tmp_path / "elsewhere.log")], cwd=PROJECT_ROOT,
+                                env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+                                timeout=120, stdin=subprocess.DEVNULL)
+        assert second.returncode == 2 and holder in second.stderr and "--log off" in second.stderr, second.stderr
+        assert not second.stdout and not (tmp_path / "elsewhere.log").exists()  # never listened, nothing written
+        with pytest.raises(LogError, match=re.escape(holder)):
+            open_corpus(root, str(tmp_path / "third.log"))
+        with pytest.raises(LogError, match=re.escape(holder)):
+            compaction.compact_corpus(root, tmp_path / "fourth.log")
+        # a server of this process on a log of its own (the library path, no open_corpus): its compaction
+        # of the corpus is refused, and the first server's acknowledged updates stay
+        own = _log_at(tmp_path / "own.log", dataset)
+        server = colocated_server(dataset, log=own, data_dir=root)
+        try:
+            fl.flight_action(location(server), "update", lines_of(update_stream(dataset, 3, 22)))
+            with pytest.raises(flight.FlightInternalError, match=re.escape(holder)):
+                fl.flight_action(location(server), "compact", timeout=60)
+        finally:
+            stop(server)
+        assert (root / LOG_FILE).read_bytes() == log_bytes and store.load_dataset(root).meta.get("log_seq", 0) == 0
+        assert fl.flight_action(first.location, "health")["seq"] == 8
+    finally:
+        assert first.stop() == 0
+    dataset_again, log = open_corpus(root, str(tmp_path / "third.log"))  # the holder is gone: a new writer may come
+    try:
+        with pytest.raises(LogError, match="a server in this process already writes this corpus"):
+            open_corpus(root)
+        assert json.loads((root / CorpusLock.FILE).read_text())["pid"] == os.getpid()
+    finally:
+        log.close()
+    assert (root / CorpusLock.FILE).read_text() == ""  # released with the log, no pid left behind
+    open_corpus(root)[1].close()
 
 
 def _expected_state(dataset, updates):
@@ -311,13 +372,13 @@ def test_the_serve_command_refuses_a_log_path_that_is_not_a_log_in_one_line(corp
     from pathlib import Path
 
     root, dataset = corpus
-    project = Path(__file__).resolve().parent.parent
+    project = Path(__file__).resolve().parent.parent.parent
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"one line\n")
     link = tmp_path / "link.log"
     link.symlink_to(notes)
     for log, expected in ((notes, "line 1 is not a valid log header"), (link, "is a symbolic link")):
-        run = subprocess.run([sys.executable, "-m", "migration.serve", "--data", str(root), "--device", "cpu",
+        run = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu",
                               "--host", "127.0.0.1", "--port", "0", "--log", str(log)], cwd=project,
                              env={**os.environ, "PYTHONPATH": str(project)}, capture_output=True, text=True,
                              timeout=120, stdin=subprocess.DEVNULL)
@@ -373,7 +434,7 @@ def test_a_decided_compaction_directory_is_checked_before_it_replaces_the_snapsh
     """A `.compact-N` holding COMPLETE and garbage was renamed over the snapshot, and the corpus no longer
     loaded. Now the directory is checked first (marker, meta.json, the sha256 of each file) and refused,
     naming it, with the corpus as it was; the server's start and `andromeda compact` say so in one line."""
-    from andromeda_nb.services import open_corpus
+    from serving.services import open_corpus
 
     root, dataset = corpus
     before = _corpus_bytes(root)
@@ -438,7 +499,7 @@ def test_a_compaction_that_cannot_write_fails_in_words_and_changes_nothing(tmp_p
 
     from serving import protocol as fl
 
-    from _servers import assert_equals_reference, colocated_server, lines_of, location, reference_at, stop
+    from tests.support.servers import assert_equals_reference, colocated_server, lines_of, location, reference_at, stop
 
     root, dataset = saved_corpus(tmp_path / "corpus", 13, n_ads=80, n_requests=3)
     (tmp_path / "logs").mkdir()
@@ -561,7 +622,7 @@ def test_truncate_log_keeps_the_intact_records_on_purpose(corpus, tmp_path):
 
     from click.testing import CliRunner
 
-    from andromeda_nb.wal import truncate_log
+    from serving.wal import truncate_log
     from cli import main
 
     root, dataset = corpus
@@ -570,8 +631,8 @@ def test_truncate_log_keeps_the_intact_records_on_purpose(corpus, tmp_path):
     at = sum(map(len, lines[:20])) + 30  # inside record 20
     damaged = _flip(data, at)
     (root / LOG_FILE).write_bytes(damaged)
-    project = Path(__file__).resolve().parent.parent
-    run = subprocess.run([sys.executable, "-m", "migration.serve", "--data", str(root), "--device", "cpu", "--host",
+    project = Path(__file__).resolve().parent.parent.parent
+    run = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu", "--host",
                           "127.0.0.1", "--port", "0"], cwd=project, env={**os.environ, "PYTHONPATH": str(project)},
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert run.returncode == 2 and "line 21, record 20, is damaged" in run.stderr, run.stderr
