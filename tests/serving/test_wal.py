@@ -64,10 +64,12 @@ def test_records_read_back_in_order_and_continue_after_reopening(corpus):
 
 
 def test_a_write_torn_at_any_byte_is_dropped_and_nothing_before_it(corpus):
+    """Four calls of one update each; the last one torn at every byte: the three calls before it stay."""
     root, dataset = corpus
     updates = [update_to_json(u) for u in update_stream(dataset, 4, 2)]
     log = _open(root, dataset)
-    log.append(updates)
+    for update in updates:
+        log.append([update])
     log.close()
     lines = (root / LOG_FILE).read_bytes().splitlines(keepends=True)
     whole, last = b"".join(lines[:4]), lines[4]  # the header, three records; the fourth, as written
@@ -539,8 +541,10 @@ def test_a_compaction_that_cannot_write_fails_in_words_and_changes_nothing(tmp_p
 
 
 def _log_of(root, dataset, n: int, seed: int = 14):
+    """A log of `n` calls of one update each."""
     log = _open(root, dataset)
-    log.append([update_to_json(u) for u in update_stream(dataset, n, seed)])
+    for u in update_stream(dataset, n, seed):
+        log.append([update_to_json(u)])
     log.close()
     return (root / LOG_FILE).read_bytes()
 
@@ -613,6 +617,87 @@ def test_only_a_torn_last_write_is_cut_without_a_word(corpus):
         (root / LOG_FILE).write_bytes(whole + tail)
         with pytest.raises(LogError, match=f"line 7, record 6, is damaged \\({why}"):
             _open(root, dataset)
+
+
+def _crc_of(line: bytes) -> int:
+    return int(line.rstrip(b"\n")[-10:-2], 16)
+
+
+def test_a_call_is_committed_as_a_unit_and_replay_never_applies_part_of_it(corpus):
+    """A kill while a 12,000-line call was written brought back a prefix of it (196 or 2,156 records).
+    Each record names its call's last record (`end`): a log that ends inside its last call, at any
+    byte (whole records of it and a torn one, whole records alone, the whole call short of its last
+    newline), replays none of that call, and the file is cut back to the call before; a server
+    started on it answers as the calls before. A record naming another end than its call's is
+    refused; a truncation keeps whole calls only."""
+    from serving import protocol as fl
+    from tests.support.servers import (assert_equals_reference, colocated_server, lines_of, location, reference_at,
+                                       stop)
+
+    root, dataset = corpus
+    stream = update_stream(dataset, 8, 23)
+    updates = [update_to_json(u) for u in stream]
+    log = _open(root, dataset)
+    log.append(updates[:3])  # call A: records 1..3
+    log.append(updates[3:])  # call B: records 4..8
+    log.close()
+    data = (root / LOG_FILE).read_bytes()
+    lines = data.splitlines(keepends=True)
+    assert [json.loads(x)["end"] for x in lines[1:]] == [3, 3, 3, 8, 8, 8, 8, 8]
+    call_a = b"".join(lines[:4])
+    boundaries = {len(call_a) + sum(map(len, lines[4:4 + i])) for i in range(5)}
+    cuts = sorted(set(range(len(call_a), len(data), 5)) | boundaries | {len(data) - 1})
+    for cut in cuts:  # every line boundary inside B, and a byte in every five
+        (root / LOG_FILE).write_bytes(data[:cut])
+        log = _open(root, dataset)
+        assert [r.seq for r in log.replay()] == [1, 2, 3], f"cut at byte {cut}"
+        assert (root / LOG_FILE).read_bytes() == call_a, f"cut at byte {cut}: the file goes back to call A"
+        if cut > len(call_a):
+            assert log.describe()["cut_at_open"] == {"records": sum(b <= cut for b in sorted(boundaries)[1:]),
+                                                     "bytes": cut - len(call_a)}, cut
+        log.close()
+    # a server started on a log whose last call is partly written answers as the calls before it
+    (root / LOG_FILE).write_bytes(data[:len(call_a) + sum(map(len, lines[4:7])) + 40])  # B: 3 whole records, 1 torn
+    from serving.services import open_corpus
+
+    loaded, log = open_corpus(root)
+    server = colocated_server(loaded, log=log)
+    try:
+        assert fl.flight_action(location(server), "health")["seq"] == 3 and server.replayed == 3
+        assert_equals_reference(reference_at(dataset, stream[:3]), dataset.requests,
+                                fl.retrieve_over_flight(location(server), dataset.requests, 4096), 4096,
+                                "a server on a log whose last call is partly written")
+        assert fl.flight_action(location(server), "update", lines_of(stream[3:]))["seq"] == 8  # sent again: whole
+    finally:
+        stop(server)
+    assert [r.seq for r in _reopened(root, dataset)] == list(range(1, 9))
+
+    # a record whose `end` is not its call's is written so, not torn: refused, naming it
+    (root / LOG_FILE).write_bytes(data)
+    obj = json.loads(lines[6])
+    del obj["crc"]
+    obj["end"] = 9
+    forged = encode_line(obj, chain=_crc_of(lines[5]))
+    tail = [forged]
+    for line in lines[7:]:  # the chain carried on over the changed line, so only `end` is wrong
+        o = json.loads(line)
+        del o["crc"]
+        tail.append(encode_line(o, chain=_crc_of(tail[-1])))
+    (root / LOG_FILE).write_bytes(b"".join([*lines[:6], *tail]))
+    with pytest.raises(LogError, match=r"line 7, record 6, names 9 as its call's last record, expected 8, as the "
+                                       r"records of its call before it; .* --after 3`"):
+        _open(root, dataset)
+    # damage inside call B: the truncation the refusal names keeps call A, and one inside B is refused
+    (root / LOG_FILE).write_bytes(b"".join([*lines[:6], _flip(lines[6], 20), *lines[7:]]))
+    with pytest.raises(LogError, match=r"line 7, record 6, is damaged .* records 1\.\.5 before it are intact \(records "
+                                       r"4\.\.5 belong to the damaged record's call, .* --after 3`"):
+        _open(root, dataset)
+    from serving.wal import truncate_log
+
+    with pytest.raises(LogError, match=r"record 5 is inside a call that ends at record 8.* keep through 3 instead"):
+        truncate_log(root / LOG_FILE, 5)
+    assert truncate_log(root / LOG_FILE, 3)["kept_through"] == 3
+    assert (root / LOG_FILE).read_bytes() == call_a
 
 
 def test_truncate_log_keeps_the_intact_records_on_purpose(corpus, tmp_path):
