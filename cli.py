@@ -713,6 +713,12 @@ def _holds(data: str, info: dict, device: str | None = None) -> str:
     return text
 
 
+_PAIR_SECRET_OPTION = click.option(
+    "--pair-secret-file", type=click.Path(dir_okay=False), default=None,
+    help="File holding the secret the index host signs its records to the scoring service with, or "
+         "$ANDROMEDA_PAIR_SECRET [default: DIR/pair.secret beside the corpus; the scoring service makes it when "
+         "absent, and only the index host's records are taken].")
+
 _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
                                   help="Corpus directory.")
 
@@ -724,8 +730,9 @@ _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exist
                    "and gathered on the device: the remote GPU of the 2024 design), sim (the CUDA simulator, tiny "
                    "corpora), auto (the GPU if usable, else the CPU).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="Scoring threads (default: all cores).")
+@_PAIR_SECRET_OPTION
 @_server_options("scorer", log=False)
-def serve_scorer(data, device, threads, quiet, **options):
+def serve_scorer(data, device, threads, pair_secret_file, quiet, **options):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
     Its index host delivers every update to it from its log, and catches it up after a restart.
 
@@ -738,7 +745,7 @@ def serve_scorer(data, device, threads, quiet, **options):
         from migration.scorer_server import run_scorer_on
 
         dataset = _service_dataset(data, quiet)
-        run_scorer_on(dataset, settings, device=where, threads=threads,
+        run_scorer_on(dataset, settings, device=where, threads=threads, pair_secret_file=pair_secret_file,
                       on_ready=_on_listening("scorer", settings, quiet,
                                              lambda srv: _holds(data, srv.health(), srv.device)))
 
@@ -761,9 +768,10 @@ def serve_scorer(data, device, threads, quiet, **options):
 @click.option("--scorer-ca", type=click.Path(dir_okay=False), default=None, help="CA of the scorer's TLS certificate.")
 @click.option("--scorer-cert", type=click.Path(dir_okay=False), default=None, help="Client certificate for the scorer.")
 @click.option("--scorer-key", type=click.Path(dir_okay=False), default=None, help="Its private key.")
+@_PAIR_SECRET_OPTION
 @_server_options("remote")
 def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_file, scorer_token, scorer_ca,
-                 scorer_cert, scorer_key, quiet, **options):
+                 scorer_cert, scorer_key, pair_secret_file, quiet, **options):
     """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely (start
     `andromeda serve scorer` first). Keeps the update log (acknowledged updates survive restarts) and
     the scorer in step with it.
@@ -782,7 +790,7 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_fil
                                          cert=scorer_cert, key=scorer_key)
         _info(f"loading {data}", quiet)
         run_index_host(data, scorer_address, settings, threads=threads, scorer_timeout_s=scorer_timeout,
-                       credentials=credentials,
+                       credentials=credentials, pair_secret_file=pair_secret_file,
                        on_ready=_on_listening("remote", settings, quiet, lambda srv: _holds(data, srv.health_info())
                                               + f"; scores on {scorer_address}"))
 

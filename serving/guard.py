@@ -17,6 +17,13 @@
   text), refuses to start unless told `insecure`; on loopback without tokens everything works as
   before.
 
+* **The pair's secret**: the scoring service takes its index host's log records only when they
+  come with an HMAC-SHA256 made with a secret the pair shares (`sign_records`, `verify_records`), or
+  from a caller holding the admin token. The secret never travels: a parent that starts both hands
+  it to them in the environment (`$ANDROMEDA_PAIR_SECRET`), a person gives it as a file
+  (`--pair-secret-file`, by default `DIR/pair.secret` beside the corpus, which the scoring service
+  makes, mode 0600, when it is absent: `pair_secret`).
+
 Server side: `ServerGuard` (from files: `ServerGuard.from_files`) gives the `FlightServerBase`
 keyword arguments (`server_kwargs`), the location scheme, and `require(context, role)` for the
 handlers. Client side: `ClientCredentials` and `connect(location, credentials)`.
@@ -24,8 +31,12 @@ handlers. Client side: `ClientCredentials` and `connect(location, credentials)`.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
+import json
+import os
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +218,13 @@ class ServerGuard:
             kwargs["root_certificates"] = self.client_ca
         return kwargs
 
+    def caller_is_admin(self, context) -> bool:
+        """Whether the caller presented the admin token (False on a server without tokens: there,
+        nobody proved anything)."""
+        if not self.tokens or context is None:
+            return False
+        return getattr(context.get_middleware(AUTH_MIDDLEWARE), "role", None) == ADMIN
+
     def require(self, context, role: str, what: str) -> None:
         """In a handler: the caller must hold `role` (READER: either token; ADMIN: the admin token).
         Nothing to check when no token is configured."""
@@ -220,6 +238,78 @@ class ServerGuard:
 
 
 OPEN = ServerGuard()  # loopback, no TLS, no tokens: the default
+
+
+# --- the pair's secret (index host and scoring service) -----------------------------------------------
+
+PAIR_SECRET_ENV = "ANDROMEDA_PAIR_SECRET"
+PAIR_SECRET_FILE = "pair.secret"  # beside the corpus, by default
+_MAC_KEY = b'{"pair_mac":"'
+
+
+def new_pair_secret() -> str:
+    """A fresh secret for a pair: 64 hex characters (256 bits)."""
+    return secrets.token_hex(32)
+
+
+def pair_secret(path=None, *, create: bool = False) -> str | None:
+    """The pair's secret: $ANDROMEDA_PAIR_SECRET, else the text of the file `path`; None when neither
+    holds one. With `create`, a file that is absent is made (mode 0600, never through a link) with a
+    new secret: the scoring service makes the pair's secret at start. GuardError when the file
+    cannot be read or made, or is empty."""
+    env = os.environ.get(PAIR_SECRET_ENV)
+    if env:
+        return env
+    if path is None:
+        return None
+    path = Path(path)
+    if create and not path.exists() and not path.is_symlink():
+        secret = new_pair_secret()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secret + "\n")
+        except FileExistsError:
+            pass  # made meanwhile by the other of the pair: read below
+        except OSError as exc:
+            raise GuardError(f"pair secret {path}: cannot be made ({exc.strerror}); give ${PAIR_SECRET_ENV} or "
+                             "--pair-secret-file PATH in a writable place") from None
+        else:
+            return secret
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise GuardError(f"pair secret {path}: cannot be read ({exc.strerror})") from None
+    if not text:
+        raise GuardError(f"pair secret {path}: is empty")
+    return text
+
+
+def _mac(secret: str, body: bytes) -> str:
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def sign_records(secret: str | None, body: bytes) -> bytes:
+    """`body` (the index host's log records) preceded by a line holding its HMAC-SHA256 under the
+    pair's `secret` (unchanged without one)."""
+    if not secret:
+        return body
+    return _MAC_KEY + _mac(secret, body).encode() + b'"}\n' + body
+
+
+def verify_records(secret: str | None, body: bytes) -> tuple[bool, bytes]:
+    """(whether `body` carries a valid HMAC under `secret`, the records without the MAC line)."""
+    if not body.startswith(_MAC_KEY):
+        return False, body
+    head, _, rest = body.partition(b"\n")
+    try:
+        mac = json.loads(head)["pair_mac"]
+    except (ValueError, KeyError, TypeError):
+        return False, rest
+    ok = bool(secret) and isinstance(mac, str) and hmac.compare_digest(mac.encode(), _mac(secret, rest).encode())
+    return ok, rest
 
 
 # --- client side --------------------------------------------------------------------------------------
@@ -292,5 +382,6 @@ def connect(location: str, credentials: ClientCredentials | None = None) -> flig
     return flight.connect(location, **kwargs)
 
 
-__all__ = ["ADMIN", "MIN_TOKEN_CHARS", "NO_CREDENTIALS", "OPEN", "READER", "ClientCredentials", "GuardError", "ServerGuard",
-           "connect", "is_loopback"]
+__all__ = ["ADMIN", "MIN_TOKEN_CHARS", "NO_CREDENTIALS", "OPEN", "PAIR_SECRET_ENV", "PAIR_SECRET_FILE", "READER",
+           "ClientCredentials", "GuardError", "ServerGuard", "connect", "is_loopback", "new_pair_secret", "pair_secret",
+           "sign_records", "verify_records"]
