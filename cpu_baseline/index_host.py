@@ -337,7 +337,7 @@ class IndexHostServer(RetrieveServer):
 
     @property
     def busy(self) -> bool:
-        return self.gate.busy or self.journal.lock.locked()
+        return super().busy or self.journal.lock.locked()
 
     # --- reporting -------------------------------------------------------------------------------------
     def health_state(self) -> tuple[str, list[str]]:

@@ -29,7 +29,11 @@ Calls from any number of clients parse at once, each pacing itself in its own sh
 (`_ShareWindow`: a window shared by every call could be reset by one call while another used it,
 failing calls after their records were logged); from step 3 to the end one call (or
 compaction) runs at a time, so calls are checked, logged and applied in log order. A call that
-waited for its turn past the server's deadline fails before step 4, changing nothing. Should
+waited for its turn past the server's deadline fails before step 4, changing nothing. When the
+server stops (`stopping`, set on SIGTERM), a call not yet logged ends at once with nothing logged
+or applied (`ServerStopping`), and a logged one is acknowledged at its next slice (`"stopped"` in
+the acknowledgement: the rest of it is applied by the replay of the next start): a call in flight
+is either acknowledged or not applied. Should
 applying a logged call fail, the journal refuses every later call (`failed`, which health reports)
 instead of logging after a live state it no longer knows; a restart replays the log. `replay(apply,
 live)` applies the records a
@@ -61,6 +65,10 @@ PACE_EVERY = 16  # lines parsed or records encoded between two looks at the shar
 
 class DeadlineExceeded(TimeoutError):
     """A call that could not start its work within the server's per-call deadline."""
+
+
+class ServerStopping(RuntimeError):
+    """An update call the server, stopping, ended before any of it was logged (so none of it applies)."""
 
 
 class ReadGate:
@@ -168,6 +176,9 @@ class UpdateJournal:
         self.yield_s = yield_s
         self._clock, self._sleep = clock, sleep
         self.lock = threading.Lock()  # one update call or compaction at a time
+        # set when the server stops (SIGTERM): a call not yet logged ends with nothing applied, a logged
+        # one is acknowledged at its next slice, the rest of it applied by the replay of the next start
+        self.stopping = threading.Event()
         self.slices = 0  # slices applied so far (stats)
         self.paused_s = 0.0  # seconds update calls paused to keep to their share while retrievals arrived
         self._stats_lock = threading.Lock()  # paused_s is added to by calls parsing at once
@@ -224,6 +235,7 @@ class UpdateJournal:
         state = {"n": 0, "t": self._clock()}
 
         def pace() -> None:
+            self._refuse_if_stopping()
             self._yield_to_readers()
             state["n"] += 1
             if state["n"] % every == 0:
@@ -277,12 +289,12 @@ class UpdateJournal:
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         self._refuse_if_failed()
         parsed, rejections = self._parse(body, window)
-        remaining = self.limits.deadline_s - (time.monotonic() - started)
-        if remaining <= 0 or not self.lock.acquire(timeout=remaining):
+        if not self._take_turn(started + self.limits.deadline_s):
             waited = time.monotonic() - started
             raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn, past the server's "
                                    f"deadline of {self.limits.deadline_s:g} s (--deadline); nothing was applied")
         try:  # the call's turn: from here to the end no other call checks, logs or applies anything
+            self._refuse_if_stopping()
             self._refuse_if_failed()  # a call before this one may have failed while this one parsed
             checker = _CallLive(_Overlay(live))
             accepted: list[tuple[dict, Update]] = []
@@ -297,18 +309,25 @@ class UpdateJournal:
             records = self.log.append([obj for obj, _ in accepted], pause=self._pacer(window))  # durable: acknowledged
             t_apply = self._clock()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
-            self._apply_logged(items, apply, window)
+            live = self._apply_logged(items, apply, window)
             seq = self.log.last_seq
             t_end = self._clock()
         finally:
             self.lock.release()
         # where the call's time went: parsing and checking, the log (written and synced), applying
         seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
-        return {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
+        ack = {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
+        if live < len(items):  # the server is stopping: acknowledged as logged, the rest applied at its next start
+            ack["stopped"] = (f"the server is stopping: all {len(items)} updates are logged (durable, acknowledged); "
+                              f"{live} were applied before it stopped, the other {len(items) - live} are applied "
+                              "when it starts again (it replays its log)")
+        return ack
 
-    def _apply_logged(self, items, apply: Applier, window: "_ShareWindow") -> None:
+    def _apply_logged(self, items, apply: Applier, window: "_ShareWindow") -> int:
         """Hand a call's logged (record, update) pairs to `apply` in slices, in order, pacing between
-        them (caller holds the lock). Should `apply` raise, the records are in the log but this
+        them (caller holds the lock); returns how many were applied: all, unless the server began to
+        stop, which ends the call at the next slice (the records are logged: the next start replays
+        them), so that it is acknowledged before the process ends. Should `apply` raise, the records are in the log but this
         process cannot say how many of them its live state holds: the journal refuses every later
         call (`failed`) rather than log records after a state it does not know; a restart replays
         the log and agrees with it again."""
@@ -317,19 +336,39 @@ class UpdateJournal:
         try:
             while done < len(items):
                 if done:
+                    if self.stopping.is_set():
+                        break
                     self._step_aside()
                 piece = items[done : done + step]
                 t0 = self._clock()
                 applied = apply(piece)  # may stop early for a waiting request: the rest comes next
                 done += len(piece) if applied is None else max(1, applied)
                 self.slices += 1
-                if done < len(items):
+                if done < len(items) and not self.stopping.is_set():
                     self._keep_share(window, self._clock() - t0)
         except BaseException as exc:
             first, last = items[done][0].seq, items[-1][0].seq
             self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
                            f"{clip(str(exc))}); restart the server: it replays its log")
             raise LogError(f"the updates were logged up to {last}, but {self.failed}") from exc
+        return done
+
+    def _refuse_if_stopping(self) -> None:
+        """Before a call is logged: a stopping server ends it, nothing of it logged or applied."""
+        if self.stopping.is_set():
+            raise ServerStopping("the server is stopping: nothing of this update call was logged or applied; send "
+                                 "it again once the server is back")
+
+    def _take_turn(self, deadline_at: float) -> bool:
+        """Wait for the call's turn (the journal's lock) until `deadline_at` (on time.monotonic), giving
+        up early when the server stops."""
+        while True:
+            self._refuse_if_stopping()
+            remaining = deadline_at - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.lock.acquire(timeout=min(remaining, 0.05)):
+                return True
 
     def _refuse_if_failed(self) -> None:
         if self.failed is not None:
@@ -378,4 +417,5 @@ def _ad_id(update: Update):
     return update.ad.ad_id if isinstance(update, Upsert) else getattr(update, "ad_id", None)
 
 
-__all__ = ["ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate", "UpdateJournal"]
+__all__ = ["ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate",
+           "ServerStopping", "UpdateJournal"]

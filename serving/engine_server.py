@@ -129,7 +129,7 @@ class EngineServer(RetrieveServer):
 
     @property
     def busy(self) -> bool:
-        return self.gate.busy or self.journal.lock.locked()
+        return super().busy or self.journal.lock.locked()
 
     def health_state(self) -> tuple[str, list[str]]:
         if self.journal.failed is not None:

@@ -9,7 +9,9 @@ ending with the process that started it.
   and updates in flight finish, and the process ends within `deadline_s` (default 5 s) whatever its
   clients do: gRPC waits for every open call to end, and a client holding an idle exchange would keep
   it waiting for ever, so once nothing is being worked on (or at the deadline) the process exits
-  anyway; its update log is already on disk. A serving process hands the interpreter between threads
+  anyway; its update log is already on disk. An update call in flight counts as busy until its
+  acknowledgement is handed to gRPC, and the process ends only once nothing has been busy for
+  `SETTLE_S`, so it is either acknowledged or (ended by the journal before it was logged) not applied. A serving process hands the interpreter between threads
   every `SWITCH_INTERVAL_MS` (0.2 ms) rather than Python's 5 ms unless it was given another
   interval (`set_switch_interval`, `--switch-interval-ms`), so a request never queues long behind a
   thread parsing a large update call; and what was built before serving (corpus, index, compiled
@@ -39,6 +41,8 @@ from .guard import MIN_TOKEN_CHARS, OPEN, GuardError, ServerGuard
 DEFAULT_STOP_DEADLINE_S = 5.0
 PARENT_POLL_S = 0.25
 IDLE_GRACE_S = 0.5  # after SIGTERM, how long clients with no batch in flight get to close their calls
+SETTLE_S = 0.25  # how long nothing must be in flight before the process ends with calls still open: an
+# answer handed to gRPC (an update's acknowledgement) still has to leave the process
 
 
 class ServeError(RuntimeError):
@@ -164,13 +168,17 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
         started = time.monotonic()
         closer = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
         closer.start()
+        last_busy = started
         while True:  # the shutdown ends, or only idle calls are left, or the deadline comes
             closer.join(0.02)
             if not closer.is_alive():
                 server.wait()
                 return True
-            elapsed = time.monotonic() - started
-            if elapsed >= deadline_s or (elapsed >= min(IDLE_GRACE_S, deadline_s) and not (busy and busy())):
+            now = time.monotonic()
+            if busy and busy():
+                last_busy = now
+            elapsed = now - started
+            if elapsed >= deadline_s or (elapsed >= min(IDLE_GRACE_S, deadline_s) and now - last_busy >= SETTLE_S):
                 break
         print("stopping: calls still open with no batch in flight (idle clients); exiting without them",
               file=sys.stderr, flush=True)

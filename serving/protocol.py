@@ -61,7 +61,7 @@ from andromeda_nb.batching import BATCH_REQUESTS, in_batches
 from andromeda_nb.quoting import MESSAGE_LIMIT, clip, quote
 from andromeda_nb.types import Request, TargetingError
 
-from .durable import DeadlineExceeded, ReadGate
+from .durable import DeadlineExceeded, ReadGate, ServerStopping
 from .guard import ADMIN, OPEN, READER, ClientCredentials, ServerGuard, connect
 from .inputs import InvalidInput, check_k, parse_batch_request
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
@@ -386,6 +386,8 @@ def to_flight_error(exc: BaseException, what: str = "request") -> Exception:
         return flight.FlightServerError(clip(f"invalid {what}: {exc}", MESSAGE_LIMIT))
     if isinstance(exc, DeadlineExceeded):
         return flight.FlightTimedOutError(clip(str(exc), MESSAGE_LIMIT))
+    if isinstance(exc, ServerStopping):
+        return flight.FlightUnavailableError(clip(str(exc), MESSAGE_LIMIT))
     if isinstance(exc, LogError):
         return flight.FlightInternalError(clip(f"{exc.label}: {exc}", MESSAGE_LIMIT))
     return flight.FlightInternalError(clip(f"internal error: {type(exc).__name__}: {exc}", MESSAGE_LIMIT))
@@ -413,6 +415,11 @@ class RetrieveServer(flight.FlightServerBase):
         self.call_path = CallPath()  # where a batched call's time goes (stats: call_path)
         self.gate = getattr(self, "gate", None) or ReadGate()  # retrieval batches in flight
         self._stopping = threading.Event()
+        self._actions_in_flight = 0  # update and compact calls from their start to their answer's end
+        self._actions_lock = threading.Lock()
+        journal = getattr(self, "journal", None)
+        if journal is not None:  # SIGTERM ends a call not yet logged, and acknowledges a logged one sooner
+            journal.stopping = self._stopping
         super().__init__(self.guard.server_location(location), **self.guard.server_kwargs(), **kwargs)
 
     # --- what subclasses implement -------------------------------------------------------------------
@@ -490,8 +497,10 @@ class RetrieveServer(flight.FlightServerBase):
 
     @property
     def busy(self) -> bool:
-        """Whether a batch or an update is being worked on (shutdown lets it finish)."""
-        return self.gate.busy
+        """Whether a batch, or an update or compact call, is being worked on (shutdown lets it
+        finish): an update call counts from its start to the end of its answer, so a process that
+        stops never ends between applying a call and acknowledging it."""
+        return self.gate.busy or self._actions_in_flight > 0
 
     # --- Flight handlers -----------------------------------------------------------------------------
     def do_exchange(self, context, descriptor, reader, writer):
@@ -533,6 +542,19 @@ class RetrieveServer(flight.FlightServerBase):
             raise to_flight_error(exc) from None
 
     def do_action(self, context, action):
+        name = action.type
+        if name not in ("update", "compact"):
+            yield from self._do_action(context, action)
+            return
+        with self._actions_lock:
+            self._actions_in_flight += 1
+        try:  # counted until the answer is handed to gRPC (the generator's end)
+            yield from self._do_action(context, action)
+        finally:
+            with self._actions_lock:
+                self._actions_in_flight -= 1
+
+    def _do_action(self, context, action):
         started = time.monotonic()
         name = action.type
         body = action.body.to_pybytes() if action.body is not None else b""
