@@ -324,7 +324,7 @@ class IndexHostServer(RetrieveServer):
         return ad_id in self.index
 
     def apply_updates(self, body: bytes, started: float) -> dict:
-        ack = self.journal.submit(body, live=self._live, apply=self._apply, started=started)
+        ack = self.journal.submit(body, live=self._live, apply=self._apply)
         self.stats.add(updates=ack["applied"])
         if self._pending:
             ack["pending"] = len(self._pending)

@@ -29,7 +29,9 @@ Calls from any number of clients parse at once, each pacing itself in its own sh
 (`_ShareWindow`: a window shared by every call could be reset by one call while another used it,
 failing calls after their records were logged); from step 3 to the end one call (or
 compaction) runs at a time, so calls are checked, logged and applied in log order. A call that
-waited for its turn past the server's deadline fails before step 4, changing nothing. When the
+waited for its turn past the server's deadline (counted from the end of its parse: the deadline
+measures waiting, and a large call's parse, outside the turn, is not waiting) fails before step 4,
+changing nothing. When the
 server stops (`stopping`, set on SIGTERM), a call not yet logged ends at once with nothing logged
 or applied (`ServerStopping`), and a logged one is acknowledged at its next slice (`"stopped"` in
 the acknowledgement: the rest of it is applied by the replay of the next start): a call in flight
@@ -162,8 +164,9 @@ Applier = Callable[[Sequence[tuple[LogRecord, Update]]], "int | None"]
 
 class UpdateJournal:
     """The update path of one server over its `WriteAheadLog` (see the module docstring). `clock`
-    and `sleep` measure and take the pauses that keep a call to its share (time.monotonic and
-    time.sleep; a test passes a simulated pair, so the pacing is checked exactly on any machine)."""
+    and `sleep` measure and take the pauses that keep a call to its share, and `clock` the wait
+    the deadline bounds (time.monotonic and time.sleep; a test passes a simulated pair, so the
+    pacing and the deadline are checked exactly on any machine)."""
 
     def __init__(self, log: WriteAheadLog, *, seed: int, dim: int, formats: int,
                  limits: ServiceLimits = DEFAULT_LIMITS, gate: ReadGate | None = None,
@@ -273,26 +276,29 @@ class UpdateJournal:
         return parsed, rejections
 
     # --- the update call -------------------------------------------------------------------------------
-    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier,
-               started: float | None = None) -> dict:
+    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier) -> dict:
         """Run one `update` call (module docstring, steps 1-6). `live(ad_id)`: whether an ad is live
         at the log's end; `apply(items)`: apply a slice of (record, update) pairs, in order.
-        `started`: when the call arrived (time.monotonic()), for the deadline."""
+        The deadline counts the call's wait for its turn only: the body arrived whole before the
+        call began, and its parsing (outside the turn, at once with other calls) is work, not
+        waiting."""
         from andromeda_nb.store import paused_gc
 
-        started = time.monotonic() if started is None else started
         with paused_gc():  # parsed updates hold no cycles; a full collection over them would stall requests
-            return self._submit(bytes(body), live, apply, started)
+            return self._submit(bytes(body), live, apply)
 
-    def _submit(self, body: bytes, live, apply: Applier, started: float) -> dict:
+    def _submit(self, body: bytes, live, apply: Applier) -> dict:
         window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         self._refuse_if_failed()
         parsed, rejections = self._parse(body, window)
-        if not self._take_turn(started + self.limits.deadline_s):
-            waited = time.monotonic() - started
-            raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn, past the server's "
-                                   f"deadline of {self.limits.deadline_s:g} s (--deadline); nothing was applied")
+        parse_s = self._clock() - t_parse
+        waiting_since = self._clock()  # the deadline counts from here: the wait for the turn, not the parse
+        if not self._take_turn(waiting_since):
+            waited = self._clock() - waiting_since
+            raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn (after {parse_s:.1f} s parsing "
+                                   f"it, which does not count), past the server's deadline of "
+                                   f"{self.limits.deadline_s:g} s (--deadline); nothing was applied")
         try:  # the call's turn: from here to the end no other call checks, logs or applies anything
             self._refuse_if_stopping()
             self._refuse_if_failed()  # a call before this one may have failed while this one parsed
@@ -359,12 +365,12 @@ class UpdateJournal:
             raise ServerStopping("the server is stopping: nothing of this update call was logged or applied; send "
                                  "it again once the server is back")
 
-    def _take_turn(self, deadline_at: float) -> bool:
-        """Wait for the call's turn (the journal's lock) until `deadline_at` (on time.monotonic), giving
-        up early when the server stops."""
+    def _take_turn(self, waiting_since: float) -> bool:
+        """Wait for the call's turn (the journal's lock) for at most the deadline from `waiting_since`
+        (on the journal's clock), giving up early when the server stops; False past the deadline."""
         while True:
             self._refuse_if_stopping()
-            remaining = deadline_at - time.monotonic()
+            remaining = self.limits.deadline_s - (self._clock() - waiting_since)
             if remaining <= 0:
                 return False
             if self.lock.acquire(timeout=min(remaining, 0.05)):

@@ -189,6 +189,61 @@ def test_an_update_call_keeps_to_its_cpu_share_only_while_retrievals_arrive():
         ServiceLimits(update_cpu_share=1.5)
 
 
+def test_the_deadline_measures_waiting_for_the_turn_not_parsing(monkeypatch):
+    """Three concurrent 100 MB calls: `waited 96.1 s for its turn, past the server's deadline of
+    60 s`, where most of the time was parsing. The deadline counts a call's wait for its turn only:
+    on a simulated clock, a call whose parse takes 100 deadlines (a slow parser) and whose wait is
+    short is applied; a call whose parse is instant but whose wait passes the deadline is refused,
+    its parse and wait named, nothing logged. Exact on any machine: the clock moves only when told."""
+    import serving.durable as durable
+    from serving.durable import DeadlineExceeded, UpdateJournal
+    from serving.wal import WriteAheadLog
+
+    clock = _SimulatedClock()
+    body = "\n".join(json.dumps({"op": "retire", "ad_id": i}) for i in range(1, 41)).encode()
+    journal = UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2,
+                            limits=ServiceLimits(deadline_s=1.0), clock=clock, sleep=clock.sleep)
+    real_parse = durable.parse_update
+
+    def slow_parse(*args, **kw):  # 2.5 s a line: 100 s for the call, a hundred times the deadline
+        clock.work(2.5)
+        return real_parse(*args, **kw)
+
+    monkeypatch.setattr(durable, "parse_update", slow_parse)
+    t0 = clock()
+    ack = journal.submit(body, live=lambda ad_id: True, apply=lambda items: None)
+    assert ack["applied"] == 40 and ack["seq"] == 40 and clock() - t0 == pytest.approx(100.0)
+    assert ack["seconds"]["parse"] == pytest.approx(100.0)
+    monkeypatch.setattr(durable, "parse_update", real_parse)
+
+    # a call that parses at once but waits: another call holds the turn while the clock passes 1.5 s
+    holder_has_turn, release = threading.Event(), threading.Event()
+
+    def hold_the_turn():
+        with journal.lock:
+            holder_has_turn.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_turn)
+    holder.start()
+    holder_has_turn.wait(30)
+    original = journal._take_turn
+
+    def waiting(since):  # the clock moves on 1.5 s while the call waits for its turn
+        clock.work(1.5)
+        return original(since)
+
+    journal._take_turn = waiting
+    try:
+        with pytest.raises(DeadlineExceeded, match=r"waited 1\.5 s for its turn \(after 0\.0 s parsing it, which "
+                                                   r"does not count\), past the server's deadline of 1 s"):
+            journal.submit(body, live=lambda ad_id: True, apply=lambda items: None)
+    finally:
+        release.set()
+        holder.join(30)
+    assert journal.log.last_seq == 40  # nothing of the refused call was logged
+
+
 class _RetrievalsArriving:
     """A read gate on which retrievals keep arriving (`active`) with none in flight at any moment."""
 
