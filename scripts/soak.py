@@ -183,7 +183,7 @@ class Soak:
             n = rng.randint(1, 40)
             lines = self.stream.upto(self.acked + n)[self.acked:]
             try:
-                ack = fl.flight_action(self.front, "update", "\n".join(lines), timeout=60)
+                ack = fl.send_updates(self.front, "\n".join(lines), timeout=60)
                 self.counts["update_calls"] += 1
                 if ack["rejected"] or ack["seq"] != self.acked + len(lines):
                     self.events.append(f"unexpected acknowledgement {ack}")

@@ -97,11 +97,22 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
     """Reads `authorization: Bearer TOKEN` before the handler runs; an unknown or missing token ends
     the call as unauthenticated. The middleware instance carries the caller's role."""
 
-    def __init__(self, tokens: dict[str, str]):
+    def __init__(self, tokens: dict[str, str], on_refused=None):
         super().__init__()
         self.tokens = tokens  # role -> token
+        self.on_refused = on_refused  # called for each call refused here (its body may have been read whole)
+        self.refused = 0
 
     def start_call(self, info, headers):
+        try:
+            return self._caller(headers)
+        except flight.FlightUnauthenticatedError:
+            self.refused += 1
+            if self.on_refused is not None:
+                self.on_refused()
+            raise
+
+    def _caller(self, headers):
         values = headers.get(AUTHORIZATION) or headers.get(AUTHORIZATION.title()) or []
         presented = None
         for value in values:
@@ -205,12 +216,13 @@ class ServerGuard:
             return "grpc+tls://" + location[len("grpc://"):]
         return location
 
-    def server_kwargs(self) -> dict:
-        """Keyword arguments of `FlightServerBase` for this guard."""
+    def server_kwargs(self, on_refused=None) -> dict:
+        """Keyword arguments of `FlightServerBase` for this guard; `on_refused()`: called for each call
+        refused for its token (a server gives the memory of its body back)."""
         kwargs: dict = {}
         if self.tokens:
             tokens = {role: t for role, t in ((READER, self.reader_token), (ADMIN, self.admin_token)) if t}
-            kwargs["middleware"] = {AUTH_MIDDLEWARE: _TokenCheck(tokens)}
+            kwargs["middleware"] = {AUTH_MIDDLEWARE: _TokenCheck(tokens, on_refused)}
         if self.tls:
             kwargs["tls_certificates"] = [flight.CertKeyPair(self.tls_cert, self.tls_key)]
         if self.client_ca is not None:

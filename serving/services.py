@@ -338,9 +338,11 @@ class ServedRetriever:
             raise ValueError(f"update rejected by {self.server_name}: {ack['rejected'][0]}")
 
     def apply_lines(self, lines: Sequence[str]) -> dict:
-        """Send JSON Lines updates; returns the server's acknowledgement
-        `{"applied": n, "rejected": [{"line", "ad_id", "error"}, ...]}`."""
-        return self.action("update", "\n".join(lines))
+        """Send JSON Lines updates, streamed (`serving.protocol.send_update_stream`); returns the
+        server's acknowledgement `{"applied": n, "rejected": [{"line", "ad_id", "error"}, ...]}`."""
+        from .protocol import send_update_stream
+
+        return send_update_stream(self.client, "\n".join(lines), timeout=self.timeout_s)
 
     def action(self, name: str, body: bytes | str = b"") -> dict:
         from .protocol import flight_action
