@@ -750,8 +750,10 @@ def _server_options(service: str, log: bool = True):
         else:
             kind = str
         default = DEFAULT_PORTS[service] if o.dest == "port" else o.default
-        return click.option(o.flag, o.dest, type=kind, default=default, envvar=o.env, hidden=o.hidden,
-                            show_default=default is not None, help=o.help)
+        # a secret's environment variable is read by ServerSettings.from_options, after its file: a value
+        # click hands over is then one typed on the command line, which _serve warns about
+        return click.option(o.flag, o.dest, type=kind, default=default, envvar=None if o.secret else o.env,
+                            hidden=o.hidden, show_default=default is not None, help=o.help)
 
     options = [click_option(o) for o in server_options(log=log) if o.cli] + [_QUIET_OPTION]
 
@@ -767,9 +769,10 @@ def _serve(run, **options):
     """Build the settings from the options, refuse an address that cannot be used (a taken port, an
     exposed host without authentication) before anything loads, and run `run(settings)`; what the user
     must fix is a message, never a traceback."""
-    from serving.process import ServerSettings, preflight, startup_errors
+    from serving.process import ServerSettings, preflight, startup_errors, warn_command_line_secrets
 
     try:
+        warn_command_line_secrets(options)
         settings = ServerSettings.from_options(**options)
         preflight(settings.host, settings.port, settings.guard)
         run(settings)
@@ -805,6 +808,12 @@ def _holds(data: str, info: dict, device: str | None = None) -> str:
     return text
 
 
+_PAIR_SECRET_OPTION = click.option(
+    "--pair-secret-file", type=click.Path(dir_okay=False), default=None,
+    help="File holding the secret the index host signs its records to the scoring service with, or "
+         "$ANDROMEDA_PAIR_SECRET [default: DIR/pair.secret beside the corpus; the scoring service makes it when "
+         "absent, and only the index host's records are taken].")
+
 _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
                                   help="Corpus directory.")
 
@@ -815,8 +824,9 @@ _SERVE_DATA_OPTION = click.option("--data", required=True, type=click.Path(exist
                "the CPU scoring service of the remote-scoring baseline), gpu (candidate ids resolved to rows and "
                "gathered on the device: the remote GPU of the 2024 design), sim (the CUDA simulator, tiny corpora).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="Scoring threads (default: all cores).")
+@_PAIR_SECRET_OPTION
 @_server_options("scorer", log=False)
-def serve_scorer(data, device, threads, quiet, **options):
+def serve_scorer(data, device, threads, pair_secret_file, quiet, **options):
     """The remote scoring service: holds the ad embeddings, scores candidate lists (Arrow Flight).
     Its index host delivers every update to it from its log, and catches it up after a restart.
 
@@ -829,7 +839,7 @@ def serve_scorer(data, device, threads, quiet, **options):
         from migration.scorer_server import run_scorer_on
 
         dataset = _service_dataset(data, quiet)
-        run_scorer_on(dataset, settings, device=where, threads=threads,
+        run_scorer_on(dataset, settings, device=where, threads=threads, pair_secret_file=pair_secret_file,
                       on_ready=_on_listening("scorer", settings, quiet,
                                              lambda srv: _holds(data, srv.health(), srv.device)))
 
@@ -843,14 +853,19 @@ def serve_scorer(data, device, threads, quiet, **options):
 @click.option("--threads", type=click.IntRange(1), default=None, help="Matching threads (default: all cores).")
 @click.option("--scorer-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds to wait for the scorer.")
-@click.option("--scorer-token", envvar="ANDROMEDA_SCORER_TOKEN", default=None,
-              help="Token for the scoring service (default: --admin-token) ($ANDROMEDA_SCORER_TOKEN).")
+@click.option("--scorer-token-file", type=click.Path(dir_okay=False), default=None,
+              help="File holding the token for the scoring service, or $ANDROMEDA_SCORER_TOKEN (default: the admin "
+                   "token).")
+@click.option("--scorer-token", default=None,
+              help="That token as text: it shows in the process list; prefer $ANDROMEDA_SCORER_TOKEN or "
+                   "--scorer-token-file.")
 @click.option("--scorer-ca", type=click.Path(dir_okay=False), default=None, help="CA of the scorer's TLS certificate.")
 @click.option("--scorer-cert", type=click.Path(dir_okay=False), default=None, help="Client certificate for the scorer.")
 @click.option("--scorer-key", type=click.Path(dir_okay=False), default=None, help="Its private key.")
+@_PAIR_SECRET_OPTION
 @_server_options("remote")
-def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, scorer_ca, scorer_cert, scorer_key,
-                 quiet, **options):
+def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_file, scorer_token, scorer_ca,
+                 scorer_cert, scorer_key, pair_secret_file, quiet, **options):
     """The index host: serves the ["retrieve"] exchange, matching on the CPU and scoring remotely (start
     `andromeda serve scorer` first). Keeps the update log (acknowledged updates survive restarts) and
     the scorer in step with it.
@@ -858,15 +873,18 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token, sc
     Prints {"service": "remote", "location": ...} on stdout once listening, and a banner saying how to
     ask it on stderr; SIGTERM or Ctrl-C stops it."""
     from serving.services import DEFAULT_HOST, DEFAULT_PORTS
-    from cpu_baseline.remote_servers import run_index_host, scorer_credentials
+    from cpu_baseline.remote_servers import SCORER_TOKEN_WARNING, run_index_host, scorer_credentials
 
+    if scorer_token is not None:
+        click.echo(SCORER_TOKEN_WARNING, err=True)
     scorer_address = scorer_address or f"grpc://{DEFAULT_HOST}:{DEFAULT_PORTS['scorer']}"
 
     def run(settings):
-        credentials = scorer_credentials(settings, token=scorer_token, ca=scorer_ca, cert=scorer_cert, key=scorer_key)
+        credentials = scorer_credentials(settings, token=scorer_token, token_file=scorer_token_file, ca=scorer_ca,
+                                         cert=scorer_cert, key=scorer_key)
         _info(f"loading {data}", quiet)
         run_index_host(data, scorer_address, settings, threads=threads, scorer_timeout_s=scorer_timeout,
-                       credentials=credentials,
+                       credentials=credentials, pair_secret_file=pair_secret_file,
                        on_ready=_on_listening("remote", settings, quiet, lambda srv: _holds(data, srv.health_info())
                                               + f"; scores on {scorer_address}"))
 

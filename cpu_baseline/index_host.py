@@ -11,6 +11,11 @@ clients cannot tell the two apart except by speed. Per batch of client requests:
 3. top-K of the returned float32 scores on the CPU (score descending, ties by ad id ascending;
    `andromeda_nb.reference.reference_topk`).
 
+**Only this host updates its scoring service**: every record it delivers names its log's lineage
+and the call is signed with the pair's secret (`scorer_secret`; `serving.guard.sign_records`), or
+presents the admin token (`scorer_credentials`); the scoring service refuses anything else, and
+this host's `health` repeats what it refused (`scorer_refused`).
+
 **One order of updates for both services.** The index host owns the update stream and its
 write-ahead log (`serving.durable`, `serving.wal`): an `update` call is checked against
 the live ads, its accepted updates are numbered and logged on disk, and the call is acknowledged.
@@ -95,7 +100,8 @@ class IndexHostServer(RetrieveServer):
     def __init__(self, dataset, scorer_location: str, location: str = "grpc://127.0.0.1:0", *,
                  scorer_timeout_s: float = DEFAULT_SCORER_TIMEOUT_S, threads: int | None = None,
                  check_scorer: bool = True, log: WriteAheadLog | None = None, limits=None, guard=None,
-                 scorer_credentials=None, data_dir=None, monitor_s: float = MONITOR_INTERVAL_S, **kwargs):
+                 scorer_credentials=None, data_dir=None, monitor_s: float = MONITOR_INTERVAL_S,
+                 scorer_secret: str | None = None, **kwargs):
         model = dataset.model
         limits = self.limits = limits or DEFAULT_LIMITS  # catching the scorer up below reads them
         self.model = model
@@ -106,7 +112,8 @@ class IndexHostServer(RetrieveServer):
         self.corpus_fingerprint = fingerprint(dataset.ad_ids)
         self.lineage = corpus_lineage(dataset)
         self.data_dir = data_dir if data_dir is not None else getattr(dataset, "source_dir", None)
-        self.scorer = ScorerClient(scorer_location, timeout_s=scorer_timeout_s, credentials=scorer_credentials)
+        self.scorer = ScorerClient(scorer_location, timeout_s=scorer_timeout_s, credentials=scorer_credentials,
+                                   pair_secret=scorer_secret, lineage=self.lineage)
         self.scorer_location = scorer_location
         self._rw = ReadWriteLock()
         self._count_lock = threading.Lock()
@@ -119,6 +126,7 @@ class IndexHostServer(RetrieveServer):
         self._pending: list = []  # (record, update) logged but not yet applied to the index, in order
         self._scorer_seq: int | None = None  # the scoring service's, as last seen (None: unknown)
         self._scorer_problem: str | None = None  # why the scoring service cannot be used now
+        self._scorer_refused: dict | None = None  # update calls the scoring service refused, as its health says
         self.replayed = self.journal.replay(self._apply_to_index, self.index.__contains__)
         self.scorer_health = None
         if check_scorer:  # the same corpus, and brought up to the log before anyone is served
@@ -244,6 +252,7 @@ class IndexHostServer(RetrieveServer):
                                         f"({str(exc).split('. Detail:')[0]})")
                 self._scorer_seq = None
                 continue
+            self._scorer_refused = health.get("refused")  # records not from this host, or of another log
             try:
                 self._check_scorer(health)
             except RuntimeError as exc:
@@ -315,7 +324,7 @@ class IndexHostServer(RetrieveServer):
         return ad_id in self.index
 
     def apply_updates(self, body: bytes, started: float) -> dict:
-        ack = self.journal.submit(body, live=self._live, apply=self._apply, started=started)
+        ack = self.journal.submit(body, live=self._live, apply=self._apply)
         self.stats.add(updates=ack["applied"])
         if self._pending:
             ack["pending"] = len(self._pending)
@@ -328,7 +337,7 @@ class IndexHostServer(RetrieveServer):
 
     @property
     def busy(self) -> bool:
-        return self.gate.busy or self.journal.lock.locked()
+        return super().busy or self.journal.lock.locked()
 
     # --- reporting -------------------------------------------------------------------------------------
     def health_state(self) -> tuple[str, list[str]]:
@@ -346,7 +355,8 @@ class IndexHostServer(RetrieveServer):
     def health_info(self) -> dict:
         return {"ads": len(self.index), "scorer": self.scorer_location, "fingerprint": self.corpus_fingerprint,
                 "lineage": self.lineage, "scorer_seq": self._scorer_seq, "pending": len(self._pending),
-                "log": self.log.describe(), "replayed": self.replayed}
+                "log": self.log.describe(), "replayed": self.replayed,
+                **({"scorer_refused": self._scorer_refused} if self._scorer_refused else {})}
 
     def extra_stats(self) -> dict:
         return {"candidates": self.candidates, "scorer_calls": self.scorer.calls, "index": self.index.describe()}

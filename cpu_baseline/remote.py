@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 
 from serving.protocol import location_of, wait_until_healthy
-from serving.guard import connect
+from serving.guard import PAIR_SECRET_ENV, connect, new_pair_secret
 from serving.relay import Relay
 from serving.services import (START_TIMEOUT_S, ServedRetriever, ServiceProcess, check_same_corpus, child_args,
                                    dataset_args, relay_in_front, stop_all)
@@ -57,6 +57,9 @@ class RemoteRetriever(ServedRetriever):
         processes: list[ServiceProcess] = []
         relays: dict[str, Relay] = {}
         tmp = None
+        # the pair's secret, made here for the pair this starts and handed over in the environment (never in
+        # the arguments, which every user of the machine can list); a scorer already running has its own
+        env = {PAIR_SECRET_ENV: new_pair_secret()} if scorer is None else {}
         if data_dir is None and dataset is not None:
             data_dir = getattr(dataset, "source_dir", None)
         try:
@@ -66,7 +69,7 @@ class RemoteRetriever(ServedRetriever):
                 if scorer is None:
                     module, args = scorer_command or (SERVE_MODULE, ["scorer"])
                     proc = ServiceProcess(module, [*args, *source, *extra], name="scorer",
-                                          start_timeout_s=start_timeout_s)
+                                          start_timeout_s=start_timeout_s, env=env)
                     processes.append(proc)
                     scorer = proc.location
                 scorer_address = location_of(scorer)
@@ -75,7 +78,7 @@ class RemoteRetriever(ServedRetriever):
                     scorer_address = relays["index host->scorer"].location
                 proc = ServiceProcess(SERVE_MODULE, ["remote", *source, *extra, "--scorer", scorer_address,
                                                      "--scorer-timeout", str(scorer_timeout_s)],
-                                      name="remote", start_timeout_s=start_timeout_s)
+                                      name="remote", start_timeout_s=start_timeout_s, env=env)
                 processes.append(proc)
                 host = proc.location
             location = location_of(host)

@@ -19,13 +19,19 @@ Protocol (Arrow Flight; docs/PROTOCOL.md has the full text):
   how far behind the service is.
 * `DoAction("stats")`: requests, candidates, batches, bytes_in, bytes_out, errors, updates, and
   device_seconds (the GPU table's device time so far; null on the CPU or the simulator).
-* `DoAction("update")`: the index host's log records, JSON Lines `{"seq": n, "update": {...}}` of
-  DESIGN section 6, in order and already checked against the live ids. Records the service already
-  holds (seq at or below its own) are skipped, so re-delivery is harmless; a gap is refused. Upserts
-  store the ad's embedding (quantized to the table's precision) and format; retires forget the ad;
-  status changes need nothing here. Answer: `{"applied": n, "seq": s}`. An update without a
-  sequence number is refused: updates reach this service only through its index host's log, so a
-  stray `update` sent here alone cannot make the two services disagree.
+* `DoAction("update")`: the index host's log records, JSON Lines `{"seq": n, "lineage": L, "update":
+  {...}}` of DESIGN section 6, in order and already checked against the live ids. Records the
+  service already holds (seq at or below its own) are skipped, so re-delivery is harmless; a gap is
+  refused. Upserts store the ad's embedding (quantized to the table's precision) and format;
+  retires forget the ad; status changes need nothing here. Answer: `{"applied": n, "seq": s}`.
+  **Only the index host may send them**: the body opens with a line holding its HMAC-SHA256 under
+  the pair's secret (`serving.guard.sign_records`; the secret is `pair_secret`, made at start
+  when not given, and never travels), or the caller holds the admin token; and every record names
+  the lineage of the log it belongs to, which must be this service's corpus's. Anything else is
+  refused whole (a record with a sequence number alone had made this service skip the index host's
+  real record of that number), counted in `health` (`refused`: how many calls, and the last
+  reason). An update without a sequence number is refused: updates reach this service only through
+  its index host's log, so a stray `update` sent here alone cannot make the two services disagree.
 * Tokens and TLS as every server (`serving.guard`): scoring needs the reader token, updates
   the admin token.
 
@@ -50,7 +56,7 @@ from andromeda_nb.dataset import fingerprint
 from andromeda_nb.model import quantize
 from andromeda_nb.quoting import clip, quote
 from serving.durable import ReadGate
-from serving.guard import ADMIN, OPEN, READER, ClientCredentials, connect
+from serving.guard import OPEN, READER, ClientCredentials, connect, new_pair_secret, sign_records, verify_records
 from serving.limits import DEFAULT_LIMITS
 from serving.protocol import InvalidInput, ServiceStats, to_flight_error
 from serving.wal import LogRecord, corpus_lineage, snapshot_seq
@@ -101,7 +107,7 @@ class ScoringServer(flight.FlightServerBase):
     name = "scorer"
 
     def __init__(self, dataset, location: str = "grpc://127.0.0.1:0", *, delay_s: float = 0.0, limits=None,
-                 guard=None, table=None, **kwargs):
+                 guard=None, table=None, pair_secret: str | None = None, **kwargs):
         self.precision = dataset.embeddings.precision
         self.E, self.D, self.F = dataset.model.E, dataset.model.D, dataset.model.F
         self.table = table if table is not None else CpuCandidateTable.for_dataset(dataset)
@@ -118,6 +124,11 @@ class ScoringServer(flight.FlightServerBase):
         self.gate = ReadGate()
         self._lock = threading.RLock()
         self._stopping = threading.Event()
+        # what signs the index host's records (made here when not given: then only this process knows it,
+        # and only a caller with the admin token, or one handed `pair_secret`, can send records)
+        self.pair_secret = pair_secret or new_pair_secret()
+        self.refused = 0  # update calls refused as not from the index host, or of another log
+        self.last_refused: str | None = None
         super().__init__(self.guard.server_location(location), **self.guard.server_kwargs(), **kwargs)  # listening
 
     @property
@@ -172,7 +183,8 @@ class ScoringServer(flight.FlightServerBase):
         body = action.body.to_pybytes() if action.body is not None else b""
         what = "update" if action.type == "update" else "request"
         try:
-            self.guard.require(context, ADMIN if action.type == "update" else READER, f"action {quote(action.type)}")
+            if action.type != "update":
+                self.guard.require(context, READER, f"action {quote(action.type)}")
             if action.type == "health":
                 result = self.health()
             elif action.type == "stats":
@@ -180,7 +192,7 @@ class ScoringServer(flight.FlightServerBase):
                     result = {"server": self.name, **self.stats.snapshot(), "candidates": self.candidates,
                               "device_seconds": getattr(self.table, "device_seconds", None)}
             elif action.type == "update":
-                result = self.apply_records(body)
+                result = self.apply_records(self.authorized_records(context, body))
             else:
                 raise InvalidInput(f"unknown action {quote(action.type)}; actions: {', '.join(ACTIONS)}")
         except Exception as exc:
@@ -197,11 +209,33 @@ class ScoringServer(flight.FlightServerBase):
                     "device": self.device, "D": self.D, "E": self.E, "F": self.F, "top_k": self.table.top_k,
                     "precision": self.precision, "fingerprint": self.fingerprint, "lineage": self.lineage,
                     "seq": self.seq, "max_request_bytes": self.limits.max_request_bytes,
-                    "guard": self.guard.describe()}
+                    "guard": self.guard.describe(),
+                    **({"refused": {"updates": self.refused, "last": self.last_refused}} if self.refused else {})}
+
+    def _refuse(self, exc: Exception) -> Exception:
+        """Count an update call refused as not its index host's (health says so) and return `exc`."""
+        with self._lock:
+            self.refused += 1
+            self.last_refused = clip(str(exc))
+        return exc
+
+    def authorized_records(self, context, body: bytes) -> bytes:
+        """The records of an `update` call that its index host sent: signed with the pair's secret,
+        or from a caller with the admin token; refused otherwise (module docstring)."""
+        if len(body) > self.limits.max_update_bytes:
+            raise self.limits.over("max_update_bytes", len(body), "update body of bytes")
+        signed, records = verify_records(self.pair_secret, body)
+        if signed or self.guard.caller_is_admin(context):
+            return records
+        raise self._refuse(flight.FlightUnauthorizedError(
+            "update records are taken from this scoring service's index host only: signed with the pair's secret "
+            f"({'no signature' if records is body else 'a signature that does not hold'}), or sent with the admin "
+            "token; this call needs the admin token or the pair's secret"))
 
     def apply_records(self, body: bytes) -> dict:
         """Apply the index host's log records after this service's sequence number (module
-        docstring). The whole body is checked before any record is applied."""
+        docstring); the caller checked who sent them (`authorized_records`). The whole body is
+        checked before any record is applied: a record of another log's lineage is refused."""
         if len(body) > self.limits.max_update_bytes:
             raise self.limits.over("max_update_bytes", len(body), "update body of bytes")
         records = []
@@ -211,7 +245,11 @@ class ScoringServer(flight.FlightServerBase):
             obj = jsontext.loads(raw, max_depth=self.limits.max_json_depth)
             if not isinstance(obj, dict) or not isinstance(obj.get("seq"), int) or "update" not in obj:
                 raise InvalidInput(f"line {n}: the scoring service takes its index host's log records "
-                                   '({"seq": n, "update": {...}}) only; send updates to the index host')
+                                   '({"seq": n, "lineage": L, "update": {...}}) only; send updates to the index host')
+            if obj.get("lineage") != self.lineage:
+                raise self._refuse(InvalidInput(
+                    f"line {n}: record {quote(obj['seq'])} belongs to the log of lineage {quote(obj.get('lineage'))}, "
+                    f"this service holds lineage {self.lineage}: records of another log are refused"))
             if records and obj["seq"] != records[-1][0] + 1:
                 raise InvalidInput(f"line {n}: record {quote(obj['seq'])} follows {records[-1][0]}: records must be "
                                    "consecutive")
@@ -299,8 +337,11 @@ class ScorerClient:
     delivery of its log's records."""
 
     def __init__(self, location: str, *, timeout_s: float = 10.0, credentials: ClientCredentials | None = None,
-                 max_batch_bytes: int = DEFAULT_LIMITS.max_request_bytes):
+                 max_batch_bytes: int = DEFAULT_LIMITS.max_request_bytes, pair_secret: str | None = None,
+                 lineage: str | None = None):
         self.location = location
+        self.pair_secret = pair_secret  # signs the records it delivers (`serving.guard.sign_records`)
+        self.lineage = lineage  # the log's, named in every record it delivers
         self.timeout_s = timeout_s
         self.max_batch_bytes = int(max_batch_bytes)  # the service's request limit (its `health` says it)
         self.credentials = credentials
@@ -333,8 +374,10 @@ class ScorerClient:
         if isinstance(exc, flight.FlightUnavailableError):
             return flight.FlightUnavailableError(f"scoring service at {self.location} is unavailable: {exc}")
         if isinstance(exc, (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)):
-            return type(exc)(f"scoring service at {self.location} refused the index host ({exc}); give the "
-                             "index host its token (--scorer-token)")
+            return type(exc)(f"scoring service at {self.location} refused the index host ({str(exc).split('. Detail:')[0]}); "
+                             "give the index host the pair's secret ($ANDROMEDA_PAIR_SECRET or --pair-secret-file, by "
+                             "default pair.secret beside the scoring service's corpus) or its token "
+                             "($ANDROMEDA_SCORER_TOKEN or --scorer-token-file)")
         if isinstance(exc, flight.FlightError):
             return flight.FlightInternalError(f"scoring service at {self.location} failed: {exc}")
         return exc
@@ -349,9 +392,11 @@ class ScorerClient:
         return json.loads(results[0].body.to_pybytes())
 
     def deliver(self, records: list[LogRecord]) -> int:
-        """Send log records (in order); returns the service's sequence number afterwards."""
-        body = "\n".join(json.dumps({"seq": r.seq, "update": r.update}, separators=(",", ":")) for r in records)
-        return int(self.action("update", body.encode())["seq"])
+        """Send log records (in order), each naming the log's lineage, signed with the pair's secret;
+        returns the service's sequence number afterwards."""
+        body = "\n".join(json.dumps({"seq": r.seq, "lineage": self.lineage, "update": r.update}, separators=(",", ":"))
+                         for r in records)
+        return int(self.action("update", sign_records(self.pair_secret, body.encode()))["seq"])
 
     def score(self, work: list[tuple[np.ndarray, bytes]], seq: int | None = None) -> list[np.ndarray]:
         """`work`: per request (candidate ad ids int64, user-side bytes); returns float32 scores each.

@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from andromeda_nb.devices import DEVICES, resolve
+from cpu_baseline.remote_servers import PAIR_SECRET_HELP
 from serving.process import ServerSettings, add_server_arguments, service_errors, settings_from_args
 from serving.services import announce, load_dataset_for_service
 
@@ -32,7 +33,7 @@ def candidate_table(dataset, device: str):
 
 
 def run_scorer_on(dataset, settings: ServerSettings | None = None, *, device: str = "auto", threads=None,
-                  on_ready=None, out=None) -> None:
+                  on_ready=None, out=None, pair_secret_file=None) -> None:
     """Serve `dataset`'s embeddings for scoring on `device` ('auto': the GPU when usable, else the
     CPU) until SIGTERM or SIGINT."""
     from cpu_baseline.remote_servers import run_scorer
@@ -43,7 +44,8 @@ def run_scorer_on(dataset, settings: ServerSettings | None = None, *, device: st
     def on_listening(server):
         announce("scorer", server.announced_location, out, device=where)
 
-    run_scorer(dataset, settings, threads=threads, table=table, on_ready=on_ready or on_listening)
+    run_scorer(dataset, settings, threads=threads, table=table, on_ready=on_ready or on_listening,
+               pair_secret_file=pair_secret_file)
 
 
 def main(argv=None) -> int:
@@ -55,11 +57,13 @@ def main(argv=None) -> int:
     add_server_arguments(parser)  # --log is taken and unused: the index host keeps the log
     parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--pair-secret-file", default=None, help=PAIR_SECRET_HELP)
     args = parser.parse_args(argv)
     with service_errors("scorer"):
         settings = settings_from_args(args)
         resolve(args.device)  # before anything imports numba.cuda
-        run_scorer_on(load_dataset_for_service(args.data), settings, device=args.device, threads=args.threads)
+        run_scorer_on(load_dataset_for_service(args.data), settings, device=args.device, threads=args.threads,
+                      pair_secret_file=args.pair_secret_file)
     return 0
 
 

@@ -98,7 +98,7 @@ def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progr
     t_idle = time.monotonic()
     time.sleep(idle_s)
     t_call = time.monotonic()
-    ack = fl.flight_action(location, "update", body, timeout=600)
+    ack = fl.send_updates(location, body, timeout=600)
     t_done = time.monotonic()
     time.sleep(0.5)
     probe.stop.set()

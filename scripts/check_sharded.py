@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         applied = None
         if args.updates:
             t = time.monotonic()
-            ack = fl.flight_action(front.location, "update", Path(args.updates).read_bytes(), timeout=600)
+            ack = fl.send_updates(front.location, Path(args.updates).read_bytes(), timeout=600)
             applied = [apply_updates_file(args.updates, [one], dataset)[0], ack["applied"]]
             seconds["updates"] = time.monotonic() - t
             say(f"updates applied: {applied[0]} to the one engine, {applied[1]} by the front")

@@ -11,8 +11,12 @@ The co-located server runs on `--device` (the CPU engine by default).
   least every update acknowledged before its request was sent (visibility), and a sample of them
   (`--check-every`) is compared afterwards with the float64 reference at exactly that sequence number:
   eligible ads from the oracle, top K within the comparison rules (`andromeda_nb.compare.compare_topk`);
-* one thread streams updates (calls of 1-40 lines, a steady mix that keeps the number of live ads
-  flat: replacements with new embeddings and formats, status changes, retirements and re-creations);
+* `--updaters` threads (3) stream updates at once (calls of 1-40 lines, a steady mix that keeps the
+  number of live ads flat: replacements with new embeddings and formats, status changes, retirements
+  and re-creations), each over its own share of the ads (ad id modulo the number of updaters), so
+  every call applies whatever the order the server puts them in. The server's log says that order:
+  the answers are checked against the reference built from the log's records, and every
+  acknowledged call must be in the log, whole, at the sequence numbers its acknowledgement gave;
 * halfway through, one service is killed with SIGKILL and started again on the same port (the
   co-located server; the scoring service of the remote pair, the issue's first case). Calls that fail
   meanwhile are counted as unavailable, never as wrong; the update stream resumes from what the
@@ -55,15 +59,17 @@ def rss_mb(pid: int) -> float | None:
 
 
 class UpdateStream:
-    """A deterministic, endless stream of valid updates that keeps the live set's size flat."""
+    """A deterministic, endless stream of valid updates that keeps the live set's size flat; over the
+    ads `owns(ad_id)` says are this stream's (several streams over disjoint shares of the ads apply in
+    any interleaving)."""
 
-    def __init__(self, dataset, seed: int):
+    def __init__(self, dataset, seed: int, owns=lambda ad_id: True):
         from andromeda_nb.targeting import ad_to_json
 
         self.rng = random.Random(seed)
         self.np_rng = np.random.default_rng(seed)
         self.D, self.F = dataset.model.D, dataset.model.F
-        self.json_of = {a.ad_id: ad_to_json(a) for a in dataset.ads}
+        self.json_of = {a.ad_id: ad_to_json(a) for a in dataset.ads if owns(a.ad_id)}
         for obj in self.json_of.values():
             obj.pop("embedding", None)
         self.live = sorted(self.json_of)
@@ -100,15 +106,19 @@ class UpdateStream:
 class Soak:
     def __init__(self, name: str, root: Path, dataset, args):
         self.name, self.root, self.dataset, self.args = name, root, dataset, args
-        self.stream = UpdateStream(dataset, args.seed)
+        n = args.updaters
+        self.streams = [UpdateStream(dataset, args.seed + i, owns=lambda ad_id, i=i: ad_id % n == i) for i in range(n)]
         self.procs: dict[str, ServiceProcess] = {}
         self.ports: dict[str, int] = {}
-        self.acked = 0  # every update of the stream before this index is acknowledged
+        self.acked = 0  # the highest sequence number acknowledged: every update up to it is applied
+        self.acked_updates = 0  # updates acknowledged (each call's applied)
+        self.calls: list[tuple[list[str], dict]] = []  # every acknowledged call: its lines, its acknowledgement
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.samples: list[tuple[int, list[int], int, list]] = []  # (seq, request indexes, k, answers)
         self.counts = {"batches": 0, "requests": 0, "unavailable": 0, "other_errors": 0,
-                       "visibility_violations": 0, "update_calls": 0, "update_calls_failed": 0}
+                       "visibility_violations": 0, "update_calls": 0, "update_calls_failed": 0,
+                       "update_calls_resent": 0}
         self.latencies: list[float] = []
         self.rss: dict[str, list[tuple[float, float]]] = {}
         self.events: list[str] = []
@@ -177,27 +187,37 @@ class Soak:
                     self.samples.append((seq, picks, k, [(a.tolist(), s.tolist()) for a, s in answers]))
         client.close()
 
-    def streamer(self) -> None:
-        rng = random.Random(self.args.seed)
+    def updater(self, index: int) -> None:
+        """One of the concurrent updaters: calls of 1-40 lines of its own stream, back to back. A
+        call that fails (the server was killed) may or may not have been logged: once the server is
+        back it is sent again, which its own share of the ads makes harmless (an upsert or status
+        again changes nothing; a retire again is rejected)."""
+        rng = random.Random(self.args.seed * 7 + index)
+        stream, sent = self.streams[index], 0
         while not self.stop.is_set():
             n = rng.randint(1, 40)
-            lines = self.stream.upto(self.acked + n)[self.acked:]
-            try:
-                ack = fl.flight_action(self.front, "update", "\n".join(lines), timeout=60)
-                self.counts["update_calls"] += 1
-                if ack["rejected"] or ack["seq"] != self.acked + len(lines):
-                    self.events.append(f"unexpected acknowledgement {ack}")
-                    self.counts["other_errors"] += 1
-                self.acked = ack["seq"]
-            except Exception:
-                self.counts["update_calls_failed"] += 1
-                held = self.held_updates()  # the server holds what it holds: the stream goes on from there
-                if held is None:
-                    break
-                if held < self.acked:
-                    self.events.append(f"LOST: the server holds {held} updates, {self.acked} were acknowledged")
-                    self.restart_check["lost"] = self.restart_check.get("lost", 0) + self.acked - held
-                self.acked = held  # including any it logged but could not acknowledge
+            lines = stream.upto(sent + n)[sent:]
+            resend = False
+            while not self.stop.is_set():
+                try:
+                    ack = fl.send_updates(self.front, "\n".join(lines), timeout=60)
+                except Exception:
+                    self.counts["update_calls_failed"] += 1
+                    if self.held_updates() is None:  # waits until the server is back and steady
+                        return
+                    resend = True
+                    continue
+                with self.lock:
+                    self.counts["update_calls"] += 1
+                    self.counts["update_calls_resent"] += resend
+                    if ack["rejected"] and not resend:
+                        self.events.append(f"unexpected rejection {ack['rejected'][:3]}")
+                        self.counts["other_errors"] += 1
+                    self.acked = max(self.acked, ack["seq"])
+                    self.acked_updates += ack["applied"]
+                    self.calls.append((lines, ack))
+                break
+            sent += len(lines)
             time.sleep(rng.uniform(0.02, 0.1))
 
     def held_updates(self) -> int | None:
@@ -246,8 +266,8 @@ class Soak:
             self.start("remote")
         started = time.monotonic()
         threads = [threading.Thread(target=self.client, args=(i,), daemon=True) for i in range(self.args.clients)]
-        threads += [threading.Thread(target=self.streamer, daemon=True),
-                    threading.Thread(target=self.sampler, args=(started,), daemon=True)]
+        threads += [threading.Thread(target=self.updater, args=(i,), daemon=True) for i in range(self.args.updaters)]
+        threads += [threading.Thread(target=self.sampler, args=(started,), daemon=True)]
         for t in threads:
             t.start()
         duration = self.args.minutes * 60
@@ -262,31 +282,60 @@ class Soak:
         final = fl.retrieve_over_flight(self.front, self.dataset.requests, 100, timeout=60, seqs=(final_seqs := []))
         for proc in reversed(list(self.procs.values())):
             proc.stop()
-        log(True, f"{self.name}: {self.counts['batches']} batches, {self.acked} updates acknowledged; checking "
-                  f"{len(self.samples)} sampled answers against the reference")
-        wrong, checked = self.check(final, final_seqs[0] if final_seqs else None)
+        log(True, f"{self.name}: {self.counts['batches']} batches, {self.acked_updates} updates acknowledged in "
+                  f"{len(self.calls)} calls from {self.args.updaters} updaters; checking {len(self.samples)} sampled "
+                  "answers against the reference built from the log")
+        records = self.logged_records()
+        lost = self.lost_calls(records)
+        wrong, checked = self.check(records, final, final_seqs[0] if final_seqs else None)
         lat = np.asarray(self.latencies) * 1e3
         rss = {which: summarize_rss(series) for which, series in self.rss.items()}
         return {"server": self.name, **({"device": self.args.device} if self.name == "colocated" else {}),
-                "minutes": self.args.minutes, "clients": self.args.clients,
-                **self.counts, "updates_acknowledged": self.acked, "final_seq": final_health["seq"],
-                "final_status": final_health["status"], "lost_acknowledged_updates": self.restart_check.get("lost", 0)
-                + max(0, self.acked - final_health["seq"]),
+                "minutes": self.args.minutes, "clients": self.args.clients, "updaters": self.args.updaters,
+                **self.counts, "updates_acknowledged": self.acked_updates, "final_seq": final_health["seq"],
+                "final_status": final_health["status"], "logged_updates": len(records),
+                "lost_acknowledged_updates": lost + max(0, self.acked - final_health["seq"]),
                 "answers_checked": checked, "wrong_answers": wrong, "restart": self.restart_check,
                 "latency_ms": {"p50": round(float(np.percentile(lat, 50)), 2),
                                "p99": round(float(np.percentile(lat, 99)), 2)} if len(lat) else {},
                 "rss_mb": rss, "rss_series_mb": {which: series for which, series in self.rss.items()},
                 "events": self.events[:50]}
 
-    def check(self, final, final_seq) -> tuple[int, int]:
+    def logged_records(self) -> list:
+        """The server's log after the run (its processes stopped): the order the server gave the
+        concurrent calls, which the checks follow."""
+        from serving.wal import LOG_FILE, WriteAheadLog, corpus_lineage, snapshot_seq
+
+        log_ = WriteAheadLog.open(self.root / LOG_FILE, lineage=corpus_lineage(self.dataset),
+                                  snapshot_seq=snapshot_seq(self.dataset))
+        try:
+            return log_.replay()
+        finally:
+            log_.close()
+
+    def lost_calls(self, records) -> int:
+        """Acknowledged updates not in the log where their acknowledgement put them: a call's
+        accepted lines are its records `seq - applied + 1 .. seq`, in order."""
+        base = snapshot_seq_of(self.dataset)
+        lost = 0
+        for lines, ack in self.calls:
+            rejected = {r["line"] for r in ack["rejected"]}
+            accepted = [json.loads(line) for n, line in enumerate(lines, start=1) if n not in rejected]
+            first = ack["seq"] - ack["applied"]
+            got = [r.update for r in records[first - base : ack["seq"] - base]]
+            if got != accepted:
+                lost += ack["applied"]
+                self.events.append(f"LOST: the call acknowledged at {ack['seq']} is not in the log as acknowledged")
+        return lost
+
+    def check(self, records, final, final_seq) -> tuple[int, int]:
         from andromeda_nb.compare import compare_topk
         from andromeda_nb.reference import ReferenceRetriever
         from andromeda_nb.updates import read_updates
 
         reference = ReferenceRetriever.build(self.dataset)
-        lines = self.stream.lines
-        updates, bad = read_updates(lines, seed=self.dataset.seed, dim=self.dataset.model.D,
-                                    formats=self.dataset.model.F)
+        updates, bad = read_updates([json.dumps(r.update) for r in records], seed=self.dataset.seed,
+                                    dim=self.dataset.model.D, formats=self.dataset.model.F)
         assert not bad, bad[:3]
         samples = sorted(self.samples, key=lambda s: s[0])
         if final_seq is not None:
@@ -308,6 +357,12 @@ class Soak:
         return wrong, checked
 
 
+def snapshot_seq_of(dataset) -> int:
+    from serving.wal import snapshot_seq
+
+    return snapshot_seq(dataset)
+
+
 def summarize_rss(series: list[tuple[float, float]]) -> dict:
     if not series:
         return {}
@@ -322,6 +377,7 @@ def main(argv=None) -> int:
     parser.add_argument("--servers", default="colocated,remote")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--updaters", type=int, default=3, help="threads sending update calls at once")
     parser.add_argument("--ads", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--check-every", type=int, default=8, help="compare every Nth answer of each client")
@@ -341,7 +397,8 @@ def main(argv=None) -> int:
             root = Path(tmp) / name
             generate_corpus(root, args.ads, args.requests, args.seed)
             dataset = load_dataset(root)
-            log(True, f"{name}: {args.clients} clients for {args.minutes:g} min on {args.ads} ads")
+            log(True, f"{name}: {args.clients} clients and {args.updaters} updaters for {args.minutes:g} min on "
+                      f"{args.ads} ads")
             result = Soak(name, root, dataset, args).run()
             log(True, json.dumps({k: v for k, v in result.items() if k != "events"}))
             results.append(result)

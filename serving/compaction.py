@@ -45,6 +45,7 @@ from andromeda_nb.types import Retire, SetStatus, TargetingError, Upsert
 from .wal import (
     LOG_FILE,
     LogError,
+    CorpusLock,
     LogLock,
     LogRecord,
     WriteAheadLog,
@@ -287,7 +288,12 @@ def compact_corpus(data_dir, log_path=None) -> dict:
 
     root = Path(data_dir)
     path = Path(log_path) if log_path is not None else root / LOG_FILE
-    lock = LogLock(path).acquire()
+    writer = CorpusLock(root).acquire(log=path.resolve())  # a server writing this corpus makes this fail
+    try:
+        lock = LogLock(path).acquire()
+    except BaseException:
+        writer.release()
+        raise
     try:
         recover(root)
         if not path.exists():
@@ -304,6 +310,7 @@ def compact_corpus(data_dir, log_path=None) -> dict:
         return {**result, "log": str(path)}
     finally:
         lock.release()
+        writer.release()
 
 
 __all__ = ["COMPACT_PREFIX", "COMPLETE", "CompactionError", "compact", "compact_corpus", "recover"]

@@ -29,7 +29,13 @@ Calls from any number of clients parse at once, each pacing itself in its own sh
 (`_ShareWindow`: a window shared by every call could be reset by one call while another used it,
 failing calls after their records were logged); from step 3 to the end one call (or
 compaction) runs at a time, so calls are checked, logged and applied in log order. A call that
-waited for its turn past the server's deadline fails before step 4, changing nothing. Should
+waited for its turn past the server's deadline (counted from the end of its parse: the deadline
+measures waiting, and a large call's parse, outside the turn, is not waiting) fails before step 4,
+changing nothing. When the
+server stops (`stopping`, set on SIGTERM), a call not yet logged ends at once with nothing logged
+or applied (`ServerStopping`), and a logged one is acknowledged at its next slice (`"stopped"` in
+the acknowledgement: the rest of it is applied by the replay of the next start): a call in flight
+is either acknowledged or not applied. Should
 applying a logged call fail, the journal refuses every later call (`failed`, which health reports)
 instead of logging after a live state it no longer knows; a restart replays the log. `replay(apply,
 live)` applies the records a
@@ -50,7 +56,7 @@ from andromeda_nb.types import Retire, TargetingError, Update, Upsert
 from andromeda_nb.updates import LiveAds, Rejection, _reason, parse_update, update_answer
 
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
-from .wal import LogError, LogRecord, WriteAheadLog
+from .wal import LogError, LogRecord, WriteAheadLog, corpus_writer
 
 DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches between two slices
 ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within this many seconds
@@ -61,6 +67,10 @@ PACE_EVERY = 16  # lines parsed or records encoded between two looks at the shar
 
 class DeadlineExceeded(TimeoutError):
     """A call that could not start its work within the server's per-call deadline."""
+
+
+class ServerStopping(RuntimeError):
+    """An update call the server, stopping, ended before any of it was logged (so none of it applies)."""
 
 
 class ReadGate:
@@ -154,8 +164,9 @@ Applier = Callable[[Sequence[tuple[LogRecord, Update]]], "int | None"]
 
 class UpdateJournal:
     """The update path of one server over its `WriteAheadLog` (see the module docstring). `clock`
-    and `sleep` measure and take the pauses that keep a call to its share (time.monotonic and
-    time.sleep; a test passes a simulated pair, so the pacing is checked exactly on any machine)."""
+    and `sleep` measure and take the pauses that keep a call to its share, and `clock` the wait
+    the deadline bounds (time.monotonic and time.sleep; a test passes a simulated pair, so the
+    pacing and the deadline are checked exactly on any machine)."""
 
     def __init__(self, log: WriteAheadLog, *, seed: int, dim: int, formats: int,
                  limits: ServiceLimits = DEFAULT_LIMITS, gate: ReadGate | None = None,
@@ -168,6 +179,9 @@ class UpdateJournal:
         self.yield_s = yield_s
         self._clock, self._sleep = clock, sleep
         self.lock = threading.Lock()  # one update call or compaction at a time
+        # set when the server stops (SIGTERM): a call not yet logged ends with nothing applied, a logged
+        # one is acknowledged at its next slice, the rest of it applied by the replay of the next start
+        self.stopping = threading.Event()
         self.slices = 0  # slices applied so far (stats)
         self.paused_s = 0.0  # seconds update calls paused to keep to their share while retrievals arrived
         self._stats_lock = threading.Lock()  # paused_s is added to by calls parsing at once
@@ -224,6 +238,7 @@ class UpdateJournal:
         state = {"n": 0, "t": self._clock()}
 
         def pace() -> None:
+            self._refuse_if_stopping()
             self._yield_to_readers()
             state["n"] += 1
             if state["n"] % every == 0:
@@ -261,28 +276,31 @@ class UpdateJournal:
         return parsed, rejections
 
     # --- the update call -------------------------------------------------------------------------------
-    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier,
-               started: float | None = None) -> dict:
+    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier) -> dict:
         """Run one `update` call (module docstring, steps 1-6). `live(ad_id)`: whether an ad is live
         at the log's end; `apply(items)`: apply a slice of (record, update) pairs, in order.
-        `started`: when the call arrived (time.monotonic()), for the deadline."""
+        The deadline counts the call's wait for its turn only: the body arrived whole before the
+        call began, and its parsing (outside the turn, at once with other calls) is work, not
+        waiting."""
         from andromeda_nb.store import paused_gc
 
-        started = time.monotonic() if started is None else started
         with paused_gc():  # parsed updates hold no cycles; a full collection over them would stall requests
-            return self._submit(bytes(body), live, apply, started)
+            return self._submit(bytes(body), live, apply)
 
-    def _submit(self, body: bytes, live, apply: Applier, started: float) -> dict:
+    def _submit(self, body: bytes, live, apply: Applier) -> dict:
         window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         self._refuse_if_failed()
         parsed, rejections = self._parse(body, window)
-        remaining = self.limits.deadline_s - (time.monotonic() - started)
-        if remaining <= 0 or not self.lock.acquire(timeout=remaining):
-            waited = time.monotonic() - started
-            raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn, past the server's "
-                                   f"deadline of {self.limits.deadline_s:g} s (--deadline); nothing was applied")
+        parse_s = self._clock() - t_parse
+        waiting_since = self._clock()  # the deadline counts from here: the wait for the turn, not the parse
+        if not self._take_turn(waiting_since):
+            waited = self._clock() - waiting_since
+            raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn (after {parse_s:.1f} s parsing "
+                                   f"it, which does not count), past the server's deadline of "
+                                   f"{self.limits.deadline_s:g} s (--deadline); nothing was applied")
         try:  # the call's turn: from here to the end no other call checks, logs or applies anything
+            self._refuse_if_stopping()
             self._refuse_if_failed()  # a call before this one may have failed while this one parsed
             checker = _CallLive(_Overlay(live))
             accepted: list[tuple[dict, Update]] = []
@@ -297,18 +315,25 @@ class UpdateJournal:
             records = self.log.append([obj for obj, _ in accepted], pause=self._pacer(window))  # durable: acknowledged
             t_apply = self._clock()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
-            self._apply_logged(items, apply, window)
+            live = self._apply_logged(items, apply, window)
             seq = self.log.last_seq
             t_end = self._clock()
         finally:
             self.lock.release()
         # where the call's time went: parsing and checking, the log (written and synced), applying
         seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
-        return {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
+        ack = {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
+        if live < len(items):  # the server is stopping: acknowledged as logged, the rest applied at its next start
+            ack["stopped"] = (f"the server is stopping: all {len(items)} updates are logged (durable, acknowledged); "
+                              f"{live} were applied before it stopped, the other {len(items) - live} are applied "
+                              "when it starts again (it replays its log)")
+        return ack
 
-    def _apply_logged(self, items, apply: Applier, window: "_ShareWindow") -> None:
+    def _apply_logged(self, items, apply: Applier, window: "_ShareWindow") -> int:
         """Hand a call's logged (record, update) pairs to `apply` in slices, in order, pacing between
-        them (caller holds the lock). Should `apply` raise, the records are in the log but this
+        them (caller holds the lock); returns how many were applied: all, unless the server began to
+        stop, which ends the call at the next slice (the records are logged: the next start replays
+        them), so that it is acknowledged before the process ends. Should `apply` raise, the records are in the log but this
         process cannot say how many of them its live state holds: the journal refuses every later
         call (`failed`) rather than log records after a state it does not know; a restart replays
         the log and agrees with it again."""
@@ -317,19 +342,39 @@ class UpdateJournal:
         try:
             while done < len(items):
                 if done:
+                    if self.stopping.is_set():
+                        break
                     self._step_aside()
                 piece = items[done : done + step]
                 t0 = self._clock()
                 applied = apply(piece)  # may stop early for a waiting request: the rest comes next
                 done += len(piece) if applied is None else max(1, applied)
                 self.slices += 1
-                if done < len(items):
+                if done < len(items) and not self.stopping.is_set():
                     self._keep_share(window, self._clock() - t0)
         except BaseException as exc:
             first, last = items[done][0].seq, items[-1][0].seq
             self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
                            f"{clip(str(exc))}); restart the server: it replays its log")
             raise LogError(f"the updates were logged up to {last}, but {self.failed}") from exc
+        return done
+
+    def _refuse_if_stopping(self) -> None:
+        """Before a call is logged: a stopping server ends it, nothing of it logged or applied."""
+        if self.stopping.is_set():
+            raise ServerStopping("the server is stopping: nothing of this update call was logged or applied; send "
+                                 "it again once the server is back")
+
+    def _take_turn(self, waiting_since: float) -> bool:
+        """Wait for the call's turn (the journal's lock) for at most the deadline from `waiting_since`
+        (on the journal's clock), giving up early when the server stops; False past the deadline."""
+        while True:
+            self._refuse_if_stopping()
+            remaining = self.limits.deadline_s - (self._clock() - waiting_since)
+            if remaining <= 0:
+                return False
+            if self.lock.acquire(timeout=min(remaining, 0.05)):
+                return True
 
     def _refuse_if_failed(self) -> None:
         if self.failed is not None:
@@ -368,7 +413,7 @@ class UpdateJournal:
             raise LogError("this server keeps its updates in memory only (--log off): there is no log to compact")
         if data_dir is None:
             raise LogError("this server's corpus was not read from a directory: there is no snapshot to write")
-        with self.lock:
+        with self.lock, corpus_writer(data_dir, self.log.path):  # one writer per corpus, whatever its log
             result = compact(data_dir, self.log.records_after(self.log.base_seq), lineage=self.log.lineage)
             self.log.reset(result["seq"])
         return result
@@ -378,4 +423,5 @@ def _ad_id(update: Update):
     return update.ad.ad_id if isinstance(update, Upsert) else getattr(update, "ad_id", None)
 
 
-__all__ = ["ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate", "UpdateJournal"]
+__all__ = ["ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate",
+           "ServerStopping", "UpdateJournal"]

@@ -120,7 +120,7 @@ class EngineServer(RetrieveServer):
         return self.seq
 
     def apply_updates(self, body: bytes, started: float) -> dict:
-        ack = self.journal.submit(body, live=self.engine.__contains__, apply=self._apply, started=started)
+        ack = self.journal.submit(body, live=self.engine.__contains__, apply=self._apply)
         self.stats.add(updates=ack["applied"])
         return ack
 
@@ -129,7 +129,7 @@ class EngineServer(RetrieveServer):
 
     @property
     def busy(self) -> bool:
-        return self.gate.busy or self.journal.lock.locked()
+        return super().busy or self.journal.lock.locked()
 
     def health_state(self) -> tuple[str, list[str]]:
         if self.journal.failed is not None:

@@ -8,9 +8,21 @@
   handler runs. Once a token is configured, every call needs one: `retrieve`, `health` and `stats`
   take either token, `update` and `compact` (and the scoring service's sequenced updates) the admin
   token. Tokens are compared in constant time.
+* **Token rules**, checked when a guard is made (at a server's start): a token is ASCII (a gRPC
+  header carries nothing else, so no client could present another), printable, without spaces, and
+  at least `MIN_TOKEN_CHARS` (16) characters; the reader token may not equal the admin token (a
+  reader could then update).
 * **Exposure**: a server that would listen on anything but loopback without authentication (tokens
-  or mutual TLS) refuses to start unless told `insecure`; on loopback without tokens everything
-  works as before.
+  or mutual TLS), or with tokens but without TLS (the tokens would cross the network in clear
+  text), refuses to start unless told `insecure`; on loopback without tokens everything works as
+  before.
+
+* **The pair's secret**: the scoring service takes its index host's log records only when they
+  come with an HMAC-SHA256 made with a secret the pair shares (`sign_records`, `verify_records`), or
+  from a caller holding the admin token. The secret never travels: a parent that starts both hands
+  it to them in the environment (`$ANDROMEDA_PAIR_SECRET`), a person gives it as a file
+  (`--pair-secret-file`, by default `DIR/pair.secret` beside the corpus, which the scoring service
+  makes, mode 0600, when it is absent: `pair_secret`).
 
 Server side: `ServerGuard` (from files: `ServerGuard.from_files`) gives the `FlightServerBase`
 keyword arguments (`server_kwargs`), the location scheme, and `require(context, role)` for the
@@ -19,8 +31,12 @@ handlers. Client side: `ClientCredentials` and `connect(location, credentials)`.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
+import json
+import os
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +46,7 @@ import pyarrow.flight as flight
 READER, ADMIN = "reader", "admin"
 AUTH_MIDDLEWARE = "auth"
 AUTHORIZATION = "authorization"
+MIN_TOKEN_CHARS = 16  # a server's tokens are at least this long (a client presents whatever it holds)
 
 
 class GuardError(ValueError):
@@ -46,11 +63,22 @@ def _read(path, what: str) -> bytes:
     return data
 
 
-def _check_token(token: str | None, what: str) -> str | None:
+def _check_token(token: str | None, what: str, min_chars: int = 1) -> str | None:
+    """`token` if it can travel in an `authorization` header and is at least `min_chars` long (the
+    message names the rule it breaks, never the token); None stays None."""
     if token is None:
         return None
-    if not token or any(c.isspace() for c in token) or not token.isprintable():
-        raise GuardError(f"{what}: must be non-empty printable text without spaces")
+    if not token:
+        raise GuardError(f"{what}: is empty")
+    if not token.isascii():
+        raise GuardError(f"{what}: holds characters that are not ASCII; a token travels in a gRPC header, which "
+                         "carries ASCII only, so no client could present it: use ASCII letters, digits and "
+                         "punctuation")
+    if any(c.isspace() for c in token) or not token.isprintable():
+        raise GuardError(f"{what}: must be printable text without spaces")
+    if len(token) < min_chars:
+        raise GuardError(f"{what}: is {len(token)} characters long; a server's token needs at least {min_chars} "
+                         "(e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
     return token
 
 
@@ -69,11 +97,22 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
     """Reads `authorization: Bearer TOKEN` before the handler runs; an unknown or missing token ends
     the call as unauthenticated. The middleware instance carries the caller's role."""
 
-    def __init__(self, tokens: dict[str, str]):
+    def __init__(self, tokens: dict[str, str], on_refused=None):
         super().__init__()
         self.tokens = tokens  # role -> token
+        self.on_refused = on_refused  # called for each call refused here (its body may have been read whole)
+        self.refused = 0
 
     def start_call(self, info, headers):
+        try:
+            return self._caller(headers)
+        except flight.FlightUnauthenticatedError:
+            self.refused += 1
+            if self.on_refused is not None:
+                self.on_refused()
+            raise
+
+    def _caller(self, headers):
         values = headers.get(AUTHORIZATION) or headers.get(AUTHORIZATION.title()) or []
         presented = None
         for value in values:
@@ -110,6 +149,13 @@ class ServerGuard:
     client_ca: bytes | None = None  # PEM: mutual TLS, clients need a certificate this CA signed
     insecure: bool = False
 
+    def __post_init__(self):
+        _check_token(self.reader_token, "reader token", MIN_TOKEN_CHARS)
+        _check_token(self.admin_token, "admin token", MIN_TOKEN_CHARS)
+        if self.reader_token is not None and self.reader_token == self.admin_token:
+            raise GuardError("the reader token equals the admin token: every reader could update; give two "
+                             "different tokens (or the admin token alone)")
+
     @classmethod
     def from_files(cls, *, token: str | None = None, admin_token: str | None = None, tls_cert=None,
                    tls_key=None, tls_client_ca=None, insecure: bool = False) -> "ServerGuard":
@@ -118,8 +164,7 @@ class ServerGuard:
             raise GuardError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
         if tls_client_ca is not None and tls_cert is None:
             raise GuardError("mutual TLS (--tls-client-ca) needs the server's own certificate (--tls-cert, --tls-key)")
-        return cls(reader_token=_check_token(token, "reader token"),
-                   admin_token=_check_token(admin_token, "admin token"),
+        return cls(reader_token=token, admin_token=admin_token,
                    tls_cert=None if tls_cert is None else _read(tls_cert, "TLS certificate"),
                    tls_key=None if tls_key is None else _read(tls_key, "TLS key"),
                    client_ca=None if tls_client_ca is None else _read(tls_client_ca, "client CA"),
@@ -151,12 +196,19 @@ class ServerGuard:
         return {"tls": self.tls, "mutual_tls": self.client_ca is not None, "tokens": self.tokens}
 
     def check_exposure(self, host: str) -> None:
-        """Refuse to listen beyond loopback without authentication unless `insecure` was given."""
-        if is_loopback(host) or self.authenticated or self.insecure:
+        """Refuse to listen beyond loopback without authentication, or with tokens but without TLS
+        (they would cross the network in clear text), unless `insecure` was given."""
+        if is_loopback(host) or self.insecure:
             return
-        raise GuardError(f"refusing to listen on {host} without authentication: anyone who reaches the port "
-                         "could send updates. Give tokens (--token, --admin-token) or mutual TLS "
-                         "(--tls-client-ca), or --insecure to accept the risk")
+        if not self.authenticated:
+            raise GuardError(f"refusing to listen on {host} without authentication: anyone who reaches the port "
+                             "could send updates. Give tokens ($ANDROMEDA_TOKEN, $ANDROMEDA_ADMIN_TOKEN or "
+                             "--token-file, --admin-token-file) with TLS (--tls-cert, --tls-key), or mutual TLS "
+                             "(--tls-client-ca), or --insecure to accept the risk")
+        if self.tokens and not self.tls:
+            raise GuardError(f"refusing to listen on {host} with tokens but without TLS: every call would carry "
+                             "its token in clear text to anyone on the network. Give --tls-cert and --tls-key, "
+                             "or --insecure to accept the risk")
 
     def server_location(self, location: str) -> str:
         """`location` with the scheme this guard serves (`grpc+tls://` once there is a certificate)."""
@@ -164,18 +216,26 @@ class ServerGuard:
             return "grpc+tls://" + location[len("grpc://"):]
         return location
 
-    def server_kwargs(self) -> dict:
-        """Keyword arguments of `FlightServerBase` for this guard."""
+    def server_kwargs(self, on_refused=None) -> dict:
+        """Keyword arguments of `FlightServerBase` for this guard; `on_refused()`: called for each call
+        refused for its token (a server gives the memory of its body back)."""
         kwargs: dict = {}
         if self.tokens:
             tokens = {role: t for role, t in ((READER, self.reader_token), (ADMIN, self.admin_token)) if t}
-            kwargs["middleware"] = {AUTH_MIDDLEWARE: _TokenCheck(tokens)}
+            kwargs["middleware"] = {AUTH_MIDDLEWARE: _TokenCheck(tokens, on_refused)}
         if self.tls:
             kwargs["tls_certificates"] = [flight.CertKeyPair(self.tls_cert, self.tls_key)]
         if self.client_ca is not None:
             kwargs["verify_client"] = True
             kwargs["root_certificates"] = self.client_ca
         return kwargs
+
+    def caller_is_admin(self, context) -> bool:
+        """Whether the caller presented the admin token (False on a server without tokens: there,
+        nobody proved anything)."""
+        if not self.tokens or context is None:
+            return False
+        return getattr(context.get_middleware(AUTH_MIDDLEWARE), "role", None) == ADMIN
 
     def require(self, context, role: str, what: str) -> None:
         """In a handler: the caller must hold `role` (READER: either token; ADMIN: the admin token).
@@ -190,6 +250,78 @@ class ServerGuard:
 
 
 OPEN = ServerGuard()  # loopback, no TLS, no tokens: the default
+
+
+# --- the pair's secret (index host and scoring service) -----------------------------------------------
+
+PAIR_SECRET_ENV = "ANDROMEDA_PAIR_SECRET"
+PAIR_SECRET_FILE = "pair.secret"  # beside the corpus, by default
+_MAC_KEY = b'{"pair_mac":"'
+
+
+def new_pair_secret() -> str:
+    """A fresh secret for a pair: 64 hex characters (256 bits)."""
+    return secrets.token_hex(32)
+
+
+def pair_secret(path=None, *, create: bool = False) -> str | None:
+    """The pair's secret: $ANDROMEDA_PAIR_SECRET, else the text of the file `path`; None when neither
+    holds one. With `create`, a file that is absent is made (mode 0600, never through a link) with a
+    new secret: the scoring service makes the pair's secret at start. GuardError when the file
+    cannot be read or made, or is empty."""
+    env = os.environ.get(PAIR_SECRET_ENV)
+    if env:
+        return env
+    if path is None:
+        return None
+    path = Path(path)
+    if create and not path.exists() and not path.is_symlink():
+        secret = new_pair_secret()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secret + "\n")
+        except FileExistsError:
+            pass  # made meanwhile by the other of the pair: read below
+        except OSError as exc:
+            raise GuardError(f"pair secret {path}: cannot be made ({exc.strerror}); give ${PAIR_SECRET_ENV} or "
+                             "--pair-secret-file PATH in a writable place") from None
+        else:
+            return secret
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise GuardError(f"pair secret {path}: cannot be read ({exc.strerror})") from None
+    if not text:
+        raise GuardError(f"pair secret {path}: is empty")
+    return text
+
+
+def _mac(secret: str, body: bytes) -> str:
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def sign_records(secret: str | None, body: bytes) -> bytes:
+    """`body` (the index host's log records) preceded by a line holding its HMAC-SHA256 under the
+    pair's `secret` (unchanged without one)."""
+    if not secret:
+        return body
+    return _MAC_KEY + _mac(secret, body).encode() + b'"}\n' + body
+
+
+def verify_records(secret: str | None, body: bytes) -> tuple[bool, bytes]:
+    """(whether `body` carries a valid HMAC under `secret`, the records without the MAC line)."""
+    if not body.startswith(_MAC_KEY):
+        return False, body
+    head, _, rest = body.partition(b"\n")
+    try:
+        mac = json.loads(head)["pair_mac"]
+    except (ValueError, KeyError, TypeError):
+        return False, rest
+    ok = bool(secret) and isinstance(mac, str) and hmac.compare_digest(mac.encode(), _mac(secret, rest).encode())
+    return ok, rest
 
 
 # --- client side --------------------------------------------------------------------------------------
@@ -262,5 +394,6 @@ def connect(location: str, credentials: ClientCredentials | None = None) -> flig
     return flight.connect(location, **kwargs)
 
 
-__all__ = ["ADMIN", "NO_CREDENTIALS", "OPEN", "READER", "ClientCredentials", "GuardError", "ServerGuard",
-           "connect", "is_loopback"]
+__all__ = ["ADMIN", "MIN_TOKEN_CHARS", "NO_CREDENTIALS", "OPEN", "PAIR_SECRET_ENV", "PAIR_SECRET_FILE", "READER",
+           "ClientCredentials", "GuardError", "ServerGuard", "connect", "is_loopback", "new_pair_secret", "pair_secret",
+           "sign_records", "verify_records"]

@@ -13,7 +13,7 @@ send (64 requests per batch, about 1.5 kB per request) and well below what hurt 
 | `max_updates` | 50,000 | update lines in one `update` call |
 | `max_update_bytes` | 128 MiB | bytes of one `update` call's body |
 | `max_json_depth` | 64 | nesting of any JSON text (a targeting spec needs about 6) |
-| `deadline_s` | 60 s | one call: a batch is not started, an update not logged, after it |
+| `deadline_s` | 60 s | one call: a batch is not started after it; an update call waits at most this long for its turn (its parse not counted) |
 | `update_slice` | 16 | updates applied between two looks at waiting retrievals |
 | `update_cpu_share` | 0.25 | share of an update call's time spent working (parsing, logging, applying) while retrievals arrive |
 """
@@ -44,7 +44,8 @@ class ServiceLimits:
     max_updates: int = _limit(50_000, "--max-updates", "Update lines in one call")
     max_update_bytes: int = _limit(128 << 20, "--max-update-bytes", "Bytes of one update call")
     max_json_depth: int = _limit(DEFAULT_MAX_DEPTH, "--max-json-depth", "Nesting of any JSON text")
-    deadline_s: float = _limit(60.0, "--deadline", "Seconds one call may take")
+    deadline_s: float = _limit(60.0, "--deadline", "Seconds one call may take (an update call: may wait for its "
+                                                  "turn, its parse not counted)")
     update_slice: int = _limit(16, "--update-slice", "Updates applied between two looks at waiting retrievals",
                                hidden=True)
     update_cpu_share: float = _limit(0.25, "--update-cpu-share",

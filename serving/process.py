@@ -9,7 +9,9 @@ ending with the process that started it.
   and updates in flight finish, and the process ends within `deadline_s` (default 5 s) whatever its
   clients do: gRPC waits for every open call to end, and a client holding an idle exchange would keep
   it waiting for ever, so once nothing is being worked on (or at the deadline) the process exits
-  anyway; its update log is already on disk. A serving process hands the interpreter between threads
+  anyway; its update log is already on disk. An update call in flight counts as busy until its
+  acknowledgement is handed to gRPC, and the process ends only once nothing has been busy for
+  `SETTLE_S`, so it is either acknowledged or (ended by the journal before it was logged) not applied. A serving process hands the interpreter between threads
   every `SWITCH_INTERVAL_MS` (0.2 ms) rather than Python's 5 ms unless it was given another
   interval (`set_switch_interval`, `--switch-interval-ms`), so a request never queues long behind a
   thread parsing a large update call; and what was built before serving (corpus, index, compiled
@@ -31,13 +33,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from .guard import OPEN, GuardError, ServerGuard
+from .guard import MIN_TOKEN_CHARS, OPEN, GuardError, ServerGuard
 
 DEFAULT_STOP_DEADLINE_S = 5.0
 PARENT_POLL_S = 0.25
 IDLE_GRACE_S = 0.5  # after SIGTERM, how long clients with no batch in flight get to close their calls
+SETTLE_S = 0.25  # how long nothing must be in flight before the process ends with calls still open: an
+# answer handed to gRPC (an update's acknowledgement) still has to leave the process
 
 
 class ServeError(RuntimeError):
@@ -163,13 +168,17 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
         started = time.monotonic()
         closer = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
         closer.start()
+        last_busy = started
         while True:  # the shutdown ends, or only idle calls are left, or the deadline comes
             closer.join(0.02)
             if not closer.is_alive():
                 server.wait()
                 return True
-            elapsed = time.monotonic() - started
-            if elapsed >= deadline_s or (elapsed >= min(IDLE_GRACE_S, deadline_s) and not (busy and busy())):
+            now = time.monotonic()
+            if busy and busy():
+                last_busy = now
+            elapsed = now - started
+            if elapsed >= deadline_s or (elapsed >= min(IDLE_GRACE_S, deadline_s) and now - last_busy >= SETTLE_S):
                 break
         print("stopping: calls still open with no batch in flight (idle clients); exiting without them",
               file=sys.stderr, flush=True)
@@ -204,17 +213,19 @@ class ServerSettings:
         self.log, self.stop_deadline_s, self.parent_pid = log, stop_deadline_s, parent_pid
 
     @classmethod
-    def from_options(cls, *, host: str = "127.0.0.1", port: int = 0, token=None, admin_token=None, tls_cert=None,
-                     tls_key=None, tls_client_ca=None, insecure: bool = False, log=None,
-                     stop_deadline: float = DEFAULT_STOP_DEADLINE_S, parent_pid=None, **limits) -> "ServerSettings":
-        """From option values (None: the default); tokens not given come from $ANDROMEDA_TOKEN and
-        $ANDROMEDA_ADMIN_TOKEN. Limits by their `ServiceLimits` names, deadline as `deadline_s`.
-        ServeError for anything that cannot be used."""
+    def from_options(cls, *, host: str = "127.0.0.1", port: int = 0, token=None, admin_token=None, token_file=None,
+                     admin_token_file=None, tls_cert=None, tls_key=None, tls_client_ca=None, insecure: bool = False,
+                     log=None, stop_deadline: float = DEFAULT_STOP_DEADLINE_S, parent_pid=None,
+                     **limits) -> "ServerSettings":
+        """From option values (None: the default). Each token comes from its option, its file
+        (`token_file`, `admin_token_file`) or, when neither is given, $ANDROMEDA_TOKEN and
+        $ANDROMEDA_ADMIN_TOKEN (`read_token`). Limits by their `ServiceLimits` names, deadline as
+        `deadline_s`. ServeError for anything that cannot be used."""
         from .limits import ServiceLimits
 
-        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
-        admin_token = admin_token if admin_token is not None else os.environ.get(ADMIN_TOKEN_ENV) or None
         try:
+            token = read_token(token, token_file, TOKEN_ENV, "--token")
+            admin_token = read_token(admin_token, admin_token_file, ADMIN_TOKEN_ENV, "--admin-token")
             guard = ServerGuard.from_files(token=token, admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key,
                                            tls_client_ca=tls_client_ca, insecure=insecure)
             chosen = ServiceLimits(**{k: v for k, v in limits.items() if v is not None})
@@ -224,6 +235,44 @@ class ServerSettings:
             raise ServeError(f"--stop-deadline must be a positive number of seconds, got {stop_deadline!r}")
         return cls(host=host, port=port, guard=guard, limits=chosen, log=log, stop_deadline_s=stop_deadline,
                    parent_pid=parent_pid)
+
+
+def read_token(given: str | None, path=None, env: str | None = None, flag: str = "--token") -> str | None:
+    """A token from the command line (`given`), else from the file `path` (its text, the line end
+    and surrounding spaces taken off), else from the environment variable `env`; None when none
+    holds one. GuardError when the file cannot be read or is empty, or when both `given` and `path`
+    are (two sources for one secret are a mistake, not a choice)."""
+    if given is not None and path is not None:
+        raise GuardError(f"{flag} and {flag}-file both give the token: give one (the file, or ${env})")
+    if given is not None:
+        return given
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8", errors="surrogateescape").strip()
+        except OSError as exc:
+            raise GuardError(f"{flag}-file {path}: cannot be read ({exc.strerror})") from None
+        if not text:
+            raise GuardError(f"{flag}-file {path}: is empty")
+        return text
+    return (os.environ.get(env) or None) if env else None
+
+
+def command_line_secret_warnings(given: dict) -> list[str]:
+    """One line for each secret option given on a command line (`given`: option values by their
+    `ServerOption.dest`, None when not given): it shows in the process list (`ps`) to every user
+    of the machine. What `warn_command_line_secrets` prints."""
+    out = []
+    for o in server_options():
+        if o.secret and given.get(o.dest) is not None:
+            out.append(f"warning: {o.flag} on the command line shows in the process list (ps) to every user of "
+                       f"this machine; give it in ${o.env} or {o.flag}-file instead")
+    return out
+
+
+def warn_command_line_secrets(given: dict, err=None) -> None:
+    """Print `command_line_secret_warnings(given)` on stderr."""
+    for line in command_line_secret_warnings(given):
+        print(line, file=err or sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -239,10 +288,11 @@ class ServerOption:
     at_least: float | None = None
     at_most: float | None = None
     above: bool = False  # at_least is open: the value must be greater
-    env: str | None = None
+    env: str | None = None  # the environment variable read when neither the option nor its file is given
     path: bool = False
     hidden: bool = False
     cli: bool = True  # False: only a parent process passes it to a child
+    secret: bool = False  # given on a command line, it shows in the process list: a warning says so
 
 
 def _limit_options() -> list[ServerOption]:
@@ -268,16 +318,21 @@ def server_options(*, log: bool = True) -> list[ServerOption]:
                      "or --insecure.", default="127.0.0.1"),
         ServerOption("--port", "port", int, "Port to listen on (0: a free one; the address is printed on stdout).",
                      default=0, at_least=0, at_most=65535),
-        ServerOption("--token", "token", str, f"Reader token: once a token is set, retrieve, health and stats need "
-                     f"one (${TOKEN_ENV}).", env=TOKEN_ENV),
-        ServerOption("--admin-token", "admin_token", str, f"Admin token: update and compact need it "
-                     f"(${ADMIN_TOKEN_ENV}).", env=ADMIN_TOKEN_ENV),
+        ServerOption("--token-file", "token_file", str, f"File holding the reader token: once a token is set, "
+                     f"retrieve, health and stats need one. Or ${TOKEN_ENV}. At least {MIN_TOKEN_CHARS} ASCII "
+                     "characters.", path=True),
+        ServerOption("--admin-token-file", "admin_token_file", str, f"File holding the admin token: update and "
+                     f"compact need it. Or ${ADMIN_TOKEN_ENV}. Not the reader token.", path=True),
+        ServerOption("--token", "token", str, f"Reader token as text: it shows in the process list; prefer "
+                     f"${TOKEN_ENV} or --token-file.", env=TOKEN_ENV, secret=True),
+        ServerOption("--admin-token", "admin_token", str, f"Admin token as text: it shows in the process list; "
+                     f"prefer ${ADMIN_TOKEN_ENV} or --admin-token-file.", env=ADMIN_TOKEN_ENV, secret=True),
         ServerOption("--tls-cert", "tls_cert", str, "Server certificate (PEM): TLS.", path=True),
         ServerOption("--tls-key", "tls_key", str, "Its private key (PEM).", path=True),
         ServerOption("--tls-client-ca", "tls_client_ca", str, "Mutual TLS: clients need a certificate this CA (PEM) "
                      "signed.", path=True),
-        ServerOption("--insecure", "insecure", bool, "Allow a non-loopback --host without authentication.",
-                     default=False),
+        ServerOption("--insecure", "insecure", bool, "Allow a non-loopback --host without authentication, or "
+                     "with tokens but without TLS.", default=False),
         *_limit_options(),
         ServerOption("--stop-deadline", "stop_deadline", float, "Seconds from SIGTERM to exit, whatever clients do "
                      "(batches in flight finish).", default=DEFAULT_STOP_DEADLINE_S, at_least=0, above=True),
@@ -299,8 +354,11 @@ def add_server_arguments(parser, *, log: bool = True) -> None:
 
 
 def settings_from_args(args, *, log: bool = True) -> ServerSettings:
-    """`ServerSettings` from the namespace `add_server_arguments` filled."""
-    return ServerSettings.from_options(**{o.dest: getattr(args, o.dest, None) for o in server_options(log=log)})
+    """`ServerSettings` from the namespace `add_server_arguments` filled (a token given as an
+    argument is warned about on stderr: it shows in the process list)."""
+    values = {o.dest: getattr(args, o.dest, None) for o in server_options(log=log)}
+    warn_command_line_secrets(values)
+    return ServerSettings.from_options(**values)
 
 
 # errors a server's start can end with that are the user's to fix: a message, never a traceback
@@ -334,6 +392,6 @@ class service_errors:
 
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_STOP_DEADLINE_S", "TOKEN_ENV", "ServeError", "ServerOption", "ServerSettings",
-           "server_options",
+           "command_line_secret_warnings", "read_token", "server_options", "warn_command_line_secrets",
            "add_server_arguments", "listen", "preflight", "serve_until_stopped", "service_errors", "settings_from_args",
            "startup_errors", "watch_parent"]

@@ -46,6 +46,7 @@ token where the admin token is needed `FlightUnauthorizedError`; anything else i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -61,7 +62,8 @@ from andromeda_nb.batching import BATCH_REQUESTS, in_batches
 from andromeda_nb.quoting import MESSAGE_LIMIT, clip, quote
 from andromeda_nb.types import Request, TargetingError
 
-from .durable import DeadlineExceeded, ReadGate
+from .durable import DeadlineExceeded, ReadGate, ServerStopping
+from .hostmem import GIVE_BACK_BODY_BYTES, request_give_back
 from .guard import ADMIN, OPEN, READER, ClientCredentials, ServerGuard, connect
 from .inputs import InvalidInput, check_k, parse_batch_request
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
@@ -70,6 +72,9 @@ from .request_columns import decode_columns, is_columnar, request_columns
 from .wal import LogError
 
 RETRIEVE_PATH = ("retrieve",)
+UPDATE_PATH = ("update",)  # the streamed update call: the body in chunks, checked as they arrive
+UPDATE_CHUNK_SCHEMA = pa.schema([("chunk", pa.binary())])
+UPDATE_CHUNK_BYTES = 1 << 20  # what a client puts in one chunk
 REQUEST_SCHEMA = pa.schema([("request_id", pa.int64()), ("request", pa.utf8()), ("k", pa.int32())])
 ANSWER_SCHEMA = pa.schema([("request_id", pa.int64()), ("ad_id", pa.int64()), ("score", pa.float32())])
 ACTIONS = {
@@ -96,6 +101,7 @@ class ServiceStats:
     bytes_out: int = 0
     errors: int = 0
     updates: int = 0
+    update_bytes: int = 0  # bytes of update bodies taken in (read from the update exchange, or from an action)
     started: float = field(default_factory=time.time)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -113,6 +119,7 @@ class ServiceStats:
                 "bytes_out": self.bytes_out,
                 "errors": self.errors,
                 "updates": self.updates,
+                "update_bytes": self.update_bytes,
                 "uptime_s": round(time.time() - self.started, 3),
             }
 
@@ -386,6 +393,8 @@ def to_flight_error(exc: BaseException, what: str = "request") -> Exception:
         return flight.FlightServerError(clip(f"invalid {what}: {exc}", MESSAGE_LIMIT))
     if isinstance(exc, DeadlineExceeded):
         return flight.FlightTimedOutError(clip(str(exc), MESSAGE_LIMIT))
+    if isinstance(exc, ServerStopping):
+        return flight.FlightUnavailableError(clip(str(exc), MESSAGE_LIMIT))
     if isinstance(exc, LogError):
         return flight.FlightInternalError(clip(f"{exc.label}: {exc}", MESSAGE_LIMIT))
     return flight.FlightInternalError(clip(f"internal error: {type(exc).__name__}: {exc}", MESSAGE_LIMIT))
@@ -417,7 +426,17 @@ class RetrieveServer(flight.FlightServerBase):
         self.call_path = CallPath()  # where a batched call's time goes (stats: call_path)
         self.gate = getattr(self, "gate", None) or ReadGate()  # retrieval batches in flight
         self._stopping = threading.Event()
-        super().__init__(self.guard.server_location(location), **self.guard.server_kwargs(), **kwargs)
+        self._actions_in_flight = 0  # update and compact calls from their start to their answer's end
+        self._actions_lock = threading.Lock()
+        journal = getattr(self, "journal", None)
+        if journal is not None:  # SIGTERM ends a call not yet logged, and acknowledges a logged one sooner
+            journal.stopping = self._stopping
+        from .hostmem import request_give_back
+
+        # a call refused for its token may have had its body read whole by gRPC (a DoAction's): its
+        # memory is handed back once the call ends
+        super().__init__(self.guard.server_location(location), **self.guard.server_kwargs(on_refused=request_give_back),
+                         **kwargs)
 
     # --- what subclasses implement -------------------------------------------------------------------
     def retrieve(self, requests: list[Request], ks: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -494,19 +513,29 @@ class RetrieveServer(flight.FlightServerBase):
 
     @property
     def busy(self) -> bool:
-        """Whether a batch or an update is being worked on (shutdown lets it finish)."""
-        return self.gate.busy
+        """Whether a batch, or an update or compact call, is being worked on (shutdown lets it
+        finish): an update call counts from its start to the end of its answer, so a process that
+        stops never ends between applying a call and acknowledging it."""
+        return self.gate.busy or self._actions_in_flight > 0
 
     # --- Flight handlers -----------------------------------------------------------------------------
     def do_exchange(self, context, descriptor, reader, writer):
         started = self.exchange_clock()
+        path = tuple(p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or ())) \
+            if descriptor.descriptor_type == flight.DescriptorType.PATH else None
+        if path == UPDATE_PATH:
+            with self._counted_action():
+                try:
+                    self._update_exchange(context, reader, writer, started)
+                except Exception as exc:
+                    self.stats.add(errors=1)
+                    raise to_flight_error(exc, "update") from None
+            return
         try:
             self.guard.require(context, READER, "retrieve")
-            if descriptor.descriptor_type != flight.DescriptorType.PATH or tuple(
-                p.decode() if isinstance(p, bytes) else p for p in descriptor.path
-            ) != RETRIEVE_PATH:
-                raise InvalidInput(f"unknown exchange {clip(str(descriptor))}; this server serves path "
-                                   f"{list(RETRIEVE_PATH)}")
+            if path != RETRIEVE_PATH:
+                raise InvalidInput(f"unknown exchange {clip(str(descriptor))}; this server serves paths "
+                                   f"{list(RETRIEVE_PATH)} and {list(UPDATE_PATH)}")
             began, written = False, None
             for chunk in reader:
                 times = {"arrived": time.perf_counter()}
@@ -536,13 +565,70 @@ class RetrieveServer(flight.FlightServerBase):
             self.stats.add(errors=1)
             raise to_flight_error(exc) from None
 
+    @contextlib.contextmanager
+    def _counted_action(self):
+        """An update or compact call in flight (`busy`), until its answer is handed to gRPC."""
+        with self._actions_lock:
+            self._actions_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._actions_lock:
+                self._actions_in_flight -= 1
+
+    def _update_exchange(self, context, reader, writer, started: float) -> None:
+        """The streamed update call (`["update"]`): the caller's token is checked before any chunk is
+        read (a stranger's body is never read), and the body's bytes are counted chunk by chunk, the
+        call refused at the first chunk past `max_update_bytes`, before the rest is read; then the
+        body is one `update` call (`apply_updates`), and its acknowledgement the exchange's one
+        metadata message."""
+        self.guard.require(context, ADMIN, "update")
+        if self._stopping.is_set():
+            raise flight.FlightUnavailableError("the server is shutting down; send the update again later")
+        limit = self.limits.max_update_bytes
+        parts: list[bytes] = []
+        size = 0
+        try:
+            for chunk in reader:
+                batch = chunk.data
+                if batch is None:
+                    continue
+                if not batch.schema.equals(UPDATE_CHUNK_SCHEMA):
+                    raise InvalidInput(f"an update chunk has the schema {clip(str(batch.schema))}; expected "
+                                       f"{UPDATE_CHUNK_SCHEMA} (docs/PROTOCOL.md section 2)")
+                column = batch.column(0)
+                got = column.buffers()[2].size if column.buffers()[2] is not None else 0
+                size += got
+                self.stats.add(update_bytes=got)
+                if size > limit:  # refused here: the rest of the body is never read
+                    raise self.limits.over("max_update_bytes", f"{size:,} so far", "update body of bytes")
+                parts.extend(v for v in column.to_pylist() if v)
+            body = b"".join(parts)
+            del parts
+            result = self.apply_updates(body, started)
+        finally:
+            if size >= GIVE_BACK_BODY_BYTES:
+                request_give_back()
+        writer.write_metadata(pa.py_buffer(json.dumps(result).encode()))
+
     def do_action(self, context, action):
+        if action.type not in ("update", "compact"):
+            yield from self._do_action(context, action)
+            return
+        with self._counted_action():  # until the answer is handed to gRPC (the generator's end)
+            yield from self._do_action(context, action)
+
+    def _do_action(self, context, action):
         started = time.monotonic()
         name = action.type
-        body = action.body.to_pybytes() if action.body is not None else b""
+        raw = action.body  # gRPC has read it whole already (pyarrow's Flight server reads a DoAction's body first)
+        size = raw.size if raw is not None else 0
         what = "update" if name == "update" else "request"
-        try:
+        try:  # the caller and the declared size are checked before the body is copied or parsed
             self.guard.require(context, self.action_role(name), f"action {quote(name)}")
+            if name == "update" and size > self.limits.max_update_bytes:
+                raise self.limits.over("max_update_bytes", size, "update body of bytes")
+            body = raw.to_pybytes() if raw is not None else b""
             if name == "health":
                 status, reasons = self.health_state()
                 result = {"status": status, **({"reasons": reasons} if reasons else {}), "server": self.name,
@@ -553,6 +639,7 @@ class RetrieveServer(flight.FlightServerBase):
             elif name == "update":
                 if self._stopping.is_set():
                     raise flight.FlightUnavailableError("the server is shutting down; send the update again later")
+                self.stats.add(update_bytes=size)
                 result = self.apply_updates(body, started)
             elif name == "compact":
                 result = self.compact()
@@ -563,6 +650,9 @@ class RetrieveServer(flight.FlightServerBase):
         except Exception as exc:
             self.stats.add(errors=1)
             raise to_flight_error(exc, what) from None
+        finally:
+            if size >= GIVE_BACK_BODY_BYTES:
+                request_give_back()
         yield flight.Result(json.dumps(result).encode())
 
     def extra_stats(self) -> dict:
@@ -620,6 +710,46 @@ def flight_action(location, name: str, body: bytes | str = b"", *, timeout: floa
             body = body.encode()
         results = list(client.do_action(flight.Action(name, body), options=_options(timeout)))
         return json.loads(results[0].body.to_pybytes()) if results else None
+    finally:
+        if own:
+            client.close()
+
+
+def send_update_stream(client: flight.FlightClient, body: bytes | str, *, timeout: float | None = 60.0,
+                       chunk_bytes: int = UPDATE_CHUNK_BYTES) -> dict:
+    """One update call through the streamed `["update"]` exchange of a connected `client`: the body
+    (JSON Lines of DESIGN section 6) in chunks of `chunk_bytes`; returns the acknowledgement. A
+    refusal (no token, a limit passed while the body streams) raises the server's error, even when
+    the server ends the call before the body is all sent."""
+    if isinstance(body, str):
+        body = body.encode()
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*UPDATE_PATH), options=_options(timeout))
+    with writer:
+        try:
+            writer.begin(UPDATE_CHUNK_SCHEMA)
+            view = memoryview(body)
+            for lo in range(0, len(body), chunk_bytes):
+                writer.write_batch(pa.record_batch([pa.array([view[lo : lo + chunk_bytes].tobytes()], pa.binary())],
+                                                   schema=UPDATE_CHUNK_SCHEMA))
+            writer.done_writing()
+        except flight.FlightError:
+            pass  # the server ended the call (refused it): its error comes with the answer below
+        chunk = reader.read_chunk()
+    meta = chunk.app_metadata
+    if meta is None:
+        raise flight.FlightInternalError("the server ended the update exchange without an acknowledgement")
+    return json.loads(meta.to_pybytes())
+
+
+def send_updates(location, body: bytes | str, *, timeout: float | None = 60.0,
+                 client: flight.FlightClient | None = None, credentials: ClientCredentials | None = None) -> dict:
+    """Send one update call to any server that takes updates, streamed (`send_update_stream`): its
+    acknowledgement. How a client should send updates: the server checks the token before it reads
+    any of the body, and its size limit while the body arrives."""
+    own = client is None
+    client = client or connect(location_of(location), credentials)
+    try:
+        return send_update_stream(client, body, timeout=timeout)
     finally:
         if own:
             client.close()
@@ -728,6 +858,11 @@ __all__ = [
     "encode_requests_for_exchange",
     "exchange_batches",
     "flight_action",
+    "send_update_stream",
+    "send_updates",
+    "UPDATE_CHUNK_BYTES",
+    "UPDATE_CHUNK_SCHEMA",
+    "UPDATE_PATH",
     "location_of",
     "request_batch",
     "request_ids",

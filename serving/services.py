@@ -188,9 +188,11 @@ def open_corpus(data, log: str | None = None):
     """A server's corpus and its update log: (dataset, WriteAheadLog or None).
 
     `log`: None for the default, `DIR/updates.log`; "off" for none (updates in memory only); else a
-    path. The log's lock is taken first, so that a second server on the same log is refused before it
-    loads anything; then an interrupted compaction is finished (`serving.compaction.recover`),
-    the snapshot loaded and the log opened (its torn tail cut, its records kept for replay)."""
+    path. The corpus's writer lock (`serving.wal.CorpusLock`: one server writes a corpus, whatever
+    its --log) and the log's lock are taken first, so that a second server on the same corpus or
+    log is refused before it loads anything; then an interrupted compaction is finished
+    (`serving.compaction.recover`), the snapshot loaded and the log opened (its torn tail cut, its
+    records kept for replay). Both locks are released when the log is closed."""
     if not data:
         raise ValueError("give a corpus directory (--data DIR)")
     from andromeda_nb.store import load_dataset
@@ -198,17 +200,22 @@ def open_corpus(data, log: str | None = None):
     if log == "off":
         return load_dataset(data), None
     from .compaction import recover
-    from .wal import LOG_FILE, LogLock, WriteAheadLog, corpus_lineage, snapshot_seq
+    from .wal import LOG_FILE, CorpusLock, LogLock, WriteAheadLog, corpus_lineage, snapshot_seq
 
     path = Path(data) / LOG_FILE if log is None else Path(log)
-    lock = LogLock(path).acquire()
+    writer = CorpusLock(data).acquire(log=path.resolve())
+    lock = None
     try:
+        lock = LogLock(path).acquire()
         recover(data)
         dataset = load_dataset(data)
         wal = WriteAheadLog.open(path, lineage=corpus_lineage(dataset), snapshot_seq=snapshot_seq(dataset), lock=lock)
     except BaseException:
-        lock.release()
+        if lock is not None:
+            lock.release()
+        writer.release()
         raise
+    wal.hold(writer)
     return dataset, wal
 
 
@@ -331,9 +338,11 @@ class ServedRetriever:
             raise ValueError(f"update rejected by {self.server_name}: {ack['rejected'][0]}")
 
     def apply_lines(self, lines: Sequence[str]) -> dict:
-        """Send JSON Lines updates; returns the server's acknowledgement
-        `{"applied": n, "rejected": [{"line", "ad_id", "error"}, ...]}`."""
-        return self.action("update", "\n".join(lines))
+        """Send JSON Lines updates, streamed (`serving.protocol.send_update_stream`); returns the
+        server's acknowledgement `{"applied": n, "rejected": [{"line", "ad_id", "error"}, ...]}`."""
+        from .protocol import send_update_stream
+
+        return send_update_stream(self.client, "\n".join(lines), timeout=self.timeout_s)
 
     def action(self, name: str, body: bytes | str = b"") -> dict:
         from .protocol import flight_action

@@ -5,8 +5,11 @@ File (`DIR/updates.log` beside the corpus by default): JSON Lines. The first lin
 other line one accepted update with its sequence number; each line ends with a CRC-32:
 
     {"log":"andromeda-nb update log","version":2,"lineage":"3f9c...","base_seq":0,"crc":"0b1c2d3e"}
-    {"seq":1,"update":{"op":"upsert","ad":{...}},"crc":"8a7b6c5d"}
-    {"seq":2,"update":{"op":"retire","ad_id":7},"crc":"01234567"}
+    {"seq":1,"end":2,"update":{"op":"upsert","ad":{...}},"crc":"8a7b6c5d"}
+    {"seq":2,"end":2,"update":{"op":"retire","ad_id":7},"crc":"01234567"}
+
+`end` is the sequence number of the last record of the record's call: a call's records are one
+unit (records written before it existed have none, and count as a call each).
 
 The checksum covers the line's bytes with `,"crc":"XXXXXXXX"` taken out (so a line is its record
 followed by the checksum, still one JSON object) and, from version 2 on, is **chained**: a record's
@@ -19,7 +22,10 @@ the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto a
 
 * **Appending** (`append`): the records of one call are written with one `write` and made durable
   with one `fdatasync` (group commit); the server acknowledges after `append` returns. A failed
-  write or sync is cut back off the file and nothing is applied.
+  write or sync is cut back off the file and nothing is applied. Each record names the last
+  sequence number of its call (`end`), so **a call is committed as a unit**: a log that ends
+  before the record its last call names (a crash while that call was written, before its sync, so
+  never acknowledged) loses the whole call on opening, never replays part of it.
 * **The path** holds a log or nothing: a symbolic link (to anything, or dangling), anything but a
   regular file, an empty file and a file whose first line is not a log header are refused with the
   path named, never replaced or written through. A new log (and a log restarted after a
@@ -29,7 +35,8 @@ the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto a
   a write torn by a crash before its call was synced, so never acknowledged: a last line without its
   newline that is a beginning of the next record as it would be written (`_torn`: it opens with
   `{"seq":NEXT,"update":`, holds no zero byte, and stops before its checksum is whole, or is the
-  whole record, valid, short of its newline only). It is cut off. Anything else (a complete line
+  whole record, valid, short of its newline only). It is cut off, and with it the whole records of
+  its call before it (`end` names a record the file does not hold). Anything else (a complete line
   that fails its checksum, even the last one; zeros; a last line longer than a record) is damage:
   the log is refused, naming the line and the record, and never shortened by itself;
   `truncate_log` (`andromeda truncate-log`) keeps the intact records before it on purpose, the
@@ -40,6 +47,11 @@ the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto a
   number (written aside, fsynced, renamed over the old one).
 * **One owner**: a server holds an exclusive lock on `PATH.lock` while it has the log open; a second
   server (or an offline `compact`) on the same log is refused.
+* **One writer per corpus**: a server that logs updates also holds `DIR/writer.lock` in its corpus
+  directory (`CorpusLock`, the holder's pid written in it) for its life, so a second server on the
+  same corpus is refused whatever its `--log`, naming the holder; a compaction (the server's action
+  or `andromeda compact`) runs only under it. Two logs of one corpus would be two histories, and a
+  compaction of one would drop the other's acknowledged updates.
 
 `path=None` keeps the records in memory only (for processes started for one command: `retrieve
 --arch remote`): nothing survives the process, and nothing claims to.
@@ -47,6 +59,7 @@ the corpus the log belongs to (`corpus_lineage`): a log is never replayed onto a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -146,8 +159,8 @@ def _torn(tail: bytes, want: int, chain: int | None) -> bool:
     whole checksum fails, is damage."""
     if b"\0" in tail:
         return False
-    start = b'{"seq":%d,"update":' % want
-    if not (tail.startswith(start) or start.startswith(tail)):
+    starts = (b'{"seq":%d,"end":' % want, b'{"seq":%d,"update":' % want)  # with its call's end, or before it
+    if not any(tail.startswith(start) or start.startswith(tail) for start in starts):
         return False
     at = tail.rfind(_CRC_PREFIX)
     if at < 0 or len(tail) < at + _CRC_SUFFIX_LEN:
@@ -229,6 +242,97 @@ class LogLock:
             self._fd = None
 
 
+class CorpusLock:
+    """One writer per corpus directory: an exclusive, non-blocking `flock` on `DIR/writer.lock`,
+    held by a server that logs updates for its life (or by an offline compaction), with the
+    holder's pid and log written in the file so that a refusal can name them. A process knows the
+    corpus locks it holds (`held_here`): a compaction inside a server that holds its corpus's lock
+    runs under it, one elsewhere takes it for its own time."""
+
+    FILE = "writer.lock"
+    _held: dict[str, "CorpusLock"] = {}  # by resolved directory: the locks this process holds
+
+    def __init__(self, data_dir):
+        self.dir = Path(data_dir)
+        self.path = self.dir / self.FILE
+        self._fd = None
+
+    @staticmethod
+    def _key(data_dir) -> str:
+        return str(Path(data_dir).resolve())
+
+    @classmethod
+    def held_here(cls, data_dir) -> bool:
+        return cls._key(data_dir) in cls._held
+
+    def acquire(self, log=None) -> "CorpusLock":
+        """Take the lock (`log`: the holder's log path, for the refusal of another); LogError naming
+        the holder when another process, or another server of this one, holds it."""
+        if fcntl is None:
+            return self
+        key = self._key(self.dir)
+        if key in self._held:
+            raise LogError(f"{self.dir}: a server in this process already writes this corpus; one corpus has one "
+                           "writer, whatever its --log")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise LogError(f"{self.path}: cannot create the corpus's writer lock ({exc.strerror}); a server that "
+                           "logs updates holds it for its life: make the corpus directory writable, or give --log "
+                           "off to keep updates in memory only") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise LogError(f"{self.dir}: another server writes this corpus{holder}; one corpus has one writer, "
+                           "whatever its --log (two logs of one corpus are two histories, and a compaction of "
+                           "one drops the other's acknowledged updates): stop that server first, or give this one "
+                           "--log off (updates in memory only)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "log": None if log is None else str(log)}) + "\n").encode(), 0)
+        self._fd = fd
+        self._held[key] = self
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            self._held.pop(self._key(self.dir), None)
+            try:
+                os.ftruncate(self._fd, 0)  # no pid left behind for the next holder's refusals to name
+            except OSError:
+                pass
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+
+
+@contextlib.contextmanager
+def corpus_writer(data_dir, log=None):
+    """Run the block as the corpus's one writer: under the `CorpusLock` this process holds (a server
+    took it at start), or under one taken for the block; LogError naming the holder when another
+    process writes the corpus."""
+    if CorpusLock.held_here(data_dir):
+        yield
+        return
+    lock = CorpusLock(data_dir).acquire(log)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _holder(fd: int) -> str:
+    """' (pid N, log PATH)' from a writer lock's file, or '' when it cannot say."""
+    try:
+        obj = json.loads(os.pread(fd, 4096, 0) or b"null")
+        pid, log = obj.get("pid"), obj.get("log")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(pid, int):
+        return ""
+    return f" (pid {pid}" + (f", log {clip(str(log))})" if log else ")")
+
+
 class WriteAheadLog:
     """The log of one server (see the module docstring). Use `WriteAheadLog.open(...)` or
     `WriteAheadLog.memory(...)`."""
@@ -247,6 +351,8 @@ class WriteAheadLog:
         self._memory: list[LogRecord] | None = [] if path is None else None
         self._replay: list[LogRecord] = []
         self._lock: LogLock | None = None
+        self._held: list = []  # further locks released with the log (the corpus's writer lock)
+        self.cut_at_open: dict | None = None  # a torn, unacknowledged last call cut when the log was opened
 
     # --- opening --------------------------------------------------------------------------------------
     @classmethod
@@ -309,7 +415,8 @@ class WriteAheadLog:
         if scan.problem is not None and not scan.torn:
             raise LogError(scan.problem)
         base, records, good_end = scan.base, scan.records, scan.end
-        if good_end < len(data):  # cut the torn tail so that new records follow a whole line
+        if good_end < len(data):  # cut the torn tail (and its call) so that new records follow a whole call
+            self.cut_at_open = {"records": scan.cut_records, "bytes": len(data) - good_end}
             with open(path, "r+b") as fh:
                 fh.truncate(good_end)
                 fh.flush()
@@ -363,7 +470,9 @@ class WriteAheadLog:
     # --- appending ------------------------------------------------------------------------------------
     def append(self, updates: Sequence[dict], pause=None) -> list[LogRecord]:
         """Number `updates` (objects of DESIGN section 6), write them with one `write` and make them
-        durable with one `fdatasync` (group commit): on return they survive any crash. On failure
+        durable with one `fdatasync` (group commit): on return they survive any crash; before, a
+        crash leaves none of them (each names the call's last record, and an opening that finds
+        the call incomplete cuts it whole). On failure
         the file is cut back to where it was and LogError says why (nothing was logged). `pause()`
         is called between records while they are encoded (a server lets retrieval go first)."""
         records = [LogRecord(self.last_seq + 1 + i, u) for i, u in enumerate(updates)]
@@ -374,10 +483,11 @@ class WriteAheadLog:
         else:
             lines, crcs = [], []
             chain = self._chain_before(len(self._offsets))
+            end = records[-1].seq  # every record names its call's last one: the call is one unit
             for record in records:
                 if pause is not None:
                     pause()
-                line, crc = _encode({"seq": record.seq, "update": record.update}, chain)
+                line, crc = _encode({"seq": record.seq, "end": end, "update": record.update}, chain)
                 chain = None if chain is None else crc
                 lines.append(line)
                 crcs.append(crc)
@@ -423,6 +533,10 @@ class WriteAheadLog:
         self._started(base_seq, header_crc)
         self._open_for_append()
 
+    def hold(self, lock) -> None:
+        """Release `lock` (a `CorpusLock`) when the log is closed: its owner's life is the log's."""
+        self._held.append(lock)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -430,11 +544,14 @@ class WriteAheadLog:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        while self._held:
+            self._held.pop().release()
 
     def describe(self) -> dict:
         return {"path": None if self.path is None else str(self.path), "durable": self.durable,
                 **({"version": self.version} if self.durable else {}),
-                "base_seq": self.base_seq, "seq": self.last_seq}
+                "base_seq": self.base_seq, "seq": self.last_seq,
+                **({"cut_at_open": self.cut_at_open} if self.cut_at_open else {})}
 
 
 def _read_line(path, line: bytes, n, chain: int | None = None) -> tuple[dict, int] | None:
@@ -461,8 +578,17 @@ class _Scan:
     offsets: array
     crcs: array
     end: int
+    ends: array = None  # the `end` (last record of its call) of each record
     problem: str | None = None
     torn: bool = False
+    cut_records: int = 0  # whole records of a torn last call, cut with its torn tail
+
+    def boundary(self) -> int:
+        """The last sequence number of the intact beginning that ends a call (base: none)."""
+        for i in range(len(self.records) - 1, -1, -1):
+            if self.ends[i] == self.records[i].seq:
+                return self.records[i].seq
+        return self.base
 
 
 def _scan(path: Path, data: bytes) -> _Scan:
@@ -485,7 +611,8 @@ def _scan(path: Path, data: bytes) -> _Scan:
     base = header.get("base_seq")
     if not isinstance(base, int) or isinstance(base, bool) or base < 0:
         raise LogError(f"{path}: header has no valid base_seq")
-    scan = _Scan(version, header.get("lineage"), base, header_crc, [], array("q"), array("I"), len(lines[0]))
+    scan = _Scan(version, header.get("lineage"), base, header_crc, [], array("q"), array("I"), len(lines[0]),
+                 array("q"))
     chain = header_crc if version >= 2 else None
     for n, line in enumerate(lines[1:], start=2):
         want = base + 1 + len(scan.records)
@@ -493,34 +620,62 @@ def _scan(path: Path, data: bytes) -> _Scan:
             scan.torn = _torn(line, want, chain)
             if not scan.torn:
                 scan.problem = _damaged(path, n, want, base, "incomplete, and not a beginning of that record "
-                                                            "as a crash could leave it", 0)
+                                                            "as a crash could leave it", 0, scan.boundary())
             break
         decoded = _read_line(path, line, n, chain)
         if decoded is None:
             why = "its checksum, chained from the line before, differs" if chain is not None else "its checksum differs"
-            scan.problem = _damaged(path, n, want, base, why, len(lines) - n)
+            scan.problem = _damaged(path, n, want, base, why, len(lines) - n, scan.boundary())
             break
         obj, crc = decoded
-        seq, update = obj.get("seq"), obj.get("update")
+        seq, update, end = obj.get("seq"), obj.get("update"), obj.get("end", want)
         if seq != want or not isinstance(update, dict):
             scan.problem = (f"{path}: line {n} holds sequence number {clip(repr(seq))}, expected {want}: records "
                             "are missing or out of order")
             break
+        in_call = scan.ends[-1] if scan.records and scan.ends[-1] > scan.records[-1].seq else None
+        if not isinstance(end, int) or isinstance(end, bool) or end < seq or (in_call is not None and end != in_call):
+            expected = f"{in_call}, as the records of its call before it" if in_call is not None else f"{seq} or more"
+            scan.problem = (f"{path}: line {n}, record {seq}, names {clip(repr(end))} as its call's last record, "
+                            f"expected {expected}; it was written so, not torn by a crash: restore the log from a "
+                            f"copy, or keep the calls before it with `andromeda truncate-log --log {path} --after "
+                            f"{scan.boundary()}`")
+            break
         scan.records.append(LogRecord(seq, update))
         scan.offsets.append(scan.end)
         scan.crcs.append(crc)
+        scan.ends.append(end)
         scan.end += len(line)
         chain = None if chain is None else crc
+    if scan.problem is None and scan.records and scan.ends[-1] > scan.records[-1].seq:
+        _cut_incomplete_call(scan)
     return scan
 
 
-def _damaged(path: Path, n: int, want: int, base: int, why: str, after: int) -> str:
+def _cut_incomplete_call(scan: _Scan) -> None:
+    """The file ends inside its last call (its records name a last one the file does not hold): a
+    crash while the call was written, before its sync, so never acknowledged. The whole call goes,
+    as its torn tail would: none of it is replayed."""
+    keep = scan.boundary() - scan.base
+    scan.cut_records = len(scan.records) - keep
+    scan.end = scan.offsets[keep]
+    del scan.records[keep:]
+    scan.offsets, scan.crcs, scan.ends = scan.offsets[:keep], scan.crcs[:keep], scan.ends[:keep]
+    scan.torn = True
+
+
+def _damaged(path: Path, n: int, want: int, base: int, why: str, after: int, boundary: int) -> str:
+    """The refusal of a damaged line `n` (record `want`); `boundary`: the last record before it that
+    ends a call, the last one a truncation may keep (a call is kept whole or not at all)."""
     intact = ("no record before it is intact" if want - 1 == base else f"record {want - 1} before it is intact"
               if want - 2 == base else f"records {base + 1}..{want - 1} before it are intact")
+    if boundary < want - 1:
+        intact += (f" (records {boundary + 1}..{want - 1} belong to the damaged record's call, which is kept whole "
+                   "or not at all)")
     follow = f", and {after} more line{'s' if after != 1 else ''} follow{'s' if after == 1 else ''} it" if after else ""
     return (f"{path}: line {n}, record {want}, is damaged ({why}){follow}; {intact}. The log is refused, never "
-            "shortened by itself: restore it from a copy, or keep the records before the damage on purpose with "
-            f"`andromeda truncate-log --log {path} --after {want - 1}` (the file as it is now is kept beside it)")
+            "shortened by itself: restore it from a copy, or keep the calls before the damage on purpose with "
+            f"`andromeda truncate-log --log {path} --after {boundary}` (the file as it is now is kept beside it)")
 
 
 def truncate_log(path, after: int) -> dict:
@@ -541,6 +696,10 @@ def truncate_log(path, after: int) -> dict:
             raise LogError(f"{path}: cannot keep records through {after}: the intact records are "
                            f"{scan.base + 1}..{last} ({reason})" if last > scan.base else
                            f"{path}: cannot keep records through {after}: no record is intact ({reason})")
+        if after > scan.base and scan.ends[after - scan.base - 1] != after:
+            raise LogError(f"{path}: cannot keep records through {after}: record {after} is inside a call that ends at "
+                           f"record {scan.ends[after - scan.base - 1]}, and a call is kept whole or not at all; keep "
+                           f"through {_boundary_before(scan, after)} instead")
         end = scan.offsets[after - scan.base] if after < last else scan.end
         aside = path.with_name(path.name + ".damaged")
         k = 1
@@ -552,6 +711,14 @@ def truncate_log(path, after: int) -> dict:
         return {"log": str(path), "kept_through": after, "dropped_bytes": len(data) - end, "kept_aside": str(aside)}
     finally:
         lock.release()
+
+
+def _boundary_before(scan: _Scan, seq: int) -> int:
+    """The last record at or before `seq` that ends a call (base: none)."""
+    for i in range(seq - scan.base - 1, -1, -1):
+        if scan.ends[i] == scan.records[i].seq:
+            return scan.records[i].seq
+    return scan.base
 
 
 def check_log_path(path) -> bool:
@@ -602,6 +769,6 @@ def _write_new_file(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-__all__ = ["LOG_FILE", "LogError", "LogLock", "LogRecord", "WriteAheadLog", "check_log_path", "corpus_lineage", "decode_line",
+__all__ = ["LOG_FILE", "CorpusLock", "LogError", "LogLock", "corpus_writer", "LogRecord", "WriteAheadLog", "check_log_path", "corpus_lineage", "decode_line",
            "truncate_log",
            "encode_line", "fsync_dir", "snapshot_seq"]

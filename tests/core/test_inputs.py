@@ -360,10 +360,13 @@ def test_an_update_acknowledgement_carries_counts_and_ids_never_the_body(server)
 def test_the_remote_services_quote_at_most_200_characters_too(tmp_path):
     from cpu_baseline.index_host import IndexHostServer
     from cpu_baseline.scoring_service import ScoringServer
+    from serving.guard import sign_records
+    from serving.wal import corpus_lineage
 
     _, dataset = saved_corpus(tmp_path / "corpus", 9, n_ads=60, n_requests=2)
     scorer = ScoringServer(dataset, "grpc://127.0.0.1:0")
-    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=1, monitor_s=0)
+    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=1, monitor_s=0,
+                           scorer_secret=scorer.pair_secret)
     big = "W" * BIG
     try:
         body = request_to_json(dataset.requests[0], with_id=False)
@@ -371,7 +374,8 @@ def test_the_remote_services_quote_at_most_200_characters_too(tmp_path):
             _send(location(host), [(3, json.dumps({**body, "user": {**body["user"], "country": big}}))])
         _short(str(err.value).split(". Detail:")[0], big)
         with pytest.raises(flight.FlightServerError, match="expected upsert") as err:  # the scorer's own check
-            fl.flight_action(location(scorer), "update", json.dumps({"seq": 1, "update": {"op": big}}))
+            record = json.dumps({"seq": 1, "lineage": corpus_lineage(dataset), "update": {"op": big}}).encode()
+            fl.flight_action(location(scorer), "update", sign_records(scorer.pair_secret, record))
         _short(str(err.value).split(". Detail:")[0], big)
         with pytest.raises(flight.FlightServerError, match="unknown action") as err:
             fl.flight_action(location(scorer), big)

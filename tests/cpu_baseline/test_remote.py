@@ -44,7 +44,7 @@ class Services:
     def __init__(self, dataset, *, delay_s: float = 0.0, scorer_timeout_s: float = 10.0):
         self.scorer = ScoringServer(dataset, "grpc://127.0.0.1:0", delay_s=delay_s)
         self.host = IndexHostServer(dataset, f"grpc://127.0.0.1:{self.scorer.port}", "grpc://127.0.0.1:0",
-                                    scorer_timeout_s=scorer_timeout_s, threads=2)
+                                    scorer_timeout_s=scorer_timeout_s, threads=2, scorer_secret=self.scorer.pair_secret)
         self.location = f"grpc://127.0.0.1:{self.host.port}"
 
     def close(self):
@@ -397,7 +397,8 @@ def test_candidate_lists_over_the_scorers_request_limit_go_in_pieces():
     side_bytes = len(user_side_bytes(side["U"], side["Q"], side["gamma"], side["beta"]))
     limits = replace(DEFAULT_LIMITS, max_request_bytes=side_bytes + 8 * 7)  # 7 candidates a batch
     scorer = ScoringServer(dataset, "grpc://127.0.0.1:0", limits=limits)
-    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=2)
+    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=2,
+                           scorer_secret=scorer.pair_secret)
     location = f"grpc://127.0.0.1:{host.port}"
     try:
         assert host.scorer.max_batch_bytes == limits.max_request_bytes

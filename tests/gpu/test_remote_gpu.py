@@ -26,7 +26,8 @@ def test_a_gpu_scoring_service_behind_the_index_host_equals_the_reference_throug
 
     dataset, rng = make_dataset(33, n_ads=120, n_requests=4, precision="int8")
     scorer = ScoringServer(dataset, "grpc://127.0.0.1:0", table=candidate_table(dataset, KERNEL_DEVICE))
-    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=1)
+    host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=1,
+                           scorer_secret=scorer.pair_secret)
     location = f"grpc://127.0.0.1:{host.port}"
     try:
         assert fl.flight_action(f"grpc://127.0.0.1:{scorer.port}", "health")["device"] == KERNEL_DEVICE

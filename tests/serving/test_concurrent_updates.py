@@ -193,7 +193,7 @@ def test_concurrent_update_calls_and_retrievals_on_the_colocated_server(tmp_path
 def _pair(dataset, log):
     scorer = ScoringServer(dataset, "grpc://127.0.0.1:0")
     host = IndexHostServer(dataset, f"grpc://127.0.0.1:{scorer.port}", "grpc://127.0.0.1:0", threads=1,
-                           monitor_s=0.1, log=log, limits=LIMITS)
+                           monitor_s=0.1, log=log, limits=LIMITS, scorer_secret=scorer.pair_secret)
     return host, scorer
 
 

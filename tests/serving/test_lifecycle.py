@@ -126,3 +126,94 @@ def test_services_started_for_a_command_end_when_it_is_killed(tmp_path):
         for pid in children:
             if process_running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stopping_server_ends_an_unlogged_update_call_and_acknowledges_a_logged_one():
+    """The journal's side of SIGTERM, on each side of the log: a call still parsing when the server
+    begins to stop ends with nothing logged or applied (`ServerStopping`, which the client gets as
+    unavailable); a call already logged is acknowledged at its next slice, saying how many of its
+    updates the next start's replay applies."""
+    import json
+
+    from serving.durable import ServerStopping, UpdateJournal
+    from serving.limits import ServiceLimits
+    from serving.protocol import to_flight_error
+    from serving.wal import WriteAheadLog
+
+    body = "\n".join(json.dumps({"op": "retire", "ad_id": i}) for i in range(1, 201)).encode()
+
+    def journal():
+        return UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2,
+                             limits=ServiceLimits(update_slice=10))
+
+    parsing = journal()
+    seen = []
+
+    def stop_while_parsing():  # the journal's look at retrievals, once per line parsed
+        seen.append(1)
+        if len(seen) == 50:
+            parsing.stopping.set()
+
+    parsing._yield_to_readers = stop_while_parsing
+    applied = []
+    with pytest.raises(ServerStopping, match="nothing of this update call was logged or applied") as err:
+        parsing.submit(body, live=lambda ad_id: True, apply=applied.extend)
+    assert parsing.log.last_seq == 0 and not applied and len(seen) == 50
+    assert isinstance(to_flight_error(err.value, "update"), flight.FlightUnavailableError)
+
+    logged = journal()
+
+    def apply(items):
+        applied.extend(items)
+        if len(applied) == 30:  # SIGTERM arrives during the third slice
+            logged.stopping.set()
+
+    ack = logged.submit(body, live=lambda ad_id: True, apply=apply)
+    assert ack["applied"] == 200 and ack["seq"] == 200 == logged.log.last_seq and len(applied) == 30
+    assert "all 200 updates are logged" in ack["stopped"] and "the other 170 are applied when it starts again" \
+        in ack["stopped"]
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.3, 0.7, 1.2, 2.0])
+def test_sigterm_during_a_large_update_call_acknowledges_it_or_applies_none_of_it(tmp_path, delay_s):
+    """SIGTERM during a call of 3,000 upserts answered FlightUnavailableError though all of them
+    were applied. SIGTERM now lands at one of several points of such a call (parsing, waiting,
+    applying, or after it), and whatever the machine makes of the timing: the process exits with
+    code 0, and either the client got the acknowledgement and the server started again holds the
+    whole call, or the client got unavailable and the server started again holds none of it."""
+    from tests.support.servers import assert_equals_reference, lines_of, reference_at, update_stream
+
+    root, dataset = saved_corpus(tmp_path / "corpus", 64, n_ads=300, n_requests=3)
+    stream = update_stream(dataset, 3000, 9)
+    body = lines_of(stream)
+    server = ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", "cpu", "--port", "0"])
+    outcome = {}
+
+    def call():
+        try:
+            outcome["ack"] = fl.flight_action(server.location, "update", body, timeout=120)
+        except flight.FlightError as exc:
+            outcome["error"] = exc
+
+    try:
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(delay_s)
+        took, code = _sigterm_and_time(server)
+        thread.join(60)
+        assert code == 0 and not thread.is_alive()
+    finally:
+        server.stop()
+    again = ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", "cpu", "--port", "0"])
+    try:
+        held = fl.flight_action(again.location, "health")["seq"]
+        if "ack" in outcome:
+            assert outcome["ack"]["seq"] == 3000 and held == 3000, (outcome, held)
+            assert_equals_reference(reference_at(dataset, stream), dataset.requests,
+                                    fl.retrieve_over_flight(again.location, dataset.requests, 300), 300,
+                                    f"acknowledged before SIGTERM at {delay_s} s")
+        else:
+            assert isinstance(outcome["error"], flight.FlightUnavailableError), outcome
+            assert held == 0, f"the client was told unavailable, but {held} updates are held"
+    finally:
+        again.stop()

@@ -134,6 +134,70 @@ def test_a_large_update_call_is_applied_in_slices_that_retrieval_runs_between(co
         stop(server)
 
 
+def test_an_unauthenticated_or_over_limit_call_is_refused_before_its_body_is_parsed(corpus):
+    """An unauthenticated 400 MB `update` raised a server's memory by 1 GB before it was refused. The
+    streamed update exchange checks the token before it reads any chunk, and counts the body's
+    bytes as the chunks arrive, refusing the call at the first chunk past --max-update-bytes before
+    the rest is read; the `update` action checks the token and the body's declared size before the
+    body is copied or parsed; a retrieve exchange without a token is refused before any batch is
+    read. Counted by the server (`stats`: update_bytes, bytes_in) and by the journal's parse, never
+    by the machine's memory: scripts/probe_unauthenticated_memory.py measures that."""
+    from serving import hostmem
+    from serving.guard import ClientCredentials, ServerGuard
+
+    reader, admin = ClientCredentials(token="reader-token-0123456789"), ClientCredentials(token="admin-token-0123456789")
+    server = colocated_server(corpus, limits=ServiceLimits(max_update_bytes=64 << 10),
+                              guard=ServerGuard(reader_token=reader.token, admin_token=admin.token))
+    loc = f"grpc://127.0.0.1:{server.port}"
+    parses = []
+    real_parse = server.journal._parse
+    server.journal._parse = lambda body, window: parses.append(len(body)) or real_parse(body, window)
+    big = b'{"op":"retire","ad_id":1}\n' * 40_000  # 1 MB: sixteen times the limit
+    small = lines_of(update_stream(corpus, 3, 11)).encode()
+    given_back = hostmem._give_back.count
+
+    def counters():
+        stats = fl.flight_action(loc, "stats", credentials=admin)
+        return stats["update_bytes"], stats["bytes_in"]
+
+    try:
+        for creds, error in ((None, flight.FlightUnauthenticatedError), (reader, flight.FlightUnauthorizedError)):
+            client = fl.connect(loc, creds) if creds else flight.connect(loc)
+            try:
+                with pytest.raises(error):
+                    fl.send_update_stream(client, big, chunk_bytes=16 << 10)
+                with pytest.raises(error):
+                    list(client.do_action(flight.Action("update", big)))
+                if creds is None:  # a reader may retrieve; a stranger's request batch is never read
+                    with pytest.raises(error):
+                        fl.retrieve_over_flight(loc, corpus.requests, 5, client=client)
+                    assert counters() == (0, 0)
+            finally:
+                client.close()
+            assert counters()[0] == 0 and parses == [], "a refused caller's body was read or parsed"
+        # the admin token, over the limit: the exchange stops reading at the first chunk past it
+        client = fl.connect(loc, admin)
+        try:
+            with pytest.raises(flight.FlightServerError, match=r"update body of bytes \(81,920 so far\) is over the "
+                                                               r"server's limit of 65536 \(--max-update-bytes\)"):
+                fl.send_update_stream(client, big, chunk_bytes=16 << 10)
+            assert counters()[0] == 5 * (16 << 10) < len(big) and parses == []
+            with pytest.raises(flight.FlightServerError, match=r"update body of bytes \(1040000\) is over"):
+                list(client.do_action(flight.Action("update", big)))  # its declared size, before any copy
+            assert counters()[0] == 5 * (16 << 10) and parses == []
+            ack = fl.send_update_stream(client, small, chunk_bytes=100)  # within the limit, in many chunks
+            assert ack["applied"] == 3 and parses == [len(small)]
+            assert counters()[0] == 5 * (16 << 10) + len(small)
+        finally:
+            client.close()
+        deadline = time.monotonic() + 30  # the refused calls asked for their memory to be handed back
+        while hostmem._give_back.count == given_back and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hostmem._give_back.count > given_back
+    finally:
+        stop(server)
+
+
 class _SimulatedClock:
     """Seconds that pass only when told to: `sleep(s)` and `work(s)` move it on. The journal's pacing
     runs on it exactly as on time.monotonic, with no other process able to stretch a step."""
@@ -203,6 +267,61 @@ def test_an_update_call_keeps_to_its_cpu_share_only_while_retrievals_arrive():
     assert pauses(began) == pytest.approx(want) and 0 < want.count(0.0) < 19, (want, pauses(began))
     with pytest.raises(ValueError, match="update_cpu_share: expected a share in"):
         ServiceLimits(update_cpu_share=1.5)
+
+
+def test_the_deadline_measures_waiting_for_the_turn_not_parsing(monkeypatch):
+    """Three concurrent 100 MB calls: `waited 96.1 s for its turn, past the server's deadline of
+    60 s`, where most of the time was parsing. The deadline counts a call's wait for its turn only:
+    on a simulated clock, a call whose parse takes 100 deadlines (a slow parser) and whose wait is
+    short is applied; a call whose parse is instant but whose wait passes the deadline is refused,
+    its parse and wait named, nothing logged. Exact on any machine: the clock moves only when told."""
+    import serving.durable as durable
+    from serving.durable import DeadlineExceeded, UpdateJournal
+    from serving.wal import WriteAheadLog
+
+    clock = _SimulatedClock()
+    body = "\n".join(json.dumps({"op": "retire", "ad_id": i}) for i in range(1, 41)).encode()
+    journal = UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2,
+                            limits=ServiceLimits(deadline_s=1.0), clock=clock, sleep=clock.sleep)
+    real_parse = durable.parse_update
+
+    def slow_parse(*args, **kw):  # 2.5 s a line: 100 s for the call, a hundred times the deadline
+        clock.work(2.5)
+        return real_parse(*args, **kw)
+
+    monkeypatch.setattr(durable, "parse_update", slow_parse)
+    t0 = clock()
+    ack = journal.submit(body, live=lambda ad_id: True, apply=lambda items: None)
+    assert ack["applied"] == 40 and ack["seq"] == 40 and clock() - t0 == pytest.approx(100.0)
+    assert ack["seconds"]["parse"] == pytest.approx(100.0)
+    monkeypatch.setattr(durable, "parse_update", real_parse)
+
+    # a call that parses at once but waits: another call holds the turn while the clock passes 1.5 s
+    holder_has_turn, release = threading.Event(), threading.Event()
+
+    def hold_the_turn():
+        with journal.lock:
+            holder_has_turn.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_turn)
+    holder.start()
+    holder_has_turn.wait(30)
+    original = journal._take_turn
+
+    def waiting(since):  # the clock moves on 1.5 s while the call waits for its turn
+        clock.work(1.5)
+        return original(since)
+
+    journal._take_turn = waiting
+    try:
+        with pytest.raises(DeadlineExceeded, match=r"waited 1\.5 s for its turn \(after 0\.0 s parsing it, which "
+                                                   r"does not count\), past the server's deadline of 1 s"):
+            journal.submit(body, live=lambda ad_id: True, apply=lambda items: None)
+    finally:
+        release.set()
+        holder.join(30)
+    assert journal.log.last_seq == 40  # nothing of the refused call was logged
 
 
 class _RetrievalsArriving:

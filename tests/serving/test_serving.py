@@ -85,12 +85,11 @@ def corpus_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(corpus_dir):
     """Both architectures served from the corpus: the co-located server (on the CPU) and the index host
-    in front of its scoring service. One update log serves one server: the co-located server keeps
-    its own beside the corpus, the index host the corpus's default one."""
+    in front of its scoring service. One corpus has one writer: the index host keeps the corpus's
+    log, and the co-located server beside it on the same corpus keeps its updates in memory."""
     started = []
     try:
-        colocated = Served("colocated", "--data", corpus_dir, "--device", "cpu",
-                           "--log", corpus_dir.parent / "colocated-updates.log")
+        colocated = Served("colocated", "--data", corpus_dir, "--device", "cpu", "--log", "off")
         started.append(colocated)
         scorer = Served("scorer", "--data", corpus_dir, "--quiet")
         started.append(scorer)

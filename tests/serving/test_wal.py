@@ -64,10 +64,12 @@ def test_records_read_back_in_order_and_continue_after_reopening(corpus):
 
 
 def test_a_write_torn_at_any_byte_is_dropped_and_nothing_before_it(corpus):
+    """Four calls of one update each; the last one torn at every byte: the three calls before it stay."""
     root, dataset = corpus
     updates = [update_to_json(u) for u in update_stream(dataset, 4, 2)]
     log = _open(root, dataset)
-    log.append(updates)
+    for update in updates:
+        log.append([update])
     log.close()
     lines = (root / LOG_FILE).read_bytes().splitlines(keepends=True)
     whole, last = b"".join(lines[:4]), lines[4]  # the header, three records; the fourth, as written
@@ -128,7 +130,7 @@ def test_every_damaged_record_before_the_last_is_refused_and_the_log_left_whole(
         assert decode_line(broken) is None, f"line {n}: the damage must break the record"
         damaged = b"".join([*lines[:n - 1], broken, *lines[n:]])
         (root / LOG_FILE).write_bytes(damaged)
-        with pytest.raises(LogError, match=f"line {n}, record {n - 1}, is damaged .* and {len(lines) - n} more line"):
+        with pytest.raises(LogError, match=f"line {n}, record {n - 1}, is damaged .* more lines? follows? it"):
             _open(root, dataset)
         assert (root / LOG_FILE).read_bytes() == damaged, f"line {n} ({damage}): the log was cut"
     (root / LOG_FILE).write_bytes(whole)
@@ -146,6 +148,67 @@ def test_one_owner_at_a_time(corpus):
     finally:
         log.close()
     _open(root, dataset).close()  # released with its owner
+
+
+def test_one_corpus_has_one_writer_whatever_its_log(corpus, tmp_path):
+    """Two servers on one corpus, one with --log elsewhere, then a compaction: the other's acknowledged
+    updates were gone and its log rewritten. A server that logs updates holds the corpus's writer
+    lock for its life (its pid written in it): a second server is refused whatever its --log, naming
+    the holder, and so are `andromeda compact` with another log and the compaction of a server in
+    another process; once the holder stops, the corpus can be written again."""
+    import subprocess
+    import sys
+
+    import pyarrow.flight as flight
+
+    from serving import protocol as fl
+    from serving.services import PROJECT_ROOT, ServiceProcess, open_corpus
+    from serving.wal import CorpusLock
+
+    from tests.support.servers import colocated_server, lines_of, location, stop
+
+    root, dataset = corpus
+    first = ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", "cpu", "--port", "0"],
+                           name="first")
+    holder = f"another server writes this corpus (pid {first.proc.pid}, log {(root / LOG_FILE).resolve()})"
+    stream = update_stream(dataset, 8, 21)
+    try:
+        assert fl.flight_action(first.location, "update", lines_of(stream))["seq"] == 8
+        log_bytes = (root / LOG_FILE).read_bytes()
+        assert json.loads((root / CorpusLock.FILE).read_text())["pid"] == first.proc.pid
+        second = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device",
+                                 "cpu", "--port", "0", "--log", str(tmp_path / "elsewhere.log")], cwd=PROJECT_ROOT,
+                                env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+                                timeout=120, stdin=subprocess.DEVNULL)
+        assert second.returncode == 2 and holder in second.stderr and "--log off" in second.stderr, second.stderr
+        assert not second.stdout and not (tmp_path / "elsewhere.log").exists()  # never listened, nothing written
+        with pytest.raises(LogError, match=re.escape(holder)):
+            open_corpus(root, str(tmp_path / "third.log"))
+        with pytest.raises(LogError, match=re.escape(holder)):
+            compaction.compact_corpus(root, tmp_path / "fourth.log")
+        # a server of this process on a log of its own (the library path, no open_corpus): its compaction
+        # of the corpus is refused, and the first server's acknowledged updates stay
+        own = _log_at(tmp_path / "own.log", dataset)
+        server = colocated_server(dataset, log=own, data_dir=root)
+        try:
+            fl.flight_action(location(server), "update", lines_of(update_stream(dataset, 3, 22)))
+            with pytest.raises(flight.FlightInternalError, match=re.escape(holder)):
+                fl.flight_action(location(server), "compact", timeout=60)
+        finally:
+            stop(server)
+        assert (root / LOG_FILE).read_bytes() == log_bytes and store.load_dataset(root).meta.get("log_seq", 0) == 0
+        assert fl.flight_action(first.location, "health")["seq"] == 8
+    finally:
+        assert first.stop() == 0
+    dataset_again, log = open_corpus(root, str(tmp_path / "third.log"))  # the holder is gone: a new writer may come
+    try:
+        with pytest.raises(LogError, match="a server in this process already writes this corpus"):
+            open_corpus(root)
+        assert json.loads((root / CorpusLock.FILE).read_text())["pid"] == os.getpid()
+    finally:
+        log.close()
+    assert (root / CorpusLock.FILE).read_text() == ""  # released with the log, no pid left behind
+    open_corpus(root)[1].close()
 
 
 def _expected_state(dataset, updates):
@@ -311,7 +374,7 @@ def test_the_serve_command_refuses_a_log_path_that_is_not_a_log_in_one_line(corp
     from pathlib import Path
 
     root, dataset = corpus
-    project = Path(__file__).resolve().parent.parent
+    project = Path(__file__).resolve().parent.parent.parent
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"one line\n")
     link = tmp_path / "link.log"
@@ -478,8 +541,10 @@ def test_a_compaction_that_cannot_write_fails_in_words_and_changes_nothing(tmp_p
 
 
 def _log_of(root, dataset, n: int, seed: int = 14):
+    """A log of `n` calls of one update each."""
     log = _open(root, dataset)
-    log.append([update_to_json(u) for u in update_stream(dataset, n, seed)])
+    for u in update_stream(dataset, n, seed):
+        log.append([update_to_json(u)])
     log.close()
     return (root / LOG_FILE).read_bytes()
 
@@ -554,6 +619,87 @@ def test_only_a_torn_last_write_is_cut_without_a_word(corpus):
             _open(root, dataset)
 
 
+def _crc_of(line: bytes) -> int:
+    return int(line.rstrip(b"\n")[-10:-2], 16)
+
+
+def test_a_call_is_committed_as_a_unit_and_replay_never_applies_part_of_it(corpus):
+    """A kill while a 12,000-line call was written brought back a prefix of it (196 or 2,156 records).
+    Each record names its call's last record (`end`): a log that ends inside its last call, at any
+    byte (whole records of it and a torn one, whole records alone, the whole call short of its last
+    newline), replays none of that call, and the file is cut back to the call before; a server
+    started on it answers as the calls before. A record naming another end than its call's is
+    refused; a truncation keeps whole calls only."""
+    from serving import protocol as fl
+    from tests.support.servers import (assert_equals_reference, colocated_server, lines_of, location, reference_at,
+                                       stop)
+
+    root, dataset = corpus
+    stream = update_stream(dataset, 8, 23)
+    updates = [update_to_json(u) for u in stream]
+    log = _open(root, dataset)
+    log.append(updates[:3])  # call A: records 1..3
+    log.append(updates[3:])  # call B: records 4..8
+    log.close()
+    data = (root / LOG_FILE).read_bytes()
+    lines = data.splitlines(keepends=True)
+    assert [json.loads(x)["end"] for x in lines[1:]] == [3, 3, 3, 8, 8, 8, 8, 8]
+    call_a = b"".join(lines[:4])
+    boundaries = {len(call_a) + sum(map(len, lines[4:4 + i])) for i in range(5)}
+    cuts = sorted(set(range(len(call_a), len(data), 5)) | boundaries | {len(data) - 1})
+    for cut in cuts:  # every line boundary inside B, and a byte in every five
+        (root / LOG_FILE).write_bytes(data[:cut])
+        log = _open(root, dataset)
+        assert [r.seq for r in log.replay()] == [1, 2, 3], f"cut at byte {cut}"
+        assert (root / LOG_FILE).read_bytes() == call_a, f"cut at byte {cut}: the file goes back to call A"
+        if cut > len(call_a):
+            assert log.describe()["cut_at_open"] == {"records": sum(b <= cut for b in sorted(boundaries)[1:]),
+                                                     "bytes": cut - len(call_a)}, cut
+        log.close()
+    # a server started on a log whose last call is partly written answers as the calls before it
+    (root / LOG_FILE).write_bytes(data[:len(call_a) + sum(map(len, lines[4:7])) + 40])  # B: 3 whole records, 1 torn
+    from serving.services import open_corpus
+
+    loaded, log = open_corpus(root)
+    server = colocated_server(loaded, log=log)
+    try:
+        assert fl.flight_action(location(server), "health")["seq"] == 3 and server.replayed == 3
+        assert_equals_reference(reference_at(dataset, stream[:3]), dataset.requests,
+                                fl.retrieve_over_flight(location(server), dataset.requests, 4096), 4096,
+                                "a server on a log whose last call is partly written")
+        assert fl.flight_action(location(server), "update", lines_of(stream[3:]))["seq"] == 8  # sent again: whole
+    finally:
+        stop(server)
+    assert [r.seq for r in _reopened(root, dataset)] == list(range(1, 9))
+
+    # a record whose `end` is not its call's is written so, not torn: refused, naming it
+    (root / LOG_FILE).write_bytes(data)
+    obj = json.loads(lines[6])
+    del obj["crc"]
+    obj["end"] = 9
+    forged = encode_line(obj, chain=_crc_of(lines[5]))
+    tail = [forged]
+    for line in lines[7:]:  # the chain carried on over the changed line, so only `end` is wrong
+        o = json.loads(line)
+        del o["crc"]
+        tail.append(encode_line(o, chain=_crc_of(tail[-1])))
+    (root / LOG_FILE).write_bytes(b"".join([*lines[:6], *tail]))
+    with pytest.raises(LogError, match=r"line 7, record 6, names 9 as its call's last record, expected 8, as the "
+                                       r"records of its call before it; .* --after 3`"):
+        _open(root, dataset)
+    # damage inside call B: the truncation the refusal names keeps call A, and one inside B is refused
+    (root / LOG_FILE).write_bytes(b"".join([*lines[:6], _flip(lines[6], 20), *lines[7:]]))
+    with pytest.raises(LogError, match=r"line 7, record 6, is damaged .* records 1\.\.5 before it are intact \(records "
+                                       r"4\.\.5 belong to the damaged record's call, .* --after 3`"):
+        _open(root, dataset)
+    from serving.wal import truncate_log
+
+    with pytest.raises(LogError, match=r"record 5 is inside a call that ends at record 8.* keep through 3 instead"):
+        truncate_log(root / LOG_FILE, 5)
+    assert truncate_log(root / LOG_FILE, 3)["kept_through"] == 3
+    assert (root / LOG_FILE).read_bytes() == call_a
+
+
 def test_truncate_log_keeps_the_intact_records_on_purpose(corpus, tmp_path):
     import subprocess
     import sys
@@ -570,7 +716,7 @@ def test_truncate_log_keeps_the_intact_records_on_purpose(corpus, tmp_path):
     at = sum(map(len, lines[:20])) + 30  # inside record 20
     damaged = _flip(data, at)
     (root / LOG_FILE).write_bytes(damaged)
-    project = Path(__file__).resolve().parent.parent
+    project = Path(__file__).resolve().parent.parent.parent
     run = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu", "--host",
                           "127.0.0.1", "--port", "0"], cwd=project, env={**os.environ, "PYTHONPATH": str(project)},
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
