@@ -107,6 +107,7 @@ def test_a_tiled_pool_refuses_updates_by_name(tiled):
         engine.apply_many([])
 
 
+@pytest.mark.e2e  # starts a shard process per shard
 def test_cluster_bench_fans_out_to_tiled_shards_each_checked_and_equal_to_their_merge():
     """`benchmarks.cluster --tiled`: two shard processes, each its own copies of the pool laid out and
     checked against the float64 reference before it listens; the timed paths' answers equal the
