@@ -248,9 +248,10 @@ def _quiet_notices(ctx, quiet: bool) -> bool:
     fallback, say) for as long as the command runs."""
     if quiet:
         from andromeda_nb import devices
+        from andromeda_nb.progress import nowhere
 
         previous = devices.notice_sink
-        devices.notice_sink = lambda message: None
+        devices.notice_sink = nowhere
         ctx.call_on_close(lambda: setattr(devices, "notice_sink", previous))
     return quiet
 

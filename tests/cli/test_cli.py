@@ -410,6 +410,7 @@ def test_quiet_holds_back_the_library_notices_too(monkeypatch):
     """`compare -q` printed the device fallback ("no usable CUDA GPU: --device auto runs on the CPU")
     all the same: --quiet holds back `devices.notice` for the command's run, and only for it."""
     from andromeda_nb import devices
+    from andromeda_nb.progress import to_stderr
     from migration import budget
 
     monkeypatch.setattr(budget, "build_budget", lambda *a, **k: devices.notice("a device notice") or {})
@@ -418,7 +419,7 @@ def test_quiet_holds_back_the_library_notices_too(monkeypatch):
         monkeypatch.setattr(devices, "_said", set())  # each notice is said once per process
         result = _runner().invoke(main, args)
         assert result.exit_code == 0 and result.stdout == "the budget\n" and result.stderr == said, (args, result.stderr)
-        assert devices.notice_sink is devices._stderr, "the notices are back on after the command"
+        assert devices.notice_sink is to_stderr, "the notices are back on after the command"
 
 
 def test_health_prints_nested_fields_as_dotted_keys_not_python_dicts(monkeypatch):
