@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from andromeda_nb.measure import copy_bandwidth as copy_rate
-from andromeda_nb.measure import log, package_version, repeat_timed, software, write_json
+from andromeda_nb.measure import log, package_version, repeat_timed, software
+from andromeda_nb.provenance import write_result
 from andromeda_nb.compiled import CompiledTargeting, encode_request, encode_requests
 from andromeda_nb.geo_layout import world_buckets
 from andromeda_nb.oracle import eligible
@@ -481,12 +482,12 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
         result["pools"].append(bench_pool(base, copies, chosen, batches, cuda, rng, progress,
                                           updates if i == 0 else None, chunk_slots))
         if out:  # what is measured so far survives an interrupted run
-            write_json(result, out)
+            write_result(result, out, "match")
     if where == "gpu":
         result["kernel_resources"] = kernel_resources(chosen)
         log(progress, f"registers / local bytes per thread: {result['kernel_resources']}")
     if out:
-        write_json(result, out)
+        write_result(result, out, "match")
     return result
 
 

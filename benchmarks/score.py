@@ -34,7 +34,8 @@ from typing import Sequence
 
 import numpy as np
 
-from andromeda_nb.measure import log, repeat_timed, write_json
+from andromeda_nb.measure import log, repeat_timed
+from andromeda_nb.provenance import write_result
 from andromeda_nb.numbers import rate
 from andromeda_nb.budget import fused_stages, total
 from andromeda_nb.constants import LAUNCHES, SCORE_ATOL, TOPK_TIE_ATOL
@@ -377,9 +378,10 @@ def bench_score(*, n_ads: int = 1 << 26, dims: Sequence[int] = (64, 128), precis
 
 
 def _write_partial(result, out) -> None:
-    """The JSON so far, rewritten after every measurement (a run cut short keeps what it measured)."""
+    """The JSON so far, stamped and rewritten after every measurement (a run cut short keeps what it
+    measured, and where it came from)."""
     if out:
-        write_json(result, out)
+        write_result(result, out, "score")
 
 
 def _best(result, **where):

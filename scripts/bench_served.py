@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from serving import protocol as fl  # noqa: E402
 from andromeda_nb.measure import log, software, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 from serving.services import ServiceProcess  # noqa: E402
 
 
@@ -233,8 +233,8 @@ def main(argv=None) -> int:
               "served_over_in_process_at_clients": srv["requests_per_s"] / runs[-1]["requests_per_s"],
               "served": srv, "served_by_exchange": by_exchange, "served_over_in_process": ratio,
               "target": {"value": ratio, "target": ">= 0.70", "met": ratio >= 0.70},
-              "host": host_info(), "software": software(),
-              "command": "python3 scripts/bench_served.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "software": software()}
+    stamp(result, command=script_command("bench_served.py", argv if argv is not None else sys.argv[1:]))
     if args.out:
         write_json(result, args.out)
     return 1 if srv["n_wrong"] else 0
