@@ -450,7 +450,7 @@ MUTANTS: list[Mutant] = [
       "        if False:\n", ("tests/serving/test_wal.py",), "a log of another corpus is replayed onto this one"),
     M("durable-call-forgets-retire", "durable journal", "serving/durable.py",
       "            self.ids.touched[update.ad_id] = False\n", "            pass\n",
-      ("tests/serving/test_durability.py",),
+      ("tests/serving/test_durable.py",),
       "within one update call, an ad retired earlier in the call still counts as live"),
     M("durable-max-updates-off-by-one", "limits", "serving/durable.py", "if n_lines > limits.max_updates:",
       "if n_lines > limits.max_updates + 1:", ("tests/serving/test_limits.py",),
