@@ -25,6 +25,8 @@ def bench_match(*, cpu_pool: int = 1_000_000, base_path: str | None = None, base
         from .cpu import bench_tiled_match
 
         result["cpu_index"] = bench_tiled_match(base, cpu_pool, progress)
+        result["checks"][f"cpu_index/{result['cpu_index']['ads']}"] = result["cpu_index"]["check"]
+        result["checks_ok"] = result["checks_ok"] and result["cpu_index"]["check"]["ok"]
         if gpu_options.get("out"):
             write_result(result, gpu_options["out"], "match")
     return result
