@@ -5,6 +5,7 @@ that must catch it.
     python scripts/mutants.py                     run every mutant, print a table (exit 1 if any survives)
     python scripts/mutants.py --only NAME[,NAME]  run some
     python scripts/mutants.py --jobs 2 --json     in parallel; JSON Lines instead of the table
+    python scripts/mutants.py --check             every mutant's text occurs once, its test files exist
 
 A mutant replaces one exact piece of source text (it must occur exactly once, so a mutant that no
 longer applies is reported as stale, not as caught) in a copy of the tracked files, then runs its
@@ -545,6 +546,22 @@ def first_failed(stdout: str) -> str | None:
     return None
 
 
+def problems() -> list[str]:
+    """What keeps a mutant from being planted as written: a name used twice, a text to mutate that does
+    not occur exactly once in its file, a test file that does not exist."""
+    out, seen = [], set()
+    for m in MUTANTS:
+        if m.name in seen:
+            out.append(f"{m.name}: the name is used twice")
+        seen.add(m.name)
+        path = ROOT / m.path
+        count = path.read_text().count(m.old) if path.is_file() else 0
+        if count != 1:
+            out.append(f"{m.name}: its text occurs {count} times in {m.path}")
+        out += [f"{m.name}: no test file {t.split('::')[0]}" for t in m.tests if not (ROOT / t.split("::")[0]).is_file()]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Plant deliberate bugs in copies of the tree and check the tests catch them.")
     ap.add_argument("--list", action="store_true", help="print one mutant a line and exit")
@@ -552,7 +569,13 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant")
     ap.add_argument("--json", action="store_true", help="JSON Lines instead of the table")
+    ap.add_argument("--check", action="store_true",
+                    help="check that every mutant's text occurs exactly once and its test files exist, and exit")
     args = ap.parse_args(argv)
+    if args.check:
+        found = problems()
+        print("\n".join(found) if found else f"{len(MUTANTS)} mutants, each text once, every test file there")
+        return 1 if found else 0
     names = {m.name for m in MUTANTS}
     if len(names) != len(MUTANTS):
         raise SystemExit("mutant names must be unique")
