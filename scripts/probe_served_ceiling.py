@@ -72,8 +72,7 @@ def main(argv=None) -> int:
     stats = server.batcher.stats()
     result["call_path"] = server.call_path.snapshot()
     server.shutdown()
-    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats,
-           }
+    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats}
     stamp(out, command=script_command("probe_served_ceiling.py", argv if argv is not None else sys.argv[1:]))
     engine = "no engine time" if not args.engine_ms else f"a wait of {args.engine_ms:g} ms a batch"
     print(f"server ceiling (answers looked up, {engine}): {out['requests_per_s']:.0f} requests/s, "

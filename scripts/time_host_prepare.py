@@ -73,8 +73,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
               "base_ads": len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
-              "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures,
-              }
+              "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures}
     stamp(result, command=script_command("time_host_prepare.py", argv))
     print(json.dumps(result))
     if args.out:

@@ -92,8 +92,7 @@ def main(argv=None) -> int:
                    "arrays_ms": median_ms(lambda: host_side(arrays), args.repeat)}
     out = {"what": "request decoding on the server: JSON against columnar request batches (medians)",
            "requests_of": args.data, "batches": rows, f"calls_of_one_request_x{args.calls}": calls,
-           "engine_host_side": engine_host, "allocator": {"asked": args.allocator, "freed_memory_kept": kept},
-           }
+           "engine_host_side": engine_host, "allocator": {"asked": args.allocator, "freed_memory_kept": kept}}
     stamp(out, command=script_command("time_request_decode.py", argv if argv is not None else sys.argv[1:]))
     for row in rows:
         print(f"{row['requests']:>3} requests: decode {row['decode_ms']['json']:.3f} ms as JSON, "
