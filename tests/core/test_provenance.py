@@ -105,6 +105,29 @@ def test_every_bench_command_writes_its_provenance_into_its_out_file(args, kind,
     assert doc["provenance"]["options"]["out"] == str(out)
 
 
+def test_the_cluster_bench_run_as_a_module_stamps_its_partial_and_final_files(tmp_path, monkeypatch):
+    if _head() is None:
+        pytest.skip("not a git checkout: there is no commit to record")
+    from andromeda_nb import store
+    from benchmarks import cluster as cb
+
+    out = tmp_path / "cluster.json"
+    seen = []
+
+    def fake_measure(dataset, counts, *, partial, **kw):
+        partial({"kind": "cluster_data_path", "rows": [], "complete": False})
+        seen.append(json.loads(out.read_text()))  # the partial file, as a run cut short would leave it
+        return {"kind": "cluster_data_path", "rows": [], "complete": True}
+
+    monkeypatch.setattr(cb, "measure", fake_measure)
+    monkeypatch.setattr(cb, "table", lambda result: "table")
+    monkeypatch.setattr(store, "load_dataset", lambda path: None)
+    assert cb.main(["--data", str(tmp_path), "--placement", "processes", "--device", "cpu", "--out", str(out)]) == 0
+    for doc in (seen[0], json.loads(out.read_text())):
+        _assert_stamped(doc, "PYTHONPATH=. python3 -m benchmarks.cluster --data ")
+    assert seen[0]["complete"] is False and json.loads(out.read_text())["complete"] is True
+
+
 # --- every writer of a result file goes through the stamp --------------------------------------------------
 
 
