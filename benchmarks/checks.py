@@ -117,6 +117,25 @@ class TimedAnswers:
         return bool(self.entries) and all(c.summary()["ok"] for c in self.entries.values())
 
 
+def topk_check(ref_ids, reference, ids, scores, k: int) -> tuple[bool, float, str]:
+    """One answer (ids, scores) against the float64 reference of its eligible ads (`ref_ids` and their
+    `andromeda_nb.reference.ScoreResult`, or the rows a comparison needs of them), by DESIGN section
+    4's tie-aware top-K rule (`andromeda_nb.compare.compare_topk`): (ok, the largest score error of
+    the answer's rows, the first disagreement)."""
+    from andromeda_nb.compare import compare_scores, compare_topk
+
+    ref_ids = np.asarray(ref_ids, np.int64)
+    ids = np.asarray(ids, np.int64)
+    cmp = compare_topk(ref_ids, reference, ids, scores, k)
+    err = 0.0
+    if len(ids) and len(ref_ids):
+        order = np.argsort(ref_ids)
+        pos = np.minimum(np.searchsorted(ref_ids[order], ids), len(ref_ids) - 1)
+        if (ref_ids[order][pos] == ids).all():
+            err = compare_scores(reference.take(order[pos]), scores).counts.get("max_abs_err", 0.0)
+    return cmp.ok, err, cmp.message
+
+
 def checks_passed(checks: dict) -> bool:
     """Every entry of a result's `checks` was checked and passed (and there is at least one)."""
     return bool(checks) and all(c.get("ok") for c in checks.values())
@@ -216,4 +235,4 @@ class TiledOracle:
         return bad, first
 
 
-__all__ = ["EntryCounts", "TiledOracle", "TimedAnswers", "checks_passed", "gate_targets"]
+__all__ = ["EntryCounts", "TiledOracle", "TimedAnswers", "checks_passed", "gate_targets", "topk_check"]

@@ -204,12 +204,11 @@ def bench_match(dataset, repeat: int, log, oracle: list | None = None) -> dict:
 def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log, oracle: list | None = None) -> dict:
     """The remote design over Flight, every timed call's answers then checked against the float64
     reference over the oracle's eligible sets (`oracle`: given, or computed here)."""
-    from andromeda_nb.compare import compare_topk
     from andromeda_nb.reference import ReferenceRetriever
 
     from cpu_baseline.remote import RemoteRetriever
 
-    from .checks import TimedAnswers
+    from .checks import TimedAnswers, topk_check
 
     requests = dataset.requests
     keys = range(len(requests))
@@ -259,8 +258,7 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log, oracle: l
     def check_one(key, ids, scores):
         if held.get("key") != key:
             held.update(key=key, ref=reference.score_ids(requests[key], sets[key]))
-        cmp = compare_topk(*held["ref"], ids, scores, k)
-        return cmp.ok, 0.0, cmp.message
+        return topk_check(*held["ref"], ids, scores, k)
 
     out["checks"] = answers.check(check_one)
     log(f"  end to end answers vs the float64 reference: {'ok' if answers.ok else 'FAILED'}")

@@ -584,7 +584,7 @@ def answer_checker(pp: PipelinePool, oracle, k: int):
     one answer against the float64 reference over the oracle's eligible slots (`oracle`: a
     `benchmarks.checks.TiledOracle` of the pool), by DESIGN section 4's tie-aware top-K rule. The
     reference of a request is made once and kept until another request is checked."""
-    from andromeda_nb.compare import compare_scores, compare_topk
+    from .checks import topk_check
 
     base_format = np.asarray([a.format for a in oracle.ads] + [0], np.int64)
     held: dict = {}
@@ -597,16 +597,7 @@ def answer_checker(pp: PipelinePool, oracle, k: int):
             held.update(key=key, ref=reference_candidates(pp.xp, pp.dpool, pp.model, request, slots,
                                                           oracle.slot_ad_id[slots],
                                                           base_format[oracle.row_of_slot[slots]], k))
-        ref_ids, result = held["ref"]
-        cmp = compare_topk(ref_ids, result, ids, scores, k)
-        err = 0.0
-        if len(ids) and len(ref_ids):
-            order = np.argsort(ref_ids)
-            pos = np.minimum(np.searchsorted(ref_ids[order], ids), len(ref_ids) - 1)
-            found = ref_ids[order][pos] == ids
-            if found.all():
-                err = compare_scores(result.take(order[pos]), scores).counts.get("max_abs_err", 0.0)
-        return cmp.ok, err, cmp.message
+        return topk_check(*held["ref"], ids, scores, k)
 
     return check_one
 
