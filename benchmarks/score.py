@@ -715,13 +715,15 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         timed_captures += sum(p.graphs.captures for p in pipes.values() if p.graphs is not None) - before
         return seconds
 
+    latency_entry = {mode: f"latency/{mode}" for mode in launches}
+
     def latencies():
         for i in range(latency_requests):
             for mode, p in pipes.items():
                 t = time.perf_counter()
                 got = run([requests[i % n_req]], p)
                 lat[mode].append((time.perf_counter() - t) * 1e3)
-                keep(f"latency/{mode}", [i % n_req], got)
+                keep(latency_entry[mode], [i % n_req], got)  # after the reading: kept for the checks
 
     timed(latencies)
     file_kept()
@@ -795,10 +797,11 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         for mode, p in pipes.items():
             for _ in range(WARM_CALLS):  # every plan of the graph mode captured before anything is timed
                 run(reqs, p)
+            serial_entry, pipelined_entry = f"serial/{mode}/b{B}", f"pipelined/{mode}/b{B}"
 
             def serially():
                 for _ in range(n_reps):
-                    keep(f"serial/{mode}/b{B}", keys, run(reqs, p))
+                    keep(serial_entry, keys, run(reqs, p))
 
             # pipelined, as GpuEngine.retrieve runs consecutive batches: batch i + 1 prepared on the host
             # while the device runs batch i, one synchronization per batch (when its answers come back)
@@ -813,7 +816,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
             serial = timed(serially) / n_reps
             pipelined(WARM_CALLS, prepare(reqs, p))  # the pipelined loop's own plans (`launch`, not `launch_split`)
             first_prepared = prepare(reqs, p)
-            piped = timed(lambda: pipelined(n_reps, first_prepared, f"pipelined/{mode}/b{B}")) / n_reps
+            piped = timed(lambda: pipelined(n_reps, first_prepared, pipelined_entry)) / n_reps
             file_kept()
             figures = {"batch_ms": piped * 1e3, "requests_per_s": B / piped, "pool_ads_per_s": B * len(index) / piped,
                        "serial_batch_ms": serial * 1e3, "serial_pool_ads_per_s": B * len(index) / serial,
