@@ -1195,6 +1195,9 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
               help="Measure updates per second applied while serving (on the first pool).")
 @click.option("--cpu-ads", "cpu_pool", type=click.IntRange(0), default=1_000_000, show_default=True,
               help="Pool size in ads of the CPU inverted index timed beside the GPU figures (0: skip it).")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="format", show_default=True,
+              help="Slot order within a format: the base corpus's copy after copy ('format'), or clustered by the "
+                   "places the ads' geo clauses name ('geo', as bench pipeline and the engine lay it out).")
 @device_option("Where the kernels run (sim: the CUDA simulator; tiny pools only).", choices=("auto", "gpu", "sim"))
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
@@ -1204,11 +1207,11 @@ def bench_cpu(n_ads, n_requests, k, seed, precisions, e2e_precision, score_rows,
 @renamed("--updates", "--measure-updates")
 @renamed("--no-updates", "--no-measure-updates")
 @renamed("--cpu-pool", "--cpu-ads")
-def bench_match(ads, versions, batches, base_ads, n_requests, seed, base_path, updates, cpu_pool, device, out,
-                as_json, quiet):
+def bench_match(ads, versions, batches, base_ads, n_requests, seed, base_path, updates, cpu_pool, layout, device,
+                out, as_json, quiet):
     """GPU targeting index: pool ads/s of every match kernel version for each pool size, device bytes
     per ad, updates/s applied while serving, and the CPU index beside it; the full-size answer is
-    checked against the oracle before anything is timed."""
+    checked against the oracle before anything is timed, and the output of every timed launch after."""
     from andromeda_nb.measure import json_line
 
     from benchmarks.match_both import bench_match as run_bench
@@ -1219,7 +1222,7 @@ def bench_match(ads, versions, batches, base_ads, n_requests, seed, base_path, u
         result = run_bench(pools=ads, versions=versions, batches=batches, base_ads=base_ads, requests=n_requests,
                            seed=seed, base_path=base_path,
                            updates=(bm.UPDATE_ROUNDS, bm.UPDATES_PER_ROUND) if updates else None,
-                           cpu_pool=cpu_pool, device=device, progress=not quiet, out=out)
+                           cpu_pool=cpu_pool, layout=layout, device=device, progress=not quiet, out=out)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise click.ClickException(f"bench match: {exc}") from None
     _stamp(result, "match")
@@ -1289,6 +1292,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
               help="How a batch's upload, kernels and answer copies are enqueued: replayed from a CUDA graph "
                    "('graph', as the engine serves) or step by step ('direct'). Comma-separated: each measured on "
                    "the same pool in one run, the first reported as the result.")
+@device_option("Where the kernels run (sim: the CUDA simulator; tiny pools only, its figures a simulation's).",
+               choices=("auto", "gpu", "sim"))
 @_OUT_JSON_OPTION
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
@@ -1296,10 +1301,12 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @renamed("--score-version", "--kernel-version")
 @renamed("--layout", "--layouts")
 @renamed("--launch", "--launches")
-def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, launches, out, as_json,
-                   quiet):
+def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, launches, device, out,
+                   as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
-    per-request p50/p99 latency and pool ads/s, checked against the float64 reference first."""
+    per-request p50/p99 latency and pool ads/s. Every timed answer is checked against the float64
+    reference over the oracle's eligible sets, every timed match row against the oracle; a target is
+    met only when every check passed."""
     from andromeda_nb.measure import json_line
 
     try:
@@ -1307,7 +1314,7 @@ def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, se
 
         result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
                                            batches=batches, score_version=score_version, seed=seed,
-                                           launches=launches, progress=not quiet)
+                                           launches=launches, device=device, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")

@@ -120,18 +120,5 @@ def write_json(result: dict, path) -> None:
         f.write("\n")
 
 
-def finish_probe(result: dict, script: str, argv, out) -> None:
-    """A probe script's last step: its command (`PYTHONPATH=. python3 scripts/SCRIPT ARGS`) and the
-    software versions into `result`, then the JSON into `out`, or onto stdout without one."""
-    import shlex
-
-    result["command"] = f"PYTHONPATH=. python3 scripts/{script} " + shlex.join(argv)
-    result["software"] = software()
-    if out:
-        write_json(result, out)
-    else:
-        print(json.dumps(result, indent=1, default=float))
-
-
-__all__ = ["UnresolvedTiming", "copy_bandwidth", "finish_probe", "json_line", "log", "median_ms", "median_seconds",
+__all__ = ["UnresolvedTiming", "copy_bandwidth", "json_line", "log", "median_ms", "median_seconds",
            "package_version", "repeat_timed", "software", "spread_of", "timed_runs", "write_json"]

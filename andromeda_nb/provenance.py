@@ -1,18 +1,27 @@
-"""Where a measured figure came from: the command that made it, when, on which host, with which
-package versions and source revision. Commands that write result JSON (`bench ...`, `compare --json`,
-`quality --out`) add this under the key "provenance", and an explicit "kind", so that
-`andromeda bench report` can show every figure with the command and environment that produced it.
+"""Where a measured figure came from: the command that made it, the commit it was made from and
+whether the tree had changes not committed, when, on which host, with which package versions. Every
+writer of a result JSON (`bench ...`, `compare --json`, `quality --out`, the scripts' `--out`)
+stamps it through one function, `stamp`, under the key "provenance" (the CLI's commands also set
+an explicit "kind"), so that `andromeda bench report` and `scripts/results_manifest.py` can show
+every figure with the command and the source that produced it, and refuse one made from a tree
+nobody can check out again.
 
     {"kind": "match" | "score" | "pipeline" | "cpu" | "compare" | "quality",
      "provenance": {"command": "andromeda bench match --ads 10000000 ...",
+                    "commit": "5de0fb7...",  (None outside a git checkout)
+                    "dirty": false,  (tracked files changed since the commit; None outside a checkout)
                     "options": {every parsed option of the command, defaults included},
                     "created": "2026-01-01T12:00:00Z",
-                    "host": {"python", "platform", "cpu", "cores", package versions, "git_commit", ...}}}
+                    "host": {"python", "platform", "cpu", "cores", package versions, "git_commit", "git_dirty"}}}
+
+A script's command reads as it is run from the repository root (`script_command`):
+`PYTHONPATH=. python3 scripts/probe_x.py --pool 1000000`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
 import shlex
@@ -20,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .measure import package_version
+from .measure import package_version, software, write_json
 
 KINDS = ("match", "score", "pipeline", "cpu", "compare", "quality")
 PACKAGES = ("numpy", "numba", "numba-cuda", "pyarrow", "cupy-cuda12x", "cupy-cuda13x", "click")
@@ -95,26 +104,40 @@ def _jsonable(value):
     return str(value)
 
 
-def stamp(result: dict, kind: str | None, *, command_path: str = "andromeda", params: dict | None = None,
-          argv: list[str] | None = None) -> dict:
-    """Add "kind" and "provenance" to a result dict (in place; returned for chaining). `kind` None:
+def script_command(script: str, argv) -> str:
+    """The command line of a script run from the repository root: `PYTHONPATH=. python3 scripts/SCRIPT
+    ARGS` (`script`: its file name, or a module run with -m as "-m benchmarks.cluster")."""
+    words = ["python3", *script.split()] if script.startswith("-m ") else ["python3", f"scripts/{script}"]
+    return "PYTHONPATH=. " + shlex.join([*words, *(str(a) for a in argv)])
+
+
+def stamp(result: dict, kind: str | None = None, *, command: str | None = None, command_path: str = "andromeda",
+          params: dict | None = None, argv: list[str] | None = None) -> dict:
+    """The one stamp of a result file: "provenance" (the command, the commit and whether the tree was
+    dirty, the options, the time, the host) and, with `kind`, "kind", added to `result` in place
+    (returned for chaining). `command`: the command line as run (a script's, `script_command`);
+    without it, the CLI's, from `argv` or rebuilt from `command_path` and `params`. `kind` None:
     the result keeps its own "kind" (one `bench report` does not read)."""
     if kind is not None and kind not in KINDS:
         raise ValueError(f"unknown result kind {kind!r}; expected one of {', '.join(KINDS)}")
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     if kind is not None:
         result["kind"] = kind
+    host = host_info()
     result["provenance"] = {
-        "command": command_line(command_path, params, argv),
+        "command": command if command is not None else command_line(command_path, params, argv),
+        "commit": host.get("git_commit"),
+        "dirty": host.get("git_dirty"),
         "options": {k: _jsonable(v) for k, v in (params or {}).items()},
         "created": created,
-        "host": host_info(),
+        "host": host,
     }
     return result
 
 
 def stamp_from_click(result: dict, kind: str | None) -> dict:
-    """`stamp` with the command path and options of the click command now running."""
+    """`stamp` with the command path and options of the click command now running (outside one: the
+    command rebuilt from this process's arguments where it is the CLI, else "andromeda")."""
     import click
 
     ctx = click.get_current_context(silent=True)
@@ -136,4 +159,28 @@ def _by_flag(ctx) -> dict:
     return {flags.get(name, name): value for name, value in ctx.params.items()}
 
 
-__all__ = ["KINDS", "command_line", "cpu_model", "host_info", "stamp", "stamp_from_click"]
+def write_result(result: dict, path, kind: str | None = None, *, command: str | None = None) -> None:
+    """A result JSON written as every writer writes one: stamped (`stamp`, from the click command now
+    running unless `command` is given), then `measure.write_json`. A benchmark's partial files, written
+    after every measurement, carry the stamp too."""
+    if command is not None:
+        stamp(result, kind, command=command)
+    else:
+        stamp_from_click(result, kind)
+    write_json(result, path)
+
+
+def finish_probe(result: dict, script: str, argv, out) -> None:
+    """A script's last step: the software versions and the stamp (`stamp`, with `script_command`) into
+    `result`, then the JSON into `out`, or onto stdout without one."""
+    result["software"] = software()
+    stamp(result, command=script_command(script, argv))
+    result["command"] = result["provenance"]["command"]  # where older readers look for it
+    if out:
+        write_json(result, out)
+    else:
+        print(json.dumps(result, indent=1, default=float))
+
+
+__all__ = ["KINDS", "command_line", "cpu_model", "finish_probe", "host_info", "script_command", "stamp", "stamp_from_click",
+           "write_result"]

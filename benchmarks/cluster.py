@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ import numpy as np
 
 from andromeda_nb.batching import in_batches
 from andromeda_nb.measure import software, write_json
-from andromeda_nb.provenance import host_info
+from andromeda_nb.provenance import script_command, stamp, write_result
 from cluster import require_ray
 from cluster.router import Cluster
 from cluster.shards import merge_topk
@@ -394,13 +393,12 @@ def main(argv=None) -> int:
 
     resolve(args.device)
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
-    provenance = {"command": shlex.join(["python", "-m", "benchmarks.cluster", *(argv or sys.argv[1:])]),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info()}
+    command = script_command("-m benchmarks.cluster", argv if argv is not None else sys.argv[1:])
 
     def keep(partial_result: dict) -> None:  # after each shard count: what is measured so far survives a cut
         print(table(partial_result), file=sys.stderr, flush=True)
         if args.out:
-            write_json({**partial_result, "provenance": provenance}, args.out)
+            write_result(dict(partial_result), args.out, command=command)
 
     counts = [int(s) for s in args.shards.split(",")]
     batches = tuple(int(b) for b in args.batches.split(","))
@@ -411,7 +409,7 @@ def main(argv=None) -> int:
         result = measure(load_dataset(args.data), counts, k=args.k, repeat=args.repeat, batches=batches,
                          device=args.device, placement=args.placement, data_dir=args.data, gpus=args.gpus, say=say,
                          partial=keep)
-    result["provenance"] = provenance
+    stamp(result, command=command)
     print(table(result))
     if args.out:
         write_json(result, args.out)

@@ -13,9 +13,14 @@
   exchange (latency p50 / p99, requests per second), then batches of 64 (requests per second);
   and, through counting relays, the real bytes per request on each hop.
 
-Before anything is timed, the benchmark checks exactly what it times: the outputs of the full-size
-parallel call and of the serial driver, at CHECK_ROWS rows spread over the table, against the float64
-reference (routing ties accepted either way).
+The benchmark checks exactly what it times: the scorer's outputs of the full-size parallel call and
+of the serial driver, at CHECK_ROWS rows spread over the table, against the float64 reference
+(routing ties accepted either way); every answer of the timed match calls (the whole batch, and the
+requests one at a time) against `andromeda_nb.oracle`'s eligible sets; every answer of the timed
+end-to-end calls (one request per exchange, the batches, the relayed run) against the float64
+reference over the oracle's eligible sets, by DESIGN section 4's tie-aware top-K rule
+(`andromeda_nb.compare.compare_topk`). `checks` holds each entry point's counts
+(`benchmarks.checks`) and `checks_ok` whether all passed.
 """
 
 from __future__ import annotations
@@ -111,6 +116,8 @@ def bench_scorer(n_rows: int, precisions, repeat: int, seed: int, log) -> list[d
             cpu_s = median_seconds(lambda: _serial(serial, scorer, rows, tab, model, out), max(1, repeat // 2),
                                    clock=time.process_time)
             results.append({
+                "check": {"rows_checked": int(len(sample)), "paths": ["parallel", "serial"], "ok": True,
+                          "max_abs_err": err},
                 "cpu_ns_per_ad_one_thread": cpu_s / n_rows * 1e9,
                 "precision": precision, "version": version, "shipped": version == SHIPPED,
                 "ads": n_rows, "table_bytes": n_rows * scorer.bytes_per_row, "seconds": seconds,
@@ -134,8 +141,24 @@ def _corpus(n_ads: int, n_requests: int, seed: int, precision: str, log):
     return tmp, dataset
 
 
-def bench_match(dataset, repeat: int, log) -> dict:
+def oracle_sets(dataset, requests) -> list[np.ndarray]:
+    """The oracle's eligible ad ids of each request (`andromeda_nb.oracle.match_corpus`, one process
+    per core over a corpus read from a directory)."""
+    from andromeda_nb.oracle import match_corpus
+
+    return match_corpus(dataset, requests, workers=os.cpu_count() or 1)
+
+
+def _no_scores(answers):
+    return [(ids, np.empty(0, np.float32)) for ids in answers]
+
+
+def bench_match(dataset, repeat: int, log, oracle: list | None = None) -> dict:
+    """The CPU index's pool ads/s, every timed call's answers then checked against the oracle's sets
+    (`oracle`: given, or computed here)."""
     from cpu_baseline.index import CpuTargetingIndex
+
+    from .checks import TimedAnswers
 
     t = time.perf_counter()
     compiled = getattr(dataset, "compiled", None)  # a stored corpus holds its targeting compiled
@@ -143,8 +166,11 @@ def bench_match(dataset, repeat: int, log) -> dict:
     build_s = time.perf_counter() - t
     requests = dataset.requests
     matched = index.match(requests)  # warm-up
-    seconds = median_seconds(lambda: index.match(requests), repeat)
-    single = median_seconds(lambda: [index.match([r]) for r in requests[:16]], max(1, repeat // 2)) / min(16, len(requests))
+    timed, lone = [], []
+    seconds = median_seconds(lambda: timed.append(index.match(requests)), repeat)
+    n_lone = min(16, len(requests))
+    single = median_seconds(lambda: lone.append([index.match([r])[0] for r in requests[:n_lone]]),
+                            max(1, repeat // 2)) / n_lone
     eligible = np.array([len(m) for m in matched], np.float64)
     pool = len(index)
     out = {
@@ -156,28 +182,55 @@ def bench_match(dataset, repeat: int, log) -> dict:
         "index": index.describe(),
     }
     index.close()
-    log(f"  match: {out['pool_ads_per_s'] / 1e6:.1f} M pool ads/s, {out['eligible_mean']:.0f} eligible per request")
+    sets = oracle if oracle is not None else oracle_sets(dataset, requests)
+    answers = TimedAnswers()
+    for got in timed:
+        answers.add("match/batch", range(len(requests)), _no_scores(got))
+    for got in lone:
+        answers.add("match/one_request", range(n_lone), _no_scores(got))
+
+    def check_one(key, ids, _scores):
+        want = sets[key]
+        if np.array_equal(ids, want):
+            return True, 0.0, ""
+        return False, 0.0, f"{len(ids)} eligible ads, the oracle {len(want)}"
+
+    out["checks"] = answers.check(check_one)
+    log(f"  match: {out['pool_ads_per_s'] / 1e6:.1f} M pool ads/s, {out['eligible_mean']:.0f} eligible per request; "
+        f"timed answers vs oracle: {'ok' if answers.ok else 'FAILED'}")
     return out
 
 
-def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
+def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log, oracle: list | None = None) -> dict:
+    """The remote design over Flight, every timed call's answers then checked against the float64
+    reference over the oracle's eligible sets (`oracle`: given, or computed here)."""
+    from andromeda_nb.reference import ReferenceRetriever
+
     from cpu_baseline.remote import RemoteRetriever
 
+    from .checks import TimedAnswers, topk_check
+
     requests = dataset.requests
+    keys = range(len(requests))
+    answers = TimedAnswers()
     out: dict = {"k": k, "requests": len(requests), "precision": dataset.precision}
     with RemoteRetriever.build(dataset) as remote:
         remote.retrieve(requests[:4], k)  # warm-up: connections, caches
         latencies = []
         for _ in range(max(1, repeat // 2)):
-            for r in requests:
+            for i, r in enumerate(requests):
                 t = time.perf_counter()
-                remote.retrieve([r], k)
+                got = remote.retrieve([r], k)
                 latencies.append(time.perf_counter() - t)
+                answers.add("end_to_end/one_request", [i], got)
         lat = np.asarray(latencies)
         out["latency_ms"] = {"p50": float(np.percentile(lat, 50) * 1e3), "p99": float(np.percentile(lat, 99) * 1e3),
                              "mean": float(lat.mean() * 1e3)}
         out["sequential_requests_per_s"] = float(1.0 / lat.mean())
-        batched = median_seconds(lambda: remote.retrieve(requests, k), repeat)
+        batched_answers = []
+        batched = median_seconds(lambda: batched_answers.append(remote.retrieve(requests, k)), repeat)
+        for got in batched_answers:
+            answers.add("end_to_end/batch", keys, got)
         out["batched_requests_per_s"] = len(requests) / batched
         out["batched_pool_ads_per_s"] = len(requests) * len(dataset.embeddings) / batched
         out["index_host_stats"] = remote.action("stats")
@@ -185,7 +238,8 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
         f"{out['batched_requests_per_s']:.0f} requests/s batched")
     with RemoteRetriever.build(dataset, traffic=True) as remote:
         remote.retrieve(requests[:2], k)
-        _, per_request = remote.retrieve_traffic(requests, k)
+        got, per_request = remote.retrieve_traffic(requests, k)
+        answers.add("end_to_end/relayed", keys, got)
     hops = {}
     for hop in per_request[0]:
         totals = np.array([p[hop]["total"] for p in per_request], np.float64)
@@ -195,6 +249,40 @@ def bench_end_to_end(dataset, data_dir: str, k: int, repeat: int, log) -> dict:
                      "mean_downstream": float(down.mean()), "max_total": float(totals.max())}
     out["traffic_bytes_per_request"] = hops
     log("  traffic per request: " + ", ".join(f"{h} {v['mean_total'] / 1e3:.1f} kB" for h, v in hops.items()))
+    # every timed answer against the float64 reference over the oracle's eligible set
+    sets = oracle if oracle is not None else oracle_sets(dataset, requests)
+    reference = ReferenceRetriever(dataset.model, None, dataset.embeddings, dataset.ad_ids, dataset.formats,
+                                   seed=dataset.seed)
+    held: dict = {}
+
+    def check_one(key, ids, scores):
+        if held.get("key") != key:
+            held.update(key=key, ref=reference.score_ids(requests[key], sets[key]))
+        return topk_check(*held["ref"], ids, scores, k)
+
+    out["checks"] = answers.check(check_one)
+    log(f"  end to end answers vs the float64 reference: {'ok' if answers.ok else 'FAILED'}")
+    return out
+
+
+def check_tiled_answers(base, copies: int, requests, answers) -> dict:
+    """The eligible ad ids a match answered for each request of a pool of `copies` copies of `base`
+    (`benchmarks.tiling.tile_compiled`) against `andromeda_nb.oracle` over the base ads: copy c of an
+    eligible base ad i (id i + c * stride) and nothing else, ascending."""
+    from andromeda_nb.oracle import OracleIndex
+
+    from .tiling import stride_of
+
+    stride = stride_of(base.compiled)
+    shift = np.arange(copies, dtype=np.int64)[:, None] * stride
+    out = {"requests_timed": len(requests), "requests_checked": len(requests), "failed": 0}
+    for request, want_base, ids in zip(requests, OracleIndex.build(base.ads).match(requests), answers):
+        want = np.sort((want_base[None, :] + shift).ravel())
+        if not np.array_equal(np.asarray(ids, np.int64), want):
+            out["failed"] += 1
+            out.setdefault("first_failure", f"request {request.request_id}: {len(ids)} eligible ads, the oracle "
+                                            f"{len(want)}")
+    out["ok"] = out["failed"] == 0 and len(answers) == len(requests)
     return out
 
 
@@ -214,14 +302,14 @@ def bench_tiled_match(base, pool: int, progress: bool = False) -> dict:
     reqs = list(base.requests[:64])
     cpu.match(reqs[:4])  # compile / warm
     t0 = time.perf_counter()
-    cpu.match(reqs)
+    got = cpu.match(reqs)
     dt = time.perf_counter() - t0
     threads = getattr(cpu, "threads", None)
     res = {"ads": len(ct), "requests": len(reqs), "seconds": dt, "pool_ads_per_s": len(reqs) * len(ct) / dt,
            "build_s": build_s, "bytes_per_ad": cpu.nbytes / len(ct) if hasattr(cpu, "nbytes") else None,
-           "threads": threads}
+           "threads": threads, "check": check_tiled_answers(base, copies, reqs, got)}
     progress_log(progress, f"CPU index, {len(ct):,} ads: {res['pool_ads_per_s'] / 1e9:.2f} G pool ads/s "
-                           f"({threads} threads)")
+                           f"({threads} threads; timed answers vs oracle: {'ok' if res['check']['ok'] else 'FAILED'})")
     cpu.close()
     return res
 
@@ -248,13 +336,26 @@ def run_cpu_bench(*, n_ads: int = 200_000, n_requests: int = 64, k: int = 100, s
     log("corpus ...")
     tmp, dataset = _corpus(n_ads, n_requests, seed, e2e_precision, log)
     try:
+        log("oracle ...")
+        sets = oracle_sets(dataset, dataset.requests)
         log("match ...")
-        result["match"] = bench_match(dataset, repeat, log)
+        result["match"] = bench_match(dataset, repeat, log, sets)
         log("end to end ...")
-        result["end_to_end"] = bench_end_to_end(dataset, tmp.name, k, repeat, log)
+        result["end_to_end"] = bench_end_to_end(dataset, tmp.name, k, repeat, log, sets)
     finally:
         tmp.cleanup()
     result["machine"]["load_average_end"] = os.getloadavg()
+    collect_checks(result)
+    return result
+
+
+def collect_checks(result: dict) -> dict:
+    """`checks` (each entry point's counts) and `checks_ok` of a bench cpu result, from its parts."""
+    checks = {f"scorer/v{r['version']}/{r['precision']}": r["check"] for r in result.get("scorer", [])}
+    for part in ("match", "end_to_end"):
+        checks.update((result.get(part) or {}).get("checks", {}))
+    result["checks"] = checks
+    result["checks_ok"] = bool(checks) and all(c.get("ok") for c in checks.values())
     return result
 
 
@@ -268,6 +369,9 @@ def format_table(result: dict) -> str:
         name = f"v{r['version']} {r['precision']}" + (" (shipped)" if r["shipped"] else "")
         lines.append(f"{name:<22}{r['ads']:>12,}{r['ads_per_s'] / 1e6:>10.1f}{r['GBps']:>8.2f}"
                      f"{r['fraction_of_copy'] * 100:>8.0f}%{r['cpu_ns_per_ad_one_thread']:>14.0f}")
+    if "checks_ok" in result:
+        lines += ["", f"checks (the scorer vs the float64 reference, every timed match answer vs the oracle, every "
+                      f"timed end-to-end answer vs the reference): {'all passed' if result['checks_ok'] else 'FAILED: ' + ', '.join(n for n, c in result['checks'].items() if not c.get('ok'))}"]
     m = result.get("match")
     if m:
         lines += ["", f"match: pool {m['pool_ads']:,} ads x {m['requests']} requests, {m['threads']} threads: "
@@ -285,4 +389,5 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["bench_tiled_match", "format_table", "machine_info", "measure_copy_bandwidth", "run_cpu_bench"]
+__all__ = ["bench_end_to_end", "bench_match", "bench_tiled_match", "check_tiled_answers", "collect_checks", "format_table",
+           "machine_info", "measure_copy_bandwidth", "oracle_sets", "run_cpu_bench"]

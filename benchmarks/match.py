@@ -4,10 +4,18 @@ Generating 100M ads in Python is too slow, so the pool is a generated base corpu
 base ad i is an ad with id `base_id + k * stride` and the same targeting. The per-ad device data
 (residual words, program pointers, schedules and the clause programs themselves) is physically
 repeated, so every byte a scan reads is real; only the custom-location table (a few thousand circles)
-is shared between copies. Before anything is timed, the full-size answer is checked against the
-oracle: every copy of an ad must agree with the base ad (the whole pool, every request of the check
-batch), the base ads against `andromeda_nb.oracle.eligible` (all of them for some requests, a random
-sample of slots for the rest), and every kernel version against the shipped one, word for word.
+is shared between copies. The slots of a format hold its ads in the corpus's order, or clustered by
+geography (`layout` geo, `andromeda_nb.geo_layout`: the order `bench pipeline` and the engine use).
+
+Every answer is checked against `andromeda_nb.oracle` through `benchmarks.checks.TiledOracle` (the
+oracle over the base ads, each copy answering as its base ad, whatever the layout; never the GPU's
+own match): before anything is timed, the shipped kernel's answer to CHECK_REQUESTS requests and
+every version against it, word for word; then the output of every timed launch (each version and
+batch size), each of its requests at every slot (at a random sample of ORACLE_SAMPLE_SLOTS slots,
+and ORACLE_FULL_REQUESTS requests at every slot, when the pool times the batch exceed
+FULL_CHECK_SLOT_REQUESTS); the serving between update rounds, each round's touched ads and a sample
+of the others; and the CPU index's timed answers. `checks` holds each entry point's counts and
+`checks_ok` whether all passed.
 
 Timing follows DESIGN section 7: CUDA events around the kernel launch, warm-up launches first, the
 median of repeated launches. Pool ads per second = requests x live ads / kernel time (labelled
@@ -25,7 +33,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from andromeda_nb.measure import copy_bandwidth as copy_rate
-from andromeda_nb.measure import log, package_version, repeat_timed, software, write_json
+from andromeda_nb.measure import log, package_version, repeat_timed, software
+from andromeda_nb.provenance import write_result
 from andromeda_nb.compiled import CompiledTargeting, encode_request, encode_requests
 from andromeda_nb.geo_layout import world_buckets
 from andromeda_nb.oracle import eligible
@@ -37,9 +46,10 @@ from andromeda_nb.versions import Version
 from gpu.index import GpuTargetingIndex, Vocabulary, clause_programs, resid_words
 
 BASE_ADS = 32_768
-CHECK_REQUESTS = 64  # the batch checked at full size (one wide group)
-ORACLE_FULL_REQUESTS = 8  # requests checked against the oracle on every base ad
-ORACLE_SAMPLE_SLOTS = 4096  # random slots checked against the oracle for every check request
+CHECK_REQUESTS = 64  # the batch checked at full size before the timing (one wide group)
+ORACLE_FULL_REQUESTS = 8  # requests of a timed batch checked at every slot when the pool is too large for all
+ORACLE_SAMPLE_SLOTS = 4096  # random slots checked for every request of a timed batch in that case
+FULL_CHECK_SLOT_REQUESTS = 1 << 32  # slots x requests of a timed batch checked at every slot, at most
 BATCHES = (64, 256)  # requests per launch
 WARMUP = 2
 MIN_REPS, MAX_REPS = 5, 50
@@ -184,46 +194,31 @@ def _bits(words: np.ndarray) -> np.ndarray:
     return np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=1, bitorder="little")
 
 
-def check_full_size(index: GpuTargetingIndex, base: BaseCorpus, copies: int, words: np.ndarray,
-                    requests: Sequence[Request], rng: np.random.Generator, ads_by_id: dict | None = None) -> dict:
-    """Check the answer `words` (uint32[len(requests), W]) of a tiled pool against the oracle.
-    Returns counts; raises AssertionError on the first disagreement."""
-    ct = base.compiled
-    stride = stride_of(ct)
-    bits = _bits(words)
-    slot_ids = index.slots.slot_ad_id
-    used = np.flatnonzero(slot_ids != EMPTY)
-    assert not bits[:, slot_ids == EMPTY].any(), "an empty slot is marked eligible"
-    # 1. every copy agrees with copy 0 of the same base ad (the whole pool, every request): in the
-    # tiled layout a format's slots hold copy 0 of its base ads, then copy 1, ... (build_tiled_index)
-    slot_format = index.slots.slot_format()
-    base_slot = np.zeros(len(ct), np.int64)
-    sorted_ids = np.sort(ct.ad_id)
-    for f in np.unique(ct.format):
-        n_f = int((ct.format == f).sum())
-        first = int(np.flatnonzero(slot_format == f)[0])
-        block = bits[:, first:first + n_f * copies].reshape(len(requests), copies, n_f)
-        assert (block == block[:, :1, :]).all(), f"copies of one base ad of format {f} disagree"
-        ids0 = slot_ids[first:first + n_f]
-        assert (ids0 < stride).all() and (slot_ids[first + (copies - 1) * n_f:first + copies * n_f] // stride == copies - 1).all()
-        base_slot[np.searchsorted(sorted_ids, ids0)] = first + np.arange(n_f)
-    base_bits = bits[:, base_slot]
-    ads = {a.ad_id: a for a in base.ads} if ads_by_id is None else ads_by_id
-    checked = 0
-    # 2. base ads against the oracle: all of them for the first requests
-    for r, req in enumerate(requests[:ORACLE_FULL_REQUESTS]):
-        want = np.fromiter((eligible(ads[int(a)], req) for a in sorted_ids.tolist()), np.uint8, len(sorted_ids))
-        bad = np.flatnonzero(want != base_bits[r])
-        assert len(bad) == 0, f"request {req.request_id}: base ad {int(sorted_ids[bad[0]])} differs from the oracle"
-        checked += len(sorted_ids)
-    # 3. random slots of the whole pool against the oracle, every request
-    sample = rng.choice(used, min(ORACLE_SAMPLE_SLOTS, len(used)), replace=False)
-    for s in sample.tolist():
-        ad = ads[int(slot_ids[s] % stride)]
-        for r, req in enumerate(requests):
-            assert bits[r, s] == eligible(ad, req), f"slot {s} (ad {int(slot_ids[s])}) request {req.request_id}"
-            checked += 1
-    return {"pool_ads_checked_against_copies": int(len(used) * len(requests)), "oracle_checks": checked}
+def check_batch(oracle, words: np.ndarray, requests: Sequence[Request], rng: np.random.Generator,
+                offset: int = 0) -> dict:
+    """Rows of a match output (uint32[len(requests), W]) against the oracle (`benchmarks.checks.
+    TiledOracle`): every request at every slot when the pool times the batch is at most
+    FULL_CHECK_SLOT_REQUESTS, else every request at ORACLE_SAMPLE_SLOTS random slots and
+    ORACLE_FULL_REQUESTS of them (from `offset` on, so successive batches check other requests) at
+    every slot. Returns {"requests_timed", "requests_checked", "full_pool_requests", "sampled_slots",
+    "ok", "failed", "first_failure"}."""
+    requests = list(requests)
+    n, slots = len(requests), len(oracle.slot_ad_id)
+    out = {"requests_timed": n, "requests_checked": n}
+    if slots * n <= FULL_CHECK_SLOT_REQUESTS:
+        bad, first = oracle.check_words(words, requests)
+        out.update(full_pool_requests=n, sampled_slots=0)
+    else:
+        sample = np.sort(rng.choice(slots, min(ORACLE_SAMPLE_SLOTS, slots), replace=False))
+        bad, first = oracle.check_words(words, requests, full=False, sample=sample)
+        rows = [(offset + i) % n for i in range(min(ORACLE_FULL_REQUESTS, n))]
+        bad_full, first_full = oracle.check_words(words[rows], [requests[r] for r in rows], keep=False)
+        bad, first = bad + bad_full, first or first_full
+        out.update(full_pool_requests=len(rows), sampled_slots=len(sample))
+    out.update(ok=bad == 0, failed=bad)
+    if first is not None:
+        out["first_failure"] = first
+    return out
 
 
 # --- timing ------------------------------------------------------------------------------------------
@@ -279,33 +274,45 @@ def host_prepare(index: GpuTargetingIndex, requests: Sequence[Request], version=
 
 def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[Version], batches: Sequence[int], cuda,
                rng: np.random.Generator, progress: bool, updates: tuple[int, int] | None,
-               chunk_slots: int = CHUNK_SLOTS) -> dict:
+               chunk_slots: int = CHUNK_SLOTS, layout: str = "format") -> dict:
     """Every version of `versions` (match `Version`s of the kernel lab) on a pool of `copies` copies of
-    the base corpus: checked at full size first, then timed per batch size."""
+    the base corpus, its slots in `layout` order: checked at full size first, then timed per batch
+    size, the output of every timed launch checked against the oracle (`check_batch`)."""
+    from andromeda_nb.geo_layout import clustered_order
+
+    from .checks import TiledOracle
+
     t0 = time.perf_counter()
-    index = build_tiled_index(base.compiled, copies, chunk_slots=chunk_slots, buckets=world_buckets(base.seed))
+    buckets = world_buckets(base.seed)
+    rank = clustered_order(base.compiled.format, buckets.ad_masks(base.compiled)) if layout == "geo" else None
+    index = build_tiled_index(base.compiled, copies, chunk_slots=chunk_slots, buckets=buckets, rank=rank)
     cuda.synchronize()
     build_s = time.perf_counter() - t0
     n_ads = len(index)
-    log(progress, f"pool {n_ads:,} ads: built in {build_s:.1f} s, {index.device_bytes() / n_ads:.1f} device bytes/ad")
+    log(progress, f"pool {n_ads:,} ads ({layout} layout): built in {build_s:.1f} s, "
+                  f"{index.device_bytes() / n_ads:.1f} device bytes/ad")
+    oracle = TiledOracle(base, index.slots.slot_ad_id)
     check_reqs = list(base.requests[:CHECK_REQUESTS])
     enc = [encode_request(r) for r in check_reqs]
     shipped = index.match_slots(enc).copy_to_host()
     t0 = time.perf_counter()
-    check = check_full_size(index, base, copies, shipped, check_reqs, rng)
+    check = check_batch(oracle, shipped, check_reqs, rng)
+    check["versions_equal"] = []
     for v in versions:
-        other = index.match_slots(enc, version=v).copy_to_host()
-        assert np.array_equal(other, shipped), f"version {v.number} differs from version {index.version} at full size"
-    check["versions_equal"] = [v.number for v in versions]
+        if np.array_equal(index.match_slots(enc, version=v).copy_to_host(), shipped):
+            check["versions_equal"].append(v.number)
+        else:
+            check["ok"] = False
+            check.setdefault("first_failure", f"version {v.number} differs from version {index.version} at full size")
     check["seconds"] = round(time.perf_counter() - t0, 2)
-    log(progress, f"  full-size check passed: {check}")
+    log(progress, f"  full-size check {'passed' if check['ok'] else 'FAILED'}: {check}")
     eligible_share = float(_bits(shipped).sum()) / (len(check_reqs) * n_ads)
     live = index.live_bytes()
     result = {
-        "ads": n_ads, "copies": copies, "capacity": index.capacity, "build_s": round(build_s, 2),
+        "ads": n_ads, "copies": copies, "capacity": index.capacity, "layout": layout, "build_s": round(build_s, 2),
         "device_bytes": index.device_bytes(), "device_bytes_per_ad": index.device_bytes() / n_ads,
         "live_bytes_per_ad": {k: v / n_ads for k, v in live.items()},
-        "eligible_share": eligible_share, "check": check, "timings": [],
+        "eligible_share": eligible_share, "check": check, "timings": [], "checks": {},
     }
     slot_bytes = 4 + 8  # resid + prog_ptr: read once per slot and group
     prog_bytes = live["programs"] / n_ads
@@ -322,41 +329,86 @@ def bench_pool(base: BaseCorpus, copies: int, versions: Sequence[Version], batch
             prep_s = time.perf_counter() - t0
             budget = REP_BUDGET_S if group else REP_BUDGET_S / 3
             t = time_kernel(cuda, lambda: index.run(batch, out, version=v), budget)
+            # the output of the timed launches (each rewrites it whole), against the oracle
+            timed_check = check_batch(oracle, out.copy_to_host(), cycle, rng, offset=len(result["checks"]))
+            result["checks"][f"v{v.number}/b{b}"] = timed_check
             ads_per_s = b * n_ads / t["median_s"]
             groups = -(-b // group) if group else b
             # napkin math: per-slot columns and programs read once per group, output written once
             min_bytes = groups * index.capacity * slot_bytes + groups * live["programs"] + b * index.capacity / 8
             row = {"version": v.number, "batch": b, **{k: t[k] for k in ("median_s", "min_s", "reps", "clock")},
-                   "pool_ads_per_s": ads_per_s, "ms_per_request": 1e3 * t["median_s"] / b,
+                   "ok": timed_check["ok"], "pool_ads_per_s": ads_per_s, "ms_per_request": 1e3 * t["median_s"] / b,
                    "host_prepare_s": prep_s,
                    # kernel and host preparation one after the other (no overlap): the floor of a batch
                    "pool_ads_per_s_with_host": b * n_ads / (t["median_s"] + prep_s), "scan_bytes_upper": min_bytes,
                    "scan_bandwidth_upper": min_bytes / t["median_s"], "prog_bytes_per_ad": prog_bytes}
             result["timings"].append(row)
             log(progress, f"  v{v.number} batch {b:4d}: {t['median_s'] * 1e3:9.3f} ms  {ads_per_s / 1e9:8.1f} G pool ads/s"
-                          f"  ({t['reps']} reps; host prepare {prep_s * 1e3:.1f} ms)")
+                          f"  ({t['reps']} reps; host prepare {prep_s * 1e3:.1f} ms; timed output vs oracle: "
+                          f"{'ok' if timed_check['ok'] else 'FAILED: ' + timed_check.get('first_failure', '')})")
             del batch, out
     if updates:
-        result["updates"] = bench_updates(index, base, copies, cuda, rng, progress, *updates)
+        result["updates"] = bench_updates(index, base, copies, cuda, rng, progress, *updates, oracle=oracle)
+        result["checks"]["updates/serve"] = result["updates"]["check"]
+    result["checks_ok"] = check["ok"] and all(c["ok"] for c in result["checks"].values())
     del index
     return result
 
 
 def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda, rng, progress: bool,
-                  rounds: int = UPDATE_ROUNDS, per_round: int = UPDATES_PER_ROUND) -> dict:
-    """Rounds of (apply a batch of updates, serve one group of requests); then check the touched ads
-    and a random sample against the oracle."""
+                  rounds: int = UPDATE_ROUNDS, per_round: int = UPDATES_PER_ROUND, oracle=None) -> dict:
+    """Rounds of (apply a batch of updates, serve one group of requests); the output of each round's
+    serving checked against the oracle for the ads the updates touched so far (a random sample of
+    UPDATE_CHECK_ADS of them) and, with `oracle` (the pool's `TiledOracle` before the updates), for a
+    sample of the slots whose ads the updates left alone."""
     stride = stride_of(base.compiled)
     base_ads = base.ads
     current: dict[int, Ad] = {}  # ads whose state differs from their base copy
     next_id = stride * copies
     live_new: list[int] = []
-    enc = [encode_request(r) for r in base.requests[:CHECK_REQUESTS]]
+    requests = list(base.requests[:CHECK_REQUESTS])
+    enc = [encode_request(r) for r in requests]
     batch = index.prepare(enc)
     out = index.new_output(len(enc))
     apply_s = serve_s = 0.0
     n_updates = 0
     retired: set[int] = set()
+    checked = failed = 0
+    first_failure = None
+
+    def check_round(bits: np.ndarray) -> None:
+        """The touched ads (a sample) against the oracle on their current state, and a sample of the
+        untouched copies against the oracle's answer for their base ad."""
+        nonlocal checked, failed, first_failure
+        touched = list(current.items())
+        if len(touched) > UPDATE_CHECK_ADS:
+            touched = [touched[i] for i in rng.choice(len(touched), UPDATE_CHECK_ADS, replace=False)]
+        for ad_id, ad in touched:
+            s = index.slots.slot_of(ad_id)
+            for r, req in enumerate(requests):
+                checked += 1
+                if bits[r, s] != eligible(ad, req):
+                    failed += 1
+                    first_failure = first_failure or f"after updates: ad {ad_id} request {req.request_id}"
+        for ad_id in list(retired)[:1000]:
+            checked += 1
+            if ad_id in index.slots:
+                failed += 1
+                first_failure = first_failure or f"retired ad {ad_id} still has a slot"
+        if oracle is not None:
+            ids = index.slots.slot_ad_id
+            slots = rng.choice(len(ids), min(ORACLE_SAMPLE_SLOTS // 16, len(ids)), replace=False)
+            slots = [int(s) for s in slots if 0 <= ids[s] < stride * copies and int(ids[s]) not in current
+                     and oracle.slot_ad_id[s] == ids[s]]
+            for r, req in enumerate(requests):
+                want = oracle.base_eligible(req)[oracle.row_of_slot[slots]]
+                got = bits[r, slots].astype(bool)
+                checked += len(slots)
+                if (got != want).any():
+                    failed += int((got != want).sum())
+                    s = slots[int(np.flatnonzero(got != want)[0])]
+                    first_failure = first_failure or f"after updates: untouched ad {int(ids[s])} request {req.request_id}"
+
     for _ in range(rounds):
         ups = []
         for _ in range(per_round):
@@ -396,23 +448,16 @@ def bench_updates(index: GpuTargetingIndex, base: BaseCorpus, copies: int, cuda,
         index.run(batch, out)
         cuda.synchronize()
         serve_s += time.perf_counter() - t0
-    words = index.match_slots(enc).copy_to_host()
-    bits = _bits(words)
-    touched = list(current.items())
-    if len(touched) > UPDATE_CHECK_ADS:
-        touched = [touched[i] for i in rng.choice(len(touched), UPDATE_CHECK_ADS, replace=False)]
-    checked = 0
-    for ad_id, ad in touched:
-        s = index.slots.slot_of(ad_id)
-        for r, req in enumerate(base.requests[:CHECK_REQUESTS]):
-            assert bits[r, s] == eligible(ad, req), f"after updates: ad {ad_id} request {req.request_id}"
-            checked += 1
-    for ad_id in list(retired)[:1000]:
-        assert ad_id not in index.slots, f"retired ad {ad_id} still has a slot"
+        check_round(_bits(out.copy_to_host()))  # the output of the timed serving, after its timing
+    check = {"requests_timed": rounds * len(requests), "requests_checked": rounds * len(requests),
+             "oracle_checks": checked, "ok": failed == 0, "failed": failed}
+    if first_failure is not None:
+        check["first_failure"] = first_failure
     res = {"rounds": rounds, "updates": n_updates, "apply_s": apply_s, "updates_per_s": n_updates / apply_s,
-           "serve_s_between": serve_s, "touched_ads_checked": checked, "compactions": index.compactions}
+           "serve_s_between": serve_s, "touched_ads_checked": checked, "compactions": index.compactions,
+           "check": check}
     log(progress, f"  updates: {res['updates_per_s']:,.0f} updates/s applied in batches of {per_round} while"
-                  f" serving ({checked} checks of touched ads passed)")
+                  f" serving ({checked} checks against the oracle: {'ok' if failed == 0 else 'FAILED'})")
     return res
 
 
@@ -449,15 +494,20 @@ def environment(cuda) -> dict:
 def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches: Sequence[int] = BATCHES,
         base_ads: int = BASE_ADS, requests: int = 256, seed: int = 7, base_path: str | None = None,
         base: BaseCorpus | None = None, updates: tuple[int, int] | None = (UPDATE_ROUNDS, UPDATES_PER_ROUND),
-        device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS, out: str | None = None) -> dict:
+        device: str = "auto", progress: bool = True, chunk_slots: int = CHUNK_SLOTS, layout: str = "format",
+        out: str | None = None) -> dict:
     """The whole GPU benchmark (version numbers of the kernel lab, default: every one that runs here);
     returns the JSON-ready result. `base`: a base corpus already made (else loaded from `base_path`
     or generated). `andromeda bench match` runs it through `benchmarks.match_both.bench_match`, which
-    adds the CPU index beside it."""
+    adds the CPU index beside it. `layout`: the slot order of every pool (format or geo)."""
     from andromeda_nb.devices import resolve
 
     from gpu import runtime
 
+    from andromeda_nb.constants import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     where = resolve(device, kernels=True, what="the GPU index")
     cuda = runtime.cuda()
     from gpu.kernels import match as shipped
@@ -472,21 +522,26 @@ def run(*, pools: Sequence[int], versions: Sequence[int] | None = None, batches:
     result = {"benchmark": "match", "environment": environment(cuda), "device_kind": where,
               "versions": list(versions),
               "shipped_version": shipped.SHIPPED if where == "gpu" else shipped.SIMULATOR_FALLBACK,
-              "base_ads": len(base.ads), "seed": base.seed, "batches": list(batches), "pools": []}
+              "base_ads": len(base.ads), "seed": base.seed, "batches": list(batches), "layout": layout, "pools": [],
+              "checks": {}, "checks_ok": True}
     if where == "gpu":
         result["copy_bandwidth_Bps"] = copy_bandwidth(cuda)
         log(progress, f"device-to-device copy: {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write)")
     for i, pool in enumerate(pools):
         copies = max(1, pool // len(base.ads))
-        result["pools"].append(bench_pool(base, copies, chosen, batches, cuda, rng, progress,
-                                          updates if i == 0 else None, chunk_slots))
+        done = bench_pool(base, copies, chosen, batches, cuda, rng, progress, updates if i == 0 else None, chunk_slots,
+                          layout)
+        result["pools"].append(done)
+        result["checks"].update({f"{done['ads']}/{name}": c for name, c in done["checks"].items()})
+        result["checks"][f"{done['ads']}/full_size"] = done["check"]
+        result["checks_ok"] = result["checks_ok"] and done["checks_ok"]
         if out:  # what is measured so far survives an interrupted run
-            write_json(result, out)
+            write_result(result, out, "match")
     if where == "gpu":
         result["kernel_resources"] = kernel_resources(chosen)
         log(progress, f"registers / local bytes per thread: {result['kernel_resources']}")
     if out:
-        write_json(result, out)
+        write_result(result, out, "match")
     return result
 
 
@@ -501,4 +556,8 @@ def table(result: dict) -> str:
                          f"{t['ms_per_request']:>10.4f}")
     lines.append("G/s kernel: pool ads/s of the kernel alone; G/s +host: with the host's preparation of the batch "
                  "(encoding, tables, upload) added, not overlapped")
+    if "checks" in result:
+        failed = [f"{name} ({c.get('first_failure', '')})" for name, c in result["checks"].items() if not c.get("ok")]
+        lines.append(f"checked against the oracle: the output of every timed launch, the updates' serving and the CPU "
+                     f"index ({len(result['checks'])} entries): " + ("all passed" if not failed else "FAILED: " + "; ".join(failed)))
     return "\n".join(lines)

@@ -5,7 +5,7 @@ the same base corpus (`benchmarks.cpu.bench_tiled_match`), in one result.
 
 from __future__ import annotations
 
-from andromeda_nb.measure import write_json
+from andromeda_nb.provenance import write_result
 from andromeda_nb.devices import resolve
 from .tiling import load_or_generate_base
 
@@ -25,8 +25,10 @@ def bench_match(*, cpu_pool: int = 1_000_000, base_path: str | None = None, base
         from .cpu import bench_tiled_match
 
         result["cpu_index"] = bench_tiled_match(base, cpu_pool, progress)
+        result["checks"][f"cpu_index/{result['cpu_index']['ads']}"] = result["cpu_index"]["check"]
+        result["checks_ok"] = result["checks_ok"] and result["cpu_index"]["check"]["ok"]
         if gpu_options.get("out"):
-            write_json(result, gpu_options["out"])
+            write_result(result, gpu_options["out"], "match")
     return result
 
 

@@ -36,8 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-from andromeda_nb.measure import log, software, write_json
-from andromeda_nb.provenance import host_info
+from andromeda_nb.measure import log, software
+from andromeda_nb.provenance import script_command, write_result
 from serving import protocol as fl
 from serving.services import ServiceProcess
 
@@ -171,7 +171,7 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
         repeat: int = 3, clients: int = 32, client_processes: int = 1, seconds: float = 20.0,
         batch_wait_ms: float = 0.2, exchanges=("call",), request_formats=("json",), decode_aheads=(False,),
         switch_intervals=("",), cpus: list[int] | None = None, profile: str | None = None, checks: int = CHECKS,
-        progress=True, command: str | None = None) -> dict:
+        progress=True) -> dict:
     """The whole measurement (the module docstring): the in-process engine checked against the
     reference, timed in batches of `batch` and of `clients`; then one served run per combination of
     `exchanges`, `request_formats`, `decode_aheads` and `switch_intervals`, each against its own
@@ -230,8 +230,7 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
             "served": srv, "served_by_exchange": by_exchange, "served_over_in_process": ratio,
             "target": {"value": ratio, "target": ">= 0.70", "met": met,
                        **({} if checks_ok else {"reason": "checks failed"})},
-            "host": host_info(), "software": software(),
-            **({"command": command} if command else {})}
+            "software": software()}
 
 
 def table(result: dict) -> str:
@@ -295,11 +294,11 @@ def main(argv=None) -> int:
                  clients=args.clients, client_processes=args.client_processes, seconds=args.seconds,
                  batch_wait_ms=args.batch_wait_ms, exchanges=args.exchange.split(","), request_formats=formats,
                  decode_aheads=[a == "on" for a in aheads], switch_intervals=args.switch_interval_ms.split(","),
-                 cpus=server_cpus(args.server_cpus), profile=args.profile, checks=args.checks,
-                 command="python3 -m benchmarks.served " + " ".join(sys.argv[1:] if argv is None else argv))
+                 cpus=server_cpus(args.server_cpus), profile=args.profile, checks=args.checks)
     print(table(result))
     if args.out:
-        write_json(result, args.out)
+        write_result(result, args.out, command=script_command("-m benchmarks.served",
+                                                              sys.argv[1:] if argv is None else argv))
     return 0 if result["checks_ok"] else 1
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from serving import protocol as fl  # noqa: E402
 from andromeda_nb.measure import log, software, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 from serving.services import ServiceProcess  # noqa: E402
 
 
@@ -176,10 +176,8 @@ def main(argv=None) -> int:
                         proc.stop()
     doc = {"kind": "update_stall", "ads": args.ads, "upserts": args.upserts, "idle_s": args.idle_s,
            "update_slice": args.slice or "default", "results": results,
-           "target": "p99 during the call within 2x of the idle p99",
-           "provenance": {"command": "python3 scripts/bench_update_stall.py " + " ".join(argv or sys.argv[1:]),
-                          "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info(),
-                          "software": software()}}
+           "target": "p99 during the call within 2x of the idle p99", "software": software()}
+    stamp(doc, command=script_command("bench_update_stall.py", argv if argv is not None else sys.argv[1:]))
     if args.out:
         write_json(doc, args.out)
     print(json.dumps(results, indent=2))

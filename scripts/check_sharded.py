@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.measure import software, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 
 BATCH = 256  # requests per request batch to the front
 
@@ -108,8 +107,8 @@ def main(argv=None) -> int:
     result = {"kind": "serve_cluster_against_one_engine", "ads": dataset.n_ads, "requests": len(requests),
               "k": args.k, "shards": args.shards, "device": args.device, "updates_applied": applied, "equal": equal,
               "differences": diff, "shard_state": placed, "seconds": {k: round(v, 2) for k, v in seconds.items()},
-              "software": {**software(), "ray": ray.__version__}, "host": host_info(),
-              "command": shlex.join(["python3", "scripts/check_sharded.py", *(argv if argv is not None else sys.argv[1:])])}
+              "software": {**software(), "ray": ray.__version__}}
+    stamp(result, command=script_command("check_sharded.py", argv if argv is not None else sys.argv[1:]))
     say(f"serve cluster, {args.shards} shards on {args.device}, against one engine, {len(requests)} requests, "
         f"k = {args.k}: {'equal' if equal else 'DIFFERENT'}; shards on GPU(s) {[p['gpu'] for p in placed]}")
     for line in diff:

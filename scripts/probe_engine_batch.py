@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from andromeda_nb.measure import finish_probe
+    from andromeda_nb.provenance import finish_probe
     from andromeda_nb.compiled import encode_requests
     from serving.hostmem import keep_freed_memory
     from andromeda_nb.store import load_dataset

@@ -10,7 +10,6 @@ what both ends spend on it (the interpreter, Arrow and gRPC alike).
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import threading
 import time
@@ -19,8 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.measure import write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, write_result  # noqa: E402
 
 
 def _timed(fn, calls: int) -> dict:
@@ -66,13 +64,12 @@ def main(argv=None) -> int:
         stream.close()
         client.close()
         server.shutdown()
-    out.update(ads=dataset.n_ads, calls=args.calls, k=args.k, host=host_info(),
-               command=shlex.join(["python3", "scripts/probe_exchange_cost.py", *(argv or sys.argv[1:])]))
+    out.update(ads=dataset.n_ads, calls=args.calls, k=args.k)
     print(f"encode: {out['encode_per_request_us']:.0f} us a request (batches of 64); round trip, exchange per call: "
           f"{out['exchange_per_call']['wall_ms']:.3f} ms, {out['exchange_per_call']['cpu_ms']:.3f} ms CPU; "
           f"one exchange kept: {out['one_exchange']['wall_ms']:.3f} ms, {out['one_exchange']['cpu_ms']:.3f} ms CPU")
     if args.out:
-        write_json(out, args.out)
+        write_result(out, args.out, command=script_command("probe_exchange_cost.py", argv if argv is not None else sys.argv[1:]))
     return 0
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.measure import write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, write_result  # noqa: E402
 
 REQUEST_TEXT_BYTES = 2_300  # about one generated request's JSON
 
@@ -143,15 +142,13 @@ def main(argv=None) -> int:
             out["reuseport"] = reuseport(server.port)
     finally:
         server.shutdown()
-    out.update(host=host_info(),
-               command="python3 scripts/probe_flight_floor.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     for run in out["runs"]:
         print(f"{run['exchange']}: {run['round_trips_per_s']:,.0f} round trips/s, server CPU "
               f"{run['server_cpu_ms_per_round_trip']:.3f} ms a round trip")
     if "reuseport" in out:
         print(f"a second server on the same port: {out['reuseport']}")
     if args.out:
-        write_json(out, args.out)
+        write_result(out, args.out, command=script_command("probe_flight_floor.py", argv if argv is not None else sys.argv[1:]))
     return 0
 
 

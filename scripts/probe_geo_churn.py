@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # host arrays: nothing here launches a kernel
 os.environ.setdefault("ANDROMEDA_SIM_POISON", "0")
 
-from andromeda_nb.measure import finish_probe, log  # noqa: E402
+from andromeda_nb.measure import log  # noqa: E402
+from andromeda_nb.provenance import finish_probe  # noqa: E402
 
 
 def probe(data: str, spare: float, call: int, progress: bool = True) -> dict:

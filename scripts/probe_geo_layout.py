@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.measure import software, write_json  # noqa: E402
 from andromeda_nb.geo_layout import ALL, GeoBuckets, chunk_summaries, clustered_order  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 
 GROUP = 64
 TILE_ROWS = 32  # rows of the scoring kernel's tile of one chunk's eligible slots
@@ -117,8 +116,8 @@ def main(argv=None) -> int:
               "ads_passing_geo_test": round(float(np.mean([((masks & np.uint64(m)) != 0).mean() for m in req_masks])), 4),
               "eligible_share": round(float(np.mean([len(e) for e in eligible]) / len(ct)), 4),
               "layouts": {name: measure(masks, slot, eligible, req_masks, args.chunk) for name, slot in layouts.items()},
-              "software": software(), "host": host_info(),
-              "command": shlex.join(["python3", "scripts/probe_geo_layout.py", *(argv if argv is not None else sys.argv[1:])])}
+              "software": software()}
+    stamp(result, command=script_command("probe_geo_layout.py", argv if argv is not None else sys.argv[1:]))
     print(json.dumps({k: result[k] for k in ("ads", "bucket", "ads_with_geo_mask", "single_country_ads", "eligible_share",
                                               "ads_passing_geo_test",
                                               "layouts")}, indent=1))

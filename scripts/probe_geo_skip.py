@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # host arrays: nothing here launches a kernel
 
-from andromeda_nb.measure import finish_probe, log  # noqa: E402
+from andromeda_nb.measure import log  # noqa: E402
+from andromeda_nb.provenance import finish_probe  # noqa: E402
 
 
 def probe(pool: int, base_ads: int, n_requests: int, seed: int, progress: bool = True) -> dict:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.measure import median_ms, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
               f"{row['busy']['json']:.2f} ms, columns {row['busy']['columns']:.2f} ms")
     sys.setswitchinterval(default)
     out = {"what": f"{args.calls} one-request calls decoded together, medians of {args.repeat}", "rows": rows,
-           "busy_threads": args.busy_threads, "host": host_info(),
-           "command": "python3 scripts/probe_gil_release.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+           "busy_threads": args.busy_threads}
+    stamp(out, command=script_command("probe_gil_release.py", argv if argv is not None else sys.argv[1:]))
     if args.out:
         write_json(out, args.out)
     return 0

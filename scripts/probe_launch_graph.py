@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from andromeda_nb.measure import finish_probe
+    from andromeda_nb.provenance import finish_probe
     from andromeda_nb.compiled import encode_requests
     from andromeda_nb.model import user_sides
     from andromeda_nb.scoring import fold_tables_batch

@@ -98,9 +98,10 @@ def main(argv=None) -> int:
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), flush=True)
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"probe": "match kernel: as shipped, with a trig-free circle stand-in, with at most 64 registers",
-                       "command": " ".join(["python3"] + sys.argv), "runs": results}, fh, indent=2)
+        from andromeda_nb.provenance import script_command, write_result
+
+        write_result({"probe": "match kernel: as shipped, with a trig-free circle stand-in, with at most 64 registers",
+                      "runs": results}, args.out, command=script_command("probe_match_trig.py", argv if argv is not None else sys.argv[1:]))
     return 0
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.measure import write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -72,9 +72,8 @@ def main(argv=None) -> int:
     stats = server.batcher.stats()
     result["call_path"] = server.call_path.snapshot()
     server.shutdown()
-    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats,
-           "host": host_info(),
-           "command": "python3 scripts/probe_served_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats}
+    stamp(out, command=script_command("probe_served_ceiling.py", argv if argv is not None else sys.argv[1:]))
     engine = "no engine time" if not args.engine_ms else f"a wait of {args.engine_ms:g} ms a batch"
     print(f"server ceiling (answers looked up, {engine}): {out['requests_per_s']:.0f} requests/s, "
           f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request, "

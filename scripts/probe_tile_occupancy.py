@@ -17,7 +17,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from andromeda_nb.measure import write_json  # noqa: E402
 from andromeda_nb.oracle import OracleIndex  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 from benchmarks.tiling import generate_base  # noqa: E402
 
 TILE = 32
@@ -64,11 +66,11 @@ def main(argv=None) -> int:
             "by_format_then_country": tile_share(eligible, np.lexsort((geo, fmt))),
             "by_country_then_format": tile_share(eligible, np.lexsort((fmt, geo))),
         },
-        "command": "python3 scripts/probe_tile_occupancy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    stamp(result, command=script_command("probe_tile_occupancy.py", argv if argv is not None else sys.argv[1:]))
     print(json.dumps(result, indent=1))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(result, args.out)
     return 0
 
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from serving import protocol as fl  # noqa: E402
 from andromeda_nb.measure import log, software, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 from serving.services import ServiceProcess  # noqa: E402
 
 
@@ -402,10 +402,8 @@ def main(argv=None) -> int:
             result = Soak(name, root, dataset, args).run()
             log(True, json.dumps({k: v for k, v in result.items() if k != "events"}))
             results.append(result)
-    doc = {"kind": "soak", "results": results,
-           "provenance": {"command": "python3 scripts/soak.py " + " ".join(argv or sys.argv[1:]),
-                          "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_info(),
-                          "software": software()}}
+    doc = {"kind": "soak", "results": results, "software": software()}
+    stamp(doc, command=script_command("soak.py", argv if argv is not None else sys.argv[1:]))
     if args.out:
         write_json(doc, args.out)
     ok = all(r["wrong_answers"] == 0 and r["lost_acknowledged_updates"] == 0 and r["visibility_violations"] == 0

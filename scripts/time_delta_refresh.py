@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from andromeda_nb.measure import write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,8 +40,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="andromeda-refresh-") as tmp:
         generate_corpus(Path(tmp) / "c", args.ads, 16, args.seed)
         out = measure(load_dataset(Path(tmp) / "c"), args)
-    out.update(host=host_info(),
-               command="python3 scripts/time_delta_refresh.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    stamp(out, command=script_command("time_delta_refresh.py", argv if argv is not None else sys.argv[1:]))
     print(json.dumps(out))
     if args.out:
         write_json(out, args.out)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import time
 
@@ -40,7 +39,8 @@ def main(argv=None) -> int:
 
     from andromeda_nb.measure import timed_runs
     from andromeda_nb.devices import resolve
-    from andromeda_nb.provenance import host_info
+    from andromeda_nb.measure import write_json
+    from andromeda_nb.provenance import script_command, stamp
     from benchmarks.tiling import load_or_generate_base
 
     resolve("sim")
@@ -73,12 +73,11 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
               "base_ads": len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
-              "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures,
-              "command": shlex.join(["python3", "scripts/time_host_prepare.py", *argv]), "host": host_info()}
+              "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures}
+    stamp(result, command=script_command("time_host_prepare.py", argv))
     print(json.dumps(result))
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(result, args.out)
     return 0
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # only host code is timed; no device needed
@@ -77,7 +76,8 @@ def main(argv=None) -> int:
     from andromeda_nb.scoring import fold_tables_batch
     from serving.protocol import decode_request_batch, request_batch
     from andromeda_nb.devices import resolve
-    from andromeda_nb.provenance import host_info
+    from andromeda_nb.measure import write_json
+    from andromeda_nb.provenance import script_command, stamp
     from andromeda_nb.rows import RowMap
     from andromeda_nb.store import load_dataset
     from cpu_baseline.index import CpuTargetingIndex
@@ -118,11 +118,11 @@ def main(argv=None) -> int:
         "blas": blas_info(),
     }
     argv = sys.argv[1:] if argv is None else argv
-    result = {**out, "command": shlex.join(["python3", "scripts/time_host_side.py", *argv]), "host": host_info()}
+    result = dict(out)
+    stamp(result, command=script_command("time_host_side.py", argv))
     print(json.dumps(result))
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(result, args.out)
     return 0
 
 

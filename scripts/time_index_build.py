@@ -12,7 +12,6 @@ import argparse
 import cProfile
 import json
 import pstats
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.measure import software, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -53,8 +52,8 @@ def main(argv=None) -> int:
               "tile_s": round(tile_s, 3), "build_s": round(build_s, 3),
               "us_per_ad": round(build_s / len(index) * 1e6, 3),
               "top_self_seconds": [{"function": name, "seconds": round(sec, 3)} for sec, name in top],
-              "software": software(), "host": host_info(),
-              "command": shlex.join(["python3", "scripts/time_index_build.py", *(argv if argv is not None else sys.argv[1:])])}
+              "software": software()}
+    stamp(result, command=script_command("time_index_build.py", argv if argv is not None else sys.argv[1:]))
     print(json.dumps({k: result[k] for k in ("ads", "tile_s", "build_s", "us_per_ad")}))
     if args.out:
         write_json(result, args.out)

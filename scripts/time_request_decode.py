@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from andromeda_nb.measure import median_ms, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -92,9 +92,8 @@ def main(argv=None) -> int:
                    "arrays_ms": median_ms(lambda: host_side(arrays), args.repeat)}
     out = {"what": "request decoding on the server: JSON against columnar request batches (medians)",
            "requests_of": args.data, "batches": rows, f"calls_of_one_request_x{args.calls}": calls,
-           "engine_host_side": engine_host, "allocator": {"asked": args.allocator, "freed_memory_kept": kept},
-           "host": host_info(),
-           "command": "python3 scripts/time_request_decode.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+           "engine_host_side": engine_host, "allocator": {"asked": args.allocator, "freed_memory_kept": kept}}
+    stamp(out, command=script_command("time_request_decode.py", argv if argv is not None else sys.argv[1:]))
     for row in rows:
         print(f"{row['requests']:>3} requests: decode {row['decode_ms']['json']:.3f} ms as JSON, "
               f"{row['decode_ms']['columns']:.3f} ms as columns; {row['bytes']['json']:,} against "

@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.measure import write_json  # noqa: E402
+from andromeda_nb.provenance import script_command, stamp  # noqa: E402
 from serving.services import ServiceProcess  # noqa: E402
 
 
@@ -36,11 +37,11 @@ def main(argv=None) -> int:
         print(f"run {i + 1}: ready in {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
     meta = json.loads((Path(args.data) / "meta.json").read_text())
     out = {"kind": "server_startup", "ads": meta.get("counts", {}).get("ads"), "device": args.device,
-           "ready_s": seconds, "host": host_info(),
-           "command": "python3 scripts/time_server_startup.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+           "ready_s": seconds}
+    stamp(out, command=script_command("time_server_startup.py", argv if argv is not None else sys.argv[1:]))
     print(json.dumps(out))
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        write_json(out, args.out)
     return 0
 
 

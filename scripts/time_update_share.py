@@ -26,8 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andromeda_nb.measure import finish_probe  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.provenance import finish_probe  # noqa: E402
 
 
 def busy(seconds: float) -> None:
@@ -89,7 +88,7 @@ def main(argv=None) -> int:
               f"of the {row['pause_for_exact_share_s'] * 1e3:.1f} ms that leave exactly the share; call "
               f"{row['call_s'] * 1e3:.1f} ms", file=sys.stderr)
     result = {"lines": args.lines, "slice": args.slice, "slice_ms": args.slice_ms, "repeat": args.repeat,
-              "rows": rows, "host": host_info()}
+              "rows": rows}
     finish_probe(result, "time_update_share.py", argv if argv is not None else sys.argv[1:], args.out)
     return 0
 

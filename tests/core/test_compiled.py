@@ -54,6 +54,22 @@ def test_layout_of_one_spec():
     assert len(ct) == 1 and ct.nbytes > 0
 
 
+def test_excluded_geo_locations_bring_their_circles_to_the_negative_clause():
+    circle = {"latitude": 10.0, "longitude": 20.0, "radius": 5, "distance_unit": "kilometer"}
+    ad = _ad(4, {"geo_locations": {"countries": ["US"]},
+                 "excluded_geo_locations": {"regions": [8], "custom_locations": [circle]}})
+    ct = compile_ads([ad])
+    assert ct.clause_negative.tolist() == [0, 1] and ct.circle_ptr.tolist() == [0, 0, 1]
+    np.testing.assert_allclose(ct.circles[0], [10.0, 20.0, 5.0])
+    # a user inside the excluded circle is refused, one outside it is not, as the oracle says
+    for lat, want in ((10.01, False), (10.5, True)):
+        req = parse_request({"request_id": 1, "user": {"age": 30, "country": "US", "latitude": lat, "longitude": 20.0},
+                             "context": {"publisher_platform": "facebook", "device_platform": "mobile",
+                                         "user_os": "iOS", "time": 5}}, seed=0, experts=1, width=1)
+        assert eligible(ad, req) is want
+        assert eligible_compiled(ct, 0, encode_request(req)) is want
+
+
 def test_open_schedule_and_empty_corpus():
     ct = compile_ads([_ad(1, {"custom_audiences": [1]})])
     assert ct.start_time[0] == NULL_START and ct.end_time[0] == NULL_END

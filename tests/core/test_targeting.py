@@ -107,6 +107,7 @@ def test_limits_are_inclusive():
         (spec(age_min=12), "targeting.age_min", "13..65"),
         (spec(age_max=66), "targeting.age_max", "13..65"),
         (spec(age_min=40, age_max=30), "targeting.age_min", "greater"),
+        (spec(age_min=31, age_max=30), "targeting.age_min", "greater"),
         (spec(age_max=15), "targeting.age_max", "default age_min 18"),
         (spec(genders=[]), "targeting.genders", "empty"),
         (spec(genders=[1, 0]), "targeting.genders[1]", "not one of"),

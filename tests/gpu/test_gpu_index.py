@@ -584,7 +584,11 @@ def test_bench_match_runs_and_checks(tmp_path, monkeypatch):
                     updates=(2, 15), cpu_pool=160, chunk_slots=CHUNK, progress=False, out=str(out))
     pool = json.loads(out.read_text())["pools"][0]
     assert pool["ads"] == 240 and pool["copies"] == 3
-    assert pool["check"]["oracle_checks"] > 0 and pool["eligible_share"] > 0
+    assert pool["check"]["ok"] and pool["check"]["requests_checked"] > 0 and pool["eligible_share"] > 0
+    # the output of the timed launches is checked too, every request at every slot of this small pool
+    timed = pool["checks"][f"v{_kernels().SIMULATOR_FALLBACK}/b32"]
+    assert timed["ok"] and timed["requests_checked"] == timed["full_pool_requests"] == 32, timed
+    assert result["checks_ok"] is True
     assert pool["updates"]["updates"] > 0 and pool["updates"]["touched_ads_checked"] > 0
     assert result["cpu_index"] is None or result["cpu_index"]["ads"] == 160
     for row in pool["timings"]:  # the simulator's event timer reads -1 ms: the host clock times it instead
