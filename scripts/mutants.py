@@ -184,8 +184,8 @@ MUTANTS: list[Mutant] = [
       "the wide walk's list keeps each key with the wrong slot"),
     # --- updates and logs -----------------------------------------------------------------------------
     M("log-damage-taken-for-torn-tail", "update log", "serving/wal.py",
-      "            scan.problem = _damaged(path, n, want, base, why, len(lines) - n)\n            break",
-      "            scan.problem = _damaged(path, n, want, base, why, len(lines) - n)\n"
+      "            scan.problem = _damaged(path, n, want, base, why, len(lines) - n, scan.boundary())\n            break",
+      "            scan.problem = _damaged(path, n, want, base, why, len(lines) - n, scan.boundary())\n"
       "            scan.torn = n >= len(lines) - 1\n            break", ("tests/serving/test_wal.py",),
       "a damaged record just before the last is taken for a torn tail: the log is cut there and the last record lost"),
     M("gpu-slice-skips-embeddings", "GPU slice apply", "gpu/engine.py",
@@ -467,7 +467,7 @@ MUTANTS: list[Mutant] = [
       "if held == ADMIN or (role == READER and held == READER):", "if held in (ADMIN, READER):",
       ("tests/serving/test_guard.py",), "the reader token may send updates"),
     M("guard-exposed-without-auth", "guard", "serving/guard.py",
-      "        if is_loopback(host) or self.authenticated or self.insecure:\n", "        if True:\n",
+      "        if not self.authenticated:\n", "        if False:\n",
       ("tests/serving/test_guard.py",), "a server listens beyond loopback with no token and no mutual TLS"),
     M("limits-max-k-unbounded", "limits", "serving/limits.py", "if not 1 <= self.max_k <= MAX_K:",
       "if not 1 <= self.max_k:", ("tests/serving/test_limits.py",), "a --max-k above the largest k any answer may have is taken"),
