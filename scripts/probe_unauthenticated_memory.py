@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 import pyarrow as pa  # noqa: E402
 import pyarrow.flight as flight  # noqa: E402
 
-from andromeda_nb.measure import log, software, write_json  # noqa: E402
-from andromeda_nb.provenance import host_info  # noqa: E402
+from andromeda_nb.measure import log  # noqa: E402
+from andromeda_nb.provenance import finish_probe  # noqa: E402
 from serving import protocol as fl  # noqa: E402
 from serving.guard import ClientCredentials  # noqa: E402
 from serving.services import ServiceProcess  # noqa: E402
@@ -145,10 +145,7 @@ def main(argv=None) -> int:
                 del payload
         finally:
             server.stop()
-    results.update(command="python3 scripts/probe_unauthenticated_memory.py " + " ".join(argv or sys.argv[1:]),
-                   host=host_info(), software=software())
-    if args.out:
-        write_json(results, args.out)
+    finish_probe(results, "probe_unauthenticated_memory.py", sys.argv[1:] if argv is None else argv, args.out)
     return 0
 
 

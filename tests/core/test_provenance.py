@@ -86,9 +86,9 @@ def _fake_results(monkeypatch) -> None:
 
 @pytest.mark.parametrize("args, kind", [
     (["bench", "cpu", "--ads", "100"], "cpu"),
-    (["bench", "match", "--pools", "100", "--device", "sim"], "match"),
+    (["bench", "match", "--ads", "100", "--device", "sim"], "match"),
     (["bench", "score", "--ads", "4096"], "score"),
-    (["bench", "pipeline", "--pool", "4096"], "pipeline"),
+    (["bench", "pipeline", "--ads", "4096"], "pipeline"),
     (["bench", "cluster", "--data", "{data}", "--device", "cpu"], "cluster_data_path"),
 ], ids=["cpu", "match", "score", "pipeline", "cluster"])
 def test_every_bench_command_writes_its_provenance_into_its_out_file(args, kind, tmp_path, monkeypatch):
@@ -98,11 +98,11 @@ def test_every_bench_command_writes_its_provenance_into_its_out_file(args, kind,
     data = tmp_path / "corpus"
     data.mkdir()
     out = tmp_path / "result.json"
-    run_cli(*[a.replace("{data}", str(data)) for a in args], "--out", out, "-q")
+    run_cli(*[a.replace("{data}", str(data)) for a in args], "--out-file", out, "-q")
     doc = json.loads(out.read_text())
     assert doc["kind"] == kind
     _assert_stamped(doc, "andromeda " + " ".join(args[:2]))
-    assert doc["provenance"]["options"]["out"] == str(out)
+    assert doc["provenance"]["options"]["out_file"] == str(out)
 
 
 def test_the_cluster_bench_run_as_a_module_stamps_its_partial_and_final_files(tmp_path, monkeypatch):
