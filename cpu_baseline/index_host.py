@@ -44,7 +44,7 @@ import pyarrow.flight as flight
 
 from andromeda_nb.model import user_side
 from andromeda_nb.reference import reference_topk
-from serving.durable import ReadGate, UpdateJournal
+from serving.durable import JournaledServer, ReadGate, UpdateJournal
 from serving.limits import DEFAULT_LIMITS
 from serving.protocol import RetrieveServer
 from serving.wal import LogError, WriteAheadLog, corpus_lineage, snapshot_seq
@@ -94,7 +94,7 @@ class ReadWriteLock:
 top_k = reference_topk  # the k best, score descending, ties by ad id ascending: one rule for every path
 
 
-class IndexHostServer(RetrieveServer):
+class IndexHostServer(JournaledServer, RetrieveServer):
     name = "index-host"
 
     def __init__(self, dataset, scorer_location: str, location: str = "grpc://127.0.0.1:0", *,
@@ -331,13 +331,6 @@ class IndexHostServer(RetrieveServer):
             ack["warning"] = (f"{self._scorer_problem or 'the scoring service has not taken them yet'}: the updates "
                               "are logged and will be applied before the next retrieval is answered")
         return ack
-
-    def compact(self) -> dict:
-        return self.journal.compact(self.data_dir)
-
-    @property
-    def busy(self) -> bool:
-        return super().busy or self.journal.lock.locked()
 
     # --- reporting -------------------------------------------------------------------------------------
     def health_state(self) -> tuple[str, list[str]]:

@@ -423,5 +423,18 @@ def _ad_id(update: Update):
     return update.ad.ad_id if isinstance(update, Upsert) else getattr(update, "ad_id", None)
 
 
-__all__ = ["ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate",
+class JournaledServer:
+    """What a server that takes updates through an `UpdateJournal` (`self.journal`, logging beside the
+    corpus at `self.data_dir`) adds to `RetrieveServer`: the `compact` action, and a server busy while
+    the journal's lock is held (shutdown lets the call finish). The co-located server and the index
+    host mix it in before `RetrieveServer`."""
+
+    def compact(self) -> dict:
+        return self.journal.compact(self.data_dir)
+
+    @property
+    def busy(self) -> bool:
+        return super().busy or self.journal.lock.locked()
+
+__all__ = ["JournaledServer", "ACTIVE_S", "DEFAULT_YIELD_S", "MIN_PAUSE_S", "SHARE_WINDOW_S", "DeadlineExceeded", "LimitExceeded", "ReadGate",
            "ServerStopping", "UpdateJournal"]

@@ -25,7 +25,7 @@ from andromeda_nb import rows
 from andromeda_nb.dataset import fingerprint
 
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
-from .durable import ReadGate, UpdateJournal
+from .durable import JournaledServer, ReadGate, UpdateJournal
 from .limits import DEFAULT_LIMITS
 from .protocol import RetrieveServer, batch_bytes
 from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
@@ -39,7 +39,7 @@ def _columnar_rows(batch) -> int | None:
     return batch.num_rows if is_columnar(batch.schema) else None
 
 
-class EngineServer(RetrieveServer):
+class EngineServer(JournaledServer, RetrieveServer):
     name = "colocated"
 
     def __init__(self, engine, dataset, location: str = "grpc://127.0.0.1:0", *, log: WriteAheadLog | None = None,
@@ -123,13 +123,6 @@ class EngineServer(RetrieveServer):
         ack = self.journal.submit(body, live=self.engine.__contains__, apply=self._apply)
         self.stats.add(updates=ack["applied"])
         return ack
-
-    def compact(self) -> dict:
-        return self.journal.compact(self.data_dir)
-
-    @property
-    def busy(self) -> bool:
-        return super().busy or self.journal.lock.locked()
 
     def health_state(self) -> tuple[str, list[str]]:
         if self.journal.failed is not None:
