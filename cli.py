@@ -1270,6 +1270,10 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 
 
 @bench.command("pipeline")
+@click.option("--data", "data", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A corpus directory (generate, import): its distinct ads and its own requests, as serve "
+                   "colocated serves them, in place of the tiled pool (--ads, --base-ads, --precision, --dim and "
+                   "--seed then come from the corpus).")
 @click.option("--ads", "pool", type=_ADS, default=10_000_000, show_default=True,
               help="Pool size in ads: a generated base corpus, tiled.")
 @click.option("--base-ads", type=click.IntRange(1), default=8192, show_default=True,
@@ -1301,20 +1305,28 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @renamed("--score-version", "--kernel-version")
 @renamed("--layout", "--layouts")
 @renamed("--launch", "--launches")
-def bench_pipeline(pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, launches, device, out,
-                   as_json, quiet):
+def bench_pipeline(data, pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, launches, device,
+                   out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
-    per-request p50/p99 latency and pool ads/s. Every timed answer is checked against the float64
-    reference over the oracle's eligible sets, every timed match row against the oracle; a target is
-    met only when every check passed."""
+    per-request p50/p99 latency and pool ads/s, on a generated pool tiled to --ads or on a corpus of
+    distinct ads (--data). Every timed answer is checked against the float64 reference over the
+    eligible sets (the oracle's over the tiled pool; over a corpus, the CPU index's, held to the oracle
+    on a sample), every timed match row against them; a target is met only when every check passed."""
     from andromeda_nb.measure import json_line
 
+    if data is not None:
+        ctx = click.get_current_context()
+        given = [f"--{name.replace('_', '-')}" for name in ("pool", "base_ads", "precision", "dim", "seed")
+                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{', '.join(given).replace('--pool', '--ads')}: the corpus of --data decides "
+                                   "these; leave them out")
     try:
         from benchmarks import score as bs
 
         result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
                                            batches=batches, score_version=score_version, seed=seed,
-                                           launches=launches, device=device, progress=not quiet)
+                                           launches=launches, device=device, data=data, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")

@@ -113,6 +113,11 @@ class TimedAnswers:
         return {name: counts.summary() for name, counts in self.entries.items()}
 
     @property
+    def distinct_requests(self) -> int:
+        """Requests with answers held (not yet checked)."""
+        return len(self._answers)
+
+    @property
     def ok(self) -> bool:
         return bool(self.entries) and all(c.summary()["ok"] for c in self.entries.values())
 
@@ -149,10 +154,70 @@ def gate_targets(targets: dict, checks_ok: bool) -> dict:
     return {name: {**t, "met": False, "reason": "checks failed"} for name, t in targets.items()}
 
 
-# --- the oracle over a tiled pool ----------------------------------------------------------------------
+# --- the eligible sets of a pool: the oracle over a tiled pool, the CPU index over a corpus ----------------------------------------------------------------------
 
 
-class TiledOracle:
+class SlotOracle:
+    """What the checks of a benchmark ask of a pool's eligible sets, given `slot_mask(request)` (bool
+    per slot) and `slot_ad_id`: the eligible slots, the match output row a request must have, and a
+    timed match output checked against them."""
+
+    slot_ad_id: np.ndarray
+
+    def slot_mask(self, request) -> np.ndarray:
+        raise NotImplementedError
+
+    def eligible_slots(self, request) -> np.ndarray:
+        """int64: the eligible slots of `request`, ascending."""
+        return np.flatnonzero(self.slot_mask(request))
+
+    def _sample_mask(self, request, slots: np.ndarray) -> np.ndarray:
+        return self.slot_mask(request)[slots]
+
+    def words(self, request, keep: bool = True) -> np.ndarray:
+        """uint32 (capacity / 32,): the match output row `request` must have (bit s % 32 of word
+        s // 32: slot s eligible); kept for the next call when `keep`."""
+        key = int(request.request_id)
+        kept = self.__dict__.setdefault("_words", {})
+        got = kept.get(key)
+        if got is None:
+            got = np.packbits(self.slot_mask(request), bitorder="little").view(np.uint32)
+            if keep:
+                kept[key] = got
+        return got
+
+    def check_words(self, words: np.ndarray, requests: Sequence, *, full: bool = True,
+                    sample: np.ndarray | None = None, keep: bool = True) -> tuple[int, str | None]:
+        """Rows of a match output (uint32 (len(requests), capacity / 32)) against the oracle: every
+        slot (`full`; the expected rows kept for the next call when `keep`), or the slots of `sample`
+        alone. Returns (requests that differ, the first difference in words)."""
+        words = np.asarray(words)
+        bad, first = 0, None
+        if not full:
+            s = np.asarray(sample, np.int64)
+            got = (words[:, s >> 5] >> (s & 31).astype(np.uint32)) & np.uint32(1)
+        for r, request in enumerate(requests):
+            if full:
+                want = self.words(request, keep)
+                differ = not np.array_equal(words[r, : len(want)], want)
+                if differ and first is None:
+                    gotbits = np.unpackbits(words[r, : len(want)].view(np.uint8), bitorder="little").astype(bool)
+                    slot = int(np.flatnonzero(gotbits != self.slot_mask(request))[0])
+                    first = (f"request {request.request_id}: slot {slot} (ad {int(self.slot_ad_id[slot])}) is "
+                             f"{'eligible' if gotbits[slot] else 'not eligible'} in the match, "
+                             f"{'not ' if gotbits[slot] else ''}in the oracle")
+            else:
+                want = self._sample_mask(request, s)
+                wrong = np.flatnonzero(got[r].astype(bool) != want)
+                differ = len(wrong) > 0
+                if differ and first is None:
+                    slot = int(s[wrong[0]])
+                    first = f"request {request.request_id}: slot {slot} (ad {int(self.slot_ad_id[slot])}) differs"
+            bad += bool(differ)
+        return bad, first
+
+
+class TiledOracle(SlotOracle):
     """Eligible slots of a tiled pool (`slot_ad_id`: the index's ad id per slot, EMPTY for a free
     slot) for the base corpus `base`'s requests, from `andromeda_nb.oracle.eligible` over the base
     ads: every copy of a base ad answers as the base ad does, whatever the slot order (the format's
@@ -189,50 +254,81 @@ class TiledOracle:
         """bool (capacity,): slot s eligible for `request`."""
         return self.base_eligible(request)[self.row_of_slot]
 
-    def eligible_slots(self, request) -> np.ndarray:
-        """int64: the eligible slots of `request`, ascending."""
-        return np.flatnonzero(self.slot_mask(request))
+    def _sample_mask(self, request, slots: np.ndarray) -> np.ndarray:
+        return self.base_eligible(request)[self.row_of_slot[slots]]
 
-    def words(self, request, keep: bool = True) -> np.ndarray:
-        """uint32 (capacity / 32,): the match output row `request` must have (bit s % 32 of word
-        s // 32: slot s eligible); kept for the next call when `keep`."""
+SAMPLE_FROM = 1 << 16  # ads parsed for the oracle sample of a corpus pool
+
+
+class CorpusOracle(SlotOracle):
+    """Eligible slots of a corpus of distinct ads (a loaded `Dataset`) laid out in an index's slots
+    (`slot_ad_id`). Running the oracle over every ad of a 10M corpus for every request would take
+    hours, so the sets come from the CPU index (`cpu_baseline.index.CpuTargetingIndex`, built from the
+    corpus's compiled targeting: never the GPU's match), and the CPU index is itself held to
+    `andromeda_nb.oracle.eligible` on `sample` ads parsed from the corpus's own files, for every request
+    asked about (`sample_check`: a failure there fails the run's checks). One request's mask is kept
+    (a 10M-slot mask per request would not fit many)."""
+
+    def __init__(self, dataset, slot_ad_id: np.ndarray, sample: int = 2000, seed: int = 0):
+        from cpu_baseline.index import CpuTargetingIndex
+
+        self.dataset = dataset
+        self.slot_ad_id = np.asarray(slot_ad_id, np.int64)
+        self.cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
+        used = np.flatnonzero(self.slot_ad_id != EMPTY)
+        order = np.argsort(self.slot_ad_id[used], kind="stable")
+        self._ids, self._slots = self.slot_ad_id[used][order], used[order]
+        self.sample_size = sample
+        self.seed = seed
+        self._sample = None  # (ads, their ids) parsed on first use
+        self._held: tuple = (None, None)
+        self.sample_checked = self.sample_failed = 0
+        self.sample_first_failure: str | None = None
+
+    def _sample_ads(self):
+        if self._sample is None:  # drawn from the first SAMPLE_FROM ads of the file (parsing them all
+            # would take minutes at 10M)
+            ads = next(iter(self.dataset.ad_chunks(SAMPLE_FROM)), [])
+            rng = np.random.default_rng(self.seed)
+            pick = rng.choice(len(ads), min(self.sample_size, len(ads)), replace=False)
+            chosen = [ads[i] for i in sorted(pick.tolist())]
+            self._sample = (chosen, np.asarray([a.ad_id for a in chosen], np.int64))
+        return self._sample
+
+    def eligible_ids(self, request) -> np.ndarray:
+        """int64: the ids of the ads eligible for `request`, ascending (the CPU index's), after the
+        oracle sample check."""
+        ids = self.cpu.match([request])[0]
+        ads, sample_ids = self._sample_ads()
+        want = np.fromiter((eligible(a, request) for a in ads), bool, len(ads))
+        got = np.isin(sample_ids, ids)
+        self.sample_checked += 1
+        if not np.array_equal(got, want):
+            self.sample_failed += 1
+            if self.sample_first_failure is None:
+                bad = int(np.flatnonzero(got != want)[0])
+                self.sample_first_failure = (f"request {request.request_id}: ad {int(sample_ids[bad])} is "
+                                             f"{'eligible' if got[bad] else 'not eligible'} in the CPU index, "
+                                             f"{'not ' if got[bad] else ''}in the oracle")
+        return ids
+
+    def slot_mask(self, request) -> np.ndarray:
         key = int(request.request_id)
-        got = self._words.get(key)
-        if got is None:
-            got = np.packbits(self.slot_mask(request), bitorder="little").view(np.uint32)
-            if keep:
-                self._words[key] = got
-        return got
+        if self._held[0] != key:
+            ids = self.eligible_ids(request)
+            mask = np.zeros(len(self.slot_ad_id), bool)
+            mask[self._slots[np.searchsorted(self._ids, ids)]] = True
+            self._held = (key, mask)
+        return self._held[1]
 
-    def check_words(self, words: np.ndarray, requests: Sequence, *, full: bool = True,
-                    sample: np.ndarray | None = None, keep: bool = True) -> tuple[int, str | None]:
-        """Rows of a match output (uint32 (len(requests), capacity / 32)) against the oracle: every
-        slot (`full`; the expected rows kept for the next call when `keep`), or the slots of `sample`
-        alone. Returns (requests that differ, the first difference in words)."""
-        words = np.asarray(words)
-        bad, first = 0, None
-        if not full:
-            s = np.asarray(sample, np.int64)
-            got = (words[:, s >> 5] >> (s & 31).astype(np.uint32)) & np.uint32(1)
-        for r, request in enumerate(requests):
-            if full:
-                want = self.words(request, keep)
-                differ = not np.array_equal(words[r, : len(want)], want)
-                if differ and first is None:
-                    gotbits = np.unpackbits(words[r, : len(want)].view(np.uint8), bitorder="little").astype(bool)
-                    slot = int(np.flatnonzero(gotbits != self.slot_mask(request))[0])
-                    first = (f"request {request.request_id}: slot {slot} (ad {int(self.slot_ad_id[slot])}) is "
-                             f"{'eligible' if gotbits[slot] else 'not eligible'} in the match, "
-                             f"{'not ' if gotbits[slot] else ''}in the oracle")
-            else:
-                want = self.base_eligible(request)[self.row_of_slot[s]]
-                wrong = np.flatnonzero(got[r].astype(bool) != want)
-                differ = len(wrong) > 0
-                if differ and first is None:
-                    slot = int(s[wrong[0]])
-                    first = f"request {request.request_id}: slot {slot} (ad {int(self.slot_ad_id[slot])}) differs"
-            bad += bool(differ)
-        return bad, first
+    def sample_check(self) -> dict:
+        """The oracle sample check as an entry of a result's `checks`."""
+        out = {"requests_timed": self.sample_checked, "requests_checked": self.sample_checked,
+               "distinct": self.sample_checked, "ok": self.sample_checked > 0 and self.sample_failed == 0,
+               "max_abs_err": 0.0, "ads_sampled": self.sample_size}
+        if self.sample_first_failure is not None:
+            out["first_failure"] = self.sample_first_failure
+        return out
 
 
-__all__ = ["EntryCounts", "TiledOracle", "TimedAnswers", "checks_passed", "gate_targets", "topk_check"]
+__all__ = ["CorpusOracle", "EntryCounts", "SlotOracle", "TiledOracle", "TimedAnswers", "checks_passed", "gate_targets", "topk_check"]

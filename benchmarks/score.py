@@ -484,8 +484,32 @@ class PipelinePool:
     header: dict  # the result's first fields (environment, sizes, versions, layout, blocks skipped)
     index_s: float  # seconds to build the index
     t0: float  # time.time() at the start
-    base: object = None  # benchmarks.tiling.BaseCorpus
+    base: object = None  # benchmarks.tiling.BaseCorpus (a tiled pool)
     xp: object = None  # cupy on a GPU, numpy under the simulator
+    dataset: object = None  # andromeda_nb.dataset.Dataset (a corpus directory's pool, `data_pool`)
+    slot_rows: object = None  # d_slots -> (stored values (n, D), scales (n,)) where xp lives (a corpus's pool)
+    load_s: float = 0.0  # seconds to load the corpus (a corpus's pool)
+
+    @property
+    def precision(self) -> str:
+        return self.dataset.precision if self.dataset is not None else self.dpool.precision
+
+    def rows(self, d_slots):
+        """(stored values (n, D), scales (n,)) of the given slots, where the pool lives (the checks'
+        reference reads them there)."""
+        if self.slot_rows is not None:
+            return self.slot_rows(d_slots)
+        return pool_values(self.xp, self.dpool, d_slots), self.dpool.scale[d_slots]
+
+    def oracle(self):
+        """The eligible sets the checks use: the oracle over the base ads of a tiled pool
+        (`benchmarks.checks.TiledOracle`), the CPU index held to the oracle on a sample over a
+        corpus's (`CorpusOracle`); never the GPU's match."""
+        from .checks import CorpusOracle, TiledOracle
+
+        if self.dataset is not None:
+            return CorpusOracle(self.dataset, self.index.slots.slot_ad_id)
+        return TiledOracle(self.base, self.index.slots.slot_ad_id)
 
 
 def array_module(where: str):
@@ -542,13 +566,67 @@ def pipeline_pool(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: i
     return PipelinePool(index, fs, dpool, model, requests, header, index_s, t0, base, xp)
 
 
+def data_pool(data, *, k: int = CHECK_K, score_version: int | None = None, layout: str = "geo",
+              device: str = "auto", progress: bool = True) -> PipelinePool:
+    """The pool of `bench_pipeline --data`: a corpus directory (`andromeda generate` or `import`) as
+    `serve colocated` serves it: `store.load_dataset`, then the GPU engine's index and scorer
+    (`gpu.engine.GpuEngine`, slots laid out by `layout`), its own requests. The load and the build
+    are timed as the start-up a server pays."""
+    from andromeda_nb.devices import resolve
+    from andromeda_nb.rows import RowMap
+    from andromeda_nb.store import load_dataset
+    from gpu.engine import GpuEngine
+    from gpu.lab import score as lab
+
+    from .match import environment
+
+    where = require_gpu("the co-located pipeline benchmark") if device != "sim" else \
+        resolve(device, kernels=True, what="the co-located pipeline benchmark")
+    if score_version is not None and score_version not in lab.VERSIONS:
+        raise ValueError(f"no scoring kernel v{score_version}; the lab has {sorted(lab.VERSIONS)}")
+    cuda = runtime.cuda()
+    xp = array_module(where)
+    t0 = time.time()
+    dataset = load_dataset(data)
+    load_s = time.time() - t0
+    log(progress, f"pipeline corpus {data}: {len(dataset.ad_ids):,} ads, {len(dataset.requests):,} requests, "
+        f"loaded in {load_s:.1f} s")
+    engine = GpuEngine(dataset, where, version=None if score_version is None else lab.VERSIONS[score_version],
+                       layout=layout)
+    index, fs = engine.index, engine.scorer
+    index_s = time.time() - t0
+    log(progress, f"pipeline corpus: {len(index):,} ads in {index.capacity:,} slots, engine built in "
+        f"{index_s - load_s:.1f} s")
+    slots = index.slots
+    used = np.flatnonzero(slots.slot_ad_id >= 0)
+    row_of_slot = np.zeros(slots.capacity, np.int64)
+    row_of_slot[used] = RowMap(dataset.ad_ids).rows_of(slots.slot_ad_id[used])
+    d_values, d_scale = xp.asarray(dataset.embeddings.values), xp.asarray(dataset.embeddings.scale)
+    d_row = xp.asarray(row_of_slot)
+
+    def slot_rows(d_slots):
+        r = d_row[d_slots]
+        return d_values[r], d_scale[r]
+
+    skipped = geo_skips(index, dataset.requests)
+    model = dataset.model
+    header = {"env": environment(cuda), "device_kind": where, "data": str(data), "pool_ads": len(index),
+              "slots": slots.capacity, "distinct_ads": True, "requests_available": len(dataset.requests),
+              "precision": dataset.precision, "D": model.D, "k": k, "score_version": fs.version,
+              "match_version": index.version, "arithmetic": "float32 (default mode)", "layout": layout,
+              "geo_blocks_skipped": skipped, "circles": int(len(index.circles_h)),
+              "vocabulary_terms": int(len(index.vocab))}
+    return PipelinePool(index, fs, None, model, list(dataset.requests), header, index_s, t0, None, xp,
+                        dataset=dataset, slot_rows=slot_rows, load_s=load_s)
+
+
 # --- the checks of bench pipeline: the oracle's eligible sets, the float64 reference's top-K ----------
 
 CANDIDATE_MARGIN = 4 * (SCORE_ATOL + TOPK_TIE_ATOL)  # reference rows kept below the k-th best score
 
 
-def reference_candidates(xp, dpool: Pool, model: MoeModel, request, slots_eligible: np.ndarray,
-                         ad_ids: np.ndarray, formats: np.ndarray, k: int):
+def reference_candidates(pp: PipelinePool, request, slots_eligible: np.ndarray, ad_ids: np.ndarray,
+                         formats: np.ndarray, k: int):
     """(ad ids, `andromeda_nb.reference.ScoreResult`) of the rows a tie-aware top-K comparison needs
     (`andromeda_nb.compare.compare_topk`), for one request over the given eligible slots of a pool
     (`ad_ids`, `formats`: the ads' own, int (n,)): the float64 formula evaluated where the pool
@@ -558,15 +636,16 @@ def reference_candidates(xp, dpool: Pool, model: MoeModel, request, slots_eligib
     from andromeda_nb.model import EmbeddingTable
     from andromeda_nb.reference import ScoreResult, reference_scores
 
+    xp, model = pp.xp, pp.model
     n = len(slots_eligible)
     if n == 0:
         return np.empty(0, np.int64), ScoreResult.empty()
     us = user_side(model, request)
     d_slots = xp.asarray(slots_eligible, xp.int64)
-    values = pool_values(xp, dpool, d_slots)
+    values, scale = pp.rows(d_slots)
     keep = np.arange(n)
     if n > k:
-        s64, ties = unfused_scores(xp, values, dpool.scale[d_slots], xp.asarray(formats), us, model.top_k, "moe")
+        s64, ties = unfused_scores(xp, values, scale, xp.asarray(formats), us, model.top_k, "moe")
         kth = xp.partition(s64, n - k)[n - k]
         wanted = s64 >= kth - CANDIDATE_MARGIN
         if ties is not None:
@@ -574,19 +653,25 @@ def reference_candidates(xp, dpool: Pool, model: MoeModel, request, slots_eligib
         keep = _host(xp.flatnonzero(wanted))
     d_keep = xp.asarray(keep)
     table = EmbeddingTable(np.ascontiguousarray(_host(values[d_keep])),
-                           np.ascontiguousarray(_host(dpool.scale[d_slots[d_keep]]), np.float32), dpool.precision)
+                           np.ascontiguousarray(_host(scale[d_keep]), np.float32), pp.precision)
     result = reference_scores(model, us, table, np.arange(len(keep)), np.asarray(formats)[keep])
     return np.asarray(ad_ids)[keep], result
 
 
+def slot_formats(slots) -> np.ndarray:
+    """int64 per slot of a `SlotAllocator`: the format of its chunk (every ad's slot is in a chunk of
+    its format)."""
+    return np.repeat(np.asarray(slots.chunk_format, np.int64), slots.chunk_slots)
+
+
 def answer_checker(pp: PipelinePool, oracle, k: int):
     """`check_one(request index, ids, scores) -> (ok, max_abs_err, message)` for `TimedAnswers.check`:
-    one answer against the float64 reference over the oracle's eligible slots (`oracle`: a
-    `benchmarks.checks.TiledOracle` of the pool), by DESIGN section 4's tie-aware top-K rule. The
+    one answer against the float64 reference over the oracle's eligible slots (`oracle`: the pool's
+    `PipelinePool.oracle()`), by DESIGN section 4's tie-aware top-K rule. The
     reference of a request is made once and kept until another request is checked."""
     from .checks import topk_check
 
-    base_format = np.asarray([a.format for a in oracle.ads] + [0], np.int64)
+    slot_format = slot_formats(pp.index.slots)
     held: dict = {}
 
     def check_one(key, ids, scores):
@@ -594,9 +679,8 @@ def answer_checker(pp: PipelinePool, oracle, k: int):
             request = pp.requests[key]
             slots = oracle.eligible_slots(request)
             held.clear()
-            held.update(key=key, ref=reference_candidates(pp.xp, pp.dpool, pp.model, request, slots,
-                                                          oracle.slot_ad_id[slots],
-                                                          base_format[oracle.row_of_slot[slots]], k))
+            held.update(key=key, ref=reference_candidates(pp, request, slots, oracle.slot_ad_id[slots],
+                                                          slot_format[slots], k))
         return topk_check(*held["ref"], ids, scores, k)
 
     return check_one
@@ -617,11 +701,11 @@ def check_match_rows(counts, oracle, words: np.ndarray, requests) -> None:
 WARM_CALLS = 4
 
 
-def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
+def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 256, precision: str = "fp16",
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
                    score_version: int | None = None, seed: int = 0, layout: str = "geo",
                    launches: Sequence[str] = LAUNCHES, reps: int | None = None, device: str = "auto",
-                   progress: bool = True) -> dict:
+                   data=None, progress: bool = True) -> dict:
     """`layout` 'geo': a format's slots hold its base ads clustered by geography
     (`andromeda_nb.geo_layout`), each base ad's copies side by side: the order one sort over the whole
     tiled corpus gives. Either way the match skips blocks by the world's geographic bits, and the
@@ -630,7 +714,11 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     graph, as the engine does) and 'direct' (step by step), each measured in turn on the same pool
     and requests (`launch_modes`); the first is the one the latency, throughput and targets report.
     `reps`: timed batches per batch size (default max(3, 64 / batch)). `device` sim: the CUDA
-    simulator (tiny pools; its figures are host-clock readings of a simulation).
+    simulator (tiny pools; its figures are host-clock readings of a simulation). `data`: a corpus
+    directory in place of the tiled pool (`data_pool`: its distinct ads, as the engine serves them,
+    and its own requests; `pool`, `base_ads`, `n_requests`, `precision`, `dim` and `seed` unused).
+    The timed calls take the requests in turn (lone requests one after another, each batch the next
+    window of its size), so a run times as many distinct requests as the pool has, up to what it times.
 
     Every timed call's answers are kept and checked after the timing (`checks`, by entry point: each
     launch mode's lone requests, the stage-by-stage path, the host calls' `launch_split`, and per
@@ -638,13 +726,16 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     every answer against the float64 reference over the eligible set the oracle gives for the pool
     (never the GPU's own match), and every timed match output row against the oracle, slot by slot.
     The targets are met only when every check passed."""
-    from .checks import TiledOracle, TimedAnswers, checks_passed, gate_targets
+    from .checks import TimedAnswers, checks_passed, gate_targets
 
     launches = tuple(launches)
     if not launches or any(m not in LAUNCHES for m in launches):
         raise ValueError(f"launch modes {launches!r}: choose from {', '.join(LAUNCHES)}")
-    pp = pipeline_pool(pool=pool, base_ads=base_ads, n_requests=n_requests, precision=precision, dim=dim, k=k,
-                       score_version=score_version, seed=seed, layout=layout, device=device, progress=progress)
+    if data is not None:
+        pp = data_pool(data, k=k, score_version=score_version, layout=layout, device=device, progress=progress)
+    else:
+        pp = pipeline_pool(pool=pool, base_ads=base_ads, n_requests=n_requests, precision=precision, dim=dim, k=k,
+                           score_version=score_version, seed=seed, layout=layout, device=device, progress=progress)
     cuda = runtime.cuda()
 
     from andromeda_nb.compiled import encode_requests
@@ -689,6 +780,8 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     answers = run([requests[i] for i in first])
     result["startup_s"] = {"index_and_pool": round(index_s, 3), "table_and_scorer": round(t1 - t0 - index_s, 3),
                            "first_batch": round(time.time() - t1, 3), "total": round(time.time() - t0, 3)}
+    if pp.dataset is not None:  # the corpus's load, then the engine's build (index, embeddings in slot order)
+        result["startup_s"]["load"] = round(pp.load_s, 3)
     timed_answers.add(f"startup/{launches[0]}", first, answers)
     # every launch mode answers as the first, bit for bit, also from a captured graph (third call)
     modes_equal = True
@@ -741,7 +834,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     # where the time of one request goes: each stage synchronized, p50 and p99 over the latency
     # requests; the match stage split into host preparation (encode, upload) and the kernel. The match
     # output of each request is checked against the oracle, every slot, after its stages are timed
-    oracle = TiledOracle(pp.base, index.slots.slot_ad_id)
+    oracle = pp.oracle()
     match_counts = timed_answers.entry("stages/match_kernel")
     stages = {"user_side_host": [], "match_prepare": [], "match_kernel": [], "score_and_topk": [],
               "answers_to_host": []}
@@ -790,32 +883,38 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     result["throughput"] = []
     marks = [cuda.event() for _ in range(4)]  # timing events (the default)
     for B in batches:
-        keys = [i % n_req for i in range(B)]
+        n_reps = reps or max(3, 64 // B)
+
+        def window(j, B=B):  # the request keys of the j-th batch of size B: the requests in turn
+            return [(j * B + i) % n_req for i in range(B)]
+
+        keys = window(0)
         reqs = [requests[i] for i in keys]
         row = {"batch": B}
-        n_reps = reps or max(3, 64 // B)
         for mode, p in pipes.items():
-            for _ in range(WARM_CALLS):  # every plan of the graph mode captured before anything is timed
-                run(reqs, p)
+            for j in range(WARM_CALLS):  # every plan of the graph mode captured before anything is timed
+                run([requests[i] for i in window(j)], p)
             serial_entry, pipelined_entry = f"serial/{mode}/b{B}", f"pipelined/{mode}/b{B}"
+            windows = [window(j) for j in range(n_reps)]
+            batch_reqs = [[requests[i] for i in w] for w in windows]
 
             def serially():
-                for _ in range(n_reps):
-                    keep(serial_entry, keys, run(reqs, p))
+                for w, rs in zip(windows, batch_reqs):
+                    keep(serial_entry, w, run(rs, p))
 
             # pipelined, as GpuEngine.retrieve runs consecutive batches: batch i + 1 prepared on the host
             # while the device runs batch i, one synchronization per batch (when its answers come back)
             def pipelined(calls, prepared, entry=None):
                 for i in range(calls):
                     launched = p.launch(prepared, k)
-                    prepared = prepare(reqs, p) if i + 1 < calls else None
+                    prepared = prepare(batch_reqs[(i + 1) % n_reps], p) if i + 1 < calls else None
                     got = p.fetch(launched)
                     if entry is not None:
-                        keep(entry, keys, got)
+                        keep(entry, windows[i % n_reps], got)
 
             serial = timed(serially) / n_reps
-            pipelined(WARM_CALLS, prepare(reqs, p))  # the pipelined loop's own plans (`launch`, not `launch_split`)
-            first_prepared = prepare(reqs, p)
+            pipelined(WARM_CALLS, prepare(batch_reqs[0], p))  # the pipelined loop's own plans (`launch`)
+            first_prepared = prepare(batch_reqs[0], p)
             piped = timed(lambda: pipelined(n_reps, first_prepared, pipelined_entry)) / n_reps
             file_kept()
             figures = {"batch_ms": piped * 1e3, "requests_per_s": B / piped, "pool_ads_per_s": B * len(index) / piped,
@@ -856,7 +955,10 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     # the checks of everything timed: every answer against the float64 reference over the oracle's
     # eligible slots, one request at a time
     t_check = time.time()
+    result["distinct_requests_timed"] = timed_answers.distinct_requests
     checks = timed_answers.check(answer_checker(pp, oracle, k))
+    if hasattr(oracle, "sample_check"):  # the CPU index's eligible sets, held to the oracle on a sample
+        checks["eligible_sets/oracle_sample"] = oracle.sample_check()
     result["checks"] = checks
     result["checks_ok"] = checks_passed(checks) and result["launch_modes_equal"]
     failed = [name for name, c in checks.items() if not c["ok"]]
@@ -907,7 +1009,9 @@ def bench_pipeline_layouts(layouts: Sequence[str], **options) -> dict:
 
 def pipeline_table(result) -> str:
     lat = result["latency_ms"]
-    lines = [f"device: {result['env'].get('device')}   pool: {result['pool_ads']:,} ads   {result['precision']} D={result['D']}"
+    pool = (f"corpus {result['data']}: {result['pool_ads']:,} distinct ads, {result.get('distinct_requests_timed', 0):,} "
+            f"distinct requests timed" if result.get("data") else f"pool: {result['pool_ads']:,} ads (tiled)")
+    lines = [f"device: {result['env'].get('device')}   {pool}   {result['precision']} D={result['D']}"
              f"   k={result['k']}   check: {'ok' if result['checks_ok'] else 'FAILED'}",
              f"latency per request (batch 1{', ' + result['launch'] if 'launch' in result else ''}): "
              f"p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
@@ -926,7 +1030,9 @@ def pipeline_table(result) -> str:
                   if not c["ok"]]
         lines.append(f"checked: {sum(c['requests_checked'] for c in checks.values()):,} of "
                      f"{sum(c['requests_timed'] for c in checks.values()):,} timed answers and match rows, "
-                     f"{len(checks)} entry points, against the float64 reference over the oracle's eligible sets"
+                     f"{len(checks)} entry points, against the float64 reference over the "
+                     + ("CPU index's eligible sets (held to the oracle on a sample)" if result.get("data") else
+                        "oracle's eligible sets")
                      + (f"; FAILED: {'; '.join(failed)}" if failed else ": all passed"))
     for t in result["throughput"]:
         line = (f"batch {t['batch']:>3}: {t['batch_ms']:8.2f} ms  {rate(t['requests_per_s'], 'requests/s'):>16}  "

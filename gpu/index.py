@@ -22,9 +22,14 @@ and slot word.
 
 Host preparation of a batch (`prepare`): the shipped kernel (v8) reads per-group tables (terms,
 residual fields, request times) and the circle table (which request of the group lies in which custom
-location, decided here with the float64 `haversine_km` every index uses). All of it is compiled
-(numba, cached through `andromeda_nb.jitcache`, whose key covers the inlined geo function): no
-Python step per term or per circle. It is written straight into a pinned staging buffer and sent with
+location, decided here with the float64 `haversine_km` every index uses). The term table (groups x
+vocabulary) and the circle table (groups x custom locations) are mostly zero and as wide as the
+corpus's vocabulary and circles, so they stay on the device (`KeptTable`, zero between batches): a
+batch sends only its nonzero words (one per known term of a request, one per request inside a
+circle, found through `CircleLookup`'s grid), a small kernel ORs them in before the match and another
+zeroes them after it. The host's work and the bytes sent grow with the batch, not with the corpus.
+All of it is compiled (numba, cached through `andromeda_nb.jitcache`, whose key covers the inlined geo
+function): no Python step per term or per circle. It is written straight into a pinned staging buffer and sent with
 one asynchronous copy on the index's stream (`index.stream`), where the match kernel runs too; two
 sets of buffers are used in turn, so batch i + 1 can be prepared while the device still runs batch i.
 Launch shapes depend only on the capacity and the number of groups.
@@ -68,7 +73,7 @@ from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
 
 from . import runtime
-from .graphs import Copy
+from .graphs import Copy, run_plan
 
 jitcache.install()  # cached host code is recompiled when any project source changes
 
@@ -293,22 +298,27 @@ def _residual_offsets() -> np.ndarray:
 
 @njit(cache=True)
 def _fill_request_tables(term_req, dense, known, age, gender, pub, dev, os_, time, lat, lon, group, offsets,
-                         rtab, ftab, rtime, rpos, nreq):
+                         width, ridx, rbits, ftab, rtime, rpos, nreq):
     """The group tables of a batch (shapes in gpu/kernels/match.py), written in place over whatever
-    they held. term_req int64[T] (the request of each term), dense int64[T] and known bool[T] (its
-    dense vocabulary id, where the vocabulary knows it); the request columns int64[B] / float64[B];
+    they held; the term table `rtab` (groups x vocabulary, mostly zero) as its nonzero words: for
+    every known term t of request r, word (r // group) * width + dense[t] of a table `width` words
+    wide and bit 1 << (r % group), into ridx / rbits (room for every known term; returns how many).
+    term_req int64[T] (the request of each term), dense int64[T] and known bool[T] (its dense
+    vocabulary id, where the vocabulary knows it); the request columns int64[B] / float64[B];
     `offsets` int64[7] as `_residual_offsets`."""
-    rtab[:] = 0
     ftab[:] = 0
     rtime[:] = 0
     rpos[:] = np.nan
     nreq[:] = 0
     gender_off, pub_off, dev_off, os_off, amin_off, amax_off, unbounded = (
         offsets[0], offsets[1], offsets[2], offsets[3], offsets[4], offsets[5], offsets[6])
+    k = 0
     for t in range(term_req.shape[0]):
         if known[t]:
             r = term_req[t]
-            rtab[r // group, dense[t]] |= np.uint64(1) << np.uint64(r % group)
+            ridx[k] = (r // group) * width + dense[t]
+            rbits[k] = np.uint64(1) << np.uint64(r % group)
+            k += 1
     for r in range(age.shape[0]):
         g = r // group
         lane = r % group
@@ -333,6 +343,7 @@ def _fill_request_tables(term_req, dense, known, age, gender, pub, dev, os_, tim
                 ftab[g, amin_off + a] |= bit
             if age[r] <= a or a == unbounded:
                 ftab[g, amax_off + a] |= bit
+    return k
 
 
 @njit(cache=True)
@@ -395,6 +406,48 @@ def _popcount(x: np.ndarray) -> np.ndarray:
 
 
 @dataclass
+class KeptTable:
+    """A group table kept on the device (`RequestBatch.build`): `flat` holds rows of `width` words for up
+    to `groups` groups, all zero outside a batch's match; `view(g)` the first g rows as the match
+    reads them (made once per g: a plan of the same views is the same CUDA graph)."""
+
+    flat: object
+    width: int
+    groups: int
+    views: dict
+
+    def view(self, groups: int):
+        v = self.views.get(groups)
+        if v is None:
+            v = self.views[groups] = self.flat[:groups * self.width].reshape(groups, self.width)
+        return v
+
+
+def _kept_table(buffers: dict, name: str, groups: int, width: int, dtype, cuda) -> KeptTable:
+    """The kept table `name` of a set of buffers, at least `groups` rows of `width` words: made anew
+    (zero, with room to grow: a vocabulary or circle set gains a few entries per update) only when
+    it is too small."""
+    tables = buffers.setdefault("tables", {})
+    have = tables.get(name)
+    if have is None or have.width < width or have.groups < groups or have.flat.dtype != np.dtype(dtype):
+        width = width + width // 8 + 64 if width > 1 else 1
+        rows = 1 << max(0, (groups - 1).bit_length())
+        have = tables[name] = KeptTable(cuda.to_device(np.zeros(rows * width, dtype)), width, rows, {})
+    return have
+
+
+def _entry_room(buffers: dict, key: tuple, n: int) -> int:
+    """Room for n table words in a batch's upload: the most a set of buffers gave for `key` (what and
+    how many groups), grown to a power of two (at least 256) when n does not fit, so that a serving
+    loop's batches settle on one staging layout per batch size (and one CUDA graph)."""
+    rooms = buffers.setdefault("rooms", {})
+    room = rooms.get(key, 256)
+    if n > room:
+        room = rooms[key] = 1 << (n - 1).bit_length()
+    return room
+
+
+@dataclass
 class RequestBatch:
     """Device arrays of a batch of encoded requests, in the form the match kernels read (shapes in
     gpu/kernels/match.py). Built once, it can be matched many times (the benchmark does)."""
@@ -407,6 +460,8 @@ class RequestBatch:
     uploads: tuple = ()
     buffers: dict | None = None  # the staging buffers it was built on (to mark the upload sent)
     staged: dict | None = None  # the staging buffer's typed views, under the arrays' names
+    group: int = 0  # requests per group (0: the per-request form)
+    widths: tuple | None = None  # words per row of the kept term and circle tables (batched forms)
 
     def mark_sent(self, stream) -> None:
         """After the unsent upload was enqueued on `stream` (in a plan): the buffers' next fill waits
@@ -439,20 +494,34 @@ class RequestBatch:
         if group:
             word = np.uint32 if group <= 32 else np.uint64
             groups = max(1, -(-n // group))
-            spec = {"rtab": ((groups, max(1, len(vocab))), word), "ftab": ((groups, _ftab_words()), word),
-                    "rtime": ((groups, group), np.int64), "rpos": ((groups, group, 2), np.float64),
-                    "nreq": ((groups,), np.int32), "gmask": ((groups,), np.uint64)}
-            if circles is not None:
-                spec["ctab"] = ((groups, max(1, circles.count)), np.uint64)
-            spec.update(_extra_spec(extra))
             buffers = buffers if buffers is not None else {}
-            host, send = _staging(spec, cuda, buffers, split=next(iter(extra), None))
-            _fill_request_tables(term_req, dense, known, batch.age, batch.gender, batch.publisher, batch.device,
-                                 batch.os, batch.time, batch.latitude, batch.longitude, group, _residual_offsets(),
-                                 host["rtab"], host["ftab"], host["rtime"], host["rpos"], host["nreq"])
+            rtab = _kept_table(buffers, "rtab", groups, max(1, len(vocab)), word, cuda)
             if circles is not None:
-                circles.fill(batch.latitude, batch.longitude, group, host["ctab"])
+                ctab = _kept_table(buffers, "ctab", groups, max(1, circles.count), np.uint64, cuda)
+                cword, cbits = circles.entries(batch.latitude, batch.longitude, group, ctab.width)
+            else:  # a kernel reading no circle table: an empty one for the table launches
+                ctab = _kept_table(buffers, "ctab", 1, 1, np.uint64, cuda)
+                cword, cbits = np.empty(0, np.int64), np.empty(0, np.uint64)
+            terms_room = _entry_room(buffers, ("terms", groups), int(np.count_nonzero(known)))
+            circles_room = _entry_room(buffers, ("circles", groups), len(cword))
+            spec = {"counts": ((2,), np.int32), "ridx": ((terms_room,), np.int64), "rbits": ((terms_room,), word),
+                    "cidx": ((circles_room,), np.int64), "cbits": ((circles_room,), np.uint64),
+                    "ftab": ((groups, _ftab_words()), word), "rtime": ((groups, group), np.int64),
+                    "rpos": ((groups, group, 2), np.float64), "nreq": ((groups,), np.int32),
+                    "gmask": ((groups,), np.uint64)}
+            spec.update(_extra_spec(extra))
+            host, send = _staging(spec, cuda, buffers, split=next(iter(extra), None))
+            n_terms = _fill_request_tables(term_req, dense, known, batch.age, batch.gender, batch.publisher,
+                                           batch.device, batch.os, batch.time, batch.latitude, batch.longitude,
+                                           group, _residual_offsets(), rtab.width, host["ridx"], host["rbits"],
+                                           host["ftab"], host["rtime"], host["rpos"], host["nreq"])
+            host["cidx"][:len(cword)] = cword
+            host["cbits"][:len(cword)] = cbits
+            host["counts"][:] = (n_terms, len(cword))
             group_masks(term_req[known] // group, dense[known], geo_bits, host["gmask"])
+            kept = {"rtab": rtab.view(groups), "rtab_flat": rtab.flat, "ctab": ctab.view(groups if circles is not None else 1),
+                    "ctab_flat": ctab.flat}
+            widths = (rtab.width, ctab.width)
         else:
             ptr, rterms = _sorted_per_request(term_req, dense, known, n)
             spec = {"rscal": ((n, 6), np.int64), "rpos1": ((n, 2), np.float64), "rterm_ptr": ((n + 1,), np.int64),
@@ -466,47 +535,118 @@ class RequestBatch:
             host["rterm_ptr"][:] = ptr
             host["rterms"][:] = 0
             host["rterms"][:len(rterms)] = rterms
+            kept, widths = {}, None
         for name, a in extra.items():
             if isinstance(a, np.ndarray):
                 host[name][...] = a
         arrays, uploads = send(stream, copy=send_now)
+        arrays.update(kept)
         return cls(n=n, arrays=arrays, host_bytes=sum(v.nbytes for v in host.values()), uploads=uploads,
-                   buffers=buffers, staged=host)
+                   buffers=buffers, staged=host, group=group, widths=widths)
+
+    def dense_tables(self) -> dict:
+        """The batch's term and circle tables as the match reads them (`rtab` uint[G, V], `ctab`
+        uint64[G, Q], V and Q as wide as the index's vocabulary and circles when built), made on the
+        host from the words the batch sends: for tests and probes (a batched form has them; v1's has
+        none)."""
+        host = self.staged
+        groups = host["nreq"].shape[0]
+        out = {}
+        for name, idx, bits, count, width in (("rtab", "ridx", "rbits", 0, self.widths[0]),
+                                              ("ctab", "cidx", "cbits", 1, self.widths[1])):
+            table = np.zeros(groups * width, host[bits].dtype)
+            n = int(host["counts"][count])
+            np.bitwise_or.at(table, host[idx][:n], host[bits][:n])
+            out[name] = table.reshape(groups, width)
+        return out
 
 
-def circle_search(circles: np.ndarray) -> tuple:
-    """What the circle table's search needs of a circle table float64[Q, 3] (lat, lon, radius km):
-    (order by latitude, sorted latitudes, sorted unit vectors, band in degrees, squared chord)."""
-    order = np.argsort(circles[:, 0], kind="stable").astype(np.int64)
-    max_angle = min(float(circles[:, 2].max()) / EARTH_RADIUS_KM, np.pi) if len(circles) else 0.0
-    # Two filters that can only let too much through, widened far past float64 rounding: the
-    # great-circle distance is at least the latitude difference along a meridian (the band), and a
-    # circle holds the user only if the chord between the unit vectors of user and centre is at most
-    # the chord of the largest radius. What passes both gets the exact distance.
-    band = np.degrees(max_angle) * (1.0 + 1e-6) + 1e-9
-    chord2 = (2.0 * np.sin(max_angle / 2.0)) ** 2 * (1.0 + 1e-6) + 1e-12
-    sorted_vec = _unit_vectors(circles[order, 0], circles[order, 1])
-    return order, np.ascontiguousarray(circles[order, 0]), sorted_vec, band, chord2
+RADIUS_CLASSES_KM = (10.0, 100.0, 1000.0)  # custom locations are searched in classes of radius (km): up to
+# each bound, and past the last; a class's grid is as fine as its largest circle allows, so one
+# continent-wide circle does not widen the search for the city-sized ones
+LON_FULL_ROW = 0.99  # sin(radius) / cos(latitude) past this: the whole latitude row is searched
+CHORD_MARGIN = 1e-9  # relative band around a circle's squared chord where the exact distance decides
 
 
 class CircleLookup:
-    """The custom locations of an index, sorted for the circle table (made once per set of circles)."""
+    """The custom locations of an index, arranged for finding which requests each one holds (made once
+    per set of circles). Circles are split by radius (RADIUS_CLASSES_KM); within a class they sit in
+    rows of latitude as high as the class's largest angular radius, sorted by longitude in each row.
+    A user is tested against the circles of the rows and the longitude range a circle of the class
+    holding them could have its centre in (the spherical cap's bounding box, widened far past float64
+    rounding; the whole row near the poles), then by the squared chord between unit vectors against
+    each circle's own (inside or outside when clearly so), and by `haversine_km` in float64, as every
+    index decides it, within a relative CHORD_MARGIN of the boundary. The work per user grows with
+    the circles near them, not with all circles."""
 
     def __init__(self, circles: np.ndarray):
         self.circles = np.ascontiguousarray(circles, np.float64).reshape(-1, 3)
         self.count = len(self.circles)
-        self.order, self.sorted_lat, self.sorted_vec, self.band, self.chord2 = circle_search(self.circles)
+        self.grid = _circle_grid(self.circles)
+        self._room = 4096  # entries the next search expects (grows to the largest batch seen)
 
-    def fill(self, lat: np.ndarray, lon: np.ndarray, group: int, table: np.ndarray) -> None:
-        """table uint64[G, max(1, Q)] := bit r % group of [r // group, q] set when request r (at lat[r],
-        lon[r], degrees, NaN: nowhere) is inside circle q, by `haversine_km` in float64."""
+    def entries(self, lat: np.ndarray, lon: np.ndarray, group: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(word int64[E], bits uint64[E]): for every request r (at lat[r], lon[r], degrees; NaN:
+        nowhere) inside circle q, the word (r // group) * width + q of a circle table `width` words
+        wide and the bit 1 << (r % group). A word may be named by several entries (OR them)."""
         lat = np.ascontiguousarray(lat, np.float64)
         lon = np.ascontiguousarray(lon, np.float64)
         if self.count == 0 or len(lat) == 0:
-            table[:] = 0
-            return
-        _fill_circle_table(self.circles, self.order, self.sorted_lat, self.sorted_vec, self.band, self.chord2,
-                           lat, lon, _unit_vectors(lat, lon), group, table)
+            return np.empty(0, np.int64), np.empty(0, np.uint64)
+        vec = _unit_vectors(lat, lon)
+        while True:
+            word = np.empty(self._room, np.int64)
+            bits = np.empty(self._room, np.uint64)
+            n = _circle_entries(*self.grid, self.circles, lat, lon, vec, group, width, word, bits)
+            if n <= self._room:
+                return word[:n], bits[:n]
+            self._room = 2 * n
+
+    def fill(self, lat: np.ndarray, lon: np.ndarray, group: int, table: np.ndarray) -> None:
+        """table uint64[G, max(1, Q)] := bit r % group of [r // group, q] set when request r is inside
+        circle q (`entries`, dense)."""
+        table[:] = 0
+        word, bits = self.entries(lat, lon, group, table.shape[1])
+        np.bitwise_or.at(table.reshape(-1), word, bits)
+
+
+def _circle_grid(circles: np.ndarray) -> tuple:
+    """The arrays `_circle_entries` searches (see CircleLookup): per class its widened angular radius
+    (degrees), the sine of it, its row height (degrees), first row and row count; per row the range of
+    its circles; per circle in search order its index, longitude, unit vector and the squared-chord
+    band (below `lo`: inside; above `hi`: outside; between: the exact distance decides)."""
+    q = len(circles)
+    lat, lon, radius = circles[:, 0], circles[:, 1], circles[:, 2]
+    cls = np.searchsorted(np.asarray(RADIUS_CLASSES_KM), radius, side="left") if q else np.zeros(0, np.int64)
+    n_cls = len(RADIUS_CLASSES_KM) + 1
+    delta = np.zeros(n_cls)
+    sin_delta = np.zeros(n_cls)
+    height = np.ones(n_cls)
+    nrows = np.ones(n_cls, np.int64)
+    for c in range(n_cls):
+        mine = cls == c
+        if not mine.any():
+            continue
+        angle = min(float(radius[mine].max()) / EARTH_RADIUS_KM, np.pi)
+        delta[c] = np.degrees(angle) * (1.0 + 1e-6) + 1e-9
+        sin_delta[c] = np.sin(min(np.radians(delta[c]), np.pi / 2))
+        height[c] = max(delta[c], 180.0 / 8192)
+        nrows[c] = int(180.0 // height[c]) + 1
+    first_row = np.concatenate([[0], np.cumsum(nrows)[:-1]]).astype(np.int64)
+    row = first_row[cls] + np.minimum(np.floor((lat + 90.0) / height[cls]).astype(np.int64), nrows[cls] - 1) \
+        if q else np.zeros(0, np.int64)
+    order = np.lexsort((lon, row)).astype(np.int64)
+    row_ptr = np.zeros(int(nrows.sum()) + 1, np.int64)
+    np.add.at(row_ptr, row + 1, 1)
+    row_ptr = np.cumsum(row_ptr)
+    angle = np.minimum(radius[order] / EARTH_RADIUS_KM, np.pi)
+    chord2 = (2.0 * np.sin(angle / 2.0)) ** 2
+    margin = CHORD_MARGIN * chord2 + 1e-14 * np.sqrt(chord2) + 1e-30
+    lo, hi = chord2 - margin, chord2 + margin
+    near_half = angle > np.pi - 1e-6  # a circle over most of the sphere: always the exact distance
+    lo[near_half], hi[near_half] = -1.0, np.inf
+    return (delta, sin_delta, height, first_row, nrows, row_ptr, order, np.ascontiguousarray(lon[order]),
+            _unit_vectors(lat[order], lon[order]), lo, hi)
 
 
 _haversine_host = njit(cache=True)(haversine_km)
@@ -519,33 +659,73 @@ def _unit_vectors(lat, lon) -> np.ndarray:
 
 
 @njit(cache=True)
-def _fill_circle_table(circles, order, sorted_lat, sorted_vec, band, chord2, lat, lon, vec, group, table):
-    """table uint64[G, max(1, Q)] := bit r % group of [r // group, q] set for every request r inside
-    circle q. circles float64[Q, 3] (lat, lon, radius km); order int64[Q] sorts them by latitude;
-    sorted_lat, sorted_vec (Q, 3) their latitudes and unit vectors in that order; lat, lon
-    float64[R] and their unit vectors vec (R, 3) (NaN: no location, inside no circle). The exact test
-    is `haversine_km`, as every index decides it. Serial on purpose: on the 2-core development
-    machine a parallel region (one task per group byte) cost 7 to 8 ms of CPU where this loop takes
-    0.01 to 0.9 ms (docs/results/probes/host_prepare_cpu.json)."""
-    table[:] = 0
+def _row_range(row_lon, a, b):
+    """(first, last) positions of the longitudes in [a, b] of one row's sorted longitudes."""
+    return np.searchsorted(row_lon, a, side="left"), np.searchsorted(row_lon, b, side="right")
+
+
+@njit(cache=True)
+def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, s_lon, s_vec, lo, hi, circles,
+                    lat, lon, vec, group, width, word, bits):
+    """`CircleLookup.entries` on `_circle_grid`'s arrays: writes up to len(word) entries and returns how
+    many there are (more than len(word): call again with room for them). Serial on purpose: on the
+    2-core development machine a parallel region cost milliseconds of CPU where a batch's search takes
+    tens of microseconds (docs/results/probes/host_prepare_cpu.json)."""
+    n = 0
+    room = word.shape[0]
     for r in range(lat.shape[0]):
         la = lat[r]
-        lo = lon[r]
-        if la != la or lo != lo:
+        lo_r = lon[r]
+        if la != la or lo_r != lo_r:
             continue
         g = r // group
         bit = np.uint64(1) << np.uint64(r % group)
-        first = np.searchsorted(sorted_lat, la - band)
-        last = np.searchsorted(sorted_lat, la + band, side="right")
-        for i in range(first, last):
-            dx = vec[r, 0] - sorted_vec[i, 0]
-            dy = vec[r, 1] - sorted_vec[i, 1]
-            dz = vec[r, 2] - sorted_vec[i, 2]
-            if dx * dx + dy * dy + dz * dz > chord2:
+        cos_lat = math.cos(math.radians(la))
+        for c in range(delta.shape[0]):
+            if delta[c] == 0.0:
                 continue
-            q = order[i]
-            if _haversine_host(la, lo, circles[q, 0], circles[q, 1]) <= circles[q, 2]:
-                table[g, q] |= bit
+            h = height[c]
+            top = nrows[c] - 1
+            r0 = min(max(int(math.floor((la - delta[c] + 90.0) / h)), 0), top)
+            r1 = min(max(int(math.floor((la + delta[c] + 90.0) / h)), 0), top)
+            whole = cos_lat <= 0.0 or sin_delta[c] >= LON_FULL_ROW * cos_lat
+            dl = 360.0
+            if not whole:
+                dl = math.degrees(math.asin(sin_delta[c] / cos_lat)) * (1.0 + 1e-6) + 1e-9
+            for row in range(first_row[c] + r0, first_row[c] + r1 + 1):
+                start = row_ptr[row]
+                row_lon = s_lon[start:row_ptr[row + 1]]
+                # up to three longitude ranges: the user's, and its wrap across the antimeridian
+                for part in range(3):
+                    if whole:
+                        if part:
+                            break
+                        a, b = 0, row_lon.shape[0]
+                    elif part == 0:
+                        a, b = _row_range(row_lon, lo_r - dl, lo_r + dl)
+                    elif part == 1:
+                        if lo_r - dl >= -180.0:
+                            continue
+                        a, b = _row_range(row_lon, lo_r - dl + 360.0, 180.0)
+                    else:
+                        if lo_r + dl <= 180.0:
+                            continue
+                        a, b = _row_range(row_lon, -180.0, lo_r + dl - 360.0)
+                    for i in range(start + a, start + b):
+                        dx = vec[r, 0] - s_vec[i, 0]
+                        dy = vec[r, 1] - s_vec[i, 1]
+                        dz = vec[r, 2] - s_vec[i, 2]
+                        d2 = dx * dx + dy * dy + dz * dz
+                        if d2 > hi[i]:
+                            continue
+                        q = order[i]
+                        if d2 >= lo[i] and _haversine_host(la, lo_r, circles[q, 0], circles[q, 1]) > circles[q, 2]:
+                            continue
+                        if n < room:
+                            word[n] = g * width + q
+                            bits[n] = bit
+                        n += 1
+    return n
 
 
 UPLOAD_ALIGN = 16  # bytes: every array of a packed upload starts at a multiple of this
@@ -880,16 +1060,26 @@ class GpuTargetingIndex:
             for upload in batch.uploads:
                 upload.run(self.stream)
             batch.mark_sent(self.stream)
+        before, after = self._k.table_steps(batch.arrays)
+        run_plan(before, self.stream)
         self._k.launch(self._kernel(version), self._index_arrays(), batch.arrays, out, self.stream)
+        run_plan(after, self.stream)
 
     def plan(self, batch: RequestBatch, out, version=None) -> list | None:
         """`run` as a `gpu.graphs` plan, with the upload of the match's arrays first when `prepare` left
         it unsent (the rest of the upload, the extra arrays, is the caller's to enqueue); None for a
         kernel whose recipe makes no plan (the lab's v1)."""
+        parts = self.plan_parts(batch, out, version)
+        return None if parts is None else parts[0] + parts[1] + parts[2]
+
+    def plan_parts(self, batch: RequestBatch, out, version=None) -> tuple[list, list, list] | None:
+        """`plan` in three parts: the upload and the writing of the batch's words into the kept group
+        tables; the match kernel; the tables' clearing (the benchmark times the middle one alone)."""
         steps = self._k.plan(self._kernel(version), self._index_arrays(), batch.arrays, out)
         if steps is None:
             return None
-        return list(batch.uploads[:1]) + steps
+        before, after = self._k.table_steps(batch.arrays) if steps else ([], [])
+        return list(batch.uploads[:1]) + before, steps, after
 
     def match_slots(self, encoded: EncodedBatch | Sequence[EncodedRequest], version=None, *, out=None):
         """Eligibility of every slot for each request: a device array uint32[B, capacity // 32]

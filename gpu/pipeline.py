@@ -40,7 +40,9 @@ class Prepared:
 class BatchPlan:
     """A prepared batch's steps (`gpu.graphs`), in the order they are enqueued."""
 
-    match: list | None  # the upload of the match's arrays and the match (None: a lab kernel with no plan)
+    match: list | None  # the upload of the match's arrays, the group tables' words, the match and the
+    # tables' clearing (None: a lab kernel with no plan)
+    match_parts: tuple | None  # the same as (before the match kernel, the kernel, after it)
     tables: list  # the upload of the user-side tables
     score: list  # table preparation and scoring
     topk: list
@@ -91,8 +93,9 @@ class BatchPipeline:
         batch = prepared.batch
         elig = self.index.kept_output(prepared.n)
         score, topk, b = self.scorer.plan(elig, batch.arrays["tabs"], k)
-        return BatchPlan(self.index.plan(batch, elig, self.version), list(batch.uploads[1:]), score, topk,
-                         self.scorer.answer_plan(b), b)
+        parts = self.index.plan_parts(batch, elig, self.version)
+        return BatchPlan(None if parts is None else parts[0] + parts[1] + parts[2], parts, list(batch.uploads[1:]),
+                         score, topk, self.scorer.answer_plan(b), b)
 
     def launch(self, prepared: Prepared, k: int, marks=None) -> Launched:
         """Enqueue a prepared batch's plan on the stream (asynchronous). `marks`: four CUDA events
@@ -106,10 +109,11 @@ class BatchPipeline:
             self.index.run(prepared.batch, self.index.kept_output(prepared.n), self.version)
             run_plan(p.score + p.topk + p.copies, stream)
         elif marks is not None:
-            run_plan(p.match[:-1], stream)
+            run_plan(p.match_parts[0], stream)
             marks[0].record(stream)
-            run_plan(p.match[-1:], stream)
+            run_plan(p.match_parts[1], stream)
             marks[1].record(stream)
+            run_plan(p.match_parts[2], stream)
             run_plan(p.tables + p.score, stream)
             marks[2].record(stream)
             run_plan(p.topk, stream)

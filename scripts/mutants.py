@@ -335,8 +335,8 @@ MUTANTS: list[Mutant] = [
       ("tests/gpu/test_graphs.py::test_the_engine_answers_the_same_from_graphs_and_step_by_step_through_updates",),
       "a lone batch's user side computed but never written to its staging buffer: scored with stale tables"),
     M("tables-upload-dropped", "graphs", "gpu/pipeline.py",
-      "        return BatchPlan(self.index.plan(batch, elig, self.version), list(batch.uploads[1:]), score, topk,",
-      "        return BatchPlan(self.index.plan(batch, elig, self.version), [], score, topk,",
+      "        return BatchPlan(None if parts is None else parts[0] + parts[1] + parts[2], parts, list(batch.uploads[1:]),",
+      "        return BatchPlan(None if parts is None else parts[0] + parts[1] + parts[2], parts, [],",
       ("tests/gpu/test_host_prepare.py::test_engine_overlaps_preparation_and_synchronizes_once_per_batch",),
       "the user-side tables staged but never copied to the device"),
     # --- request encoding ---------------------------------------------------------------------------

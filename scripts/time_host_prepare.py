@@ -1,7 +1,8 @@
 """Host preparation of one match batch on this machine's CPU, as `andromeda bench match` counts it:
 the requests encoded, then `GpuTargetingIndex.prepare` (term lookup, per-group tables, the circle
-table of the table-reading kernels, the packed upload), on a pool tiled from the base corpus of
-`bench match` (32,768 generated ads, seed 7, 256 requests) to about 10M slots.
+table's words of the table-reading kernels, the packed upload), on a pool tiled from the base corpus
+of `bench match` (32,768 generated ads, seed 7, 256 requests) to about 10M slots, or on a corpus of
+distinct ads and its own distinct requests (`--data DIR`, laid out by geography as the engine does).
 
 The kernels run under the CUDA simulator here, so the upload is a host memory copy and no kernel is
 timed: the figures are the host's share of a batch, the part that must stay below the kernel time.
@@ -10,6 +11,7 @@ CPU time (other processes on a busy machine inflate the first, not the second):
 
     PYTHONPATH=. python3 scripts/time_host_prepare.py --base out/bench_match_base.parquet \\
         --out docs/results/probes/host_prepare_cpu.json
+    PYTHONPATH=. python3 scripts/time_host_prepare.py --data out/corpus_1m --versions 8
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", default=None, help="base corpus cache of bench match (a Parquet file): read when "
                         "present, else generated and written there")
+    parser.add_argument("--data", default=None, help="a corpus directory (andromeda generate/import): its ads and "
+                        "requests in place of the tiled pool")
     parser.add_argument("--pool", type=int, default=10_000_000, help="pool size (ads) the base corpus is tiled to")
     parser.add_argument("--batches", default="64,256", help="requests per batch, comma-separated")
     parser.add_argument("--versions", default="6,8", help="match kernel versions whose preparation is timed")
@@ -47,13 +51,23 @@ def main(argv=None) -> int:
     from benchmarks.match import BASE_ADS, build_tiled_index, host_prepare
     from gpu.lab import match as lab
 
-    base = load_or_generate_base(args.base, BASE_ADS, 256, 7, progress=True)
-    copies = max(1, args.pool // len(base.ads))
     t0 = time.perf_counter()
-    index = build_tiled_index(base.compiled, copies, device="sim")
+    if args.data:
+        from andromeda_nb.geo_layout import world_buckets
+        from andromeda_nb.store import load_dataset
+        from gpu.index import GpuTargetingIndex
+
+        base = load_dataset(args.data)
+        index = GpuTargetingIndex.from_compiled(base.compiled, device="sim", buckets=world_buckets(base.seed),
+                                                rank="geo")
+    else:
+        base = load_or_generate_base(args.base, BASE_ADS, 256, 7, progress=True)
+        index = build_tiled_index(base.compiled, max(1, args.pool // len(base.ads)), device="sim")
     print(f"pool {len(index):,} ads built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     figures = []
     for b in (int(x) for x in args.batches.split(",")):
+        if args.data and b > len(base.requests):
+            raise SystemExit(f"--data {args.data}: {len(base.requests)} requests, fewer than a batch of {b}")
         requests = [base.requests[i % len(base.requests)] for i in range(b)]
         for v in (int(x) for x in args.versions.split(",")):
             version = lab.VERSIONS[v]
@@ -72,7 +86,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
     argv = sys.argv[1:] if argv is None else argv
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
-              "base_ads": len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
+              "data": args.data, "base_ads": None if args.data else len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
               "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures}
     stamp(result, command=script_command("time_host_prepare.py", argv))
     print(json.dumps(result))

@@ -68,6 +68,9 @@ request r of the call is bit r % R of group r // R; masks are uint32 for R = 32,
                                  place of `circles`: bit b of ctab[g, q] = request R g + b is inside
                                  custom location q (Q' = max(1, Q)); they leave rpos unread (the
                                  lab's v2 to v6 read rpos and `circles` instead)
+    (rtab and ctab are kept on the device, zero between batches: a batch sends its nonzero words as
+    ridx/rbits and cidx/cbits with their counts, `set_table_bits` ORs them in before the match and
+    `clear_table_bits` zeroes them after it; `table_steps`)
     nreq       int32[G]          requests in the group (1..R)
     gmask      uint64[G]         the OR of the group's geographic masks (the bits of the geo terms its
                                  requests hold that some ad uses; never 0, since every ad without a
@@ -454,6 +457,44 @@ def scatter_slots(slots, resid_v, ptr_v, sched_v, resid, prog_ptr, sched):
     sched[s, 1] = sched_v[i, 1]
 
 
+@cuda.jit(cache=True)
+def set_table_bits(rtab, ridx, rbits, ctab, cidx, cbits, counts):
+    """Write a batch's nonzero words into the kept group tables (flat views): rtab[ridx[i]] |= rbits[i]
+    for i < counts[0], ctab[cidx[i]] |= cbits[i] for i < counts[1]. Several entries may name one word
+    (two requests of a group in one circle), hence the atomic OR; one thread per entry."""
+    i = cuda.grid(1)
+    if i < counts[0]:
+        cuda.atomic.or_(rtab, ridx[i], rbits[i])
+    if i < counts[1]:
+        cuda.atomic.or_(ctab, cidx[i], cbits[i])
+
+
+@cuda.jit(cache=True)
+def clear_table_bits(rtab, ridx, ctab, cidx, counts):
+    """Zero the words `set_table_bits` wrote, after the match has read them: the kept tables are all
+    zero between batches."""
+    i = cuda.grid(1)
+    if i < counts[0]:
+        rtab[ridx[i]] = 0
+    if i < counts[1]:
+        ctab[cidx[i]] = 0
+
+
+def table_steps(rq) -> tuple[list, list]:
+    """(before, after) the match of a batch with sparse group tables (`gpu.index.RequestBatch`): the
+    launch that writes its words into the kept tables, and the one that zeroes them again. A batch of
+    the per-request form (the lab's v1) has none."""
+    if "ridx" not in rq:
+        return [], []
+    entries = max(rq["ridx"].shape[0], rq["cidx"].shape[0])
+    blocks = -(-entries // THREADS_PER_BLOCK)
+    flat_r, flat_c = rq["rtab_flat"], rq["ctab_flat"]
+    return ([Launch(set_table_bits, (blocks,), THREADS_PER_BLOCK,
+                    (flat_r, rq["ridx"], rq["rbits"], flat_c, rq["cidx"], rq["cbits"], rq["counts"]))],
+            [Launch(clear_table_bits, (blocks,), THREADS_PER_BLOCK,
+                    (flat_r, rq["ridx"], flat_c, rq["cidx"], rq["counts"]))])
+
+
 # --- launchers ---------------------------------------------------------------------------------------
 def plan(version: Version, ix, rq, out) -> list | None:
     """`launch` as a `gpu.graphs` plan: None for a version whose recipe makes none (the lab's v1)."""
@@ -505,6 +546,10 @@ def kernel_signatures():
         ("match_v7", match_v7.py_func, table),
         ("match_v8", match_v8.py_func, table),
         ("compact_programs", compact_programs.py_func, (u32[::1], i64[::1], u32[::1], i64[::1], u32[::1])),
+        *[(f"set_table_bits_{w}", set_table_bits.py_func, (w[::1], i64[::1], w[::1], T.uint64[::1], i64[::1],
+                                                           T.uint64[::1], T.int32[::1])) for w in (u32, T.uint64)],
+        *[(f"clear_table_bits_{w}", clear_table_bits.py_func, (w[::1], i64[::1], T.uint64[::1], i64[::1],
+                                                               T.int32[::1])) for w in (u32, T.uint64)],
         ("scatter_slots", scatter_slots.py_func, (i64[::1], u32[::1], i64[::1], i64[:, ::1], u32[::1], i64[::1],
                                                   i64[:, ::1])),
     ]

@@ -114,7 +114,7 @@ def test_the_pipeline_answer_check_passes_the_reference_answer_and_fails_each_pl
         slots = oracle.eligible_slots(request)
         if len(slots) <= k:
             continue
-        ids, result = bs.reference_candidates(pp.xp, pp.dpool, pp.model, request, slots, oracle.slot_ad_id[slots],
+        ids, result = bs.reference_candidates(pp, request, slots, oracle.slot_ad_id[slots],
                                               base_format[oracle.row_of_slot[slots]], k)
         got_ids, got_scores = reference_topk(ids, result.scores.astype(np.float32), k)
         ok, err, message = check(key, got_ids, got_scores)
@@ -129,3 +129,44 @@ def test_the_pipeline_answer_check_passes_the_reference_answer_and_fails_each_pl
         assert not check(key, got_ids[::-1], got_scores[::-1])[0]  # out of order
         tried += 1
     assert tried >= 2, "too few requests with more than k eligible ads to try the faults on"
+
+
+def test_a_corpus_pool_is_checked_over_the_cpu_index_held_to_the_oracle_and_fails_a_planted_fault(tmp_path):
+    """`bench pipeline --data`'s checks: the eligible sets of a corpus of distinct ads come from the CPU
+    index and equal the oracle's; the CPU index's sets are held to the oracle on a sample of ads parsed
+    from the corpus's files (a dropped ad fails that check); the answer check passes the reference's
+    top-K and fails a score off by 1e-3."""
+    from benchmarks import score as bs
+    from tests.support.servers import saved_corpus
+
+    path, dataset = saved_corpus(tmp_path / "corpus", 41, n_ads=300, n_requests=8)
+    pp = bs.data_pool(path, k=10, device="sim", progress=False)
+    assert pp.header["distinct_ads"] and pp.header["pool_ads"] == 300
+    oracle = pp.oracle()
+    wanted = OracleIndex.build(dataset.ads).match(pp.requests)
+    for request, want in zip(pp.requests, wanted):
+        assert np.array_equal(np.sort(oracle.slot_ad_id[oracle.eligible_slots(request)]), np.sort(want))
+    sample = oracle.sample_check()
+    assert sample["ok"] and sample["requests_checked"] == len(pp.requests), sample
+    k, tried = 5, 0
+    check = bs.answer_checker(pp, oracle, k)
+    formats = bs.slot_formats(pp.index.slots)
+    for key, request in enumerate(pp.requests):
+        slots = oracle.eligible_slots(request)
+        if len(slots) <= k:
+            continue
+        ids, result = bs.reference_candidates(pp, request, slots, oracle.slot_ad_id[slots], formats[slots], k)
+        got_ids, got_scores = reference_topk(ids, result.scores.astype(np.float32), k)
+        ok, err, message = check(key, got_ids, got_scores)
+        assert ok and err < 1e-6, message
+        off = got_scores.copy()
+        off[1] += 1e-3
+        assert not check(key, got_ids, off)[0]
+        tried += 1
+    assert tried >= 2, "too few requests with more than k eligible ads"
+    faulty = pp.oracle()
+    real = faulty.cpu.match
+    faulty.cpu.match = lambda requests: [ids[1:] for ids in real(requests)]  # the lowest eligible id dropped
+    for request in pp.requests:
+        faulty.slot_mask(request)
+    assert not faulty.sample_check()["ok"] and "in the oracle" in faulty.sample_check()["first_failure"]

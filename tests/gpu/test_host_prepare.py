@@ -101,9 +101,13 @@ def test_compiled_group_tables_equal_the_plain_ones(group, n):
     encoded = [encode_request(r) for r in random_requests(rng, n)]
     rtab, ftab, rtime, nreq = _plain_tables(encoded, index.vocab, group)
     assert rtab.any() and ftab.any(), "seed draws users holding terms of the corpus"
-    got = RequestBatch.build(encoded, index.vocab, index._cuda, group).arrays
+    built = RequestBatch.build(encoded, index.vocab, index._cuda, group)
+    got = built.arrays
     word = np.uint32 if group == 32 else np.uint64
-    assert np.array_equal(got["rtab"].copy_to_host(), rtab.astype(word)), f"group={group} n={n} rtab"
+    sent = built.dense_tables()["rtab"]
+    assert sent.dtype == word and not sent[:, rtab.shape[1]:].any(), f"group={group} n={n}: words past the vocabulary"
+    assert np.array_equal(sent[:, :rtab.shape[1]], rtab.astype(word)), f"group={group} n={n} rtab"
+    assert not got["rtab"].copy_to_host().any(), "the kept table is zero outside a match"
     assert np.array_equal(got["ftab"].copy_to_host(), ftab.astype(word)), f"group={group} n={n} ftab"
     assert np.array_equal(got["rtime"].copy_to_host(), rtime) and np.array_equal(got["nreq"].copy_to_host(), nreq)
     rpos = got["rpos"].copy_to_host()
@@ -119,11 +123,13 @@ def test_reused_buffers_hold_no_stale_bits():
     few = many[:2]
     buffers: dict = {}
     RequestBatch.build(many, index.vocab, index._cuda, 64, buffers, index._circles())
-    small = RequestBatch.build(few, index.vocab, index._cuda, 64, buffers, index._circles()).arrays
+    built = RequestBatch.build(few, index.vocab, index._cuda, 64, buffers, index._circles())
+    small, sent = built.arrays, built.dense_tables()
     rtab, ftab, _, _ = _plain_tables(few, index.vocab, 64)
-    assert np.array_equal(small["rtab"].copy_to_host(), rtab)
+    assert np.array_equal(sent["rtab"][:, :rtab.shape[1]], rtab) and not sent["rtab"][:, rtab.shape[1]:].any()
     assert np.array_equal(small["ftab"].copy_to_host(), ftab)
-    assert np.array_equal(small["ctab"].copy_to_host(), index.circle_table(few, 64))
+    circles = index.circle_table(few, 64)
+    assert np.array_equal(sent["ctab"][:, :circles.shape[1]], circles) and not sent["ctab"][:, circles.shape[1]:].any()
 
 
 # --- the circle table ------------------------------------------------------------------------------------
