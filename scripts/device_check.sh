@@ -8,6 +8,9 @@
 #   match     `bench match` of the shipped match kernel against the circle-table versions (10M, 100M)
 #   pipeline  `bench pipeline` (10M pool: latency per request and pool ads/s by batch size; PIPELINE_ARGS: more
 #             options, e.g. "--layouts format,geo" for both slot orders in one run, with PIPELINE_TAG naming its files)
+#   datapipe  `bench pipeline --data` on a generated corpus of distinct ads (DATA_ADS, default 10000000, fp16,
+#             seed 3, DATA_REQUESTS requests, default 256; /tmp/d$DATA_ADS, generated first when missing: files
+#             there do not outlast the machine, so generate and measure in one call; DATAPIPE_ARGS: more options)
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures (COMPARE_ARGS: more options, e.g.
 #             "--layout geo", with COMPARE_TAG naming its files)
@@ -102,6 +105,17 @@ for stage in "${stages[@]}"; do
       timeout ${PIPELINE_TIMEOUT:-200} $A bench pipeline ${PIPELINE_ARGS:-} --out-file "$OUT/pipeline${PIPELINE_TAG:-}.json" \
         > "$OUT/pipeline${PIPELINE_TAG:-}.log" 2>&1
       echo "pipeline rc=$?"; tail -13 "$OUT/pipeline${PIPELINE_TAG:-}.log" ;;
+    datapipe)
+      ads=${DATA_ADS:-10000000}; data=/tmp/d$ads
+      if [ ! -d $data ]; then
+        g0=$(date +%s)
+        timeout ${GENERATE_TIMEOUT:-300} $A generate --ads $ads --requests ${DATA_REQUESTS:-256} --seed 3 --precision fp16 \
+          --workers 15 --out $data --quiet > /dev/null
+        echo "generated $ads distinct ads in $(( $(date +%s) - g0 )) s"
+      fi
+      timeout ${DATAPIPE_TIMEOUT:-400} $A bench pipeline --data $data ${DATAPIPE_ARGS:-} --out-file "$OUT/pipeline_data_$ads.json" \
+        > "$OUT/pipeline_data_$ads.log" 2>&1
+      echo "datapipe rc=$?"; tail -16 "$OUT/pipeline_data_$ads.log" ;;
     compare)
       timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
         --updates ${COMPARE_UPDATES:-2000} --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
