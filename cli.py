@@ -928,7 +928,7 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         set_switch_interval(switch_interval_ms)
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
-                      decode_ahead=decode_ahead, layout=layout, on_ready=_on_listening("colocated", settings, quiet,
+                      decode_ahead=decode_ahead, layout=layout, say=lambda message: _info(message, quiet), on_ready=_on_listening("colocated", settings, quiet,
                                              lambda srv: _holds(data, srv.health_info(), srv.engine.device)))
 
     _serve(run, **options)

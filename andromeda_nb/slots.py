@@ -21,6 +21,11 @@ CHUNK_SLOTS = 256
 EMPTY = -1
 
 
+def _array(values, dtype) -> np.ndarray:
+    """`values` (an array, or any iterable of numbers) as a numpy array of `dtype`."""
+    return np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype)
+
+
 class SlotAllocator:
     def __init__(self, chunk_slots: int = CHUNK_SLOTS):
         self.chunk_slots = chunk_slots
@@ -41,9 +46,16 @@ class SlotAllocator:
 
         `spare` is the fraction of extra free slots reserved per format for later inserts.
         """
+        return cls.layout(ad_ids, formats, chunk_slots, spare, rank)[0]
+
+    @classmethod
+    def layout(cls, ad_ids: Iterable[int], formats: Iterable[int], chunk_slots: int = CHUNK_SLOTS,
+               spare: float = 0.0, rank: np.ndarray | None = None) -> tuple["SlotAllocator", np.ndarray]:
+        """`from_ads`, and int64[N]: the position in `ad_ids` of the ad of every used slot, in slot
+        order (what a caller gathers its per-ad arrays by, with no lookup by id)."""
         alloc = cls(chunk_slots)
-        ad_ids = np.asarray(list(ad_ids), np.int64)
-        formats = np.asarray(list(formats), np.int16)
+        ad_ids = _array(ad_ids, np.int64)
+        formats = _array(formats, np.int16)
         if rank is None:
             order = np.argsort(formats, kind="stable")
         else:
@@ -52,21 +64,18 @@ class SlotAllocator:
                 raise ValueError(f"rank: one number per ad expected, got {rank.shape[0] if rank.ndim else 0} "
                                  f"for {len(ad_ids)} ads")
             order = np.lexsort((np.arange(len(ad_ids)), rank, formats))
-        chunks_ad: list[np.ndarray] = []
-        chunk_fmt: list[int] = []
-        for f in np.unique(formats):
-            ids = ad_ids[order][formats[order] == f]
-            n_chunks = -(-int(len(ids) * (1.0 + spare)) // chunk_slots)
-            block = np.full(n_chunks * chunk_slots, EMPTY, np.int64)
-            block[: len(ids)] = ids
-            chunks_ad.append(block)
-            chunk_fmt += [int(f)] * n_chunks
-        alloc.slot_ad_id = np.concatenate(chunks_ad) if chunks_ad else np.empty(0, np.int64)
-        alloc.chunk_format = np.asarray(chunk_fmt, np.int16)
-        used = np.flatnonzero(alloc.slot_ad_id != EMPTY)
-        alloc._slot_of = dict(zip(alloc.slot_ad_id[used].tolist(), used.tolist()))
+        order = order.astype(np.int64, copy=False)
+        ids, fmts = ad_ids[order], formats[order]  # by format, ascending
+        kinds, starts, counts = np.unique(fmts, return_index=True, return_counts=True)
+        n_chunks = np.asarray([-(-int(c * (1.0 + spare)) // chunk_slots) for c in counts.tolist()], np.int64)
+        chunk_lo = np.cumsum(n_chunks) - n_chunks
+        alloc.slot_ad_id = np.full(int(n_chunks.sum()) * chunk_slots, EMPTY, np.int64)
+        slot = np.repeat(chunk_lo * chunk_slots - starts, counts) + np.arange(len(ids), dtype=np.int64)
+        alloc.slot_ad_id[slot] = ids
+        alloc.chunk_format = np.repeat(kinds, n_chunks).astype(np.int16)
+        alloc._slot_of = dict(zip(ids.tolist(), slot.tolist()))
         alloc.rebuild_free()
-        return alloc
+        return alloc, order
 
     def rebuild_free(self) -> None:
         """The free lists and `chunk_free` from `slot_ad_id` (after a layout was written directly);

@@ -29,7 +29,7 @@ from andromeda_nb.devices import resolve
 from andromeda_nb.engine import EngineBase, no_answer
 from andromeda_nb.geo_layout import LAYOUTS, world_buckets
 from andromeda_nb.model import user_sides
-from andromeda_nb.rows import RowMap
+from andromeda_nb.progress import Phases, Say
 from andromeda_nb.scoring import fold_tables_batch, table_width
 from andromeda_nb.types import Request, Update, Upsert
 
@@ -47,33 +47,39 @@ class GpuEngine(EngineBase):
     layout = "format"  # engines built another way (benchmarks.tiled) lay slots out by format
 
     def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = DEFAULT_LAYOUT,
-                 graphs: bool = True):
+                 graphs: bool = True, say: Say | None = None):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
         super().__init__(dataset)
+        phases = Phases(say)
         self.device = resolve(device, kernels=True, what="the GPU engine")
         from .fused import FusedScorer  # imports numba.cuda: only after the device choice
         from .index import GpuTargetingIndex
 
         self.layout = layout
-        # the geographic bits of the match's block skip: the world's of the dataset's seed
-        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, buckets=world_buckets(dataset.seed),
-                                                     rank="geo" if layout == "geo" else None)  # no ad parsed
+        buckets = world_buckets(dataset.seed)  # the geographic bits of the match's block skip: the seed's world
+        phases.done("GPU modules loaded, the world's geographic buckets made")
+        self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, buckets=buckets,
+                                                     rank="geo" if layout == "geo" else None, say=say)  # no ad parsed
+        phases = Phases(say)
         slots = self.index.slots
         values, scale = dataset.embeddings.values, dataset.embeddings.scale
         sv = np.zeros((slots.capacity, self.D), values.dtype)
         ss = np.ones(slots.capacity, np.float32)
         used = np.flatnonzero(slots.slot_ad_id >= 0)
-        rows = RowMap(dataset.ad_ids).rows_of(slots.slot_ad_id[used])
+        rows = self.index.built_rows  # the dataset's row of every used slot (its compiled targeting's)
         sv[used] = values[rows]
         ss[used] = scale[rows]
+        phases.done("embeddings placed in slot order")
         self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,
                                   top_e=self.top_e, version=version)
+        phases.done("embeddings on the device")
         from .pipeline import BatchPipeline
         from .runtime import DeviceClock
 
         self.pipeline = BatchPipeline(self.index, self.scorer, graphs=graphs)
         self.clock = DeviceClock()  # device time of the match, scoring and top-K launches
+        phases.done("batch pipeline ready")
 
     def tables(self, requests: Sequence[Request]) -> np.ndarray:
         """float32 (R, F, TW): the folded per-format tables of each request's user side (one vectorized

@@ -63,12 +63,14 @@ from andromeda_nb.compiled import (
     EncodedRequest,
     compile_ads,
     encode_requests,
+    has_duplicates,
 )
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.devices import notice, resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.geo_layout import ALL as GEO_ALL
 from andromeda_nb.geo_layout import GeoBuckets, block_summaries, clustered_order
+from andromeda_nb.progress import Phases, Say
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Update, Upsert
 
@@ -114,8 +116,69 @@ def clause_programs(ct: CompiledTargeting, rows: np.ndarray, dense_terms: np.nda
 
     `dense_terms` int64[T] gives the dense vocabulary id of every entry of `ct.terms`; circle indices
     are `circle_base + ct.circle_ptr[...]` (the device circle table holds ct.circles at circle_base).
-    Returns (prog uint32[P], start int64[len(rows)], length int64[len(rows)]).
+    Returns (prog uint32[P], start int64[len(rows)], length int64[len(rows)]). Compiled: two passes
+    over the rows' clauses and terms (`clause_programs_plain` is the same in numpy, the reference it
+    is tested against; at 10M ads its temporaries of one int64 per term ran to gigabytes).
     """
+    from .kernels import match as K
+
+    return _clause_programs(np.asarray(ct.clause_ptr, np.int64), np.asarray(ct.term_ptr, np.int64),
+                            np.asarray(ct.circle_ptr, np.int64), np.asarray(ct.clause_negative, np.uint8),
+                            np.ascontiguousarray(rows, np.int64), np.asarray(dense_terms, np.int64),
+                            np.int64(circle_base), np.int64(K.CIRCLES_BIT), np.int64(K.NEGATIVE_BIT))
+
+
+_WORD = 0xFFFF_FFFF  # a program word: the low 32 bits, as numpy's cast to uint32 keeps them
+
+
+@njit(cache=True)
+def _clause_programs(clause_ptr, term_ptr, circle_ptr, clause_negative, rows, dense_terms, circle_base,
+                     circles_bit, negative_bit):
+    """`clause_programs` on ct's arrays: clause_ptr, term_ptr, circle_ptr int64 (N+1 / M+1),
+    clause_negative uint8[M], rows int64[R], dense_terms int64[T]; the flag bits of the header word."""
+    n = rows.shape[0]
+    start = np.empty(n, np.int64)
+    length = np.empty(n, np.int64)
+    total = 0
+    for r in range(n):
+        i = rows[r]
+        size = 1
+        for c in range(clause_ptr[i], clause_ptr[i + 1]):
+            size += 1 + term_ptr[c + 1] - term_ptr[c]
+            if circle_ptr[c + 1] > circle_ptr[c]:
+                size += 2
+        start[r] = total
+        length[r] = size
+        total += size
+    prog = np.empty(total, np.uint32)  # every word is written below
+    for r in range(n):
+        i = rows[r]
+        p = start[r]
+        prog[p] = np.uint32((clause_ptr[i + 1] - clause_ptr[i]) & _WORD)
+        p += 1
+        for c in range(clause_ptr[i], clause_ptr[i + 1]):
+            lo, hi = term_ptr[c], term_ptr[c + 1]
+            header = hi - lo
+            has_c = circle_ptr[c + 1] > circle_ptr[c]
+            if has_c:
+                header |= circles_bit
+            if clause_negative[c] != 0:
+                header |= negative_bit
+            prog[p] = np.uint32(header & _WORD)
+            p += 1
+            if has_c:
+                prog[p] = np.uint32((circle_base + circle_ptr[c]) & _WORD)
+                prog[p + 1] = np.uint32((circle_ptr[c + 1] - circle_ptr[c]) & _WORD)
+                p += 2
+            for t in range(lo, hi):
+                prog[p] = np.uint32(dense_terms[t] & _WORD)
+                p += 1
+    return prog, start, length
+
+
+def clause_programs_plain(ct: CompiledTargeting, rows: np.ndarray, dense_terms: np.ndarray,
+                          circle_base: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`clause_programs` in numpy: the plain reference the compiled one is tested against."""
     from .kernels import match as K
 
     rows = np.asarray(rows, np.int64)
@@ -153,6 +216,20 @@ class Vocabulary:
         self._sorted_dense = np.arange(len(terms), dtype=np.int64)
         self._hashed = None  # (_hash_table of the vocabulary), made on demand
         self._dirty = False
+
+    @classmethod
+    def of_terms(cls, terms: np.ndarray) -> tuple["Vocabulary", np.ndarray]:
+        """(the vocabulary of `terms`, their dense ids int64[T]): `Vocabulary(terms)` and its
+        `dense_bulk(terms)` in one compiled pass over the terms (each looked up in a hash table of the
+        distinct ones, which stays small: tens of thousands for 10M ads), then a sort of the distinct
+        terms alone; where the plain pair sorted every term (np.unique) and searched each."""
+        terms = np.ascontiguousarray(terms, np.int64)
+        distinct, ids = _first_seen_ids(terms)
+        order = np.argsort(distinct)
+        rank = np.empty(len(distinct), np.int64)
+        rank[order] = np.arange(len(distinct), dtype=np.int64)
+        _renumber(ids, rank)
+        return cls(distinct[order]), ids
 
     def __len__(self) -> int:
         return len(self._dense_of)
@@ -232,6 +309,54 @@ def _hash_table(keys, values):
         tk[j] = keys[i]
         tv[j] = values[i]
     return tk, tv, bits
+
+
+@njit(cache=True)
+def _first_seen_ids(terms):
+    """(distinct int64[V]: the distinct terms in order of first appearance, ids int64[T]: the index in
+    `distinct` of every term), through an open-addressing table kept at most half full (a slot is
+    two words, term and id, so a probe reads one cache line; id -1: an empty slot)."""
+    bits = 10
+    size = 1 << bits
+    table = np.full(2 * size, -1, np.int64)
+    distinct = np.empty(size, np.int64)
+    n = 0
+    ids = np.empty(len(terms), np.int64)
+    for t in range(len(terms)):
+        x = terms[t]
+        j = np.int64((np.uint64(x) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits))
+        while table[2 * j + 1] != -1 and table[2 * j] != x:
+            j = (j + 1) & (size - 1)
+        if table[2 * j + 1] != -1:
+            ids[t] = table[2 * j + 1]
+            continue
+        table[2 * j] = x
+        table[2 * j + 1] = n
+        distinct[n] = x
+        ids[t] = n
+        n += 1
+        if 2 * n > size:  # grow: twice the slots, every distinct term placed again
+            bits += 1
+            size = 1 << bits
+            table = np.full(2 * size, -1, np.int64)
+            grown = np.empty(size, np.int64)
+            grown[:n] = distinct[:n]
+            distinct = grown
+            for d in range(n):
+                y = distinct[d]
+                k = np.int64((np.uint64(y) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits))
+                while table[2 * k + 1] != -1:
+                    k = (k + 1) & (size - 1)
+                table[2 * k] = y
+                table[2 * k + 1] = d
+    return distinct[:n].copy(), ids
+
+
+@njit(cache=True)
+def _renumber(ids, new_id):
+    """ids[t] = new_id[ids[t]] in place (int64 arrays)."""
+    for t in range(len(ids)):
+        ids[t] = new_id[ids[t]]
 
 
 @njit(cache=True)
@@ -844,6 +969,9 @@ class GpuTargetingIndex:
         self.geo = GeoBuckets()  # geographic bits of terms (hashed unless a hierarchy is given)
         self._geo_bits = np.zeros(0, np.int8)  # per dense term id, extended as the vocabulary grows
         self._summary_changed: set[int] = set()  # blocks whose summary the device does not hold yet
+        # from_compiled: int64, the row of the compiled targeting held by every used slot in slot order,
+        # as built (before any update); a caller with per-row arrays (embeddings) gathers by it
+        self.built_rows: np.ndarray | None = None
 
     # --- construction --------------------------------------------------------------------------------
     @property
@@ -868,36 +996,40 @@ class GpuTargetingIndex:
     @classmethod
     def from_compiled(cls, ct: CompiledTargeting, *, device: str = "auto", version=None,
                       spare: float = 0.0, chunk_slots: int = CHUNK_SLOTS,
-                      rank: np.ndarray | str | None = None, buckets: GeoBuckets | None = None
-                      ) -> "GpuTargetingIndex":
+                      rank: np.ndarray | str | None = None, buckets: GeoBuckets | None = None,
+                      say: Say | None = None) -> "GpuTargetingIndex":
         """Build from compiled targeting (row i = one ad); slot order groups the ads by format, and
         within a format follows `rank` (one number per row) when given, else the rows' order; rank
         'geo' is `andromeda_nb.geo_layout.clustered_order` of the ads' geographic masks.
         `spare`: fraction of free slots kept per format for inserts; `chunk_slots` (a multiple of
         32): slots per format chunk (smaller than CHUNK_SLOTS only for tiny simulator pools);
-        `buckets`: the geographic bits of terms (default hashed; see the module's "Geography first")."""
+        `buckets`: the geographic bits of terms (default hashed; see the module's "Geography first");
+        `say` (`andromeda_nb.progress`) is told each step as it ends, with its seconds."""
         if chunk_slots % 32:
             raise ValueError(f"chunk_slots must be a multiple of 32, got {chunk_slots}")
-        if len(np.unique(ct.ad_id)) != len(ct):
+        if isinstance(rank, str) and rank != "geo":
+            raise ValueError(f"unknown rank {rank!r}: 'geo' or one number per ad")
+        phases = Phases(say)
+        if has_duplicates(ct.ad_id):
             raise ValueError("duplicate ad ids in the corpus")
         index = cls(device=device, version=version)
         if buckets is not None:
             index.geo = buckets
-        index.vocab = Vocabulary(ct.terms)
-        dense_terms = index.vocab.dense_bulk(ct.terms)
+        index.vocab, dense_terms = Vocabulary.of_terms(ct.terms)
+        phases.done(f"term vocabulary: {len(index.vocab):,} terms of {len(ct.terms):,}")
         geo_bits = index.geo_bits()
         masks = index.geo.ad_masks(ct, lambda at: geo_bits[dense_terms[at]])  # each distinct term looked up once
         if isinstance(rank, str):
-            if rank != "geo":
-                raise ValueError(f"unknown rank {rank!r}: 'geo' or one number per ad")
             rank = clustered_order(ct.format, masks)
-        slots = SlotAllocator.from_ads(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare, rank=rank)
+        slots, rows = SlotAllocator.layout(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare, rank=rank)
         used = np.flatnonzero(slots.slot_ad_id != EMPTY)
-        by_id = np.argsort(ct.ad_id, kind="stable")
-        rows = by_id[np.searchsorted(ct.ad_id, slots.slot_ad_id[used], sorter=by_id)].astype(np.int64)
+        phases.done(f"geographic masks and {slots.capacity:,} slots laid out")
         prog, start, length = clause_programs(ct, rows, dense_terms)
+        phases.done(f"clause programs: {len(prog):,} words")
         index._install(slots, used, resid_words(ct, rows), start, length, prog,
                        ct.start_time[rows], ct.end_time[rows], ct.circles, masks[rows])
+        index.built_rows = rows
+        phases.done("index on the device")
         return index
 
     def _install(self, slots: SlotAllocator, used: np.ndarray, resid: np.ndarray, start: np.ndarray,

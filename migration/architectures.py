@@ -80,12 +80,13 @@ def build_retriever(dataset, arch: str, device: str = "auto", *, scorer_device: 
     return cls.build(dataset, device=device, **options) if arch in DEVICE_ARCHS else cls.build(dataset, **options)
 
 
-def build_engine(dataset, device: str = "auto", *, version=None, layout: str | None = None):
+def build_engine(dataset, device: str = "auto", *, version=None, layout: str | None = None, say=None):
     """The co-located `interfaces.Engine` for `device` ('auto': the GPU when usable, else the CPU;
     `andromeda_nb.devices.resolve`). `version`: the GPU scoring kernel (`scoring_kernel`); the CPU
     engine has its one scorer and takes none. `layout`: the GPU engine's slot order
     (`andromeda_nb.constants.LAYOUTS`; None: its default, DEFAULT_LAYOUT); the CPU engine has no
-    slots and takes only None or 'format'."""
+    slots and takes only None or 'format'. `say` (`andromeda_nb.progress.Say`): told each step of the
+    GPU engine's construction as it ends, with its seconds."""
     from andromeda_nb.constants import DEFAULT_LAYOUT, LAYOUTS
 
     if layout is not None and layout not in LAYOUTS:
@@ -97,6 +98,7 @@ def build_engine(dataset, device: str = "auto", *, version=None, layout: str | N
     options = {"version": scoring_kernel(version)} if version is not None and where != "cpu" else {}
     if where != "cpu":
         options["layout"] = layout or DEFAULT_LAYOUT
+        options["say"] = say
     return _load(ENGINES, where, "engine")(dataset, where, **options)
 
 

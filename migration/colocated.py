@@ -29,13 +29,14 @@ SERVE_MODULE = "migration.colocated_server"
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
                 limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
-                layout: str | None = None):
+                layout: str | None = None, say=None):
     """The co-located server over the engine for `device`, listening at `location` (`log`: its
     write-ahead log, replayed before it listens; `limits`, `guard`: `serving.limits`, `.guard`;
-    `layout`: the GPU engine's slot order, None for its default)."""
+    `layout`: the GPU engine's slot order, None for its default; `say`: told each step of the
+    engine's construction as it ends, `build_engine`)."""
     from serving.engine_server import EngineServer  # pyarrow.flight loads only when serving
 
-    engine = build_engine(dataset, device, version=version, layout=layout)
+    engine = build_engine(dataset, device, version=version, layout=layout, say=say)
     try:
         options = {"decode_ahead": decode_ahead} if batch_wait_s is None else {
             "batch_wait_s": batch_wait_s, "decode_ahead": decode_ahead}

@@ -16,6 +16,7 @@ import sys
 
 from andromeda_nb.constants import LAYOUTS
 from andromeda_nb.devices import DEVICES, resolve
+from andromeda_nb.progress import to_stderr
 from serving.process import (SWITCH_INTERVAL_MS, ServerSettings, add_server_arguments, listen, preflight,
                                   service_errors, set_switch_interval, settings_from_args)
 from serving.services import announce, open_corpus
@@ -23,20 +24,21 @@ from serving.services import announce, open_corpus
 
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
                   on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
-                  layout: str | None = None) -> None:
+                  layout: str | None = None, say=None) -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
     (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order (None:
-    its default)."""
+    its default); `say` (`andromeda_nb.progress.Say`): told each step of the start-up (the corpus's
+    loading, the engine's construction) as it ends, with its seconds."""
     from .colocated import make_server
 
     settings = settings or ServerSettings()
     preflight(settings.host, settings.port, settings.guard)
-    dataset, log = open_corpus(data, settings.log)
+    dataset, log = open_corpus(data, settings.log, say=say)
     try:
         server = listen(lambda location: make_server(dataset, location, device=device, version=version, log=log,
                                                      limits=settings.limits, guard=settings.guard,
                                                      batch_wait_s=batch_wait_s, decode_ahead=decode_ahead,
-                                                     layout=layout),
+                                                     layout=layout, say=say),
                         settings.host, settings.port, settings.guard)
     except BaseException:
         if log is not None:
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
         resolve(args.device)  # before anything imports numba.cuda
         run_colocated(args.data, settings, device=args.device, version=args.version,
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
-                      decode_ahead=args.decode_ahead, layout=args.layout)
+                      decode_ahead=args.decode_ahead, layout=args.layout, say=to_stderr)
     return 0
 
 

@@ -251,12 +251,12 @@ def compact(data_dir, records: Iterable[LogRecord], *, lineage: str | None = Non
 
 def _write_decided(root: Path, tmp: Path, dataset, new_table, compiled, base: int, last: int, lineage: str) -> None:
     """The new snapshot into `tmp`, each file synced, then the COMPLETE marker that decides it."""
-    from andromeda_nb.store import ADS_FILE, META_FILE, ROW_GROUP_ADS, write_targeting
+    from andromeda_nb.store import ADS_FILE, META_FILE, ROW_GROUP_ADS, ads_parquet_options, write_targeting
 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    pq.write_table(new_table, tmp / ADS_FILE, compression="zstd", row_group_size=ROW_GROUP_ADS)
+    pq.write_table(new_table, tmp / ADS_FILE, row_group_size=ROW_GROUP_ADS, **ads_parquet_options(new_table.schema))
     targeting = write_targeting(tmp, compiled)
     meta = json.loads(json.dumps(dataset.meta))
     source = meta.get("source") or {}

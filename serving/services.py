@@ -184,7 +184,7 @@ def load_dataset_for_service(data: str | None = None):
     return load_dataset(data)
 
 
-def open_corpus(data, log: str | None = None):
+def open_corpus(data, log: str | None = None, say=None):
     """A server's corpus and its update log: (dataset, WriteAheadLog or None).
 
     `log`: None for the default, `DIR/updates.log`; "off" for none (updates in memory only); else a
@@ -192,13 +192,14 @@ def open_corpus(data, log: str | None = None):
     its --log) and the log's lock are taken first, so that a second server on the same corpus or
     log is refused before it loads anything; then an interrupted compaction is finished
     (`serving.compaction.recover`), the snapshot loaded and the log opened (its torn tail cut, its
-    records kept for replay). Both locks are released when the log is closed."""
+    records kept for replay). Both locks are released when the log is closed. `say`
+    (`andromeda_nb.progress.Say`): told each step of the corpus's loading as it ends."""
     if not data:
         raise ValueError("give a corpus directory (--data DIR)")
     from andromeda_nb.store import load_dataset
 
     if log == "off":
-        return load_dataset(data), None
+        return load_dataset(data, say=say), None
     from .compaction import recover
     from .wal import LOG_FILE, CorpusLock, LogLock, WriteAheadLog, corpus_lineage, snapshot_seq
 
@@ -208,7 +209,7 @@ def open_corpus(data, log: str | None = None):
     try:
         lock = LogLock(path).acquire()
         recover(data)
-        dataset = load_dataset(data)
+        dataset = load_dataset(data, say=say)
         wal = WriteAheadLog.open(path, lineage=corpus_lineage(dataset), snapshot_seq=snapshot_seq(dataset), lock=lock)
     except BaseException:
         if lock is not None:

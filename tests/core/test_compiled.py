@@ -117,3 +117,13 @@ def test_compiled_equals_oracle_seeded():
 @given(ad_lists(1, 12, dim=4), request_lists(1, 6, experts=2, width=2))
 def test_compiled_equals_oracle_property(ads, reqs):
     _check_equal(ads, reqs)
+
+
+def test_has_duplicates_agrees_with_unique():
+    """`has_duplicates` (one sort) says what comparing np.unique's length says, on random ids."""
+    from andromeda_nb.compiled import has_duplicates
+
+    rng = np.random.default_rng(29)
+    for n, high in ((1000, 10 ** 6), (1000, 2000), (2, 5), (1, 3), (0, 1)):
+        ids = rng.integers(1, high, n).astype(np.int64)
+        assert has_duplicates(ids) == (len(np.unique(ids)) != n), f"seed=29 n={n} high={high}"

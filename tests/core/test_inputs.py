@@ -181,6 +181,26 @@ def test_terms_and_circles_out_of_range_are_refused(corpus, tmp_path):
         store.load_dataset(other)
 
 
+def test_a_bad_term_is_refused_naming_its_ad(corpus):
+    """The row named for a bad term is its ad's: the ad found from the term through term_ptr and
+    clause_ptr (the compiled check) is the one the plain per-term array of ads gives."""
+    ct = store.load_dataset(corpus).compiled
+    ad_of_clause = np.repeat(np.arange(len(ct)), np.diff(ct.clause_ptr))
+    ad_of_term = ad_of_clause[np.repeat(np.arange(len(ct.clause_negative)), np.diff(ct.term_ptr))]
+    sizes = np.diff(ct.term_ptr)
+    clause = int(np.flatnonzero(sizes >= 2)[len(np.flatnonzero(sizes >= 2)) // 2])  # a clause of 2+ terms, mid-corpus
+    t = int(ct.term_ptr[clause]) + 1
+    row = int(ad_of_term[t])
+
+    def unordered(terms):
+        terms[t] = terms[t - 1]
+        return terms
+
+    edit_corpus(corpus, compiled={"terms": unordered})
+    with pytest.raises(store.StoreError, match=f"terms: row {row} .* ascending and unique"):
+        store.load_dataset(corpus)
+
+
 def test_meta_json_seed_and_sizes_are_checked(corpus):
     edit_corpus(corpus, meta={"seed": "abc"})
     with pytest.raises(store.StoreError, match="seed: expected an integer, got 'abc'"):

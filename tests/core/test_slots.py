@@ -59,3 +59,30 @@ def test_a_named_slot_is_taken_and_the_free_list_passes_over_it():
     assert grew and s == 12 and alloc.chunks_of(0).tolist() == [0, 2, 3]
     alloc.release(9)
     assert alloc.chunk_free[0] == 1 and alloc.allocate(13, 0)[0] == 3  # released: on top again
+
+
+def test_layout_equals_the_plain_per_format_layout():
+    """`SlotAllocator.layout` (one gather, slots computed at once) lays out what the plain per-format
+    loop did, on random ids, formats, ranks and spare room, and its rows are the order it used."""
+    rng = np.random.default_rng(17)
+    for n, spare in ((1000, 0.0), (777, 0.3), (1, 0.0)):
+        ids = rng.choice(100 * n, n, replace=False).astype(np.int64)
+        formats = rng.integers(0, 5, n).astype(np.int16)
+        rank = rng.integers(0, 40, n)
+        for r in (None, rank):
+            alloc, rows = SlotAllocator.layout(ids, formats, chunk_slots=32, spare=spare, rank=r)
+            order = np.argsort(formats, kind="stable") if r is None else np.lexsort((np.arange(n), r, formats))
+            blocks, chunk_fmt = [], []
+            for f in np.unique(formats):  # the plain layout, format by format
+                fids = ids[order][formats[order] == f]
+                chunks = -(-int(len(fids) * (1.0 + spare)) // 32)
+                block = np.full(chunks * 32, EMPTY, np.int64)
+                block[: len(fids)] = fids
+                blocks.append(block)
+                chunk_fmt += [int(f)] * chunks
+            config = f"seed=17 n={n} spare={spare} rank={'given' if r is not None else None}"
+            assert np.array_equal(alloc.slot_ad_id, np.concatenate(blocks)), config
+            assert alloc.chunk_format.dtype == np.int16 and alloc.chunk_format.tolist() == chunk_fmt, config
+            used = np.flatnonzero(alloc.slot_ad_id != EMPTY)
+            assert np.array_equal(ids[rows], alloc.slot_ad_id[used]), config
+            assert all(alloc.slot_of(int(ids[i])) == s for i, s in zip(rows.tolist(), used.tolist())), config

@@ -623,3 +623,45 @@ def test_cli_bench_match_help():
     assert res.exit_code == 0 and "pool ads/s" in res.output
     res = CliRunner().invoke(cli.main, ["bench", "match", "--ads", "ten"])
     assert res.exit_code != 0 and "--ads" in res.output and "Traceback" not in res.output
+
+
+# --- compiled host layout against its plain reference ------------------------------------------------
+
+@pytest.mark.parametrize("seed", [5, 23])
+def test_compiled_vocabulary_and_clause_programs_equal_the_plain_ones(seed):
+    """`Vocabulary.of_terms` (one hashed pass) is `Vocabulary(terms)` with `dense_bulk(terms)`, and the
+    compiled `clause_programs` is `clause_programs_plain`, word for word, on random ads in a random
+    slot order, terms drawn so that the hash table grows several times and wraps around."""
+    from gpu.index import clause_programs_plain
+
+    rng = np.random.default_rng(seed)
+    ct = compile_ads(random_ads(rng, 300))
+    config = f"seed={seed} ads={len(ct)} terms={len(ct.terms)}"
+    plain = Vocabulary(ct.terms)
+    vocab, dense = Vocabulary.of_terms(ct.terms)
+    assert len(vocab) == len(plain) and np.array_equal(vocab.terms(), plain.terms()), config
+    assert dense.dtype == np.int64 and np.array_equal(dense, plain.dense_bulk(ct.terms)), config
+    many = rng.integers(0, MAX_TERM_ID, 5000) | (rng.integers(0, 14, 5000) << 40)  # distinct terms beyond 1024
+    many = np.concatenate([many, many[::-3], rng.choice(many, 2000)])
+    big, big_dense = Vocabulary.of_terms(many)
+    assert np.array_equal(big.terms(), Vocabulary(many).terms()), config
+    assert np.array_equal(big_dense, Vocabulary(many).dense_bulk(many)), config
+    empty, empty_dense = Vocabulary.of_terms(np.empty(0, np.int64))
+    assert len(empty) == 0 and len(empty_dense) == 0
+    for rows in (rng.permutation(len(ct)), rng.choice(len(ct), 50), np.empty(0, np.int64)):
+        for base in (0, int(rng.integers(1, 1 << 20))):
+            got = clause_programs(ct, rows, dense, circle_base=base)
+            want = clause_programs_plain(ct, rows, dense, circle_base=base)
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and np.array_equal(g, w), f"{config} rows={len(rows)} base={base}"
+
+
+def test_the_built_rows_are_the_rows_of_the_slots():
+    """`from_compiled`'s `built_rows` (the layout's own order, no lookup by id) names the compiled row
+    whose ad each used slot holds, in slot order, for both layouts."""
+    rng = np.random.default_rng(11)
+    ct = compile_ads(random_ads(rng, 200, formats=FORMATS))
+    for rank in (None, "geo"):
+        index = GpuTargetingIndex.from_compiled(ct, device="sim", chunk_slots=CHUNK, rank=rank)
+        used = np.flatnonzero(index.slots.slot_ad_id >= 0)
+        assert np.array_equal(ct.ad_id[index.built_rows], index.slots.slot_ad_id[used]), f"seed=11 rank={rank}"
