@@ -1276,6 +1276,10 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
                    "--seed then come from the corpus).")
 @click.option("--ads", "pool", type=_ADS, default=10_000_000, show_default=True,
               help="Pool size in ads: a generated base corpus, tiled.")
+@click.option("--check-requests", type=click.IntRange(1), default=None,
+              help="Check every timed answer of this many distinct requests, evenly spaced (default: every "
+                   "request of the tiled pool; 32 of a --data corpus, whose eligible sets take the CPU index "
+                   "about a tenth of a second each at 10M ads).")
 @click.option("--base-ads", type=click.IntRange(1), default=8192, show_default=True,
               help="Ads of the generated base corpus.")
 @click.option("--precision", default="fp16", show_default=True, type=_PRECISION,
@@ -1305,8 +1309,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @renamed("--score-version", "--kernel-version")
 @renamed("--layout", "--layouts")
 @renamed("--launch", "--launches")
-def bench_pipeline(data, pool, base_ads, precision, dim, k, batches, score_version, seed, layouts, launches, device,
-                   out, as_json, quiet):
+def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batches, score_version, seed, layouts,
+                   launches, device, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, on a generated pool tiled to --ads or on a corpus of
     distinct ads (--data). Every timed answer is checked against the float64 reference over the
@@ -1326,7 +1330,8 @@ def bench_pipeline(data, pool, base_ads, precision, dim, k, batches, score_versi
 
         result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
                                            batches=batches, score_version=score_version, seed=seed,
-                                           launches=launches, device=device, data=data, progress=not quiet)
+                                           launches=launches, device=device, data=data,
+                                           check_requests=check_requests, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None
     _stamp(result, "pipeline")

@@ -48,10 +48,14 @@ class EntryCounts:
         if self.first_failure is None:
             self.first_failure = message
 
-    def summary(self) -> dict:
+    def summary(self, sampled: bool = False) -> dict:
+        """`sampled`: the answers of a sample of the requests were checked (the others counted as
+        timed only): ok when some were checked and none failed."""
+        every = self.checked == self.timed or (sampled and self.checked > 0)
         out = {"requests_timed": self.timed, "requests_checked": self.checked, "distinct": self.distinct,
-               "ok": self.failed == 0 and self.checked == self.timed and self.timed > 0,
-               "max_abs_err": self.max_abs_err}
+               "ok": self.failed == 0 and every and self.timed > 0, "max_abs_err": self.max_abs_err}
+        if sampled:
+            out["sampled"] = True
         if self.first_failure is not None:
             out["first_failure"] = self.first_failure
         return out
@@ -96,7 +100,7 @@ class TimedAnswers:
         """Check every distinct answer of the requests `keys` (default: all) with `check_one(key, ids,
         scores) -> (ok, max_abs_err, message)`, one request after another (a reference made for one
         request can be dropped before the next), and count it for every entry that returned it.
-        Returns `summary()`."""
+        Returns `summary()`; with `keys`, the requests' sample (the rest dropped unchecked)."""
         for key in (list(self._answers) if keys is None else keys):
             for ids, scores, by_entry in self._answers.pop(key, {}).values():
                 ok, err, message = check_one(key, ids, scores)
@@ -107,10 +111,15 @@ class TimedAnswers:
                     counts.max_abs_err = max(counts.max_abs_err, float(err))
                     if not ok:
                         counts.failure(f"request {key}: {message}", n)
+        self.sampled = keys is not None
+        if self.sampled:
+            self._answers.clear()
         return self.summary()
 
+    sampled = False  # the last check was of a sample of the requests
+
     def summary(self) -> dict:
-        return {name: counts.summary() for name, counts in self.entries.items()}
+        return {name: counts.summary(self.sampled) for name, counts in self.entries.items()}
 
     @property
     def distinct_requests(self) -> int:

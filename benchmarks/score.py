@@ -695,6 +695,17 @@ def check_match_rows(counts, oracle, words: np.ndarray, requests) -> None:
         counts.failure(first, bad)
 
 
+CORPUS_CHECK_REQUESTS = 32  # distinct requests whose every timed answer is checked, over a corpus's pool
+
+
+def check_sample(n_requests: int, check_requests: int | None) -> set | None:
+    """The request keys whose timed answers are checked: all (None) or `check_requests` of them,
+    evenly spaced."""
+    if check_requests is None or check_requests >= n_requests:
+        return None
+    return set(np.linspace(0, n_requests - 1, max(1, check_requests)).round().astype(int).tolist())
+
+
 # calls of each kind made before a figure is timed: a plan is run step by step when first seen and
 # captured into a CUDA graph when seen again (gpu.graphs.GraphCache), and the index's two staging
 # buffers make two plans of each kind a batch size: four calls leave every one of them captured
@@ -705,7 +716,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
                    score_version: int | None = None, seed: int = 0, layout: str = "geo",
                    launches: Sequence[str] = LAUNCHES, reps: int | None = None, device: str = "auto",
-                   data=None, progress: bool = True) -> dict:
+                   data=None, check_requests: int | None = None, progress: bool = True) -> dict:
     """`layout` 'geo': a format's slots hold its base ads clustered by geography
     (`andromeda_nb.geo_layout`), each base ad's copies side by side: the order one sort over the whole
     tiled corpus gives. Either way the match skips blocks by the world's geographic bits, and the
@@ -719,6 +730,10 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     and its own requests; `pool`, `base_ads`, `n_requests`, `precision`, `dim` and `seed` unused).
     The timed calls take the requests in turn (lone requests one after another, each batch the next
     window of its size), so a run times as many distinct requests as the pool has, up to what it times.
+    `check_requests`: check the timed answers (and match rows) of that many distinct requests, evenly
+    spaced, every entry point's answers to them (default: every request of a tiled pool,
+    CORPUS_CHECK_REQUESTS of a corpus's, whose eligible sets take the CPU index a tenth of a second
+    each at 10M ads); the checks say `sampled`.
 
     Every timed call's answers are kept and checked after the timing (`checks`, by entry point: each
     launch mode's lone requests, the stage-by-stage path, the host calls' `launch_split`, and per
@@ -744,6 +759,9 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     t0, index_s = pp.t0, pp.index_s
     result = dict(pp.header)
     n_req = len(requests)
+    if check_requests is None and data is not None:
+        check_requests = CORPUS_CHECK_REQUESTS
+    checked_keys = check_sample(n_req, check_requests)
 
     from gpu.pipeline import BatchPipeline
 
@@ -858,7 +876,10 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         for name, dt in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
             stages[name].append(dt * 1e3)
         timed_answers.add("stages/fused_launch", [i % n_req], got)
-        check_match_rows(match_counts, oracle, out.copy_to_host()[:1], req)
+        if checked_keys is None or i % n_req in checked_keys:
+            check_match_rows(match_counts, oracle, out.copy_to_host()[:1], req)
+        else:
+            match_counts.timed += 1
     result["stages_ms"] = {name: float(np.median(v)) for name, v in stages.items()}
     result["stages_p99_ms"] = {name: float(np.percentile(v, 99)) for name, v in stages.items()}
     total = np.sum([np.asarray(v) for v in stages.values()], axis=0)
@@ -892,6 +913,8 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         reqs = [requests[i] for i in keys]
         row = {"batch": B}
         for mode, p in pipes.items():
+            for j in range(n_reps):  # the staging buffers' room sized for every batch the loops time
+                prepare([requests[i] for i in window(j)], p)
             for j in range(WARM_CALLS):  # every plan of the graph mode captured before anything is timed
                 run([requests[i] for i in window(j)], p)
             serial_entry, pipelined_entry = f"serial/{mode}/b{B}", f"pipelined/{mode}/b{B}"
@@ -956,7 +979,13 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     # eligible slots, one request at a time
     t_check = time.time()
     result["distinct_requests_timed"] = timed_answers.distinct_requests
-    checks = timed_answers.check(answer_checker(pp, oracle, k))
+    b64 = next((x for x in result["throughput"] if x["batch"] == 64), result["throughput"][-1])
+    log(progress, f"pipeline timed (checks next): p50 {result['latency_ms']['p50']:.3f} ms, p99 "
+        f"{result['latency_ms']['p99']:.3f} ms, batch {b64['batch']} {rate(b64['pool_ads_per_s'], 'pool ads/s')} "
+        f"({b64['batch_ms']:.2f} ms, stages {', '.join(f'{k} {v:.2f}' for k, v in b64['stages_ms'].items())}), "
+        f"start-up {result['startup_s']['total']:.1f} s")
+    checks = timed_answers.check(answer_checker(pp, oracle, k),
+                                 keys=None if checked_keys is None else sorted(checked_keys))
     if hasattr(oracle, "sample_check"):  # the CPU index's eligible sets, held to the oracle on a sample
         checks["eligible_sets/oracle_sample"] = oracle.sample_check()
     result["checks"] = checks

@@ -563,12 +563,12 @@ def _kept_table(buffers: dict, name: str, groups: int, width: int, dtype, cuda) 
 
 def _entry_room(buffers: dict, key: tuple, n: int) -> int:
     """Room for n table words in a batch's upload: the most a set of buffers gave for `key` (what and
-    how many groups), grown to a power of two (at least 256) when n does not fit, so that a serving
-    loop's batches settle on one staging layout per batch size (and one CUDA graph)."""
+    how many groups), grown to a power of two (at least 256, twice n) when n does not fit, so that a
+    serving loop's batches settle on one staging layout per batch size (and one CUDA graph)."""
     rooms = buffers.setdefault("rooms", {})
     room = rooms.get(key, 256)
-    if n > room:
-        room = rooms[key] = 1 << (n - 1).bit_length()
+    if n > room:  # with room to spare: the next batches of this size are seldom much larger
+        room = rooms[key] = 1 << (2 * n - 1).bit_length()
     return room
 
 
@@ -959,7 +959,9 @@ class GpuTargetingIndex:
         self.kernel_version = chosen
         self.slots = SlotAllocator()
         self.vocab = Vocabulary()
-        self._request_buffers = ({}, {})  # two sets of staging, device buffer and views: prepare(..., reuse=True)
+        rooms: dict = {}  # the upload's room for table words, by kind and groups: shared by both sets
+        self._request_buffers = ({"rooms": rooms}, {"rooms": rooms})  # two sets of staging, device buffer and
+        # views: prepare(..., reuse=True)
         self._arrays_kept = None  # the match kernels' views of the device arrays (_index_arrays)
         self._next_buffers = 0
         self.stream = self._cuda.stream()  # uploads and match launches: ordered, off the host's critical path

@@ -170,3 +170,29 @@ def test_a_corpus_pool_is_checked_over_the_cpu_index_held_to_the_oracle_and_fail
     for request in pp.requests:
         faulty.slot_mask(request)
     assert not faulty.sample_check()["ok"] and "in the oracle" in faulty.sample_check()["first_failure"]
+
+
+def test_a_sampled_check_counts_every_timed_answer_checks_the_sample_and_still_fails_a_wrong_one():
+    from benchmarks.score import check_sample
+
+    assert check_sample(10, None) is None and check_sample(10, 10) is None
+    sample = check_sample(200, 32)
+    assert len(sample) == 32 and min(sample) == 0 and max(sample) == 199
+    right = (np.array([3, 1]), np.array([0.5, 0.25], np.float32))
+    wrong = (np.array([3, 2]), np.array([0.5, 0.25], np.float32))
+
+    def check_one(key, ids, scores):
+        ok = np.array_equal(ids, right[0])
+        return ok, 0.0, "" if ok else "ad 2 is not eligible"
+
+    answers = TimedAnswers()
+    answers.add("a", [0, 1, 2], [right, right, right])
+    summary = answers.check(check_one, keys=[0, 2])
+    assert summary["a"]["ok"] and summary["a"]["sampled"] and summary["a"]["requests_checked"] == 2
+    assert summary["a"]["requests_timed"] == 3
+    answers = TimedAnswers()
+    answers.add("a", [0, 1, 2], [right, right, wrong])
+    assert not answers.check(check_one, keys=[0, 2])["a"]["ok"]
+    answers = TimedAnswers()
+    answers.add("a", [0, 1, 2], [right, right, right])
+    assert not answers.check(check_one, keys=[7])["a"]["ok"], "a sample that checked nothing is not a pass"
