@@ -423,14 +423,15 @@ def _residual_offsets() -> np.ndarray:
 
 @njit(cache=True)
 def _fill_request_tables(term_req, dense, known, age, gender, pub, dev, os_, time, lat, lon, group, offsets,
-                         width, ridx, rbits, ftab, rtime, rpos, nreq):
+                         width, ridx, rbits, ftab, rtime, rpos, nreq, geo_bits, gmask):
     """The group tables of a batch (shapes in gpu/kernels/match.py), written in place over whatever
     they held; the term table `rtab` (groups x vocabulary, mostly zero) as its nonzero words: for
     every known term t of request r, word (r // group) * width + dense[t] of a table `width` words
     wide and bit 1 << (r % group), into ridx / rbits (room for every known term; returns how many).
     term_req int64[T] (the request of each term), dense int64[T] and known bool[T] (its dense
     vocabulary id, where the vocabulary knows it); the request columns int64[B] / float64[B];
-    `offsets` int64[7] as `_residual_offsets`."""
+    `offsets` int64[7] as `_residual_offsets`. The groups' geographic masks into `gmask`, as
+    `group_masks` makes them (geo_bits int8 per dense term; an empty array: every bit)."""
     ftab[:] = 0
     rtime[:] = 0
     rpos[:] = np.nan
@@ -438,12 +439,20 @@ def _fill_request_tables(term_req, dense, known, age, gender, pub, dev, os_, tim
     gender_off, pub_off, dev_off, os_off, amin_off, amax_off, unbounded = (
         offsets[0], offsets[1], offsets[2], offsets[3], offsets[4], offsets[5], offsets[6])
     k = 0
+    gmask[:] = 0
     for t in range(term_req.shape[0]):
         if known[t]:
             r = term_req[t]
             ridx[k] = (r // group) * width + dense[t]
             rbits[k] = np.uint64(1) << np.uint64(r % group)
             k += 1
+            if geo_bits.shape[0] and geo_bits[dense[t]] >= 0:
+                gmask[r // group] |= np.uint64(1) << np.uint64(geo_bits[dense[t]])
+    for g in range(gmask.shape[0]):
+        if geo_bits.shape[0] == 0:
+            gmask[g] = GEO_ALL
+        elif gmask[g] == 0:
+            gmask[g] = NO_GEO_MASK
     for r in range(age.shape[0]):
         g = r // group
         lane = r % group
@@ -489,13 +498,14 @@ def _sorted_per_request(term_req, dense, known, n):
 def _layout(spec: dict) -> tuple[dict, int]:
     """name -> (byte offset, shape, dtype, bytes) of arrays packed at UPLOAD_ALIGN-byte boundaries, and
     the size. Worked out once per distinct spec (a serving loop's batches mostly share a few)."""
-    return _layout_of(tuple((name, tuple(int(n) for n in shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()))
+    return _layout_of(tuple((name, shape, dtype) for name, (shape, dtype) in spec.items()))
 
 
 @lru_cache(maxsize=256)
 def _layout_of(spec: tuple) -> tuple[dict, int]:
     layout, end = {}, 0
     for name, shape, dtype in spec:
+        shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         layout[name] = (end, shape, dtype, nbytes)
         end += -(-nbytes // UPLOAD_ALIGN) * UPLOAD_ALIGN
@@ -521,6 +531,9 @@ def group_masks(group_of_term: np.ndarray, dense: np.ndarray, geo_bits: np.ndarr
     geo = bits >= 0
     np.bitwise_or.at(out, group_of_term[geo], np.left_shift(np.uint64(1), bits[geo].astype(np.uint64)))
     out[out == 0] = NO_GEO_MASK
+
+
+_NO_GEO_BITS = np.zeros(0, np.int8)  # `_fill_request_tables` without geographic bits: every group's mask all ones
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:
@@ -639,11 +652,11 @@ class RequestBatch:
             n_terms = _fill_request_tables(term_req, dense, known, batch.age, batch.gender, batch.publisher,
                                            batch.device, batch.os, batch.time, batch.latitude, batch.longitude,
                                            group, _residual_offsets(), rtab.width, host["ridx"], host["rbits"],
-                                           host["ftab"], host["rtime"], host["rpos"], host["nreq"])
+                                           host["ftab"], host["rtime"], host["rpos"], host["nreq"],
+                                           _NO_GEO_BITS if geo_bits is None else geo_bits, host["gmask"])
             host["cidx"][:len(cword)] = cword
             host["cbits"][:len(cword)] = cbits
             host["counts"][:] = (n_terms, len(cword))
-            group_masks(term_req[known] // group, dense[known], geo_bits, host["gmask"])
             kept = {"rtab": rtab.view(groups), "rtab_flat": rtab.flat, "ctab": ctab.view(groups if circles is not None else 1),
                     "ctab_flat": ctab.flat}
             widths = (rtab.width, ctab.width)
@@ -718,11 +731,10 @@ class CircleLookup:
         lon = np.ascontiguousarray(lon, np.float64)
         if self.count == 0 or len(lat) == 0:
             return np.empty(0, np.int64), np.empty(0, np.uint64)
-        vec = _unit_vectors(lat, lon)
         while True:
             word = np.empty(self._room, np.int64)
             bits = np.empty(self._room, np.uint64)
-            n = _circle_entries(*self.grid, self.circles, lat, lon, vec, group, width, word, bits)
+            n = _circle_entries(*self.grid, self.circles, lat, lon, group, width, word, bits)
             if n <= self._room:
                 return word[:n], bits[:n]
             self._room = 2 * n
@@ -791,7 +803,7 @@ def _row_range(row_lon, a, b):
 
 @njit(cache=True)
 def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, s_lon, s_vec, lo, hi, circles,
-                    lat, lon, vec, group, width, word, bits):
+                    lat, lon, group, width, word, bits):
     """`CircleLookup.entries` on `_circle_grid`'s arrays: writes up to len(word) entries and returns how
     many there are (more than len(word): call again with room for them). Serial on purpose: on the
     2-core development machine a parallel region cost milliseconds of CPU where a batch's search takes
@@ -806,6 +818,11 @@ def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, 
         g = r // group
         bit = np.uint64(1) << np.uint64(r % group)
         cos_lat = math.cos(math.radians(la))
+        # the user's unit vector (libm here, numpy's for the circles: an ulp apart at most, far inside
+        # the chord band's margin)
+        ux = cos_lat * math.cos(math.radians(lo_r))
+        uy = cos_lat * math.sin(math.radians(lo_r))
+        uz = math.sin(math.radians(la))
         for c in range(delta.shape[0]):
             if delta[c] == 0.0:
                 continue
@@ -837,9 +854,9 @@ def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, 
                             continue
                         a, b = _row_range(row_lon, -180.0, lo_r + dl - 360.0)
                     for i in range(start + a, start + b):
-                        dx = vec[r, 0] - s_vec[i, 0]
-                        dy = vec[r, 1] - s_vec[i, 1]
-                        dz = vec[r, 2] - s_vec[i, 2]
+                        dx = ux - s_vec[i, 0]
+                        dy = uy - s_vec[i, 1]
+                        dz = uz - s_vec[i, 2]
                         d2 = dx * dx + dy * dy + dz * dz
                         if d2 > hi[i]:
                             continue
