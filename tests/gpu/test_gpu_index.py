@@ -20,7 +20,7 @@ import pytest
 from andromeda_nb.compiled import MAX_TERM_ID, compile_ads, encode_request
 from andromeda_nb.oracle import OracleIndex, eligible
 from andromeda_nb.targeting import parse_ad, parse_request
-from andromeda_nb.testing import random_ads, random_requests, random_updates
+from andromeda_nb.testing import KERNEL_DEVICE, random_ads, random_requests, random_updates
 from andromeda_nb.updates import LiveAds, apply_updates
 from andromeda_nb import devices
 from gpu.index import GpuTargetingIndex, Vocabulary, clause_programs, residual_tables, resid_words
@@ -662,6 +662,6 @@ def test_the_built_rows_are_the_rows_of_the_slots():
     rng = np.random.default_rng(11)
     ct = compile_ads(random_ads(rng, 200, formats=FORMATS))
     for rank in (None, "geo"):
-        index = GpuTargetingIndex.from_compiled(ct, device="sim", chunk_slots=CHUNK, rank=rank)
+        index = GpuTargetingIndex.from_compiled(ct, device=KERNEL_DEVICE, chunk_slots=CHUNK, rank=rank)
         used = np.flatnonzero(index.slots.slot_ad_id >= 0)
         assert np.array_equal(ct.ad_id[index.built_rows], index.slots.slot_ad_id[used]), f"seed=11 rank={rank}"
