@@ -46,7 +46,7 @@ class ClusterServer(RetrieveServer):
         except UnicodeDecodeError as exc:
             raise InvalidInput(f"the update body is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         try:
-            ack = self.router.update(text)
+            ack = self.router.update(text, deadline_s=self.limits.deadline_s, stopping=self._stopping)
         except ShardUnavailable as exc:
             raise flight.FlightUnavailableError(str(exc)) from None
         self.stats.add(updates=ack["applied"])

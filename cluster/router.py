@@ -30,6 +30,7 @@ from typing import Sequence
 
 from andromeda_nb.progress import Say
 from andromeda_nb.updates import Rejection, update_answer
+from serving.durable import DeadlineExceeded, ServerStopping
 
 from . import require_ray
 from .shards import ShardLog, merge_topk, route_updates, shard_dataset
@@ -60,17 +61,22 @@ class ReplicaHandle:
 
 
 class _ReadWriteLock:
-    """Many requests at once, or one update stream alone."""
+    """Many requests at once, or one update stream alone. A writer waiting keeps new readers out (the
+    ones in flight finish), so a stream of requests cannot hold an update off past its deadline."""
 
-    def __init__(self):
+    WAIT_STEP_S = 0.1  # how often a waiting writer looks at `stopping`
+
+    def __init__(self, clock=time.monotonic):
         self._cond = threading.Condition()
         self._readers = 0
         self._writing = False
+        self._writers_waiting = 0
+        self._clock = clock
 
     @contextmanager
     def read(self):
         with self._cond:
-            while self._writing:
+            while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
         try:
@@ -81,11 +87,27 @@ class _ReadWriteLock:
                 self._cond.notify_all()
 
     @contextmanager
-    def write(self):
+    def write(self, deadline_s: float | None = None, stopping: threading.Event | None = None):
+        """The lock alone; `deadline_s`: give up after waiting that long (`DeadlineExceeded`);
+        `stopping`: give up when it is set (`ServerStopping`). Either way nothing was done under it."""
+        since = self._clock()
         with self._cond:
-            while self._writing or self._readers:
-                self._cond.wait()
-            self._writing = True
+            self._writers_waiting += 1
+            try:
+                while self._writing or self._readers:
+                    if stopping is not None and stopping.is_set():
+                        raise ServerStopping("the server is stopping: nothing of this update call was logged or "
+                                             "applied; send it again once the server is back")
+                    left = None if deadline_s is None else deadline_s - (self._clock() - since)
+                    if left is not None and left <= 0:
+                        raise DeadlineExceeded(f"the update call waited {self._clock() - since:.1f} s for its turn, "
+                                               f"past the server's deadline of {deadline_s:g} s (--deadline); "
+                                               "nothing was applied")
+                    self._cond.wait(self.WAIT_STEP_S if left is None else min(left, self.WAIT_STEP_S))
+                self._writing = True
+            finally:
+                self._writers_waiting -= 1
+                self._cond.notify_all()
         try:
             yield
         finally:
@@ -209,13 +231,20 @@ class Router:
         raise ShardUnavailable(self._why_unavailable(shard))
 
     # --- updates ---------------------------------------------------------------------------------------
-    def update(self, text_or_lines) -> dict:
+    def update(self, text_or_lines, *, deadline_s: float | None = None, stopping: threading.Event | None = None
+               ) -> dict:
         """Apply an update stream (JSON Lines): `{"applied": n, "rejected": [...]}` with the stream's
         line numbers. ShardUnavailable, before anything is applied, when an owning shard has no live
-        replica."""
-        with self._rw.write():
-            per_shard, malformed = route_updates(text_or_lines, self.n_shards, seed=self.seed, dim=self.dim,
-                                                 formats=self.formats)
+        replica. The stream is parsed and split before the call waits for its turn; `deadline_s`
+        bounds the wait (DeadlineExceeded), and a server `stopping` (SIGTERM) ends a call not yet in
+        the shards' logs (ServerStopping), nothing of it applied; once logged, it is applied and
+        acknowledged."""
+        per_shard, malformed = route_updates(text_or_lines, self.n_shards, seed=self.seed, dim=self.dim,
+                                             formats=self.formats)
+        with self._rw.write(deadline_s, stopping):
+            if stopping is not None and stopping.is_set():
+                raise ServerStopping("the server is stopping: nothing of this update call was logged or applied; "
+                                     "send it again once the server is back")
             targets = [s for s in range(self.n_shards) if per_shard[s]]
             for s in targets:
                 with self._pick_lock:

@@ -556,3 +556,59 @@ def test_bench_cluster_prints_one_json_line_of_checked_rows_and_refuses_what_doe
                                  "placement 'processes' on device 'gpu'")):
         refused = runner.invoke(cli.main, ["bench", "cluster", *args])
         assert refused.exit_code == code and message in refused.output, refused.output
+
+
+# --- the front's update turn: deadline and stopping (no Ray needed) -----------------------------------
+
+
+def test_an_update_waits_for_its_turn_no_longer_than_the_deadline_and_a_stopping_server_ends_it():
+    """The router's lock: a writer waiting keeps new readers out; its wait is bounded by the deadline
+    (measured on a clock the test moves, so no machine is too slow for it) and ended by `stopping`."""
+    import threading
+
+    from cluster.router import _ReadWriteLock
+    from serving.durable import DeadlineExceeded, ServerStopping
+
+    now = [0.0]
+    lock = _ReadWriteLock(clock=lambda: now[0])
+    lock.WAIT_STEP_S = 0.01
+    reading = lock.read()
+    reading.__enter__()  # a request in flight
+    outcome = {}
+
+    def writer(**kw):
+        try:
+            with lock.write(**kw):
+                outcome["wrote"] = True
+        except (DeadlineExceeded, ServerStopping) as exc:
+            outcome["error"] = exc
+
+    t = threading.Thread(target=writer, kwargs={"deadline_s": 5.0})
+    t.start()
+    while not lock._writers_waiting:
+        pass
+    got_in = threading.Event()
+
+    def reader():
+        with lock.read():
+            got_in.set()
+
+    late = threading.Thread(target=reader)
+    late.start()
+    assert not got_in.wait(0.2), "a new request went ahead of the waiting update"
+    now[0] = 6.0  # past the deadline while the request is still in flight
+    t.join(5)
+    assert isinstance(outcome.get("error"), DeadlineExceeded) and "wrote" not in outcome
+    late.join(5)
+    assert got_in.is_set(), "the request waits no longer once the update gave up"
+    stopping = threading.Event()
+    outcome.clear()
+    t = threading.Thread(target=writer, kwargs={"deadline_s": None, "stopping": stopping})
+    t.start()
+    stopping.set()
+    t.join(5)
+    assert isinstance(outcome.get("error"), ServerStopping) and "nothing" in str(outcome["error"])
+    reading.__exit__(None, None, None)
+    outcome.clear()
+    writer(deadline_s=0.0)
+    assert outcome == {"wrote": True}, "a free lock is taken at once, whatever the deadline"
