@@ -9,7 +9,9 @@ service), started as processes on loopback over a generated corpus with its upda
    included, as a catalogue refresh sends them) goes in from another thread, and the probe's
    latencies while that call is in flight give the latency during the call.
 
-The target: p99 during the call within 2x of the idle p99. `--slice N` sets how many updates the
+The target: p99 during the call within 2x of the idle p99. `--calls N` sends N such calls at once, from
+N threads (issue 37, point 8: three concurrent calls of about 100 MB each, `--upserts 60000 --calls 3`);
+"during" is then from the first call's start to the last one's end. `--slice N` sets how many updates the
 server applies between two looks at waiting retrievals (`ServiceLimits.update_slice`); `--slice
 1000000` applies the whole call in one piece, as the servers did before slicing, for comparison.
 `--cpu-shares 1,0.5,0.25` runs each server once per share of the call's time it may spend applying
@@ -91,15 +93,28 @@ def upsert_body(dataset, n: int, seed: int) -> bytes:
     return "\n".join(lines).encode()
 
 
-def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool) -> dict:
+def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool, calls: int = 1) -> dict:
     probe = Probe(location, dataset.requests)
     probe.thread.start()
     time.sleep(2.0)  # warm: kernels loaded, connections up
     t_idle = time.monotonic()
     time.sleep(idle_s)
     t_call = time.monotonic()
-    ack = fl.send_updates(location, body, timeout=600)
+    acks: list = [None] * calls
+
+    def send(i):
+        try:
+            acks[i] = fl.send_updates(location, body, timeout=600)
+        except Exception as exc:  # reported in the result, never hidden
+            acks[i] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "applied": 0}
+
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(calls)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
     t_done = time.monotonic()
+    ack = acks[0] if calls == 1 else {"applied": sum(a.get("applied", 0) for a in acks)}
     time.sleep(0.5)
     probe.stop.set()
     probe.thread.join(60)
@@ -117,7 +132,8 @@ def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progr
             phases[phase] = {"seconds": seconds[phase], **percentiles(probe.between(lo, hi))}
     result = {"server": name, "idle": idle, "during_update": during, "update_call_s": round(t_done - t_call, 2),
               "updates_per_s": round(ack["applied"] / (t_done - t_call)), "applied": ack["applied"],
-              "probe_errors": probe.errors, "phases": phases,
+              "probe_errors": probe.errors, "phases": phases, "calls": calls,
+              "call_errors": [a["error"] for a in acks if "error" in a],
               "p99_ratio": round(during["p99_ms"] / idle["p99_ms"], 2) if during.get("n") else None}
     log(progress, f"{name}: idle p99 {idle['p99_ms']} ms, during the call p99 {during.get('p99_ms')} ms "
                   f"(x{result['p99_ratio']}), max {during.get('max_ms')} ms; the call took {result['update_call_s']} s "
@@ -133,6 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--upserts", type=int, default=20_000)
     parser.add_argument("--idle-s", type=float, default=8.0)
+    parser.add_argument("--calls", type=int, default=1, help="update calls sent at once, each of --upserts upserts")
     parser.add_argument("--slice", type=int, default=None, help="updates applied between looks at retrieval")
     parser.add_argument("--servers", default="colocated,remote")
     parser.add_argument("--cpu-shares", default=None,
@@ -169,12 +186,13 @@ def main(argv=None) -> int:
                         procs.append(ServiceProcess("cpu_baseline.remote_servers", ["scorer", "--data", str(root), *extra]))
                         procs.append(ServiceProcess("cpu_baseline.remote_servers", ["remote", "--data", str(root),
                                                                            "--scorer", procs[0].location, *extra]))
-                    result = measure(label, procs[-1].location, dataset, body, args.idle_s, True)
+                    result = measure(label, procs[-1].location, dataset, body, args.idle_s, True, args.calls)
                     results.append({**result, "update_cpu_share": share or "default"})
                 finally:
                     for proc in reversed(procs):
                         proc.stop()
-    doc = {"kind": "update_stall", "ads": args.ads, "upserts": args.upserts, "idle_s": args.idle_s,
+    doc = {"kind": "update_stall", "ads": args.ads, "upserts": args.upserts, "calls": args.calls,
+           "call_mb": round(len(body) / 1e6, 1), "idle_s": args.idle_s,
            "update_slice": args.slice or "default", "results": results,
            "target": "p99 during the call within 2x of the idle p99", "software": software()}
     stamp(doc, command=script_command("bench_update_stall.py", argv if argv is not None else sys.argv[1:]))
