@@ -216,3 +216,14 @@ def test_a_requests_bytes_are_one_figure_and_every_other_count_says_what_it_coun
     kernels = step[5]
     assert "int8 against fp16, fused: " in kernels and "x the ads per second (above 1: int8 is faster)" in kernels
     assert "int8 over fp16" not in text
+
+
+def test_step_one_times_the_cpu_index_apart_from_the_request_and_says_so(demo_run):
+    """The CPU index's time comes from matching every request together, the request's from one at a
+    time: the line says so instead of calling one a part of the other, and the remainder it names is
+    positive or not named."""
+    _, text = demo_run
+    step = text[text.index("1. Find the bottleneck"):text.index("2. The byte budget")]
+    assert "the CPU index matches one in" in step and "ms of it" not in step
+    assert "go to moving candidate lists" in step or "the figures do not add up" in step
+    assert "the other -" not in step
