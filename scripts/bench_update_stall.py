@@ -150,6 +150,8 @@ def main(argv=None) -> int:
     parser.add_argument("--upserts", type=int, default=20_000)
     parser.add_argument("--idle-s", type=float, default=8.0)
     parser.add_argument("--calls", type=int, default=1, help="update calls sent at once, each of --upserts upserts")
+    parser.add_argument("--server-args", default="", help="more options for the servers, e.g. '--max-updates 100000' "
+                        "(the default limit is 50,000 lines a call)")
     parser.add_argument("--slice", type=int, default=None, help="updates applied between looks at retrieval")
     parser.add_argument("--servers", default="colocated,remote")
     parser.add_argument("--cpu-shares", default=None,
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
                 log(True, f"{name}: {args.ads} ads, one call of {args.upserts} upserts ({len(body) / 1e6:.1f} MB)"
                           + (f", update CPU share {share}" if share else ""))
                 extra = (["--update-slice", str(args.slice)] if args.slice else []) + \
-                    (["--update-cpu-share", str(share)] if share else [])
+                    (["--update-cpu-share", str(share)] if share else []) + args.server_args.split()
                 label = name if name == "remote" else f"colocated ({args.device})"
                 for leftover in root.glob("updates.log*"):  # each run starts from the corpus alone
                     leftover.unlink()
