@@ -1,4 +1,4 @@
-"""Two repairs to numba-cuda's CUDA simulator, installed by `gpu.runtime.cuda` whenever it runs.
+"""Three repairs to numba-cuda's CUDA simulator, installed by `gpu.runtime.cuda` whenever it runs.
 
 1. Shared arrays, one per block. The simulator runs each thread of a block as a Python thread, and
    its `cuda.shared.array` (numba-cuda 0.30, `simulator/kernelapi.py`, `FakeCUDAShared.array`) looks
@@ -18,6 +18,15 @@
 
 Arrays made from host data (`to_device`, `device_array_like` of data then copied) are written before
 use and are not the concern; dynamic shared memory (size 0) is left as the simulator makes it.
+
+3. A block's barrier kept by its threads, not by polling. The simulator's `BlockManager.run`
+   (`simulator/kernel.py`) loops over the block's live threads without pause, asking each whether
+   it waits at `syncthreads` and whether it is alive, until every thread has ended: the loop holds
+   the interpreter lock against the threads it waits for, and most of a launch's time went to it.
+   `WaitingBlockManager` keeps the same rule under one condition variable: a thread arriving at the
+   barrier counts itself, the last of the block's live threads to arrive (or a thread ending while
+   all the others wait) lets them all go on, and a thread's exception stops the block and is raised
+   from the launch, as the simulator does.
 """
 
 from __future__ import annotations
@@ -89,6 +98,9 @@ def install() -> None:
 
     kernelapi.FakeCUDAShared.array = shared_array
     kernelapi.FakeCUDALocal.array = local_array
+    from numba.cuda.simulator import kernel
+
+    kernel.BlockManager = _waiting_block_manager(kernel)
 
     made = {name: getattr(devicearray, name) for name in ("device_array", "pinned_array", "managed_array")}
 
@@ -111,6 +123,75 @@ def install() -> None:
         if getattr(sim, name, None) is made[name]:
             setattr(sim, name, function)
     _installed = True
+
+
+def _waiting_block_manager(kernel):
+    """The simulator's `BlockManager` with its barrier kept under a condition variable (repair 3)."""
+
+    class WaitingBlockThread(kernel.BlockThread):
+        def run(self):
+            try:
+                super().run()  # an exception of the kernel is kept in self.exception
+            finally:
+                self._manager.ended(self)
+
+        def syncthreads(self):
+            self._manager.arrive()
+
+    class WaitingBlockManager(kernel.BlockManager):
+        def run(self, grid_point, *args):
+            def target():
+                self._f(*args)
+
+            self._cv = threading.Condition()
+            self._waiting = 0
+            self._generation = 0
+            self._failed = None
+            self._abort = False
+            threads = [WaitingBlockThread(target, self, grid_point, block_point, self._debug)
+                       for block_point in np.ndindex(*self._block_dim)]
+            self._alive = len(threads)  # every thread counted before any starts: none passes the barrier early
+            for t in threads:
+                t.start()
+            with self._cv:
+                while self._alive and self._failed is None:
+                    self._cv.wait()
+                failed = self._failed
+            if failed is not None:
+                raise failed.exception[0].with_traceback(failed.exception[1])
+            for t in threads:  # as the simulator: a thread's exception, however it ended
+                if t.exception:
+                    raise t.exception[0].with_traceback(t.exception[1])
+
+        def _release(self):
+            self._waiting = 0
+            self._generation += 1
+            self._cv.notify_all()
+
+        def arrive(self):
+            if self._abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            with self._cv:
+                generation = self._generation
+                self._waiting += 1
+                if self._waiting == self._alive:
+                    self._release()
+                else:
+                    while self._generation == generation and not self._abort:
+                        self._cv.wait()
+            if self._abort:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+        def ended(self, thread):
+            with self._cv:
+                self._alive -= 1
+                if thread.exception and self._failed is None and not self._abort:
+                    self._failed, self._abort = thread, True  # the others stop at their next barrier
+                elif self._alive and self._waiting == self._alive:
+                    self._release()
+                self._cv.notify_all()
+
+    return WaitingBlockManager
 
 
 __all__ = ["fill_garbage", "install", "poisoning"]

@@ -1,5 +1,5 @@
 """The simulator's repairs (`gpu.simulator`): one shared array per block however its threads race to
-make it, and fresh memory that reads as garbage, not zeros."""
+make it, fresh memory that reads as garbage, not zeros, and a block's barrier kept by its threads."""
 
 from __future__ import annotations
 
@@ -74,6 +74,51 @@ def test_a_kernel_reading_shared_memory_it_never_wrote_sees_garbage():
     unwritten[1, 64](out)
     host = out.copy_to_host()
     assert np.count_nonzero(host[0]) > 48 and np.count_nonzero(host[1]) > 48, host
+
+
+def test_the_barrier_waits_for_every_live_thread_and_a_thread_exception_ends_the_launch():
+    """`syncthreads` lets a block's threads go on only once every live thread has arrived (threads that
+    ended do not hold it; `syncthreads_count` counts over the block), barrier after barrier; a thread's
+    exception is raised from the launch, naming the thread, and the threads waiting for it stop."""
+
+    @cuda.jit
+    def rounds(out, counts):
+        buf = cuda.shared.array(64, np.int32)
+        t = cuda.threadIdx.x
+        for r in range(3):
+            buf[t] = t + r
+            cuda.syncthreads()
+            out[cuda.blockIdx.x, r, t] = buf[63 - t]  # written by another thread before the barrier
+            cuda.syncthreads()
+        counts[cuda.blockIdx.x, 0] = cuda.syncthreads_count(t % 3 == 0)
+        if t >= 40:  # these end; the rest meet at two more barriers without them
+            return
+        buf[t] = 100 + t
+        cuda.syncthreads()
+        out[cuda.blockIdx.x, 3, t] = buf[39 - t]
+        cuda.syncthreads()
+
+    out = cuda.to_device(np.zeros((2, 4, 64), np.int32))
+    counts = cuda.to_device(np.zeros((2, 1), np.int32))
+    rounds[2, 64](out, counts)
+    got, n = out.copy_to_host(), counts.copy_to_host()
+    t = np.arange(64)
+    for r in range(3):
+        assert (got[:, r] == 63 - t + r).all(), got[:, r]
+    assert (got[:, 3, :40] == 100 + 39 - t[:40]).all() and (got[:, 3, 40:] == 0).all()
+    assert n.tolist() == [[22], [22]]
+
+    @cuda.jit
+    def fails(out):
+        t = cuda.threadIdx.x
+        cuda.syncthreads()
+        if t == 5:
+            out[1000, 0] = 1  # out of range: an IndexError in thread 5 alone
+        cuda.syncthreads()
+        out[0, t] = 1
+
+    with pytest.raises(IndexError, match=r"tid=\[5, 0, 0\] ctaid=\[0, 0, 0\]"):
+        fails[1, 32](cuda.to_device(np.zeros((2, 32), np.int32)))
 
 
 def test_numbas_low_occupancy_warning_is_off_unless_the_user_asks_for_it(monkeypatch):

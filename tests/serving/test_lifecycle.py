@@ -120,7 +120,7 @@ def test_services_started_for_a_command_end_when_it_is_killed(tmp_path):
         assert len(children) == 2 and all(process_running(p) for p in children)
         proc.kill()  # as `kill -9` of `andromeda retrieve --arch remote`
         proc.wait()
-        assert not ends_within(children, 10), "the scorer or index host outlived the command"
+        assert not ends_within(children), "the scorer or index host outlived the command"
     finally:
         proc.kill()
         for pid in children:

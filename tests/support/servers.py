@@ -142,7 +142,11 @@ def process_running(pid: int) -> bool:
     return "\nState:\tZ" not in state
 
 
-def ends_within(pids, seconds: float) -> list[int]:
+ORPHAN_PATIENCE_S = 120.0  # how long an orphaned process may take to see its parent gone and end: the
+# wait returns as soon as they have ended, and a loaded machine can take many seconds to stop a server
+
+
+def ends_within(pids, seconds: float = ORPHAN_PATIENCE_S) -> list[int]:
     """Wait up to `seconds` for every process of `pids` to end; the ones still running."""
     import time
 
