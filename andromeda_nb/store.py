@@ -32,6 +32,7 @@ import mmap
 import os
 import struct
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -559,10 +560,12 @@ def read_targeting(root, meta: dict, n_ads: int, formats: int | None = None) -> 
     if entry.get("format_version") != TARGETING_FORMAT:
         raise StoreError(f"{path}: format_version {entry.get('format_version')!r}, this andromeda-nb reads "
                          f"{TARGETING_FORMAT}; {fix}")
-    if file_sha256(root / ADS_FILE) != entry.get("ads_sha256"):
+    with ThreadPoolExecutor(2) as pool:  # hashlib hashes without the GIL: both files at once
+        ads_sha256, sha256 = pool.map(file_sha256, (root / ADS_FILE, path))
+    if ads_sha256 != entry.get("ads_sha256"):
         raise StoreError(f"{path}: stale: {ADS_FILE} has changed since {TARGETING_FILE} was compiled from it "
                          f"(its sha256 differs from the one meta.json recorded); {fix}")
-    if file_sha256(path) != entry.get("sha256"):
+    if sha256 != entry.get("sha256"):
         raise StoreError(f"{path}: not the file meta.json recorded (sha256 differs): replaced or damaged; {fix}")
     try:
         ct = CompiledTargeting(**read_npz_arrays(path, COMPILED_ARRAYS))
