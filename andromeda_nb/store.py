@@ -15,7 +15,8 @@ file, wrong schema version, a column of the wrong type, counts that disagree wit
 Targeting is validated when a corpus is written (`generate` parses every ad it makes, `import`
 parses and rejects as it reads) and stored twice: as the JSON text of each ad in ads.parquet (the
 form users read and export) and compiled, in targeting.npz (`compiled.CompiledTargeting`, row i is
-ad i, plain `np.savez` arrays plus `format_version`). meta.json's `targeting` entry records the
+ad i, uncompressed .npy members as `np.savez` writes them plus `format_version`, each member's data
+aligned to 64 bytes so that loading maps the arrays from the file: `read_npz_arrays`). meta.json's `targeting` entry records the
 sha256 of targeting.npz and of the ads.parquet it was compiled from; `load_dataset` checks both, so
 a targeting.npz that does not belong to its ads.parquet (either file replaced or edited) is an
 error, never a silent disagreement. A corpus written before targeting.npz existed loads the slow
