@@ -24,7 +24,7 @@ bit in both masks. The test is exact for any bucket function; the hierarchy only
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from . import jitcache
 from .compiled import NS_CITY, NS_COUNTRY, NS_REGION, TERM_SHIFT, CompiledTargeting, country_code, term
@@ -178,13 +178,13 @@ class GeoBuckets:
         return m
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _ad_masks(n_positive, clause_ptr, term_ptr, circle_ptr, dense_terms, dense_bits):
     """`GeoBuckets.ad_masks_dense` on ct's arrays: n_positive int32[N], clause_ptr int64[N+1], term_ptr
     and circle_ptr int64[M+1], dense_terms int64[T], dense_bits int8[V]; uint64[N]."""
     n = n_positive.shape[0]
     out = np.empty(n, np.uint64)
-    for i in range(n):
+    for i in prange(n):
         mask = ALL
         if n_positive[i] > 0:
             c = clause_ptr[i]

@@ -51,7 +51,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from andromeda_nb import jitcache
 from andromeda_nb.batching import in_batches
@@ -132,27 +132,28 @@ def clause_programs(ct: CompiledTargeting, rows: np.ndarray, dense_terms: np.nda
 _WORD = 0xFFFF_FFFF  # a program word: the low 32 bits, as numpy's cast to uint32 keeps them
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _clause_programs(clause_ptr, term_ptr, circle_ptr, clause_negative, rows, dense_terms, circle_base,
                      circles_bit, negative_bit):
     """`clause_programs` on ct's arrays: clause_ptr, term_ptr, circle_ptr int64 (N+1 / M+1),
-    clause_negative uint8[M], rows int64[R], dense_terms int64[T]; the flag bits of the header word."""
+    clause_negative uint8[M], rows int64[R], dense_terms int64[T]; the flag bits of the header word.
+    The rows' lengths and then their words in parallel (`prange`: each row writes its own words)."""
     n = rows.shape[0]
-    start = np.empty(n, np.int64)
     length = np.empty(n, np.int64)
-    total = 0
-    for r in range(n):
+    for r in prange(n):
         i = rows[r]
-        size = 1
+        size = 1 + (clause_ptr[i + 1] - clause_ptr[i]) + (term_ptr[clause_ptr[i + 1]] - term_ptr[clause_ptr[i]])
         for c in range(clause_ptr[i], clause_ptr[i + 1]):
-            size += 1 + term_ptr[c + 1] - term_ptr[c]
             if circle_ptr[c + 1] > circle_ptr[c]:
                 size += 2
-        start[r] = total
         length[r] = size
-        total += size
-    prog = np.empty(total, np.uint32)  # every word is written below
+    start = np.empty(n, np.int64)
+    total = 0
     for r in range(n):
+        start[r] = total
+        total += length[r]
+    prog = np.empty(total, np.uint32)  # every word is written below
+    for r in prange(n):
         i = rows[r]
         p = start[r]
         prog[p] = np.uint32((clause_ptr[i + 1] - clause_ptr[i]) & _WORD)
@@ -309,10 +310,10 @@ def _hash_table(keys, values):
     return tk, tv, bits
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _renumber(ids, new_id):
     """ids[t] = new_id[ids[t]] in place (int64 arrays)."""
-    for t in range(len(ids)):
+    for t in prange(len(ids)):
         ids[t] = new_id[ids[t]]
 
 
