@@ -24,15 +24,20 @@ bit in both masks. The test is exact for any bucket function; the hierarchy only
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
-from .constants import LAYOUTS
+from . import jitcache
 from .compiled import NS_CITY, NS_COUNTRY, NS_REGION, TERM_SHIFT, CompiledTargeting, country_code, term
+from .constants import LAYOUTS
+from .hashing import first_seen_ids
 from .slots import CHUNK_SLOTS
 
 ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 BITS = 64
 GEO_NAMESPACES = (NS_COUNTRY, NS_REGION, NS_CITY)
 _IDENT_MASK = (1 << TERM_SHIFT) - 1
+
+jitcache.install()  # cached code is recompiled when any project source changes
 
 
 def hashed_bit(t: int) -> int:
@@ -135,6 +140,16 @@ class GeoBuckets:
         out[ads[geo_only]] = masks[geo_only]
         return out
 
+    @staticmethod
+    def ad_masks_dense(ct: CompiledTargeting, dense_terms: np.ndarray, dense_bits: np.ndarray) -> np.ndarray:
+        """`ad_masks(ct, lambda at: dense_bits[dense_terms[at]])` in one compiled pass over the ads'
+        first clauses: `dense_terms` int64[T] the dense id of every term of `ct`, `dense_bits` int8[V]
+        the bit of every dense id (-1: not geographic). The plain form made several temporaries of one
+        word per geo term and reduced them with numpy (a second a million ads)."""
+        return _ad_masks(np.asarray(ct.n_positive), np.asarray(ct.clause_ptr, np.int64),
+                         np.asarray(ct.term_ptr, np.int64), np.asarray(ct.circle_ptr, np.int64),
+                         np.asarray(dense_terms, np.int64), np.asarray(dense_bits, np.int8))
+
     def ad_mask(self, ct: CompiledTargeting, i: int = 0) -> np.uint64:
         """`ad_masks(ct)[i]` for one ad, in plain Python: what an upsert costs (no array work)."""
         if ct.n_positive[i] <= 0:
@@ -163,17 +178,94 @@ class GeoBuckets:
         return m
 
 
+@njit(cache=True, parallel=True)
+def _ad_masks(n_positive, clause_ptr, term_ptr, circle_ptr, dense_terms, dense_bits):
+    """`GeoBuckets.ad_masks_dense` on ct's arrays: n_positive int32[N], clause_ptr int64[N+1], term_ptr
+    and circle_ptr int64[M+1], dense_terms int64[T], dense_bits int8[V]; uint64[N]."""
+    n = n_positive.shape[0]
+    out = np.empty(n, np.uint64)
+    for i in prange(n):
+        mask = ALL
+        if n_positive[i] > 0:
+            c = clause_ptr[i]
+            lo, hi = term_ptr[c], term_ptr[c + 1]
+            if hi > lo and circle_ptr[c + 1] == circle_ptr[c]:
+                m = np.uint64(0)
+                for t in range(lo, hi):
+                    b = dense_bits[dense_terms[t]]
+                    if b < 0:
+                        m = ALL
+                        break
+                    m |= np.uint64(1) << np.uint64(b)
+                mask = m
+        out[i] = mask
+    return out
+
+
 def clustered_order(formats: np.ndarray, masks: np.ndarray) -> np.ndarray:
     """Rank of every ad in a slot order clustered by geography: within its format, ads sorted by the
     number of bits of their mask, then the mask (so one country's ads are neighbours and ALL comes
-    last), then their position. int64 (N,): lower ranks take lower slots of the format."""
+    last), then their position. int64 (N,): lower ranks take lower slots of the format.
+
+    The masks are few distinct values (places and their combinations): each is numbered once
+    (`hashing.first_seen_ids`), the distinct ones sorted by (bits, mask), and every ad ranked by a
+    stable counting sort on (format, that number), in two passes over the ads
+    (`clustered_order_plain` is the four-key sort it equals, the reference it is tested against)."""
     masks = np.asarray(masks, np.uint64)
-    bits = np.bitwise_count(masks) if hasattr(np, "bitwise_count") else np.asarray(
-        [bin(int(m)).count("1") for m in masks], np.uint8)
-    order = np.lexsort((np.arange(len(masks)), masks, bits, np.asarray(formats)))
+    formats = np.asarray(formats)
+    n = len(masks)
+    if n == 0 or formats.dtype.kind not in "iu":
+        return clustered_order_plain(formats, masks)
+    distinct, ids = first_seen_ids(masks.view(np.int64))
+    distinct = distinct.view(np.uint64)
+    by_key = np.lexsort((distinct, _bit_counts(distinct)))
+    place = np.empty(len(distinct), np.int64)
+    place[by_key] = np.arange(len(distinct), dtype=np.int64)
+    low, high = int(formats.min()), int(formats.max())
+    if (high - low + 1) * len(distinct) > 4 * n + 1024:  # too many (format, mask) pairs to count: sort
+        order = np.lexsort((place[ids], formats))
+        rank = np.empty(n, np.int64)
+        rank[order] = np.arange(n, dtype=np.int64)
+        return rank
+    return _counting_rank(formats, np.int64(low), place, ids)
+
+
+def clustered_order_plain(formats: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """`clustered_order` as a four-key sort of every ad: the plain reference."""
+    masks = np.asarray(masks, np.uint64)
+    order = np.lexsort((np.arange(len(masks)), masks, _bit_counts(masks), np.asarray(formats)))
     rank = np.empty(len(masks), np.int64)
     rank[order] = np.arange(len(masks))
     return rank
+
+
+def _bit_counts(masks: np.ndarray) -> np.ndarray:
+    return np.bitwise_count(masks) if hasattr(np, "bitwise_count") else np.asarray(
+        [bin(int(m)).count("1") for m in masks], np.uint8)
+
+
+@njit(cache=True)
+def _counting_rank(formats, low, place, ids):
+    """int64[N]: the position of every ad in a stable sort by (format, place of its mask): formats
+    (integers, N), each at least `low`; place int64[D] of every distinct mask; ids int64[N] the distinct
+    mask of every ad. A counting sort over the (format, place) pairs: ties keep their order."""
+    d = place.shape[0]
+    n = ids.shape[0]
+    key = np.empty(n, np.int64)
+    n_keys = 0
+    for i in range(n):
+        key[i] = (np.int64(formats[i]) - low) * d + place[ids[i]]
+        n_keys = max(n_keys, key[i] + 1)
+    next_at = np.zeros(n_keys + 1, np.int64)
+    for i in range(n):
+        next_at[key[i] + 1] += 1
+    for k in range(n_keys):
+        next_at[k + 1] += next_at[k]
+    for i in range(n):
+        k = key[i]
+        key[i] = next_at[k]  # the rank, in place of the key
+        next_at[k] += 1
+    return key
 
 
 def world_buckets(seed: int) -> GeoBuckets:
@@ -206,5 +298,5 @@ def chunk_summaries(slot: np.ndarray, masks: np.ndarray, n_chunks: int, chunk: i
     return block_summaries(by_slot, chunk)
 
 
-__all__ = ["ALL", "LAYOUTS", "GeoBuckets", "block_summaries", "chunk_summaries", "clustered_order", "geo_rank",
+__all__ = ["ALL", "LAYOUTS", "GeoBuckets", "block_summaries", "chunk_summaries", "clustered_order", "clustered_order_plain", "geo_rank",
            "hashed_bit", "world_buckets"]

@@ -16,6 +16,11 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+from numba import njit
+
+from . import jitcache
+
+jitcache.install()  # cached code is recompiled when any project source changes
 
 CHUNK_SLOTS = 256
 EMPTY = -1
@@ -31,7 +36,8 @@ class SlotAllocator:
         self.chunk_slots = chunk_slots
         self.slot_ad_id = np.empty(0, np.int64)  # ad id per slot, EMPTY when free
         self.chunk_format = np.empty(0, np.int16)  # format per chunk
-        self._slot_of: dict[int, int] = {}
+        self._slot_map: dict[int, int] | None = {}  # ad id -> slot; None: made from slot_ad_id on first use
+        self._laid_out = 0  # ads of the layout, while _slot_map is None
         # format -> free slots (a stack; a slot taken by name stays in it until popped and passed over)
         self._free: dict[int, list[int]] = {}
         self.chunk_free = np.zeros(0, np.int32)  # free slots per chunk
@@ -63,17 +69,19 @@ class SlotAllocator:
             if rank.shape != ad_ids.shape:
                 raise ValueError(f"rank: one number per ad expected, got {rank.shape[0] if rank.ndim else 0} "
                                  f"for {len(ad_ids)} ads")
-            order = np.lexsort((np.arange(len(ad_ids)), rank, formats))
+            order = _order_of_permutation(rank, formats)
+            if order is None:
+                order = np.lexsort((np.arange(len(ad_ids)), rank, formats))
         order = order.astype(np.int64, copy=False)
         ids, fmts = ad_ids[order], formats[order]  # by format, ascending
-        kinds, starts, counts = np.unique(fmts, return_index=True, return_counts=True)
+        kinds, starts, counts = _runs(fmts)
         n_chunks = np.asarray([-(-int(c * (1.0 + spare)) // chunk_slots) for c in counts.tolist()], np.int64)
         chunk_lo = np.cumsum(n_chunks) - n_chunks
         alloc.slot_ad_id = np.full(int(n_chunks.sum()) * chunk_slots, EMPTY, np.int64)
         slot = np.repeat(chunk_lo * chunk_slots - starts, counts) + np.arange(len(ids), dtype=np.int64)
         alloc.slot_ad_id[slot] = ids
         alloc.chunk_format = np.repeat(kinds, n_chunks).astype(np.int16)
-        alloc._slot_of = dict(zip(ids.tolist(), slot.tolist()))
+        alloc._slot_map, alloc._laid_out = None, len(ids)  # the id -> slot dict is made on first use
         alloc.rebuild_free()
         return alloc, order
 
@@ -88,11 +96,24 @@ class SlotAllocator:
 
     # --- queries -----------------------------------------------------------------------------------
     @property
+    def _slot_of(self):
+        """ad id -> slot (a dict, or any mapping a caller set): made from `slot_ad_id` on first use after
+        `layout`, so that laying out millions of ads builds no dict of them before a lookup needs it."""
+        if self._slot_map is None:
+            used = np.flatnonzero(self.slot_ad_id != EMPTY)
+            self._slot_map = dict(zip(self.slot_ad_id[used].tolist(), used.tolist()))
+        return self._slot_map
+
+    @_slot_of.setter
+    def _slot_of(self, mapping) -> None:
+        self._slot_map = mapping
+
+    @property
     def capacity(self) -> int:
         return len(self.slot_ad_id)
 
     def __len__(self) -> int:
-        return len(self._slot_of)
+        return self._laid_out if self._slot_map is None else len(self._slot_map)
 
     def __contains__(self, ad_id: int) -> bool:
         return ad_id in self._slot_of
@@ -151,3 +172,38 @@ class SlotAllocator:
         self._free.setdefault(self.format_of_slot(slot), []).append(slot)
         self.chunk_free[slot // self.chunk_slots] += 1
         return slot
+
+
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`np.unique(values, return_index=True, return_counts=True)` of sorted `values`, without the sort:
+    (each run's value, its first index, its length)."""
+    if not len(values):
+        return values[:0], np.empty(0, np.intp), np.empty(0, np.intp)
+    starts = np.concatenate([[0], np.flatnonzero(values[1:] != values[:-1]) + 1]).astype(np.intp)
+    return values[starts], starts, np.diff(np.append(starts, len(values))).astype(np.intp)
+
+
+def _order_of_permutation(rank: np.ndarray, formats: np.ndarray) -> np.ndarray | None:
+    """`np.lexsort((arange(N), rank, formats))` when `rank` is a permutation of 0..N-1 that already
+    keeps formats ascending (as `geo_layout.clustered_order` gives): the inverse permutation, made in
+    one pass. None otherwise (the caller sorts)."""
+    if rank.dtype.kind not in "iu":
+        return None
+    order = _inverse_permutation(np.ascontiguousarray(rank, np.int64))
+    if order is None:
+        return None
+    fmts = formats[order]
+    return order if not np.any(fmts[1:] < fmts[:-1]) else None
+
+
+@njit(cache=True)
+def _inverse_permutation(rank):
+    """int64[N] order with order[rank[i]] = i, or None when rank (int64[N]) is not a permutation of 0..N-1."""
+    n = rank.shape[0]
+    order = np.full(n, -1, np.int64)
+    for i in range(n):
+        r = rank[i]
+        if r < 0 or r >= n or order[r] != -1:
+            return None
+        order[r] = i
+    return order

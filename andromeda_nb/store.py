@@ -15,7 +15,8 @@ file, wrong schema version, a column of the wrong type, counts that disagree wit
 Targeting is validated when a corpus is written (`generate` parses every ad it makes, `import`
 parses and rejects as it reads) and stored twice: as the JSON text of each ad in ads.parquet (the
 form users read and export) and compiled, in targeting.npz (`compiled.CompiledTargeting`, row i is
-ad i, plain `np.savez` arrays plus `format_version`). meta.json's `targeting` entry records the
+ad i, uncompressed .npy members as `np.savez` writes them plus `format_version`, each member's data
+aligned to 64 bytes so that loading maps the arrays from the file: `read_npz_arrays`). meta.json's `targeting` entry records the
 sha256 of targeting.npz and of the ads.parquet it was compiled from; `load_dataset` checks both, so
 a targeting.npz that does not belong to its ads.parquet (either file replaced or edited) is an
 error, never a silent disagreement. A corpus written before targeting.npz existed loads the slow
@@ -28,8 +29,11 @@ import contextlib
 import gc
 import hashlib
 import json
+import mmap
 import os
+import struct
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -195,14 +199,81 @@ def write_meta(out_dir, *, seed: int, model: MoeModel, precision: str, n_ads: in
     return meta
 
 
+NPZ_ALIGN = 64  # bytes: every member's array data starts at a multiple of this in the file
+_ZIP64_EXTRA = 20  # bytes zipfile adds to a local header with force_zip64 (id, size, two sizes)
+_PAD_EXTRA_ID = 0xD935  # the extra field that pads a local header (the id zipalign uses)
+
+
 def _write_npz(path: Path, arrays: dict) -> None:
     """An uncompressed .npz that `np.load` reads, with fixed zip timestamps (np.savez stamps the
-    current time), so the same arrays always give the same bytes: same seed, same files."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    current time), so the same arrays always give the same bytes: same seed, same files. Each
+    member's local header is padded (an extra field) so that its .npy starts at a multiple of
+    NPZ_ALIGN, and with it the array data (.npy pads its header to 64 bytes): `read_npz_arrays` maps
+    the arrays from the file in place. Written beside `path`, then renamed over it: a process that
+    has the old file mapped keeps reading the old file, never a truncated one."""
+    part = path.with_name(path.name + ".part")
+    with open(part, "wb") as raw, zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, array in arrays.items():
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            start = raw.tell() + 30 + len(info.filename.encode()) + _ZIP64_EXTRA
+            pad = -start % NPZ_ALIGN
+            if pad:
+                pad += NPZ_ALIGN if pad < 4 else 0  # an extra field is at least its 4-byte head
+                info.extra = struct.pack("<HH", _PAD_EXTRA_ID, pad - 4) + bytes(pad - 4)
             with zf.open(info, "w", force_zip64=True) as fh:
                 np.lib.format.write_array(fh, np.asanyarray(array), allow_pickle=False)
+    os.replace(part, path)
+
+
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def read_npz_arrays(path, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """The arrays `names` of a .npz written by `_write_npz` (or np.savez), as `np.load` gives them, but
+    mapped from the file rather than read through zipfile: no copy, no second pass (the file's
+    sha256, checked before, covers what zipfile's CRC would). The mapping is copy-on-write: a caller
+    may write to an array, the file never changes. A member whose data is not aligned to its dtype
+    (a file written before members were aligned) is copied out of the mapping; a compressed one, or
+    one of another .npy version, is read by numpy. Raises ValueError for a missing array, an object
+    array or a file that is not such a .npz."""
+    names = list(names)
+    try:
+        with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
+            members = {info.filename: info for info in zf.infolist()}
+            missing = [name for name in names if f"{name}.npy" not in members]
+            if missing:
+                raise ValueError(f"missing arrays {', '.join(missing)}")
+            view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            return {name: _npz_member(view, fh, zf, members[f"{name}.npy"]) for name in names}
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"not a .npz file: {exc}") from None
+
+
+def _npz_member(view: mmap.mmap, fh, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    fh.seek(info.header_offset)
+    local = fh.read(30)
+    if len(local) < 30 or local[:4] != b"PK\x03\x04":
+        raise ValueError(f"{info.filename}: damaged zip entry")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    start = info.header_offset + 30 + name_len + extra_len
+    fh.seek(start)
+    version = np.lib.format.read_magic(fh)
+    if info.compress_type != zipfile.ZIP_STORED or version not in _NPY_HEADERS:
+        with zf.open(info) as member:
+            return np.lib.format.read_array(member, allow_pickle=False)
+    shape, fortran, dtype = _NPY_HEADERS[version](fh)
+    if dtype.hasobject:
+        raise ValueError(f"{info.filename}: object arrays cannot be loaded")
+    data = fh.tell()
+    count = int(np.prod(shape, dtype=np.int64))
+    if data + count * dtype.itemsize > start + info.file_size:
+        raise ValueError(f"{info.filename}: holds fewer bytes than its shape {shape} needs")
+    if count == 0:
+        return np.empty(shape, dtype, order="F" if fortran else "C")
+    array = np.frombuffer(view, dtype, count, data)
+    if data % dtype.alignment:
+        array = array.copy()
+    return array.reshape(shape, order="F" if fortran else "C")
 
 
 def write_targeting(out_dir, compiled: CompiledTargeting) -> dict:
@@ -490,17 +561,15 @@ def read_targeting(root, meta: dict, n_ads: int, formats: int | None = None) -> 
     if entry.get("format_version") != TARGETING_FORMAT:
         raise StoreError(f"{path}: format_version {entry.get('format_version')!r}, this andromeda-nb reads "
                          f"{TARGETING_FORMAT}; {fix}")
-    if file_sha256(root / ADS_FILE) != entry.get("ads_sha256"):
+    with ThreadPoolExecutor(2) as pool:  # hashlib hashes without the GIL: both files at once
+        ads_sha256, sha256 = pool.map(file_sha256, (root / ADS_FILE, path))
+    if ads_sha256 != entry.get("ads_sha256"):
         raise StoreError(f"{path}: stale: {ADS_FILE} has changed since {TARGETING_FILE} was compiled from it "
                          f"(its sha256 differs from the one meta.json recorded); {fix}")
-    if file_sha256(path) != entry.get("sha256"):
+    if sha256 != entry.get("sha256"):
         raise StoreError(f"{path}: not the file meta.json recorded (sha256 differs): replaced or damaged; {fix}")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [name for name in COMPILED_ARRAYS if name not in npz.files]
-            if missing:
-                raise ValueError(f"missing arrays {', '.join(missing)}")
-            ct = CompiledTargeting(**{name: npz[name] for name in COMPILED_ARRAYS})
+        ct = CompiledTargeting(**read_npz_arrays(path, COMPILED_ARRAYS))
         check_compiled(ct)
         if formats is not None:
             check_values(ct, formats)
@@ -891,7 +960,7 @@ __all__ = [
     "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
     "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_parquet_options", "ads_record_batch", "ads_schema", "check_output_dir",
     "export_jsonl",
-    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta", "request_settings",
+    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta", "read_npz_arrays", "request_settings",
     "read_targeting",
     "refuse_existing_corpus", "reindex", "save_dataset", "write_meta", "write_requests", "write_targeting",
 ]

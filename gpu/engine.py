@@ -30,6 +30,7 @@ from andromeda_nb.engine import EngineBase, no_answer
 from andromeda_nb.geo_layout import LAYOUTS, world_buckets
 from andromeda_nb.model import user_sides
 from andromeda_nb.progress import Phases, Say
+from andromeda_nb.rows import copy_rows
 from andromeda_nb.scoring import fold_tables_batch, table_width
 from andromeda_nb.types import Request, Update, Upsert
 
@@ -68,7 +69,7 @@ class GpuEngine(EngineBase):
         ss = np.ones(slots.capacity, np.float32)
         used = np.flatnonzero(slots.slot_ad_id >= 0)
         rows = self.index.built_rows  # the dataset's row of every used slot (its compiled targeting's)
-        sv[used] = values[rows]
+        copy_rows(sv, used, values, rows)  # sv[used] = values[rows], without the gathered temporary
         ss[used] = scale[rows]
         phases.done("embeddings placed in slot order")
         self.scorer = FusedScorer(sv, ss, slots.chunk_format, slots.slot_ad_id.copy(), experts=self.E,

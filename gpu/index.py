@@ -51,7 +51,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from andromeda_nb import jitcache
 from andromeda_nb.batching import in_batches
@@ -69,6 +69,7 @@ from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.devices import notice, resolve
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.geo_layout import ALL as GEO_ALL
+from andromeda_nb.hashing import HASH_MULTIPLIER, first_seen_ids
 from andromeda_nb.geo_layout import GeoBuckets, block_summaries, clustered_order
 from andromeda_nb.progress import Phases, Say
 from andromeda_nb.slots import CHUNK_SLOTS, EMPTY, SlotAllocator
@@ -131,27 +132,28 @@ def clause_programs(ct: CompiledTargeting, rows: np.ndarray, dense_terms: np.nda
 _WORD = 0xFFFF_FFFF  # a program word: the low 32 bits, as numpy's cast to uint32 keeps them
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _clause_programs(clause_ptr, term_ptr, circle_ptr, clause_negative, rows, dense_terms, circle_base,
                      circles_bit, negative_bit):
     """`clause_programs` on ct's arrays: clause_ptr, term_ptr, circle_ptr int64 (N+1 / M+1),
-    clause_negative uint8[M], rows int64[R], dense_terms int64[T]; the flag bits of the header word."""
+    clause_negative uint8[M], rows int64[R], dense_terms int64[T]; the flag bits of the header word.
+    The rows' lengths and then their words in parallel (`prange`: each row writes its own words)."""
     n = rows.shape[0]
-    start = np.empty(n, np.int64)
     length = np.empty(n, np.int64)
-    total = 0
-    for r in range(n):
+    for r in prange(n):
         i = rows[r]
-        size = 1
+        size = 1 + (clause_ptr[i + 1] - clause_ptr[i]) + (term_ptr[clause_ptr[i + 1]] - term_ptr[clause_ptr[i]])
         for c in range(clause_ptr[i], clause_ptr[i + 1]):
-            size += 1 + term_ptr[c + 1] - term_ptr[c]
             if circle_ptr[c + 1] > circle_ptr[c]:
                 size += 2
-        start[r] = total
         length[r] = size
-        total += size
-    prog = np.empty(total, np.uint32)  # every word is written below
+    start = np.empty(n, np.int64)
+    total = 0
     for r in range(n):
+        start[r] = total
+        total += length[r]
+    prog = np.empty(total, np.uint32)  # every word is written below
+    for r in prange(n):
         i = rows[r]
         p = start[r]
         prog[p] = np.uint32((clause_ptr[i + 1] - clause_ptr[i]) & _WORD)
@@ -224,7 +226,7 @@ class Vocabulary:
         distinct ones, which stays small: tens of thousands for 10M ads), then a sort of the distinct
         terms alone; where the plain pair sorted every term (np.unique) and searched each."""
         terms = np.ascontiguousarray(terms, np.int64)
-        distinct, ids = _first_seen_ids(terms)
+        distinct, ids = first_seen_ids(terms)
         order = np.argsort(distinct)
         rank = np.empty(len(distinct), np.int64)
         rank[order] = np.arange(len(distinct), dtype=np.int64)
@@ -288,9 +290,6 @@ class Vocabulary:
             self._dirty = False
 
 
-HASH_MULTIPLIER = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of term * this pick the bucket
-
-
 @njit(cache=True)
 def _hash_table(keys, values):
     """An open-addressing table (linear probing, at most half full) of int64 keys >= 0 to int64 values:
@@ -311,51 +310,10 @@ def _hash_table(keys, values):
     return tk, tv, bits
 
 
-@njit(cache=True)
-def _first_seen_ids(terms):
-    """(distinct int64[V]: the distinct terms in order of first appearance, ids int64[T]: the index in
-    `distinct` of every term), through an open-addressing table kept at most half full (a slot is
-    two words, term and id, so a probe reads one cache line; id -1: an empty slot)."""
-    bits = 10
-    size = 1 << bits
-    table = np.full(2 * size, -1, np.int64)
-    distinct = np.empty(size, np.int64)
-    n = 0
-    ids = np.empty(len(terms), np.int64)
-    for t in range(len(terms)):
-        x = terms[t]
-        j = np.int64((np.uint64(x) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits))
-        while table[2 * j + 1] != -1 and table[2 * j] != x:
-            j = (j + 1) & (size - 1)
-        if table[2 * j + 1] != -1:
-            ids[t] = table[2 * j + 1]
-            continue
-        table[2 * j] = x
-        table[2 * j + 1] = n
-        distinct[n] = x
-        ids[t] = n
-        n += 1
-        if 2 * n > size:  # grow: twice the slots, every distinct term placed again
-            bits += 1
-            size = 1 << bits
-            table = np.full(2 * size, -1, np.int64)
-            grown = np.empty(size, np.int64)
-            grown[:n] = distinct[:n]
-            distinct = grown
-            for d in range(n):
-                y = distinct[d]
-                k = np.int64((np.uint64(y) * np.uint64(HASH_MULTIPLIER)) >> np.uint64(64 - bits))
-                while table[2 * k + 1] != -1:
-                    k = (k + 1) & (size - 1)
-                table[2 * k] = y
-                table[2 * k + 1] = d
-    return distinct[:n].copy(), ids
-
-
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _renumber(ids, new_id):
     """ids[t] = new_id[ids[t]] in place (int64 arrays)."""
-    for t in range(len(ids)):
+    for t in prange(len(ids)):
         ids[t] = new_id[ids[t]]
 
 
@@ -1037,7 +995,7 @@ class GpuTargetingIndex:
         index.vocab, dense_terms = Vocabulary.of_terms(ct.terms)
         phases.done(f"term vocabulary: {len(index.vocab):,} terms of {len(ct.terms):,}")
         geo_bits = index.geo_bits()
-        masks = index.geo.ad_masks(ct, lambda at: geo_bits[dense_terms[at]])  # each distinct term looked up once
+        masks = index.geo.ad_masks_dense(ct, dense_terms, geo_bits)  # each distinct term looked up once
         if isinstance(rank, str):
             rank = clustered_order(ct.format, masks)
         slots, rows = SlotAllocator.layout(ct.ad_id, ct.format, chunk_slots=chunk_slots, spare=spare, rank=rank)

@@ -171,7 +171,7 @@ def fragment_tables_host(tabs: np.ndarray, precision: str, dim: int, experts: in
     return frag.reshape(-1), fscale
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def prep_tables(tabs, dims, experts, ng, frag, fscale):
     """B fragments of every (format, request) table: grid (F, R), PREP_THREADS threads. tabs
     float32[R, F, TW]; dims int32[T, 16] (`dim_map`); frag uint32[R * F * G * 128]; fscale float32[R, F]."""

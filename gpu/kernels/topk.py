@@ -66,7 +66,7 @@ def _before(ka, ia, kb, ib):
     return ka > kb or (ka == kb and ia < ib)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
     """First stage of v2: block (seg, r) keeps the top k of flat candidates [seg * seg_len, ...) in
     out_key[r, seg, :k] / out_slot[r, seg, :k] (padding key 0)."""
@@ -107,7 +107,7 @@ def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
         out_slot[r, seg, j] = -1
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, out_score, out_count):
     hist = cuda.shared.array(HIST_BINS, uint32)
     part = cuda.shared.array(16, uint32)

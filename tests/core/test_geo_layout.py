@@ -11,7 +11,8 @@ import pytest
 
 from andromeda_nb.compiled import NS_CITY, NS_COUNTRY, NS_REGION, NS_LOCALE, country_code, term
 from andromeda_nb.corpus import build_world
-from andromeda_nb.geo_layout import ALL, GeoBuckets, chunk_summaries, clustered_order, hashed_bit
+from andromeda_nb.geo_layout import (ALL, GeoBuckets, chunk_summaries, clustered_order, clustered_order_plain,
+                                     hashed_bit)
 from andromeda_nb.testing import KERNEL_DEVICE
 from benchmarks.tiling import generate_base
 
@@ -115,6 +116,36 @@ def test_clustered_order_keeps_formats_apart_and_sorts_by_bits_then_mask():
     assert list(formats[order]) == [0, 0, 0, 1, 1, 1, 1]
     # format 0: 0b1, 0b1 (first by position), 0b100; format 1: 0b10, 0b10, 0b110, ALL
     assert list(order) == [1, 3, 5, 4, 6, 0, 2]
+
+
+@pytest.mark.parametrize("kind", ["world", "hashed"])
+def test_compiled_ad_masks_equal_the_plain_ones(kind):
+    """`ad_masks_dense` (compiled, through dense term ids) equals `ad_masks` on a generated corpus, with
+    some terms' bits knocked out (-1: not geographic) so that ads fall back to ALL."""
+    ct = corpus()[0]
+    buckets = buckets_of(kind)
+    distinct, dense = np.unique(ct.terms, return_inverse=True)
+    bits = buckets.term_bits(distinct)
+    rng = np.random.default_rng(SEED)
+    bits[rng.random(len(bits)) < 0.05] = -1
+    want = buckets.ad_masks(ct, lambda at: bits[dense[at]])
+    got = buckets.ad_masks_dense(ct, dense, bits)
+    assert got.dtype == np.uint64 and np.array_equal(got, want), f"seed={SEED} kind={kind}"
+    assert len(np.unique(want)) > 10 and (want == ALL).any() and (want != ALL).any()
+    assert np.array_equal(buckets.ad_masks_dense(ct, dense, buckets.term_bits(distinct)), buckets.ad_masks(ct))
+
+
+def test_clustered_order_equals_the_four_key_sort():
+    """`clustered_order` (distinct masks numbered, a counting sort) ranks as the plain four-key sort,
+    with few and with many distinct masks (the sorting fallback) and negative formats (seed 31)."""
+    rng = np.random.default_rng(31)
+    for n, distinct, low in ((5000, 40, 0), (3000, 3000, -2), (1, 1, 3)):
+        pool = rng.integers(0, 1 << 63, distinct, dtype=np.int64).astype(np.uint64) | np.uint64(1 << 63)
+        pool[0] = ALL
+        masks = pool[rng.integers(0, distinct, n)]
+        formats = rng.integers(low, low + 6, n).astype(np.int16)
+        got, want = clustered_order(formats, masks), clustered_order_plain(formats, masks)
+        assert got.dtype == np.int64 and np.array_equal(got, want), f"seed=31 n={n} distinct={distinct}"
 
 
 def test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates():

@@ -76,3 +76,24 @@ def test_random_changes_match_a_plain_dict(ops, n0):
     assert len(set(got.tolist())) == len(ids) == len(rows)
     assert (rows.row_ad[got] == ids).all()
     assert (rows.row_ad >= 0).sum() == len(ids)
+
+
+def test_copy_rows_equals_numpy_fancy_assignment():
+    """`copy_rows` (compiled, byte for byte) writes what dst[dst_rows] = src[src_rows] writes, for the
+    embedding dtypes and negative rows (destination rows distinct, as slots are); out of range is an
+    IndexError (random data, seed 43)."""
+    from andromeda_nb.rows import copy_rows
+
+    rng = np.random.default_rng(43)
+    for dtype in (np.float16, np.float32, np.int8):
+        src = (rng.normal(size=(500, 64)) * 50).astype(dtype)
+        dst_rows = rng.permutation(700)[:400] - 100  # some negative
+        src_rows = rng.integers(-500, 500, 400)
+        for rows in (dst_rows, dst_rows[::-1]):
+            want = (rng.normal(size=(700, 64)) * 50).astype(dtype)
+            got = want.copy()
+            want[rows] = src[src_rows]
+            copy_rows(got, rows, src, src_rows)
+            assert got.tobytes() == want.tobytes(), f"seed=43 dtype={np.dtype(dtype)}"
+    with pytest.raises(IndexError):
+        copy_rows(np.zeros((5, 4), np.float32), np.array([5]), np.ones((3, 4), np.float32), np.array([0]))

@@ -69,7 +69,9 @@ def test_layout_equals_the_plain_per_format_layout():
         ids = rng.choice(100 * n, n, replace=False).astype(np.int64)
         formats = rng.integers(0, 5, n).astype(np.int16)
         rank = rng.integers(0, 40, n)
-        for r in (None, rank):
+        grouped = np.empty(n, np.int64)  # a permutation that keeps formats ascending (one pass, no sort)
+        grouped[np.lexsort((rng.random(n), formats))] = np.arange(n)
+        for r in (None, rank, grouped, rng.permutation(n)):
             alloc, rows = SlotAllocator.layout(ids, formats, chunk_slots=32, spare=spare, rank=r)
             order = np.argsort(formats, kind="stable") if r is None else np.lexsort((np.arange(n), r, formats))
             blocks, chunk_fmt = [], []
@@ -81,8 +83,43 @@ def test_layout_equals_the_plain_per_format_layout():
                 blocks.append(block)
                 chunk_fmt += [int(f)] * chunks
             config = f"seed=17 n={n} spare={spare} rank={'given' if r is not None else None}"
+            assert len(alloc) == n, config
             assert np.array_equal(alloc.slot_ad_id, np.concatenate(blocks)), config
             assert alloc.chunk_format.dtype == np.int16 and alloc.chunk_format.tolist() == chunk_fmt, config
             used = np.flatnonzero(alloc.slot_ad_id != EMPTY)
             assert np.array_equal(ids[rows], alloc.slot_ad_id[used]), config
             assert all(alloc.slot_of(int(ids[i])) == s for i, s in zip(rows.tolist(), used.tolist())), config
+
+
+def test_the_id_to_slot_map_is_made_on_first_use_and_follows_updates():
+    """After `layout` the id -> slot dict is made on first use, from the slots: lookups, membership,
+    length and updates as with one made at once (random ids, seed 23)."""
+    rng = np.random.default_rng(23)
+    ids = rng.choice(10_000, 300, replace=False).astype(np.int64) + 1
+    formats = rng.integers(0, 3, 300).astype(np.int16)
+    alloc, rows = SlotAllocator.layout(ids, formats, chunk_slots=32, spare=0.2)
+    assert alloc._slot_map is None and len(alloc) == 300  # not made yet
+    used = np.flatnonzero(alloc.slot_ad_id != EMPTY)
+    assert int(ids[rows[5]]) in alloc and 0 not in alloc
+    assert alloc._slot_map == dict(zip(ids[rows].tolist(), used.tolist()))
+    victim = int(ids[rows[7]])
+    s = alloc.release(victim)
+    assert victim not in alloc and len(alloc) == 299
+    s2, _ = alloc.allocate(20_000, alloc.format_of_slot(s))
+    assert alloc.slot_of(20_000) == s2 and len(alloc) == 300
+    fresh, _ = SlotAllocator.layout(ids, formats, chunk_slots=32, spare=0.2)
+    s3, _ = fresh.allocate(20_001, 0)  # an update first makes the map, then adds to it
+    assert fresh.slot_of(20_001) == s3 and len(fresh) == 301 and fresh.slot_of(int(ids[rows[0]])) == used[0]
+    with pytest.raises(KeyError):
+        fresh.allocate(int(ids[rows[1]]), 0)
+
+
+def test_runs_equal_np_unique_of_sorted_values():
+    from andromeda_nb.slots import _runs
+
+    rng = np.random.default_rng(29)
+    for n in (0, 1, 500):
+        values = np.sort(rng.integers(-3, 6, n).astype(np.int16))
+        want = np.unique(values, return_index=True, return_counts=True)
+        got = _runs(values)
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want)), f"seed=29 n={n}"

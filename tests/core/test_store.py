@@ -214,3 +214,43 @@ def test_import_with_a_model_uses_its_sizes(tmp_path):
     assert ds.model.E == 3 and ds.requests == []
     with pytest.raises(store.StoreError, match="no such model file"):
         store.import_jsonl(ads, requests, tmp_path / "x", model_path=tmp_path / "missing.npz")
+
+
+def test_npz_arrays_mapped_equal_np_load(tmp_path):
+    """`read_npz_arrays` gives what `np.load` gives (values, dtypes, shapes) for a file of `_write_npz`
+    (every member's data aligned, mapped in place) and for one of `np.savez` (unaligned members
+    copied); the arrays are writable and a write never reaches the file (random arrays, seed 41)."""
+    import zipfile
+
+    from andromeda_nb.store import NPZ_ALIGN, _write_npz, read_npz_arrays
+
+    rng = np.random.default_rng(41)
+    arrays = {"format_version": np.int64(1), "ids": rng.integers(-2**62, 2**62, 1001),
+              "small": rng.integers(-100, 100, 333).astype(np.int8), "mask": rng.integers(1, 255, 77).astype(np.uint8),
+              "n": rng.integers(0, 9, 12345).astype(np.int32), "empty": np.empty(0, np.int64),
+              "circles": rng.normal(size=(57, 3)), "fortran": np.asfortranarray(rng.normal(size=(5, 7))),
+              "half": rng.normal(size=91).astype(np.float16)}
+    written, saved = tmp_path / "a.npz", tmp_path / "b.npz"
+    _write_npz(written, arrays)
+    np.savez(saved, **arrays)
+    for path in (written, saved):
+        got = read_npz_arrays(path, arrays)
+        with np.load(path) as npz:
+            for name in arrays:
+                want = npz[name]
+                assert got[name].dtype == want.dtype and got[name].shape == want.shape, (path.name, name)
+                assert np.array_equal(got[name], want), (path.name, name)
+        before = path.read_bytes()
+        got["ids"][:] = 7
+        assert path.read_bytes() == before and read_npz_arrays(path, ["ids"])["ids"][0] == arrays["ids"][0]
+    with zipfile.ZipFile(written) as zf:  # the writer's padding: every array starts aligned
+        for info in zf.infolist():
+            with open(written, "rb") as fh:
+                fh.seek(info.header_offset + 26)
+                name_len, extra_len = np.frombuffer(fh.read(4), "<u2")
+            assert (info.header_offset + 30 + int(name_len) + int(extra_len)) % NPZ_ALIGN == 0, info.filename
+    with pytest.raises(ValueError, match="missing arrays nope"):
+        read_npz_arrays(written, ["ids", "nope"])
+    (tmp_path / "c.npz").write_bytes(b"not a zip file at all")
+    with pytest.raises(ValueError):
+        read_npz_arrays(tmp_path / "c.npz", ["ids"])
