@@ -266,6 +266,8 @@ def test_a_crash_during_the_swap_is_finished_on_recovery(corpus, monkeypatch, cr
     real_replace, calls = os.replace, []
 
     def crashing_replace(src, dst):
+        if os.path.dirname(os.path.abspath(dst)) != os.path.abspath(root):
+            return real_replace(src, dst)  # a file written aside inside the decided compaction, not the swap
         if len(calls) == crash_after_renames:
             raise KeyboardInterrupt("crash")
         calls.append(dst)
