@@ -67,6 +67,8 @@ def main(argv=None) -> int:
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
     parser.add_argument("--decode-ahead", action="store_true",
                         help="decode requests on a thread a stage ahead of the engine, not between batches")
+    parser.add_argument("--steps", action="store_true",
+                        help="say each step of the start-up on stderr (the corpus's load, the engine's build)")
     parser.add_argument("--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS,
                         help=f"the interpreter's thread switch interval (default {SWITCH_INTERVAL_MS} ms; Python's: 5)")
     args = parser.parse_args(argv)
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
         resolve(args.device)  # before anything imports numba.cuda
         run_colocated(args.data, settings, device=args.device, version=args.version,
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
-                      decode_ahead=args.decode_ahead, layout=args.layout, say=to_stderr)
+                      decode_ahead=args.decode_ahead, layout=args.layout,
+                      say=to_stderr if args.steps else None)
     return 0
 
 

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     seconds = []
     for i in range(args.runs):
         t = time.monotonic()
-        proc = ServiceProcess("migration.colocated_server", ["--data", args.data, "--device", args.device], start_timeout_s=900)
+        proc = ServiceProcess("migration.colocated_server", ["--data", args.data, "--device", args.device, "--steps"], start_timeout_s=900)
         seconds.append(round(time.monotonic() - t, 2))
         proc.stop()
         print(f"run {i + 1}: ready in {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
