@@ -11,14 +11,22 @@ project's packages: the same cache directories, but a source stamp that also car
 every Python file of those packages, so any change to any of them makes every cached function
 compile again. CPU caches are covered by `install()`; CUDA caches by `install(cuda=True)`, which
 `gpu.runtime` calls once the device is chosen (numba.cuda must not be imported before that).
+
+Kernels written as source at run time (the scoring kernels) have no file for numba to key a cache
+by. `generated_function` writes such source to a file of its own, named by a digest of the source
+and of the project (`project_digest`), in a cache directory, and defines the function from that file:
+numba's cache then finds the code an earlier process compiled, and a change to the generator or to
+anything the kernel calls gives a new file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 PACKAGES = ("andromeda_nb", "serving", "cpu_baseline", "gpu", "migration", "cluster", "benchmarks")
 
@@ -107,4 +115,60 @@ def install(*, cuda: bool = False, extra_roots: Iterable[os.PathLike] = ()) -> N
         _installed.add("cuda")
 
 
-__all__ = ["install", "project_digest", "project_roots"]
+GENERATED_ENV = "ANDROMEDA_GENERATED_DIR"
+
+
+def generated_dir() -> Path:
+    """Where generated kernel source is kept: $ANDROMEDA_GENERATED_DIR, else beside numba's own cache
+    when NUMBA_CACHE_DIR is set, else the user's cache directory ($XDG_CACHE_HOME or ~/.cache)."""
+    if os.environ.get(GENERATED_ENV):
+        return Path(os.environ[GENERATED_ENV])
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"]) / "andromeda-generated"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "andromeda-nb" / "generated"
+
+
+def _source_file(name: str, src: str) -> Path | None:
+    """The file holding `src`, written once (aside, then renamed) if it is not there; None where the
+    cache directory cannot be written."""
+    digest = hashlib.sha256(f"{project_digest()}\n{src}".encode()).hexdigest()[:24]
+    path = generated_dir() / f"{name}_{digest}.py"
+    if path.is_file():
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        aside.write_text(src)
+        os.replace(aside, path)
+    except OSError:
+        return None
+    return path
+
+
+def generated_function(name: str, src: str, namespace: dict, *, cache: bool = True) -> tuple[Callable, bool]:
+    """The function `name` that `src` defines, with `namespace` among its globals, and whether it
+    lives in a file (so that `cuda.jit(cache=True)` can keep its compiled code). With `cache` off, or
+    where no file can be written, the source is compiled in memory (`linecache` keeps tracebacks
+    readable either way)."""
+    path = _source_file(name, src) if cache else None
+    if path is None:
+        import linecache
+
+        filename = f"<andromeda generated {name}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        ns = dict(namespace)
+        exec(compile(src, filename, "exec"), ns)
+        return ns[name], False
+    module_name = f"andromeda_generated.{path.stem}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        module.__dict__.update(namespace)
+        spec.loader.exec_module(module)
+        sys.modules[module_name] = module
+    return getattr(module, name), True
+
+
+__all__ = ["generated_dir", "generated_function", "install", "project_digest", "project_roots"]

@@ -63,7 +63,6 @@ stored values little-endian: one float32, two float16 (low half first) or four i
 
 from __future__ import annotations
 
-import linecache
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -71,6 +70,7 @@ from typing import Callable
 
 import numpy as np
 
+from andromeda_nb.jitcache import generated_function
 from andromeda_nb.scoring import dot_score, moe_score, table_width
 from andromeda_nb.slots import CHUNK_SLOTS
 from andromeda_nb.versions import Version, pick, version_table
@@ -319,11 +319,8 @@ def python_function(spec: KernelSpec):
     """The generated kernel as a plain Python function (before `cuda.jit`), and its threads per block."""
     name = _name(spec)
     src, nt = _source(spec, name)
-    filename = f"<andromeda generated {name}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # readable tracebacks
-    ns = _namespace()
-    exec(compile(src, filename, "exec"), ns)
-    return ns[name], nt
+    fn, _ = generated_function(name, src, _namespace(), cache=not runtime.simulator_enabled())
+    return fn, nt
 
 
 @dataclass
@@ -361,7 +358,7 @@ class GeneratedRecipe:
 
     def build(self, spec: KernelSpec) -> ScoreKernel:
         fn, nt = python_function(spec)
-        return ScoreKernel(spec, cuda.jit(fn), nt, self.layout)
+        return ScoreKernel(spec, cuda.jit(fn, cache=not runtime.simulator_enabled()), nt, self.layout)
 
 
 def tiled(ads_per_thread: int) -> GeneratedRecipe:

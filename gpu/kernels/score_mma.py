@@ -54,13 +54,13 @@ under the simulator in the tests, on tiny pools.
 
 from __future__ import annotations
 
-import linecache
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from andromeda_nb.jitcache import generated_function
 from andromeda_nb.scoring import table_width
 from andromeda_nb.slots import CHUNK_SLOTS
 
@@ -566,12 +566,8 @@ def _namespace() -> dict:
 def python_function(spec: MmaSpec):
     """The generated kernel as a plain Python function (before `cuda.jit`)."""
     name = _name(spec)
-    src = _source(spec, name)
-    filename = f"<andromeda generated {name}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    ns = _namespace()
-    exec(compile(src, filename, "exec"), ns)
-    return ns[name]
+    fn, _ = generated_function(name, _source(spec, name), _namespace(), cache=not runtime.simulator_enabled())
+    return fn
 
 
 class MmaScoreKernel:
@@ -587,7 +583,7 @@ class MmaScoreKernel:
         # block covers WIDE_CHUNKS chunks and fills WIDE_CHUNKS * CHUNK_SLOTS / out_slots output blocks
         self.ads_per_block = spec.out_slots if spec.wide else ADS_PER_BLOCK
         options = {} if spec.max_registers is None or runtime.simulator_enabled() else {"max_registers": spec.max_registers}
-        self.kernel = cuda.jit(python_function(spec), **options)
+        self.kernel = cuda.jit(python_function(spec), cache=not runtime.simulator_enabled(), **options)
         self._dims = None
         self._bufs: dict = {}
 

@@ -78,3 +78,44 @@ def test_project_functions_get_the_project_locator():
     assert impl.locator.get_source_stamp()[1] == jitcache.project_digest()
     impl = caching.CompileResultCacheImpl(textwrap.dedent)  # a function outside the project
     assert not type(impl.locator).__name__.startswith("Project")
+
+
+GENERATED_RUN = textwrap.dedent("""
+    from numba import njit
+    from andromeda_nb import jitcache
+    src = "def add_{k}(x):\\n    return x + offset\\n"
+    fn, in_file = jitcache.generated_function("add_{k}", src, {{"offset": {k}}})
+    jit = njit(cache=True)(fn)
+    print(jit(1), in_file, sum(jit.stats.cache_hits.values()))
+""")
+
+
+def _generated(tmp: Path, k: int) -> tuple[int, bool, int]:
+    env = {k_: v for k_, v in os.environ.items() if k_ not in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["ANDROMEDA_GENERATED_DIR"] = str(tmp / "generated")
+    out = subprocess.run([sys.executable, "-c", GENERATED_RUN.format(k=k)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    value, in_file, hits = out.stdout.split()
+    return int(value), in_file == "True", int(hits)
+
+
+def test_generated_source_is_compiled_once_across_processes(tmp_path):
+    assert _generated(tmp_path, 3) == (4, True, 0)  # compiled, written to the cache
+    assert _generated(tmp_path, 3) == (4, True, 1)  # the second process loads the compiled code
+    assert _generated(tmp_path, 5) == (6, True, 0)  # other source: another file, compiled anew
+    files = sorted(p.name for p in (tmp_path / "generated").glob("add_*.py"))
+    assert len(files) == 2 and files[0].startswith("add_3_") and files[1].startswith("add_5_")
+
+
+def test_generated_source_without_a_writable_cache_is_compiled_in_memory(tmp_path, monkeypatch):
+    from andromeda_nb import jitcache
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("ANDROMEDA_GENERATED_DIR", str(blocker / "generated"))
+    fn, in_file = jitcache.generated_function("twice", "def twice(x):\n    return 2 * x + bias\n", {"bias": 1})
+    assert (fn(4), in_file) == (9, False)
+    fn, in_file = jitcache.generated_function("twice", "def twice(x):\n    return 2 * x\n", {}, cache=False)
+    assert (fn(4), in_file) == (8, False)
