@@ -11,6 +11,10 @@
 #   datapipe  `bench pipeline --data` on a generated corpus of distinct ads (DATA_ADS, default 10000000, fp16,
 #             seed 3, DATA_REQUESTS requests, default 256; /tmp/d$DATA_ADS, generated first when missing: files
 #             there do not outlast the machine, so generate and measure in one call; DATAPIPE_ARGS: more options)
+#   startup   `scripts/time_startup.py` twice on the corpus of `datapipe` (generated first when missing): start-up
+#             to the first answer with the compile caches as the machine has them, then warm
+#   lone      where a lone request's time goes on the corpus of `datapipe` (`scripts/probe_engine_batch.py
+#             --batches 1,64`), then `ncu` (speed of light, launch statistics) of the kernels of lone requests
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures (COMPARE_ARGS: more options, e.g.
 #             "--layout geo", with COMPARE_TAG naming its files)
@@ -89,6 +93,16 @@ corpus_1m() {  # the generated 1M-ad corpus of a precision (64 requests, 2,000 u
     --precision $1 --out $data --quiet > /dev/null
   echo $data
 }
+data_corpus() {  # the generated corpus of distinct ads of `datapipe` (fp16, seed 3), made once a machine
+  local ads=$1 data=/tmp/d$1
+  if [ ! -d $data ]; then
+    local g0=$(date +%s)
+    timeout ${GENERATE_TIMEOUT:-300} $A generate --ads $ads --requests ${DATA_REQUESTS:-256} --seed 3 --precision fp16 \
+      --workers 15 --out $data --quiet > /dev/null
+    echo "generated $ads distinct ads in $(( $(date +%s) - g0 )) s" >&2
+  fi
+  echo $data
+}
 for stage in "${stages[@]}"; do
   t0=$(date +%s)
   case "$stage" in
@@ -106,16 +120,28 @@ for stage in "${stages[@]}"; do
         > "$OUT/pipeline${PIPELINE_TAG:-}.log" 2>&1
       echo "pipeline rc=$?"; tail -13 "$OUT/pipeline${PIPELINE_TAG:-}.log" ;;
     datapipe)
-      ads=${DATA_ADS:-10000000}; data=/tmp/d$ads
-      if [ ! -d $data ]; then
-        g0=$(date +%s)
-        timeout ${GENERATE_TIMEOUT:-300} $A generate --ads $ads --requests ${DATA_REQUESTS:-256} --seed 3 --precision fp16 \
-          --workers 15 --out $data --quiet > /dev/null
-        echo "generated $ads distinct ads in $(( $(date +%s) - g0 )) s"
-      fi
+      ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
       timeout ${DATAPIPE_TIMEOUT:-400} $A bench pipeline --data $data ${DATAPIPE_ARGS:-} --out-file "$OUT/pipeline_data_$ads.json" \
         > "$OUT/pipeline_data_$ads.log" 2>&1
       echo "datapipe rc=$?"; tail -16 "$OUT/pipeline_data_$ads.log" ;;
+    startup)
+      ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
+      for run in 1 2; do
+        timeout ${STARTUP_TIMEOUT:-200} python3 scripts/time_startup.py --data $data --device gpu \
+          --out "$OUT/startup_${ads}_$run.json" > "$OUT/startup_${ads}_$run.log" 2>&1
+        echo "startup run $run rc=$?"; tail -3 "$OUT/startup_${ads}_$run.log"
+      done ;;
+    lone)
+      ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
+      timeout ${LONE_TIMEOUT:-200} python3 scripts/probe_engine_batch.py --data $data --batches 1,64 --repeat 30 \
+        --out "$OUT/lone_stages_$ads.json" > "$OUT/lone_stages_$ads.log" 2>&1
+      echo "lone stages rc=$?"; grep -iE "ms|batch" "$OUT/lone_stages_$ads.log" | head -30
+      timeout ${LONE_NCU_TIMEOUT:-240} ncu -k "regex:match_v|score_|topk|prep_tables|table_bits" --launch-skip ${LONE_NCU_SKIP:-42} \
+        --launch-count ${LONE_NCU_COUNT:-14} \
+        --section SpeedOfLight --section LaunchStats --section Occupancy \
+        python3 scripts/probe_engine_batch.py --data $data --batches 1 --repeat 5 > "$OUT/lone_ncu_$ads.txt" 2>&1
+      echo "lone ncu rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Grid Size|Block Size" \
+        "$OUT/lone_ncu_$ads.txt" | head -80 ;;
     compare)
       timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
         --updates ${COMPARE_UPDATES:-2000} --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
