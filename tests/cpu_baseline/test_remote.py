@@ -236,7 +236,9 @@ def test_scorer_down_gives_a_clear_error_and_the_host_keeps_serving():
         t = time.monotonic()
         with pytest.raises((flight.FlightUnavailableError, flight.FlightTimedOutError), match="scoring service"):
             fl.retrieve_over_flight(svc.location, dataset.requests[:3], 5, timeout=20)
-        assert time.monotonic() - t < 10
+        # the host's 3 s deadline, not the 60 s it started with (the client's own 20 s timeout would
+        # not name the scoring service); 15 s leaves a loaded machine room
+        assert time.monotonic() - t < 15
         health = fl.flight_action(svc.location, "health")  # still serving, and saying what is wrong
         assert health["status"] == "degraded" and "scoring service" in " ".join(health["reasons"])
     finally:

@@ -57,25 +57,29 @@ def _round_trip(port: int, payload: bytes) -> float:
 
 
 def test_latency_is_added_each_way(echo):
-    with Relay("127.0.0.1", echo, link=Link(latency_s=0.05)) as relay:
+    """0.2 s each way: a round trip takes 0.4 s; none, one or four latencies would take about 0, 0.2 or
+    0.8 s (the upper bound leaves a loaded machine 0.4 s)."""
+    with Relay("127.0.0.1", echo, link=Link(latency_s=0.2)) as relay:
         took = _round_trip(relay.port, b"x" * 100)
-    assert 0.1 <= took < 0.4, took  # two one-way latencies
+    assert 0.4 <= took < 0.8, took
 
 
 def test_bandwidth_caps_the_transfer(echo):
-    """4 Mbit each way at 40 Mb/s: 0.1 s to serialize each way; the link is full duplex and the echo
-    answers as bytes arrive, so the two directions overlap (about 0.1 s, not 0.2 s)."""
-    payload = b"y" * 500_000
+    """16 Mbit each way at 40 Mb/s: 0.4 s to serialize each way; the link is full duplex and the echo
+    answers as bytes arrive, so the two directions overlap (about 0.4 s, not 0.8 s). A cap read as
+    bytes, not bits, a second would take 3.2 s; the upper bound leaves a loaded machine 1.2 s."""
+    payload = b"y" * 2_000_000
     with Relay("127.0.0.1", echo, link=Link(bandwidth_bps=40e6)) as relay:
         took = _round_trip(relay.port, payload)
         counted = relay.snapshot()
-    assert 0.1 <= took < 1.0, took
+    assert 0.4 <= took < 1.6, took
     assert counted.upstream == counted.downstream == len(payload)
 
 
 def test_chunks_pipeline_instead_of_paying_latency_each(echo):
-    """Twenty writes in a row through a 50 ms link arrive after about one latency each way."""
-    with Relay("127.0.0.1", echo, link=Link(latency_s=0.05)) as relay:
+    """Twenty writes in a row through a 250 ms link arrive after about one latency each way (0.5 s;
+    a latency paid per write would take 10 s)."""
+    with Relay("127.0.0.1", echo, link=Link(latency_s=0.25)) as relay:
         with socket.create_connection(("127.0.0.1", relay.port)) as s:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             t0 = time.monotonic()
@@ -86,7 +90,7 @@ def test_chunks_pipeline_instead_of_paying_latency_each(echo):
             while len(got) < 200:
                 got += s.recv(1 << 16)
             took = time.monotonic() - t0
-    assert took < 0.5, took  # 20 latencies each way would be 2 s
+    assert 0.5 <= took < 2.5, took
 
 
 def test_bad_links_are_refused():
