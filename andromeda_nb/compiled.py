@@ -496,7 +496,7 @@ class EncodedBatch:
                    time=col("time", np.int64))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sorted_unique_per_request(req, terms, n):
     """(terms int64[K], ptr int64[n + 1]): the terms of each request (req int64[T] names the request of
     terms[t]), sorted and unique, request after request."""

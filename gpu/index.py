@@ -29,7 +29,8 @@ batch sends only its nonzero words (one per known term of a request, one per req
 circle, found through `CircleLookup`'s grid), a small kernel ORs them in before the match and another
 zeroes them after it. The host's work and the bytes sent grow with the batch, not with the corpus.
 All of it is compiled (numba, cached through `andromeda_nb.jitcache`, whose key covers the inlined geo
-function): no Python step per term or per circle. It is written straight into a pinned staging buffer and sent with
+function): no Python step per term or per circle, and the compiled steps release the interpreter lock
+(`nogil`), so a server's other threads (its exchanges) run while a batch is prepared. It is written straight into a pinned staging buffer and sent with
 one asynchronous copy on the index's stream (`index.stream`), where the match kernel runs too; two
 sets of buffers are used in turn, so batch i + 1 can be prepared while the device still runs batch i.
 Launch shapes depend only on the capacity and the number of groups.
@@ -290,7 +291,7 @@ class Vocabulary:
             self._dirty = False
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _hash_table(keys, values):
     """An open-addressing table (linear probing, at most half full) of int64 keys >= 0 to int64 values:
     (slot keys int64[2^b], slot values int64[2^b], b); empty slots hold key -1."""
@@ -317,7 +318,7 @@ def _renumber(ids, new_id):
         ids[t] = new_id[ids[t]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _dense_ids(tk, tv, bits, terms):
     """(dense int64[T], known bool[T]) of `terms` in a `_hash_table` of the vocabulary: one probe
     sequence per term, usually one cache line (a binary search over a 32,000-term vocabulary took
@@ -379,7 +380,7 @@ def _residual_offsets() -> np.ndarray:
     return np.asarray([getattr(K, name) for name in RESIDUAL_OFFSETS_ORDER], np.int64)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fill_request_tables(term_req, dense, known, age, gender, pub, dev, os_, time, lat, lon, group, offsets,
                          width, ridx, rbits, ftab, rtime, rpos, nreq, geo_bits, gmask):
     """The group tables of a batch (shapes in gpu/kernels/match.py), written in place over whatever
@@ -438,7 +439,7 @@ def _fill_request_tables(term_req, dense, known, age, gender, pub, dev, os_, tim
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sorted_per_request(term_req, dense, known, n):
     """(ptr int64[n + 1], terms uint32[K]): each request's known dense terms, ascending (v1 searches them)."""
     keep = np.flatnonzero(known)
@@ -753,13 +754,13 @@ def _unit_vectors(lat, lon) -> np.ndarray:
     return np.ascontiguousarray(np.stack([np.cos(p) * np.cos(l), np.cos(p) * np.sin(l), np.sin(p)], axis=1))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _row_range(row_lon, a, b):
     """(first, last) positions of the longitudes in [a, b] of one row's sorted longitudes."""
     return np.searchsorted(row_lon, a, side="left"), np.searchsorted(row_lon, b, side="right")
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, s_lon, s_vec, lo, hi, circles,
                     lat, lon, group, width, word, bits):
     """`CircleLookup.entries` on `_circle_grid`'s arrays: writes up to len(word) entries and returns how
