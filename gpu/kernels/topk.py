@@ -193,6 +193,7 @@ class TopkPlan:
     request fill more than one segment; then the final kernel."""
 
     segmented: bool
+    segment_len: int | None = None  # candidates per first-stage block (None: SEGMENT_LEN)
 
     def launch(self, keys, slots, width: int, slot_ad_id, k: int, bufs: dict, R: int, stream=0) -> None:
         """Top-k of candidates `keys`/`slots` (R, blocks, >= width) into bufs["out_id"], ["out_score"],
@@ -206,7 +207,7 @@ class TopkPlan:
         n_seg = bufs["seg_key"].shape[1]
         if self.segmented and n_seg > 1:
             steps.append(Launch(segment_topk_v2, (n_seg, R), threads(),
-                                (keys, slots, np.int32(width), np.int32(SEGMENT_LEN), np.int32(k), bufs["seg_key"],
+                                (keys, slots, np.int32(width), np.int32(self.segment_len or SEGMENT_LEN), np.int32(k), bufs["seg_key"],
                                  bufs["seg_slot"])))
             keys, slots, width = bufs["seg_key"], bufs["seg_slot"], k
         steps.append(Launch(final_topk_v1, (R,), threads(),
