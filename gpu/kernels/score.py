@@ -374,6 +374,7 @@ class TensorCoreRecipe:
     max_registers: int | None = None
     compact: bool = False  # walk each chunk's eligible slots only (score_mma._COMPACT_SKELETON)
     wide: bool = False  # the compacted walk over 64 chunks a block, keys as a list (score_mma._WIDE_SKELETON)
+    chunks: int = 64  # wide: chunks a block walks (score_mma.WIDE_CHUNKS by default)
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -382,7 +383,7 @@ class TensorCoreRecipe:
         if spec.kind != "moe":
             raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
         return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
-                              compact=self.compact, wide=self.wide)
+                              compact=self.compact, wide=self.wide, chunks=self.chunks)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,

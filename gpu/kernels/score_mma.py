@@ -245,6 +245,7 @@ class MmaSpec:
     wide: bool = False  # compacted walk over WIDE_CHUNKS chunks a block, keys as a list (_WIDE_SKELETON)
     emit_at: int = LIST_CAP - ROUND_SLOTS  # wide: a list longer than this after a round is selected
     out_slots: int = ADS_PER_BLOCK  # wide: slots per output block (the block top-K's granularity)
+    chunks: int = WIDE_CHUNKS  # wide: chunks a block walks (fewer: more, shorter blocks for a lone request)
 
     @property
     def table_width(self) -> int:
@@ -531,8 +532,8 @@ def _source(spec: MmaSpec, name: str) -> str:
         common.update(threads=THREADS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16), body=_indent(body, 12),
                       tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8))
     if spec.wide:
-        return _WIDE_SKELETON.format(**common, keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=WIDE_CHUNKS,
-                                     cpw=WIDE_CHUNKS // WARPS, subs=WIDE_CHUNKS * CHUNK_SLOTS // spec.out_slots,
+        return _WIDE_SKELETON.format(**common, keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks,
+                                     cpw=spec.chunks // WARPS, subs=spec.chunks * CHUNK_SLOTS // spec.out_slots,
                                      st_list=ST_LIST, emit_at=spec.emit_at)
     if spec.compact:
         return _COMPACT_SKELETON.format(**common, keys_n=ADS_PER_BLOCK, cpb=CHUNKS_PER_BLOCK,
@@ -547,6 +548,7 @@ def _name(spec: MmaSpec) -> str:
     walk = "_compact" if spec.compact else ""
     if spec.wide:
         walk = f"_wide{spec.emit_at}" + ("" if spec.out_slots == ADS_PER_BLOCK else f"_o{spec.out_slots}")
+        walk += "" if spec.chunks == WIDE_CHUNKS else f"_c{spec.chunks}"
     return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
@@ -580,7 +582,7 @@ class MmaScoreKernel:
     def __init__(self, spec: MmaSpec):
         self.spec = spec
         # the output's block granularity (FusedScorer sizes the per-block candidates by it); a wide
-        # block covers WIDE_CHUNKS chunks and fills WIDE_CHUNKS * CHUNK_SLOTS / out_slots output blocks
+        # block covers spec.chunks chunks and fills spec.chunks * CHUNK_SLOTS / out_slots output blocks
         self.ads_per_block = spec.out_slots if spec.wide else ADS_PER_BLOCK
         options = {} if spec.max_registers is None or runtime.simulator_enabled() else {"max_registers": spec.max_registers}
         self.kernel = cuda.jit(python_function(spec), cache=not runtime.simulator_enabled(), **options)
@@ -588,7 +590,7 @@ class MmaScoreKernel:
         self._bufs: dict = {}
 
     def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
-        per_block = WIDE_CHUNKS * CHUNK_SLOTS if self.spec.wide else ADS_PER_BLOCK
+        per_block = self.spec.chunks * CHUNK_SLOTS if self.spec.wide else ADS_PER_BLOCK
         return (-(-n_slots // per_block), n_requests)
 
     def prepare(self, tabs, stream=0):
@@ -644,20 +646,24 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 @lru_cache(maxsize=None)
 def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
                    max_registers: int | None = None, compact: bool = False, wide: bool = False,
-                   emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK) -> MmaScoreKernel:
+                   emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK,
+                   chunks: int = WIDE_CHUNKS) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
         raise ValueError(f"the tensor-core scorer does not serve {precision} at D = {dim}, E = {experts}")
     if wide:
-        subs, rest = divmod(WIDE_CHUNKS * CHUNK_SLOTS, out_slots)
-        rounds = WIDE_CHUNKS // WARPS
+        if chunks < WARPS or chunks % WARPS:
+            raise ValueError(f"a wide walk covers a multiple of {WARPS} chunks a block, not {chunks}")
+        subs, rest = divmod(chunks * CHUNK_SLOTS, out_slots)
+        rounds = chunks // WARPS
         # a list is selected once a round at most, or once per two rounds when a round cannot pass emit_at
         if rest or not 0 < emit_at <= LIST_CAP - ROUND_SLOTS or subs < (rounds if emit_at < ROUND_SLOTS else rounds // 2):
             raise ValueError(f"a wide walk with emit_at {emit_at} and {out_slots} slots per output block can "
                              f"overflow its list or its output blocks")
     return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
-                                  compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots))
+                                  compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots,
+                                  chunks=chunks))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",

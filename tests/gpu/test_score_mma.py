@@ -236,6 +236,28 @@ def test_wide_walk_equals_the_reference(geometry):
         score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, emit_at=16)  # 8 selections, 4 output blocks
 
 
+@pytest.mark.parametrize("version, chunks", [(9, 32), (10, 16)])
+def test_wide_walk_over_fewer_chunks_equals_the_reference(version, chunks):
+    """v9 and v10, the wide walk over 32 and 16 chunks a block (more, shorter blocks for a lone
+    request): the same output blocks as v8, more kernel blocks, the same answers. 17 chunks under the
+    simulator: v10's second block holds one chunk."""
+    from gpu.fused import FusedScorer
+    from gpu.kernels import score_mma
+    from gpu.lab import score as lab
+
+    n_chunks, R = (200, 3) if ON_GPU else (17, 1)
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(78 + chunks, "fp16", 64, 6, 2, n_chunks, R,
+                                                                    density=0.3 if ON_GPU else 0.08)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[version])
+    assert fs.kernel.spec.chunks == chunks and fs.kernel.ads_per_block == score_mma.ADS_PER_BLOCK
+    assert fs.kernel.grid(fs.n_slots, R)[0] == -(-n_chunks // chunks)
+    k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
+           context=f"wide walk over {chunks} chunks k={k}")
+    with pytest.raises(ValueError, match="multiple of 8 chunks"):
+        score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, chunks=12)
+
+
 def test_fast_mode_meets_the_reduced_precision_rule():
     """'fast' (fp16 tables, no low part): scores within 1e-2 of the reference's score spread and at
     least 99% of the reference top-K recovered (DESIGN section 4)."""
