@@ -15,6 +15,8 @@
 #             to the first answer with the compile caches as the machine has them, then warm
 #   lone      where a lone request's time goes on the corpus of `datapipe` (`scripts/probe_engine_batch.py
 #             --batches 1,64`), then `ncu` (speed of light, launch statistics) of the kernels of lone requests
+#   lonelab   a lone request's scoring kernel and top-K, variants: `scripts/probe_topk_segments.py` (segment lengths),
+#             then `bench pipeline --data` with each scoring kernel of LONELAB_VERSIONS (default "8 9 10")
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures (COMPARE_ARGS: more options, e.g.
 #             "--layout geo", with COMPARE_TAG naming its files)
@@ -142,6 +144,15 @@ for stage in "${stages[@]}"; do
         python3 scripts/probe_engine_batch.py --data $data --batches 1 --repeat 5 > "$OUT/lone_ncu_$ads.txt" 2>&1
       echo "lone ncu rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Grid Size|Block Size" \
         "$OUT/lone_ncu_$ads.txt" | head -80 ;;
+    lonelab)
+      ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
+      timeout 120 python3 scripts/probe_topk_segments.py --out "$OUT/topk_segments.json" > "$OUT/topk_segments.log" 2>&1
+      echo "topk segments rc=$?"; grep -E '^\{"requests' "$OUT/topk_segments.log" | cut -c1-200
+      for v in ${LONELAB_VERSIONS:-8 9 10}; do
+        timeout ${LONELAB_TIMEOUT:-200} $A bench pipeline --data $data --kernel-version $v --batches 1,64 --launches graph \
+          --check-requests 8 --out-file "$OUT/pipeline_lone_v$v.json" > "$OUT/pipeline_lone_v$v.log" 2>&1
+        echo "v$v rc=$?"; grep -E "latency|batch   1|batch  64|target p50|checked" "$OUT/pipeline_lone_v$v.log" | head -8
+      done ;;
     compare)
       timeout 200 $A generate --ads 1000000 --requests ${COMPARE_REQUESTS:-64} --seed 1 --workers 14 \
         --updates ${COMPARE_UPDATES:-2000} --out /tmp/c1m --quiet | tee "$OUT/generate_1m.txt"
