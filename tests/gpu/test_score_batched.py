@@ -121,9 +121,11 @@ def test_lists_pruned_mid_block_keep_the_best():
 
 
 def test_ties_are_ordered_by_ad_id():
-    """One ad's row copied to eight slots of one format (two in each 512-slot block): eight equal
-    top scores; with k = 3 the answer is the three smallest ids of the copies, ascending, and equals
-    the shipped kernel's."""
+    """One ad's row copied to eight slots of one format (two in each 512-slot block): nine equal top
+    scores; with k = 3 the answer is the three smallest ids of the copies, ascending (each block keeps
+    all its tied copies, so the final top-K sees every one). The shipped kernel gives the same scores;
+    its single 16,384-slot block keeps 3 of the 9 ties in arrival order (DESIGN section 4 compares
+    tied scores as sets), so only its scores and that its ids are copies are asserted."""
     from gpu.fused import FusedScorer
 
     n_chunks = 8
@@ -146,7 +148,7 @@ def test_ties_are_ordered_by_ad_id():
     shipped = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=TOP)
     assert shipped.version == 8
     want_ids, want_scores = shipped.topk(elig, tabs, 3)[0]
-    assert np.array_equal(got_ids, want_ids) and np.array_equal(got_scores, want_scores)
+    assert np.array_equal(got_scores, want_scores) and set(want_ids.tolist()) <= set(tied.tolist())
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
