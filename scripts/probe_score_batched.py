@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -148,27 +147,31 @@ def main(argv=None) -> int:
     want = shipped.topk(d_elig, d_tabs, k)
     for name, fs in variants.items():
         got = fs.topk(d_elig, d_tabs, k)
-        bad = [r for r in range(R) if not (np.array_equal(got[r][0], want[r][0]) and np.array_equal(got[r][1], want[r][1]))]
+        bad = [r for r in range(R)
+               if not (np.array_equal(got[r][0], want[r][0]) and np.array_equal(got[r][1], want[r][1]))]
         result["checks"][name] = {"requests_equal_to_shipped": R - len(bad), "first_unequal": bad[:5],
-                                  "attributes": kernel_attributes(fs.kernel.kernel), "group_size": fs.kernel.group_size(R, k)}
+                                  "attributes": kernel_attributes(fs.kernel.kernel),
+                                  "group_size": fs.kernel.group_size(R, k)}
         result["checks_ok"] &= not bad
     W = words_per_ad(args.precision, D)
     for r in range(min(args.reference, R)):
         rows = np.flatnonzero(np.unpackbits(elig_host[r].view(np.uint8), bitorder="little"))
         tiles_r, lanes = rows // 32, rows % 32
         words = np.arange(W)
-        flat = ((tiles_r[:, None] * (W // 4) + words[None, :] // 4) * 128 + lanes[:, None] * 4 + words[None, :] % 4)
+        # word j of slot s in the 'tiles' layout (gpu.kernels.tiles)
+        flat = (tiles_r[:, None] * (W // 4) + words[None, :] // 4) * 128 + lanes[:, None] * 4 + words[None, :] % 4
         got_words = pool.tiles[xp.asarray(flat.reshape(-1))]
         got_words = got_words if sim else xp.asnumpy(got_words)
-        values = np.ascontiguousarray(got_words.reshape(len(rows), W)).view(np.float16 if args.precision == "fp16" else np.int8)
+        stored = np.float16 if args.precision == "fp16" else np.int8
+        values = np.ascontiguousarray(got_words.reshape(len(rows), W)).view(stored)
         scale = pool.scale[xp.asarray(rows)]
         scale = scale if sim else xp.asnumpy(scale)
         table = EmbeddingTable(values, np.asarray(scale, np.float32), args.precision)
         formats = np.repeat(pool.chunk_format, CHUNK_SLOTS)[rows]
         ref = reference_scores(model, sides[r], table, np.arange(len(rows)), formats)
         cmp = compare_topk(ids[rows], ref, want[r][0], want[r][1], k)
-        result["checks"].setdefault("reference", []).append({"request": r, "eligible": int(len(rows)), "ok": bool(cmp.ok),
-                                                             "message": cmp.message})
+        result["checks"].setdefault("reference", []).append(
+            {"request": r, "eligible": int(len(rows)), "ok": bool(cmp.ok), "message": cmp.message})
         result["checks_ok"] &= bool(cmp.ok)
     print(json.dumps({"checks_ok": result["checks_ok"], "checks": result["checks"]}, indent=1), file=sys.stderr)
 

@@ -42,7 +42,6 @@ request that sees nothing of the tile) are taken by the block together: the OR o
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,12 +53,11 @@ from andromeda_nb.versions import Version, version_table
 
 from .. import runtime
 from ..graphs import Launch, run_plan
-from ..kernels import _bits, mma, score_mma, warp
-from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS, block_topk_emit_list
+from ..kernels import score_mma
+from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS
 from ..kernels.tiles import QUAD_WORDS, words_per_ad
 
 cuda = runtime.cuda()
-from numba import float32, int32, uint32  # noqa: E402  (after the device choice)
 
 THREADS = score_mma.THREADS  # 8 warps: one 32-slot tile of a chunk each
 WARPS = THREADS // 32
@@ -146,7 +144,8 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, rg, out_key,
                             wb[warp] = cuda.atomic.add(cnt, j, uint32(cuda.popc(ew)))
                         sync_warp()
                         if (ew >> uint32(lane)) & uint32(1):
-                            p = j * stride + int32(wb[warp]) + int32(cuda.popc(ew & ((uint32(1) << uint32(lane)) - uint32(1))))
+                            below = ew & ((uint32(1) << uint32(lane)) - uint32(1))
+                            p = j * stride + int32(wb[warp]) + int32(cuda.popc(below))
                             lkey[p] = key
                             loff[p] = s - slot0
                         sync_warp()
@@ -233,12 +232,8 @@ def kernel_source(spec: BatchedSpec) -> str:
 
 
 def _namespace() -> dict:
-    return {
-        "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
-        "block_topk_emit_list": block_topk_emit_list, "load_u32x4": _bits.load_u32x4,
-        "u32_as_f32": _bits.u32_as_f32, "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16,
-        "split_f16x2": mma.split_f16x2, "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": warp.sync_warp,
-    }
+    """The names the generated code calls: the shipped tensor-core kernel's (the same functions)."""
+    return score_mma._namespace()
 
 
 def python_function(spec: BatchedSpec):
@@ -276,7 +271,8 @@ class BatchedScoreKernel:
                              f"E = {spec.experts}")
         self.spec = spec
         self.ads_per_block = spec.ads_per_block
-        options = {} if spec.max_registers is None or runtime.simulator_enabled() else {"max_registers": spec.max_registers}
+        limited = spec.max_registers is not None and not runtime.simulator_enabled()
+        options = {"max_registers": spec.max_registers} if limited else {}
         self.kernel = cuda.jit(python_function(spec), cache=not runtime.simulator_enabled(), **options)
         # the B fragments come from the shipped kernel's preparation (and its kept buffers)
         self.tables = score_mma.get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, spec.mode)

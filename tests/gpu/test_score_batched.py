@@ -173,7 +173,6 @@ def test_batched_candidates_equal_the_full_walks():
     """Per 4096-slot output block (the shipped geometry), the batched kernel's candidates are the full
     walk's (v6, grid (blocks, requests)): the same (slot, key) pairs, padding alike."""
     from gpu.kernels import score_mma
-    from gpu.lab import score_batched as sb
 
     R, k = 3, 12
     n_chunks = 40 if ON_GPU else 2
