@@ -314,9 +314,12 @@ def get_batched_kernel(precision: str, dim: int, experts: int, top_e: int, mode:
 @dataclass(frozen=True)
 class BatchedRecipe:
     """The batched kernel as a version of the scoring family (`gpu.kernels.score`'s recipes): the
-    'tiles' layout, MoE only; `shape` as `get_batched_kernel` takes it."""
+    'tiles' layout, MoE only. `max_registers` 128: at fp16 the compiler takes 168 (ptxas for sm_90, no
+    spills), which leaves room for one 256-thread block an SM; 128 (8 bytes of spills) for two, as
+    many as the 73 KiB of shared memory a block allows three of (to be measured:
+    scripts/probe_score_batched.py times both)."""
 
-    max_registers: int | None = None
+    max_registers: int | None = 128
     layout: str = "tiles"
 
     def build(self, spec):
@@ -329,7 +332,8 @@ class BatchedRecipe:
 VERSIONS = version_table(
     Version(9, "v9 batched", "the tensor-core kernel over a group of up to 16 requests a block: each tile's "
             "A words loaded once for the group, then each request that sees the tile scored from them; "
-            "per-request lists of eligible keys, selected into the shipped output blocks of 4096 slots",
+            "per-request lists of eligible keys, selected into the shipped output blocks of 4096 slots; "
+            "128 registers",
             BatchedRecipe()),
 )
 BATCHED = VERSIONS[9]

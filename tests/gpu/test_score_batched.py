@@ -203,17 +203,17 @@ def test_batched_candidates_equal_the_full_walks():
 def test_batched_kernels_compile_for_sm90():
     """fp16, int8 and fp32 storage compile for sm_90 (compile_ptx, no GPU): the products are mma.sync
     instructions (one request's worth, in the loop over the group), no float64, no local memory; where
-    ptxas is installed, it assembles them with no spills."""
+    ptxas is installed, it assembles them with no spills (a few bytes at the 128-register limit)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "ptx_batched_check.py"),
-                           "fp16:64:exact", "int8:64:exact", "fp32:64:exact"],
+                           "fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:64:exact:128"],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 3, rows
+    assert len(rows) == 4, rows
     for row in rows:
         assert row["mma"] == row["mma_expected"], row
         assert not row["local_memory"] and not row["f64"], row
-        if row.get("ptxas"):
-            assert row["ptxas"]["spill_bytes"] == 0, row
+        if row.get("ptxas"):  # held to 128 registers: a few bytes spilled (8 with the CUDA 13.0 ptxas)
+            assert row["ptxas"]["spill_bytes"] <= (32 if row["kernel"].endswith("_r128") else 0), row
