@@ -314,26 +314,27 @@ def get_batched_kernel(precision: str, dim: int, experts: int, top_e: int, mode:
 @dataclass(frozen=True)
 class BatchedRecipe:
     """The batched kernel as a version of the scoring family (`gpu.kernels.score`'s recipes): the
-    'tiles' layout, MoE only. `max_registers` 128: at fp16 the compiler takes 168 (ptxas for sm_90, no
-    spills), which leaves room for one 256-thread block an SM; 128 (8 bytes of spills) for two, as
-    many as the 73 KiB of shared memory a block allows three of (to be measured:
-    scripts/probe_score_batched.py times both)."""
+    'tiles' layout, MoE only. `register_limits`: (precision, max_registers) pairs, the rest unlimited.
+    fp16 is held to 128: the compiler takes 168 there (ptxas for sm_90, no spills), room for one
+    256-thread block an SM; 128 (8 bytes of spills) gives two, of the three that the 73 KiB of shared
+    memory a block allows. int8 takes 98 unlimited (two blocks an SM) and spills 20 bytes when held to
+    128, so it is not held. To be measured: scripts/probe_score_batched.py times both limits."""
 
-    max_registers: int | None = 128
+    register_limits: tuple = (("fp16", 128),)
     layout: str = "tiles"
 
     def build(self, spec):
         if spec.kind != "moe":
             raise ValueError(f"the batched tensor-core scorer serves the MoE only, not {spec.kind!r}")
         return get_batched_kernel(spec.precision, spec.dim, spec.experts, spec.top_e,
-                                  max_registers=self.max_registers)
+                                  max_registers=dict(self.register_limits).get(spec.precision))
 
 
 VERSIONS = version_table(
     Version(9, "v9 batched", "the tensor-core kernel over a group of up to 16 requests a block: each tile's "
             "A words loaded once for the group, then each request that sees the tile scored from them; "
             "per-request lists of eligible keys, selected into the shipped output blocks of 4096 slots; "
-            "128 registers",
+            "128 registers at fp16",
             BatchedRecipe()),
 )
 BATCHED = VERSIONS[9]

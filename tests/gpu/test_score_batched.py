@@ -217,3 +217,20 @@ def test_batched_kernels_compile_for_sm90():
         assert not row["local_memory"] and not row["f64"], row
         if row.get("ptxas"):  # held to 128 registers: a few bytes spilled (8 with the CUDA 13.0 ptxas)
             assert row["ptxas"]["spill_bytes"] <= (32 if row["kernel"].endswith("_r128") else 0), row
+
+
+def test_the_version_runs_through_the_scoring_family():
+    """v9 is a version of the scoring family: `gpu.kernels.score.get_kernel` builds it from the Version,
+    with its register limit per precision and the shipped output blocks (4096 slots)."""
+    from gpu.kernels import score as sk
+    from gpu.kernels import score_mma
+    from gpu.lab import score_batched as sb
+
+    fp16 = sk.get_kernel(sb.BATCHED, "moe", "fp16", 64, E, TOP)
+    int8 = sk.get_kernel(sb.BATCHED, "moe", "int8", 64, E, TOP)
+    assert isinstance(fp16, sb.BatchedScoreKernel) and fp16.spec.max_registers == 128
+    assert int8.spec.max_registers is None
+    assert fp16.ads_per_block == int8.ads_per_block == score_mma.ADS_PER_BLOCK
+    assert fp16.grid(10 * 4096 + 1, 64, 100) == (4, 11)  # 4 groups of 16, 11 output blocks
+    with pytest.raises(ValueError, match="MoE only"):
+        sk.get_kernel(sb.BATCHED, "dot", "fp16", 64, E, TOP)
