@@ -1369,11 +1369,14 @@ def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batc
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="In-process passes.")
 @click.option("--checks", type=click.IntRange(1), default=16, show_default=True,
               help="In-process answers checked against the float64 reference before timing.")
+@int_list_option("--engines", default="1",
+                 help="Engine processes behind the server's front (serve colocated --engines), each count against "
+                      "a fresh server: 1,2,4 compares them in one run.")
 @_OUT_FILE
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,
-                 repeat, checks, out, as_json, quiet):
+                 repeat, checks, engines, out, as_json, quiet):
     """The served path against the engine in process: `serve colocated` started on loopback, many plain
     Flight clients each with one request in flight, requests per second and latency against the
     in-process rate in batches of --batch (target: 70%). The in-process answers are checked against the
@@ -1387,7 +1390,8 @@ def bench_served(data, device, k, layout, clients, client_processes, seconds, ex
     try:
         result = served.run(data, device=device, k=k, layout=layout, batch=batch, repeat=repeat, clients=clients,
                             client_processes=client_processes, seconds=seconds, exchanges=exchange,
-                            request_formats=request_format, checks=checks, progress=lambda m: _info(m, quiet))
+                            request_formats=request_format, engines=engines, checks=checks,
+                            progress=lambda m: _info(m, quiet))
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.ClickException(f"bench served: {exc}") from None
     _stamp(result, None)

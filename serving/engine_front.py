@@ -38,11 +38,11 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from andromeda_nb.dataset import fingerprint
-from andromeda_nb.rows import RowMap
 from andromeda_nb.types import Retire, Upsert
 
 from . import engine_channel as ch
@@ -50,10 +50,48 @@ from .durable import JournaledServer, ReadGate, UpdateJournal
 from .limits import DEFAULT_LIMITS
 from .process import ServeError
 from .protocol import ANSWER_SCHEMA, RetrieveServer, answer_metadata, batch_bytes
-from .wal import LogError, WriteAheadLog, corpus_lineage, snapshot_seq
+from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
 STOP_WAIT_S = 10.0  # how long a stopping front waits for a worker to finish its batches and exit
 STATE_TIMEOUT_S = 5.0  # how long health and stats wait for a worker's state
+
+
+class LiveIds:
+    """The live ad ids at the log's end, as the front's update checks need them (`__contains__`), kept
+    without numba (`andromeda_nb.rows.RowMap` compiles its dictionary operations in each process, seconds
+    a front should not spend): the snapshot's ids sorted, and the ids updates added and removed since."""
+
+    def __init__(self, ad_ids):
+        self._snapshot = np.sort(np.asarray(ad_ids, np.int64))
+        self._added: set[int] = set()
+        self._removed: set[int] = set()
+
+    def __contains__(self, ad_id) -> bool:
+        ad_id = int(ad_id)
+        if ad_id in self._added:
+            return True
+        if ad_id in self._removed:
+            return False
+        at = int(np.searchsorted(self._snapshot, ad_id))
+        return at < len(self._snapshot) and int(self._snapshot[at]) == ad_id
+
+    def add(self, ad_id) -> None:
+        ad_id = int(ad_id)
+        self._removed.discard(ad_id)
+        self._added.add(ad_id)
+
+    def remove(self, ad_id) -> None:
+        ad_id = int(ad_id)
+        self._added.discard(ad_id)
+        self._removed.add(ad_id)
+
+    def __len__(self) -> int:
+        in_snapshot = sum(1 for a in self._removed if self._in_snapshot(a))
+        return len(self._snapshot) - in_snapshot + sum(1 for a in self._added if not self._in_snapshot(a))
+
+    def _in_snapshot(self, ad_id: int) -> bool:
+        at = int(np.searchsorted(self._snapshot, ad_id))
+        return at < len(self._snapshot) and int(self._snapshot[at]) == ad_id
 
 
 class _Waiter:
@@ -360,7 +398,7 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         self.gate = ReadGate()
         self.log = log if log is not None else WriteAheadLog.memory(self.lineage, snapshot_seq(dataset))
         self.seq = snapshot_seq(dataset)
-        self.live_ids = RowMap(dataset.ad_ids)  # the live ads at the log's end, which update calls are checked against
+        self.live_ids = LiveIds(dataset.ad_ids)  # the live ads at the log's end, which update calls are checked against
         self.journal = UpdateJournal(self.log, seed=dataset.seed, dim=model.D, formats=model.F, limits=limits,
                                      gate=self.gate)
         self.replayed = self.journal.replay(self._apply, self.live_ids.__contains__)  # into every worker
@@ -378,9 +416,9 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         self.engines.apply([[record.seq, record.update] for record, _ in items])
         for _, update in items:
             if isinstance(update, Upsert):
-                self.live_ids.assign(update.ad.ad_id)
+                self.live_ids.add(update.ad.ad_id)
             elif isinstance(update, Retire):
-                self.live_ids.release(update.ad_id)
+                self.live_ids.remove(update.ad_id)
         self.seq = items[-1][0].seq
         return len(items)
 
@@ -473,4 +511,4 @@ def start_pooled_server(dataset, location: str, *, module: str, config: dict, en
         raise
 
 
-__all__ = ["EnginePool", "EngineWorkerProcess", "PooledEngineServer", "start_pooled_server"]
+__all__ = ["EnginePool", "LiveIds", "EngineWorkerProcess", "PooledEngineServer", "start_pooled_server"]
