@@ -314,10 +314,11 @@ class EnginePool:
                                                 "the server")
         return best
 
-    def apply(self, records: list) -> None:
+    def apply(self, records: list, timeout_s: float | None = None) -> None:
         """Every live worker applies the logged `records` ([seq, update object] pairs, in order), sent to
         all before any is waited for; returns once all have. RuntimeError when none is left, or when one
-        failed to apply them (the journal then refuses later calls until a restart)."""
+        failed to apply them or did not within `timeout_s` (None: as long as it lives; the journal then
+        refuses later calls until a restart)."""
         workers = self.live()
         if not workers:
             raise RuntimeError("every engine worker of this server has ended: the updates are logged; restart "
@@ -326,7 +327,7 @@ class EnginePool:
         calls = []
         for worker in workers:  # each on its own thread: a worker slow to read must not hold the others
             result: dict = {}
-            thread = threading.Thread(target=self._apply_on, args=(worker, body, result), daemon=True)
+            thread = threading.Thread(target=self._apply_on, args=(worker, body, result, timeout_s), daemon=True)
             thread.start()
             calls.append((worker, thread, result))
         failures = []
@@ -339,9 +340,9 @@ class EnginePool:
             raise RuntimeError("applying logged updates failed in " + "; ".join(failures))
 
     @staticmethod
-    def _apply_on(worker: EngineWorkerProcess, body: bytes, result: dict) -> None:
+    def _apply_on(worker: EngineWorkerProcess, body: bytes, result: dict, timeout_s: float | None) -> None:
         try:
-            worker.call(lambda call_id: ch.message(ch.UPDATE, call_id, body), None, "update")
+            worker.call(lambda call_id: ch.message(ch.UPDATE, call_id, body), timeout_s, "updates")
         except Exception as exc:  # noqa: BLE001 - reported by `apply`
             result["error"] = str(exc)
 
@@ -401,8 +402,10 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         self.live_ids = LiveIds(dataset.ad_ids)  # the live ads at the log's end, which update calls are checked against
         self.journal = UpdateJournal(self.log, seed=dataset.seed, dim=model.D, formats=model.F, limits=limits,
                                      gate=self.gate)
+        self._apply_timeout_s: float | None = None  # the replay waits for workers still building
         self.replayed = self.journal.replay(self._apply, self.live_ids.__contains__)  # into every worker
         pool.wait_ready()
+        self._apply_timeout_s = limits.deadline_s  # from here a worker that does not apply in time is a failure
         self._schema_bytes: tuple[pa.Schema, bytes] | None = None
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
@@ -413,7 +416,7 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
     # --- updates ---------------------------------------------------------------------------------------
     def _apply(self, items) -> int:
         """A slice of logged (record, update) pairs to every worker, whole; then the front's live ids."""
-        self.engines.apply([[record.seq, record.update] for record, _ in items])
+        self.engines.apply([[record.seq, record.update] for record, _ in items], self._apply_timeout_s)
         for _, update in items:
             if isinstance(update, Upsert):
                 self.live_ids.add(update.ad.ad_id)
