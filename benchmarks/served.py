@@ -17,7 +17,8 @@ one request at a time, against a co-located server started as a process on loopb
    ahead of the engine or between batches (`--decode-ahead on,off`), with one engine in the server's
    process or several engine worker processes behind one front (`--engines 1,2,4`):
    requests per second, latency p50/p99, the server's batching counters (how many engine batches the
-   calls shared) and where a batch's time went. Every answer of the first pass is checked against
+   calls shared), where a batch's time went, and the server's CPU time a request (all its processes,
+   and its front's alone). Every answer of the first pass is checked against
    the in-process engine's. The target reads the better way of sending.
 
     andromeda bench served --data DIR --device gpu --out served.json
@@ -154,13 +155,13 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
             pin(proc.proc.pid, cpus)
-        cpu0 = proc.cpu_seconds()
+        cpu0, front0 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
         tag = (f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}"
                f"{'-si' + switch_ms if switch_ms else ''}{f'-engines{engines}' if engines > 1 else ''}")
         spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
-        cpu1 = proc.cpu_seconds()
+        cpu1, front1 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
         if spying is not None:
             spying.join()
         stats = fl.flight_action(proc.location, "stats")
@@ -173,6 +174,9 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
         result["device_ms_per_batch"] = None if device_s is None else 1e3 * device_s / batches
         result["server_cpu_ms_per_request"] = (None if cpu0 is None or cpu1 is None or not result["requests"]
                                                else 1e3 * (cpu1 - cpu0) / result["requests"])
+        # with engine workers, the front's own share of it (the Flight server, the hand-over to the workers)
+        result["front_cpu_ms_per_request"] = (None if front0 is None or front1 is None or not result["requests"]
+                                              else 1e3 * (front1 - front0) / result["requests"])
     finally:
         proc.stop()
     return {**result, "batch_wait_ms": wait_ms, "engines": engines}
@@ -229,7 +233,8 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
                       f"{srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
                       f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
                       f"batching {srv['batching']}, device ms a batch {srv['device_ms_per_batch']}, "
-                      f"server CPU ms a request {srv['server_cpu_ms_per_request']}, wrong answers {srv['n_wrong']}")
+                      f"server CPU ms a request {srv['server_cpu_ms_per_request']} (the front's process "
+                      f"{srv.get('front_cpu_ms_per_request')}), wrong answers {srv['n_wrong']}")
     srv = max(by_exchange.values(), key=lambda x: x["requests_per_s"])  # the target reads the best way
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
     checks_ok = checked["ok"] and all(not s["n_wrong"] for s in by_exchange.values())

@@ -92,16 +92,16 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds process `pid` and the processes it started (a co-located server's
-    engine workers) have used (Linux /proc), or None where unknown."""
+def _cpu_seconds(pid: int, started: bool = True) -> float | None:
+    """User + system CPU seconds process `pid` and (`started`) the processes it started (a co-located
+    server's engine workers) have used (Linux /proc), or None where unknown."""
     try:
         fields = _stat_fields(pid)
         ticks = int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         return None
     try:
-        children = descendants(pid)
+        children = descendants(pid) if started else []
     except OSError:
         children = []
     for child in children:
@@ -165,10 +165,10 @@ class ServiceProcess:
     def port(self) -> int:
         return int(self.location.rsplit(":", 1)[1])
 
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU seconds the process and the processes it started have used so far (Linux
-        /proc; None where unknown)."""
-        return _cpu_seconds(self.proc.pid)
+    def cpu_seconds(self, started: bool = True) -> float | None:
+        """User + system CPU seconds the process and (`started`) the processes it started have used so
+        far (Linux /proc; None where unknown)."""
+        return _cpu_seconds(self.proc.pid, started)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, wait; SIGKILL if it does not exit in time. Returns the exit code."""
