@@ -309,10 +309,12 @@ class EnginePool:
             if worker.ended is None and (least is None or len(worker._pending) < least):
                 best, least = worker, len(worker._pending)
         if best is None:
-            reasons = "; ".join(f"{w.name}: {w.ended}" for w in workers)
-            raise flight.FlightUnavailableError(f"every engine worker of this server has ended ({reasons}); restart "
-                                                "the server")
+            raise flight.FlightUnavailableError(f"every engine worker of this server has ended ({self.why_ended()}); "
+                                                "restart the server")
         return best
+
+    def why_ended(self) -> str:
+        return "; ".join(f"{w.name}: {w.ended}" for w in self.workers if w.ended is not None)
 
     def apply(self, records: list, timeout_s: float | None = None) -> None:
         """Every live worker applies the logged `records` ([seq, update object] pairs, in order), sent to
@@ -321,8 +323,8 @@ class EnginePool:
         refuses later calls until a restart)."""
         workers = self.live()
         if not workers:
-            raise RuntimeError("every engine worker of this server has ended: the updates are logged; restart "
-                               "the server (it replays its log)")
+            raise RuntimeError(f"every engine worker of this server has ended ({self.why_ended()}): the updates "
+                               "are logged; restart the server (it replays its log)")
         body = json.dumps(records).encode()
         calls = []
         for worker in workers:  # each on its own thread: a worker slow to read must not hold the others

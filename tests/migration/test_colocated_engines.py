@@ -273,3 +273,16 @@ def test_engines_must_be_a_whole_number_of_at_least_one(tmp_path):
     assert done.returncode == 2 and "--engines" in done.stderr and "at least 1" in done.stderr
     result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--engines", "0"])
     assert result.exit_code == 2 and "--engines" in result.output
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path):
+    import subprocess
+    import sys
+
+    root, _ = saved_corpus(tmp_path / "c", seed=12, n_ads=50, n_requests=2)
+    done = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu",
+                           "--log", "off", "--engines", "2", "--layout", "geo"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and not done.stdout  # never listened
+    assert "engine worker" in done.stderr and "ended while starting" in done.stderr
+    assert "slot layout 'geo' is the GPU engine's" in done.stderr
