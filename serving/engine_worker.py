@@ -160,7 +160,11 @@ class EngineWorker:
                     self._error(call_id, error)
                     return
                 out, seq = answers
-                self.send(ch.answer_message(call_id, seq, times.get("taken", 0.0), times.get("answered", 0.0), out))
+                try:
+                    self.send(ch.answer_message(call_id, seq, times.get("taken", 0.0), times.get("answered", 0.0),
+                                                out))
+                except OSError:
+                    pass  # the front is gone: the receiver sees the channel's end and the worker exits
 
             self.batcher.submit_payload_async(batch, done, times)
         except Exception as exc:  # noqa: BLE001 - this call's caller hears of it

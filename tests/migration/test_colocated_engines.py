@@ -72,7 +72,7 @@ def test_many_clients_get_the_answers_of_one_engine(tmp_path):
             try:
                 conn = flight.connect(location(front))
                 try:
-                    for k in (1, K):
+                    for k in ((1, K) if i == 0 else (K,)):
                         for j, request in enumerate(dataset.requests):
                             fmt = "columns" if (i + j) % 2 else "json"
                             seqs: list = []
@@ -90,7 +90,7 @@ def test_many_clients_get_the_answers_of_one_engine(tmp_path):
         for thread in threads:
             thread.join(120)
         assert not errors, errors
-        assert len(got) == CLIENTS * 2 * len(dataset.requests)
+        assert len(got) == (CLIENTS + 1) * len(dataset.requests)
         for k, j, (ids, scores), seqs in got:
             want_ids, want_scores = want[k][j]
             assert np.array_equal(ids, want_ids), f"k={k}, request {j}"
