@@ -408,7 +408,8 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         self.replayed = self.journal.replay(self._apply, self.live_ids.__contains__)  # into every worker
         pool.wait_ready()
         self._apply_timeout_s = limits.deadline_s  # from here a worker that does not apply in time is a failure
-        self._schema_bytes: tuple[pa.Schema, bytes] | None = None
+        self._schema_bytes: tuple[pa.Schema, bytes] | None = None  # the last request schema, serialized
+        self._meta: tuple[int | None, object] = (None, None)  # the last answer metadata, by seq
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
     @property
@@ -446,20 +447,29 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         return data
 
     def serve_batch(self, batch, times=None):
-        self.stats.add(bytes_in=batch_bytes(batch))
-        schema = self._schema_of(batch)
-        body = batch.serialize()
-        worker = self.engines.pick()
-        if times is not None:
-            times["queued"] = time.perf_counter()
-        msg = worker.call(lambda call_id: ch.request_message(call_id, schema, body), self.limits.deadline_s,
-                          "request batch")
+        """Hand the batch as it came to a worker, and its answer batch back: the whole of the front's
+        Python for a request (the worker decodes, runs and encodes)."""
+        size = batch_bytes(batch)
+        try:
+            schema = self._schema_of(batch)
+            body = batch.serialize()
+            worker = self.engines.pick()
+            if times is not None:
+                times["queued"] = time.perf_counter()
+            msg = worker.call(lambda call_id: ch.request_message(call_id, schema, body), self.limits.deadline_s,
+                              "request batch")
+        except BaseException:
+            self.stats.add(bytes_in=size)
+            raise
         _, seq, taken, answered, data = ch.split_answer(msg)
         out = pa.ipc.read_record_batch(pa.py_buffer(data), ANSWER_SCHEMA)
         if times is not None:
             times["taken"], times["answered"], times["woke"] = taken, answered, time.perf_counter()
-        self.stats.add(requests=batch.num_rows, batches=1, bytes_out=out.nbytes)
-        return out, answer_metadata(seq)
+        self.stats.add(bytes_in=size, requests=batch.num_rows, batches=1, bytes_out=out.nbytes)
+        meta = self._meta
+        if meta[0] != seq:  # one metadata buffer per update state, not one per answer
+            meta = self._meta = (seq, answer_metadata(seq))
+        return out, meta[1]
 
     # --- health and stats ------------------------------------------------------------------------------
     def health_state(self) -> tuple[str, list[str]]:
