@@ -171,6 +171,11 @@ class EngineWorkerProcess:
         """Send the message `make(call_id)` and wait for its answer; the answer message, or the Flight
         error the worker reported, or FlightUnavailableError when the worker has ended, or
         FlightTimedOutError after `timeout_s` (None: wait as long as the worker lives)."""
+        return self.wait(self.start(make), timeout_s, what)
+
+    def start(self, make) -> tuple[int, _Waiter]:
+        """Send the message `make(call_id)`; what `wait` takes (`call` in two halves, so that one message
+        can go to every worker before any answer is waited for)."""
         if self.ended is not None:
             raise self.ended_error()
         call_id = next(self._ids)
@@ -184,6 +189,10 @@ class EngineWorkerProcess:
             self._pending.pop(call_id, None)
             self._end()
             raise self.ended_error() from None
+        return call_id, waiter
+
+    def wait(self, started: tuple[int, _Waiter], timeout_s: float | None, what: str = "call") -> bytes:
+        call_id, waiter = started
         if not waiter.lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
             self._pending.pop(call_id, None)
             raise flight.FlightTimedOutError(f"{self.name} did not answer the {what} within {timeout_s:g} s "
@@ -326,48 +335,46 @@ class EnginePool:
             raise RuntimeError(f"every engine worker of this server has ended ({self.why_ended()}): the updates "
                                "are logged; restart the server (it replays its log)")
         body = json.dumps(records).encode()
-        calls = []
-        for worker in workers:  # each on its own thread: a worker slow to read must not hold the others
-            result: dict = {}
-            thread = threading.Thread(target=self._apply_on, args=(worker, body, result, timeout_s), daemon=True)
-            thread.start()
-            calls.append((worker, thread, result))
-        failures = []
-        for worker, thread, result in calls:
-            thread.join()
-            error = result.get("error")
-            if error is not None and worker.ended is None:  # a worker that ended meanwhile is no longer served
-                failures.append(f"{worker.name}: {error}")
+        make = lambda call_id: ch.message(ch.UPDATE, call_id, body)  # noqa: E731
+        started, failures = [], []
+        for worker in workers:  # sent to every worker before any is waited for: they apply it at once
+            try:
+                started.append((worker, worker.start(make)))
+            except flight.FlightError as exc:
+                started.append((worker, exc))
+        for worker, call in started:
+            try:
+                if isinstance(call, Exception):
+                    raise call
+                worker.wait(call, timeout_s, "updates")
+            except Exception as exc:  # noqa: BLE001 - a worker that ended meanwhile is no longer served
+                if worker.ended is None:
+                    failures.append(f"{worker.name}: {exc}")
         if failures:
             raise RuntimeError("applying logged updates failed in " + "; ".join(failures))
-
-    @staticmethod
-    def _apply_on(worker: EngineWorkerProcess, body: bytes, result: dict, timeout_s: float | None) -> None:
-        try:
-            worker.call(lambda call_id: ch.message(ch.UPDATE, call_id, body), timeout_s, "updates")
-        except Exception as exc:  # noqa: BLE001 - reported by `apply`
-            result["error"] = str(exc)
 
     def states(self, timeout_s: float = STATE_TIMEOUT_S) -> list[dict]:
         """Each worker's state (`EngineWorker.state`), asked of all at once, with its name and whether it
         is alive; an `error` for one that has ended or did not answer within `timeout_s`."""
-        out: list[dict] = [{} for _ in self.workers]
-
-        def ask(i: int, worker: EngineWorkerProcess) -> None:
-            entry = {"worker": worker.index, "name": worker.name, "pid": worker.pid, "alive": worker.ended is None}
+        make = lambda call_id: ch.message(ch.CONTROL, call_id, {"op": "state"})  # noqa: E731
+        started = []
+        for worker in self.workers:  # asked of all before any answer is waited for
             try:
-                msg = worker.call(lambda call_id: ch.message(ch.CONTROL, call_id, {"op": "state"}), timeout_s, "state")
-                entry.update(ch.json_body(msg))
+                started.append((worker, worker.start(make)))
+            except flight.FlightError as exc:
+                started.append((worker, exc))
+        deadline = time.monotonic() + timeout_s
+        out = []
+        for worker, call in started:
+            entry = {"worker": worker.index, "name": worker.name, "pid": worker.pid}
+            try:
+                if isinstance(call, Exception):
+                    raise call
+                entry.update(ch.json_body(worker.wait(call, max(0.0, deadline - time.monotonic()), "state")))
             except flight.FlightError as exc:
                 entry["error"] = str(exc)
             entry["alive"] = worker.ended is None
-            out[i] = entry
-
-        threads = [threading.Thread(target=ask, args=(i, w), daemon=True) for i, w in enumerate(self.workers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+            out.append(entry)
         return out
 
     def close(self, wait_s: float = STOP_WAIT_S) -> None:

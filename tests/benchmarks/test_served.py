@@ -80,14 +80,16 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
         served.main(["--data", str(corpus_dir), "--engines", "0"])
 
 
-@pytest.mark.e2e
-def test_bench_served_with_two_engines_checks_every_answer(corpus_dir, tmp_path):
-    out = tmp_path / "served.json"
-    run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 4,
-            "--client-processes", 1, "--seconds", 1, "--repeat", 1, "--checks", 2, "--engines", "2", "--quiet",
-            "--out-file", out)
-    line = json.loads(out.read_text())
-    assert line["engines"] == [2] and line["checks_ok"]
-    srv = line["served"]
-    assert srv["engines"] == 2 and srv["requests"] > 0 and srv["n_wrong"] == 0
-    assert len(srv["batching"]["per_engine"]) == 2 and srv["server_cpu_ms_per_request"] > 0
+def test_the_served_run_starts_its_server_with_the_engines_asked(monkeypatch):
+    class Started(Exception):
+        pass
+
+    def fake_process(module, args, **kw):
+        raise Started(module, list(args))
+
+    monkeypatch.setattr(served, "ServiceProcess", fake_process)
+    for n in (1, 3):
+        with pytest.raises(Started) as started:
+            served.served("DIR", "cpu", [], 10, 2, 1, 1.0, 0.2, engines=n)
+        module, args = started.value.args
+        assert module == "migration.colocated_server" and args[args.index("--engines") + 1] == str(n)
