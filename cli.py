@@ -788,7 +788,7 @@ def _on_listening(service: str, settings, quiet: bool, holds):
 
     def ready(server):
         location = settings.guard.location(settings.host, server.port)
-        engine = getattr(server, "engine", None) or getattr(server, "cluster", None)
+        engine = getattr(server, "engine", None) or getattr(server, "engines", None) or getattr(server, "cluster", None)
         announce(service, location, **({"device": engine.device} if engine is not None else {}))
         if not quiet:
             click.echo(banner(service, location, holds(server)), err=True)
@@ -910,8 +910,13 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_fil
               help="The GPU engine's slot order: the corpus's, or clustered by the places the ads' geo clauses "
                    "name, so the match skips more blocks (andromeda_nb.geo_layout) [default: geo]. The CPU "
                    "engine has no slots.")
+@click.option("--engines", type=click.IntRange(1), default=1, show_default=True,
+              help="Engine worker processes behind one front (each loads the corpus and builds its own engine on "
+                   "--device, one GPU shared; requests go to the least busy, updates to all): N interpreters for "
+                   "the host work of batches instead of one. 1: the engine in the server's process.")
 @_server_options("colocated")
-def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, quiet, **options):
+def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, engines, quiet,
+                    **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
@@ -928,8 +933,10 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         set_switch_interval(switch_interval_ms)
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
-                      decode_ahead=decode_ahead, layout=layout, say=lambda message: _info(message, quiet), on_ready=_on_listening("colocated", settings, quiet,
-                                             lambda srv: _holds(data, srv.health_info(), srv.engine.device)))
+                      decode_ahead=decode_ahead, layout=layout, say=lambda message: _info(message, quiet),
+                      engines=engines, on_ready=_on_listening("colocated", settings, quiet,
+                                                              lambda srv: _holds(data, srv.health_info(), srv.device)
+                                                              + (f"; {engines} engine workers" if engines > 1 else "")))
 
     _serve(run, **options)
 
@@ -1362,11 +1369,14 @@ def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batc
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="In-process passes.")
 @click.option("--checks", type=click.IntRange(1), default=16, show_default=True,
               help="In-process answers checked against the float64 reference before timing.")
+@int_list_option("--engines", default="1",
+                 help="Engine processes behind the server's front (serve colocated --engines), each count against "
+                      "a fresh server: 1,2,4 compares them in one run.")
 @_OUT_FILE
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,
-                 repeat, checks, out, as_json, quiet):
+                 repeat, checks, engines, out, as_json, quiet):
     """The served path against the engine in process: `serve colocated` started on loopback, many plain
     Flight clients each with one request in flight, requests per second and latency against the
     in-process rate in batches of --batch (target: 70%). The in-process answers are checked against the
@@ -1380,7 +1390,8 @@ def bench_served(data, device, k, layout, clients, client_processes, seconds, ex
     try:
         result = served.run(data, device=device, k=k, layout=layout, batch=batch, repeat=repeat, clients=clients,
                             client_processes=client_processes, seconds=seconds, exchanges=exchange,
-                            request_formats=request_format, checks=checks, progress=lambda m: _info(m, quiet))
+                            request_formats=request_format, engines=engines, checks=checks,
+                            progress=lambda m: _info(m, quiet))
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.ClickException(f"bench served: {exc}") from None
     _stamp(result, None)

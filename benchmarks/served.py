@@ -14,9 +14,11 @@ one request at a time, against a co-located server started as a process on loopb
    request at a time for `--seconds`, each in its own exchange or as the next batch of an exchange
    the client keeps open (`--exchange call,stream` runs both, each against a fresh server), as JSON
    or columnar request batches (`--request-format json,columns`), with the server decoding a stage
-   ahead of the engine or between batches (`--decode-ahead on,off`):
+   ahead of the engine or between batches (`--decode-ahead on,off`), with one engine in the server's
+   process or several engine worker processes behind one front (`--engines 1,2,4`):
    requests per second, latency p50/p99, the server's batching counters (how many engine batches the
-   calls shared) and where a batch's time went. Every answer of the first pass is checked against
+   calls shared), where a batch's time went, and the server's CPU time a request (all its processes,
+   and its front's alone). Every answer of the first pass is checked against
    the in-process engine's. The target reads the better way of sending.
 
     andromeda bench served --data DIR --device gpu --out served.json
@@ -95,9 +97,17 @@ def server_cpus(spec: str | None) -> list[int] | None:
 
 
 def pin(pid: int, cpus: list[int]) -> int:
-    """Confine every thread of process `pid` to `cpus` (Linux: each thread's affinity is its own, so
-    each is set, as `taskset -a -p` does); threads it starts later inherit it. Returns the count."""
-    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    """Confine every thread of process `pid` and of the processes it started (a server's engine
+    workers) to `cpus` (Linux: each thread's affinity is its own, so each is set, as `taskset -a -p`
+    does); threads they start later inherit it. Returns the count."""
+    from serving.services import descendants
+
+    tids = []
+    for process in [pid, *descendants(pid)]:
+        try:
+            tids += [int(t) for t in os.listdir(f"/proc/{process}/task")]
+        except FileNotFoundError:  # ended meanwhile
+            pass
     for tid in tids:
         try:
             os.sched_setaffinity(tid, cpus)
@@ -132,11 +142,12 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
-           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None):
+           request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None,
+           engines: int = 1):
     from benchmarks.clients import drive
 
     proc = ServiceProcess("migration.colocated_server", ["--data", data, "--device", device, "--log", "off",
-                                              "--batch-wait-ms", str(wait_ms),
+                                              "--batch-wait-ms", str(wait_ms), "--engines", str(engines),
                                               *(["--decode-ahead"] if decode_ahead else []),
                                               *(["--switch-interval-ms", switch_ms] if switch_ms else []),
                                               *(["--layout", layout] if layout else [])],
@@ -144,12 +155,13 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
             pin(proc.proc.pid, cpus)
-        cpu0 = proc.cpu_seconds()
-        tag = f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}{'-si' + switch_ms if switch_ms else ''}"
+        cpu0, front0 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
+        tag = (f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}"
+               f"{'-si' + switch_ms if switch_ms else ''}{f'-engines{engines}' if engines > 1 else ''}")
         spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
-        cpu1 = proc.cpu_seconds()
+        cpu1, front1 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
         if spying is not None:
             spying.join()
         stats = fl.flight_action(proc.location, "stats")
@@ -162,19 +174,23 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
         result["device_ms_per_batch"] = None if device_s is None else 1e3 * device_s / batches
         result["server_cpu_ms_per_request"] = (None if cpu0 is None or cpu1 is None or not result["requests"]
                                                else 1e3 * (cpu1 - cpu0) / result["requests"])
+        # with engine workers, the front's own share of it (the Flight server, the hand-over to the workers)
+        result["front_cpu_ms_per_request"] = (None if front0 is None or front1 is None or not result["requests"]
+                                              else 1e3 * (front1 - front0) / result["requests"])
     finally:
         proc.stop()
-    return {**result, "batch_wait_ms": wait_ms}
+    return {**result, "batch_wait_ms": wait_ms, "engines": engines}
 
 
 def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = None, batch: int = 64,
         repeat: int = 3, clients: int = 32, client_processes: int = 1, seconds: float = 20.0,
         batch_wait_ms: float = 0.2, exchanges=("call",), request_formats=("json",), decode_aheads=(False,),
-        switch_intervals=("",), cpus: list[int] | None = None, profile: str | None = None, checks: int = CHECKS,
-        progress=True) -> dict:
+        switch_intervals=("",), engines=(1,), cpus: list[int] | None = None, profile: str | None = None,
+        checks: int = CHECKS, progress=True) -> dict:
     """The whole measurement (the module docstring): the in-process engine checked against the
     reference, timed in batches of `batch` and of `clients`; then one served run per combination of
-    `exchanges`, `request_formats`, `decode_aheads` and `switch_intervals`, each against its own
+    `exchanges`, `request_formats`, `decode_aheads`, `switch_intervals` and `engines` (engine
+    processes behind the server's front; 1: the engine in its process), each against its own
     server, every answer of its first pass checked against the in-process engine's. Returns the
     JSON-ready result; `target.met` only when every check passed."""
     from andromeda_nb.devices import resolve
@@ -195,25 +211,30 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     inproc = runs[0]
     for r in runs:
         log(progress, f"in process, batches of {r['batch']}: {r['requests_per_s']:.1f} requests/s")
+    engines = list(engines)
+    if not engines or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in engines):
+        raise ValueError(f"engines: expected whole numbers of at least 1, got {engines}")
     by_exchange = {}
-    for exchange, request_format, ahead, switch in itertools.product(exchanges, request_formats, decode_aheads,
-                                                                     switch_intervals):
+    for exchange, request_format, ahead, switch, n_engines in itertools.product(
+            exchanges, request_formats, decode_aheads, switch_intervals, engines):
         srv = served(data, device, want, k, clients, client_processes, seconds, batch_wait_ms, exchange, cpus,
-                     profile, request_format, ahead, switch, layout)
+                     profile, request_format, ahead, switch, layout, n_engines)
         srv["server_cpus"] = cpus
         srv["decode_ahead"] = ahead
         srv["switch_interval_ms"] = float(switch) if switch else None
         # one key per way of serving: the exchange alone when it is the only thing varied
         key = "/".join([exchange] + ([request_format] if len(request_formats) > 1 else [])
                        + ([f"decode-ahead-{'on' if ahead else 'off'}"] if len(decode_aheads) > 1 else [])
-                       + ([f"switch-{switch or 'default'}ms"] if len(switch_intervals) > 1 else []))
+                       + ([f"switch-{switch or 'default'}ms"] if len(switch_intervals) > 1 else [])
+                       + ([f"engines-{n_engines}"] if len(engines) > 1 else []))
         by_exchange[key] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]
         log(progress, f"served, {clients} clients in {client_processes} processes, {key}: "
                       f"{srv['requests_per_s']:.1f} requests/s ({ratio:.0%} of in process), "
                       f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
                       f"batching {srv['batching']}, device ms a batch {srv['device_ms_per_batch']}, "
-                      f"server CPU ms a request {srv['server_cpu_ms_per_request']}, wrong answers {srv['n_wrong']}")
+                      f"server CPU ms a request {srv['server_cpu_ms_per_request']} (the front's process "
+                      f"{srv.get('front_cpu_ms_per_request')}), wrong answers {srv['n_wrong']}")
     srv = max(by_exchange.values(), key=lambda x: x["requests_per_s"])  # the target reads the best way
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
     checks_ok = checked["ok"] and all(not s["n_wrong"] for s in by_exchange.values())
@@ -222,7 +243,7 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     # (one request each in flight) is beside it, for what the batch size alone explains
     return {"kind": "served", "ads": dataset.n_ads, "requests": len(dataset.requests), "k": k, "layout": layout,
             "precision": dataset.precision, "dim": dataset.model.D, "device": device, "clients": clients,
-            "client_processes": client_processes, "seconds": seconds,
+            "client_processes": client_processes, "seconds": seconds, "engines": engines,
             "reference_check": checked, "checks_ok": checks_ok,
             "in_process": inproc,
             "in_process_at_clients": runs[-1] if len(runs) > 1 else inproc,
@@ -279,6 +300,9 @@ def main(argv=None) -> int:
     ap.add_argument("--switch-interval-ms", default="",
                     help="the server's thread switch interval in ms, comma-separated to run each in turn "
                          "(empty: the server's default, serving.process.SWITCH_INTERVAL_MS; Python's is 5)")
+    ap.add_argument("--engines", default="1",
+                    help="engine processes behind the server's front, comma-separated to run each in turn against "
+                         "a fresh server (1: the engine in the server's process)")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
@@ -290,11 +314,17 @@ def main(argv=None) -> int:
     formats, aheads = args.request_format.split(","), args.decode_ahead.split(",")
     if not set(formats) <= {"json", "columns"} or not set(aheads) <= {"on", "off"}:
         ap.error("--request-format takes json and columns, --decode-ahead on and off")
+    try:
+        engines = [int(n) for n in args.engines.split(",")]
+    except ValueError:
+        engines = []
+    if not engines or min(engines) < 1:
+        ap.error(f"--engines {args.engines}: expected comma-separated whole numbers of at least 1, e.g. 1,2,4")
     result = run(args.data, device=args.device, k=args.k, layout=args.layout, batch=args.batch, repeat=args.repeat,
                  clients=args.clients, client_processes=args.client_processes, seconds=args.seconds,
                  batch_wait_ms=args.batch_wait_ms, exchanges=args.exchange.split(","), request_formats=formats,
                  decode_aheads=[a == "on" for a in aheads], switch_intervals=args.switch_interval_ms.split(","),
-                 cpus=server_cpus(args.server_cpus), profile=args.profile, checks=args.checks)
+                 engines=engines, cpus=server_cpus(args.server_cpus), profile=args.profile, checks=args.checks)
     print(table(result))
     if args.out:
         write_result(result, args.out, command=script_command("-m benchmarks.served",

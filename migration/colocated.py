@@ -25,6 +25,7 @@ from .architectures import build_engine
 
 START_TIMEOUT_S = 180.0
 SERVE_MODULE = "migration.colocated_server"
+WORKER_MODULE = "migration.engine_worker"
 
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
@@ -44,6 +45,27 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
     except BaseException:
         engine.close()
         raise
+
+
+def make_pooled_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *,
+                       engines: int, log=None, limits=None, guard=None, batch_wait_s: float | None = None,
+                       decode_ahead: bool = False, layout: str | None = None, say=None):
+    """The co-located server over `engines` engine worker processes behind one front
+    (`serving.engine_front`): each worker loads the corpus directory the dataset was read from and
+    builds the engine for `device` (`migration.engine_worker`); the same options as `make_server`."""
+    import sys
+
+    from serving.batcher import DEFAULT_MAX_WAIT_S
+    from serving.engine_front import start_pooled_server
+
+    data_dir = getattr(dataset, "source_dir", None)
+    if data_dir is None:
+        raise ValueError("a server with several engines serves a corpus directory (each engine worker loads it)")
+    config = {"data": str(data_dir), "device": resolve(device), "version": getattr(version, "number", version),
+              "layout": layout, "batch_wait_s": DEFAULT_MAX_WAIT_S if batch_wait_s is None else batch_wait_s,
+              "decode_ahead": decode_ahead, "switch_interval_ms": sys.getswitchinterval() * 1e3}
+    return start_pooled_server(dataset, location, module=WORKER_MODULE, config=config, engines=engines, log=log,
+                               limits=limits, guard=guard, say=say)
 
 
 class ColocatedRetriever(ServedRetriever):
@@ -127,4 +149,4 @@ class ColocatedRetriever(ServedRetriever):
             self.engine.close()
 
 
-__all__ = ["ColocatedRetriever", "SERVE_MODULE", "make_server"]
+__all__ = ["ColocatedRetriever", "SERVE_MODULE", "WORKER_MODULE", "make_pooled_server", "make_server"]

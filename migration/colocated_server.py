@@ -1,6 +1,8 @@
 """Run the co-located server in the foreground (`andromeda serve colocated`, and
 `python -m migration.colocated_server ...` for the process `migration.colocated.ColocatedRetriever` starts), on the
-engine for its `--device` (`migration.architectures.build_engine`).
+engine for its `--device` (`migration.architectures.build_engine`); with `--engines N` (N > 1), on N
+engines in worker processes of their own behind one front (`serving.engine_front`,
+`migration.engine_worker`), which build at once: it listens once all are ready.
 
 It keeps its update log by default beside its corpus (`DIR/updates.log`; `--log PATH`, or `--log
 off` for none) and replays it before it listens. When it listens it writes one JSON line to stdout,
@@ -24,32 +26,56 @@ from serving.services import announce, open_corpus
 
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
                   on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
-                  layout: str | None = None, say=None) -> None:
+                  layout: str | None = None, say=None, engines: int = 1) -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
     (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order (None:
     its default); `say` (`andromeda_nb.progress.Say`): told each step of the start-up (the corpus's
-    loading, the engine's construction) as it ends, with its seconds."""
-    from .colocated import make_server
+    loading, the engine's construction) as it ends, with its seconds; `engines`: engine worker
+    processes behind one front (1: the engine in this process, as always)."""
+    from .colocated import make_pooled_server, make_server
 
+    check_engines(engines)
     settings = settings or ServerSettings()
     preflight(settings.host, settings.port, settings.guard)
     dataset, log = open_corpus(data, settings.log, say=say)
+    options = dict(device=device, version=version, log=log, limits=settings.limits, guard=settings.guard,
+                   batch_wait_s=batch_wait_s, decode_ahead=decode_ahead, layout=layout, say=say)
     try:
-        server = listen(lambda location: make_server(dataset, location, device=device, version=version, log=log,
-                                                     limits=settings.limits, guard=settings.guard,
-                                                     batch_wait_s=batch_wait_s, decode_ahead=decode_ahead,
-                                                     layout=layout, say=say),
-                        settings.host, settings.port, settings.guard)
+        if engines == 1:
+            server = listen(lambda location: make_server(dataset, location, **options), settings.host, settings.port,
+                            settings.guard)
+        else:
+            server = listen(lambda location: make_pooled_server(dataset, location, engines=engines, **options),
+                            settings.host, settings.port, settings.guard)
     except BaseException:
         if log is not None:
             log.close()
         raise
 
     def on_listening(srv):
-        announce("colocated", settings.guard.location(settings.host, srv.port), out, device=srv.engine.device)
+        announce("colocated", settings.guard.location(settings.host, srv.port), out, device=srv.device)
 
     server.serve_until_stopped(on_ready or on_listening, deadline_s=settings.stop_deadline_s,
                                parent_pid=settings.parent_pid)
+
+
+def check_engines(engines) -> None:
+    """`--engines`: a whole number of engine workers, at least 1."""
+    from serving.process import ServeError
+
+    if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+        raise ServeError(f"--engines {engines!r}: expected a whole number of engines, at least 1 (1: the engine "
+                         "in the server's process)")
+
+
+def _engines_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 engine, got {value}")
+    return value
 
 
 def main(argv=None) -> int:
@@ -67,6 +93,8 @@ def main(argv=None) -> int:
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
     parser.add_argument("--decode-ahead", action="store_true",
                         help="decode requests on a thread a stage ahead of the engine, not between batches")
+    parser.add_argument("--engines", type=_engines_arg, default=1,
+                        help="engine worker processes behind one front (default 1: the engine in this process)")
     parser.add_argument("--steps", action="store_true",
                         help="say each step of the start-up on stderr (the corpus's load, the engine's build)")
     parser.add_argument("--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS,
@@ -79,7 +107,7 @@ def main(argv=None) -> int:
         run_colocated(args.data, settings, device=args.device, version=args.version,
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
                       decode_ahead=args.decode_ahead, layout=args.layout,
-                      say=to_stderr if args.steps else None)
+                      say=to_stderr if args.steps else None, engines=args.engines)
     return 0
 
 

@@ -4,6 +4,9 @@
                       the client calls); `inputs` and `request_columns` the two request forms
     engine_server     the co-located server around any `andromeda_nb.interfaces.Engine`
     batcher           requests of concurrent calls gathered into one engine batch
+    engine_front,     the co-located server over several engine processes behind one front
+    engine_worker,    (`serve colocated --engines N`): the front, one engine worker's side, and the
+    engine_channel    channel between them
     wal, durable,     the update log, updates acknowledged once on disk, and its folding into a new
     compaction        snapshot
     guard, limits     who may call (TLS, tokens, exposure) and what one call may ask
@@ -28,7 +31,7 @@ import importlib
 _FACE = {
     "RetrieveServer": "protocol", "retrieve_over_flight": "protocol", "flight_action": "protocol",
     "wait_until_healthy": "protocol", "InvalidInput": "inputs", "request_columns": "request_columns",
-    "EngineServer": "engine_server", "RequestBatcher": "batcher",
+    "EngineServer": "engine_server", "RequestBatcher": "batcher", "PooledEngineServer": "engine_front",
     "WriteAheadLog": "wal", "LogError": "wal", "UpdateJournal": "durable", "compact_corpus": "compaction",
     "ServerGuard": "guard", "ClientCredentials": "guard", "ServiceLimits": "limits", "LimitExceeded": "limits",
     "ServerSettings": "process", "listen": "process", "serve_until_stopped": "process",

@@ -34,9 +34,11 @@ with it (docs/BENCHMARKS.md, "The served path").
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 DEFAULT_MAX_WAIT_S = 0.0002
 DEFAULT_MAX_REQUESTS = 1024
@@ -53,6 +55,17 @@ class _Call:
     error: BaseException | None = None
     times: dict | None = None  # perf_counter stamps a caller asked for: queued, taken, answered, woke
     size: int | None = None  # requests in a payload left to decode when its batch closes
+    on_done: Callable | None = None  # `submit_payload_async`: told (answers, error) once the call is done
+
+    def finish(self) -> None:
+        """The call is done: its caller is woken, or its `on_done` told (on the batcher's thread; an error
+        there is the callback's own, reported on stderr, so the batch's other callers still hear)."""
+        self.done.set()
+        if self.on_done is not None:
+            try:
+                self.on_done(self.answers, self.error)
+            except Exception as exc:  # noqa: BLE001 - the batcher goes on for everyone else
+                print(f"batcher: a call's completion failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def _kept(requests):
@@ -163,6 +176,20 @@ class RequestBatcher:
             raise call.error
         return call.answers
 
+    def submit_payload_async(self, payload, on_done, times: dict | None = None) -> None:
+        """`submit_payload` without waiting: `on_done(answers, error)` is called once the call is done
+        (on the batcher's thread; answers None when error is not), so one thread can hand over the
+        calls of many callers in the order they came (`serving.engine_worker`). `times`: as
+        `submit_payload`'s, without 'woke'."""
+        if self.decode is None or self.encode is None:
+            raise TypeError("this batcher was made without decode and encode")
+        if self._closed.is_set():
+            raise BatcherClosed("the server is shutting down")
+        call = _Call(None, None, payload, times=times, on_done=on_done)
+        if times is not None:
+            times["queued"] = time.perf_counter()
+        (self._inbox if self._inbox is not None else self._queue).put(call)
+
     def stats(self) -> dict:
         """Counts, and per batch the milliseconds the worker spent in the engine's `run` (wall clock and
         the worker thread's CPU time), gathering requests, and idle."""
@@ -229,12 +256,12 @@ class RequestBatcher:
         for call, result in zip(calls, results):
             if isinstance(result, BaseException):
                 call.error = result
-                call.done.set()
+                call.finish()
                 continue
             call.requests, call.ks = _kept(result[0]), list(result[1])
             if not call.requests:
                 call.answers = self.encode([], [], None)
-                call.done.set()
+                call.finish()
                 continue
             ready.append(call)
         return ready
@@ -304,7 +331,7 @@ class RequestBatcher:
         except BaseException as exc:  # every caller of the batch hears of it
             for c in calls:
                 c.error = exc
-                c.done.set()
+                c.finish()
             return
         at, cuts = 0, []
         for c in calls:
@@ -330,7 +357,7 @@ class RequestBatcher:
                         c.error = exc
                 if c.times is not None:
                     c.times["answered"] = time.perf_counter()
-            c.done.set()
+            c.finish()
         with self._stats_lock:
             self.batches += 1
             self.calls += len(calls)
@@ -356,7 +383,7 @@ class RequestBatcher:
                 for call in self._in_hand:  # the worker goes on (a dead worker would leave every caller waiting)
                     if not call.done.is_set():
                         call.error = exc
-                        call.done.set()
+                        call.finish()
             self._in_hand = []
             if self._closed.is_set():
                 break
@@ -372,7 +399,7 @@ def _refuse_waiting(calls: queue.Queue) -> None:
             return
         if call is not None:
             call.error = BatcherClosed("the server is shutting down")
-            call.done.set()
+            call.finish()
 
 
 __all__ = ["BatcherClosed", "DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_WAIT_S", "RequestBatcher"]

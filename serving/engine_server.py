@@ -73,6 +73,10 @@ class EngineServer(JournaledServer, RetrieveServer):
                                       decode_ahead=decode_ahead, count=_columnar_rows)
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
+    @property
+    def device(self) -> str:
+        return self.engine.device
+
     def _apply(self, items) -> int:
         """Apply a slice to the engine; a request waiting for the engine cuts it short after the
         update in hand (the journal hands over the rest after the request), except on an engine that

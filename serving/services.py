@@ -70,14 +70,47 @@ def banner(service: str, location: str, serving: str) -> str:
     return "\n".join(lines)
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds process `pid` has used (Linux /proc), or None where unknown."""
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()  # from the state on: fields[1] is the parent's pid
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes started by `pid`, and by them, and so on (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(int(_stat_fields(int(entry))[1]), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _cpu_seconds(pid: int, started: bool = True) -> float | None:
+    """User + system CPU seconds process `pid` and (`started`) the processes it started (a co-located
+    server's engine workers) have used (Linux /proc), or None where unknown."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = _stat_fields(pid)
+        ticks = int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         return None
+    try:
+        children = descendants(pid) if started else []
+    except OSError:
+        children = []
+    for child in children:
+        try:
+            fields = _stat_fields(child)
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class ServiceProcess:
@@ -132,9 +165,10 @@ class ServiceProcess:
     def port(self) -> int:
         return int(self.location.rsplit(":", 1)[1])
 
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU seconds the process has used so far (Linux /proc; None where unknown)."""
-        return _cpu_seconds(self.proc.pid)
+    def cpu_seconds(self, started: bool = True) -> float | None:
+        """User + system CPU seconds the process and (`started`) the processes it started have used so
+        far (Linux /proc; None where unknown)."""
+        return _cpu_seconds(self.proc.pid, started)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, wait; SIGKILL if it does not exit in time. Returns the exit code."""
@@ -368,6 +402,6 @@ class ServedRetriever:
 __all__ = [
     "DEFAULT_HOST", "DEFAULT_PORTS", "PROJECT_ROOT", "SERVICE_NAMES", "banner",
     "START_TIMEOUT_S", "STOP_TIMEOUT_S", "ServedRetriever", "ServiceProcess", "announce", "check_same_corpus",
-    "child_args", "dataset_args", "load_dataset_for_service", "open_corpus", "relay_in_front",
+    "child_args", "dataset_args", "descendants", "load_dataset_for_service", "open_corpus", "relay_in_front",
     "start_side_by_side", "stop_all",
 ]

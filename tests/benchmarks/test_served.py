@@ -54,3 +54,42 @@ def test_bench_served_prints_one_checked_result(corpus_dir, tmp_path):
     table = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 2,
                     "--client-processes", 1, "--seconds", 0.5, "--repeat", 1, "--checks", 2, "--quiet").stdout
     assert "in-process answers against the float64 reference: ok" in table and "target served" in table
+
+
+def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_dir, monkeypatch):
+    started = []
+
+    def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
+                    request_format, ahead, switch, layout, engines):
+        started.append(engines)
+        return {"requests_per_s": 100.0 * engines, "requests": 10, "n_wrong": 0, "engines": engines,
+                "latency_ms": {"p50": 1.0, "p99": 2.0}, "batching": None, "device_ms_per_batch": None,
+                "server_cpu_ms_per_request": None}
+
+    monkeypatch.setattr(served, "served", fake_served)
+    result = served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[1, 2, 4],
+                        progress=False)
+    assert started == [1, 2, 4] and result["engines"] == [1, 2, 4]
+    assert {key: srv["engines"] for key, srv in result["served_by_exchange"].items()} == \
+        {"call/engines-1": 1, "call/engines-2": 2, "call/engines-4": 4}
+    assert result["served"]["engines"] == 4  # the target reads the best
+    assert "call/engines-2" in served.table(result)
+    with pytest.raises(ValueError, match="engines"):
+        served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[0], progress=False)
+    with pytest.raises(SystemExit):
+        served.main(["--data", str(corpus_dir), "--engines", "0"])
+
+
+def test_the_served_run_starts_its_server_with_the_engines_asked(monkeypatch):
+    class Started(Exception):
+        pass
+
+    def fake_process(module, args, **kw):
+        raise Started(module, list(args))
+
+    monkeypatch.setattr(served, "ServiceProcess", fake_process)
+    for n in (1, 3):
+        with pytest.raises(Started) as started:
+            served.served("DIR", "cpu", [], 10, 2, 1, 1.0, 0.2, engines=n)
+        module, args = started.value.args
+        assert module == "migration.colocated_server" and args[args.index("--engines") + 1] == str(n)

@@ -1,0 +1,99 @@
+"""An engine worker process of a co-located server with several engines (`serve colocated --engines
+N`; the front, `serving.engine_front`, starts it as `python -m migration.engine_worker --channel-fd FD
+--parent-pid PID`).
+
+It reads its configuration from the channel (`serving.engine_channel`: the corpus directory, the
+device, the kernel version and layout, the limits, the batch wait), loads the corpus, builds the
+engine for the device (`migration.architectures.build_engine`: one CUDA context of its own on a
+GPU) and serves the channel (`serving.engine_worker.EngineWorker`). Its start-up steps go to stderr,
+prefixed with its name, when the front says them (`--steps`); it writes nothing to stdout (the
+front's announcement is the only line there). It ignores SIGINT (Ctrl-C at a terminal reaches the
+whole process group: the front stops, and stops its workers after the batches in flight), and ends
+when the front says so, when its channel ends, or when its parent is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+PARENT_POLL_S = 0.25
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit at once when the front is gone, even while the engine is still being built."""
+
+    def watch():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(0)
+            time.sleep(PARENT_POLL_S)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def serve_channel(conn) -> int:
+    """Read the configuration, build, serve; the exit code."""
+    import gc
+
+    from andromeda_nb.devices import resolve
+    from andromeda_nb.store import load_dataset
+    from serving import engine_channel as ch
+    from serving.engine_worker import EngineWorker, limits_of
+    from serving.hostmem import keep_freed_memory
+    from serving.process import set_switch_interval
+
+    msg = conn.recv_bytes()
+    if msg[:1] != ch.CONFIG:
+        raise SystemExit("engine worker: the channel did not begin with its configuration")
+    config = ch.json_body(msg, with_id=False)
+    name = config.get("name", "engine worker")
+
+    def say(message: str) -> None:
+        print(f"{name}: {message}", file=sys.stderr, flush=True)
+
+    keep_freed_memory()
+    set_switch_interval(config.get("switch_interval_ms"))
+    try:
+        from .architectures import build_engine
+
+        device = resolve(config["device"])
+        dataset = load_dataset(config["data"], say=say if config.get("steps") else None)
+        engine = build_engine(dataset, device, version=config.get("version"), layout=config.get("layout"),
+                              say=say if config.get("steps") else None)
+        worker = EngineWorker(engine, dataset, conn, limits=limits_of(config), batch_wait_s=config["batch_wait_s"],
+                              decode_ahead=bool(config.get("decode_ahead")), name=name)
+    except Exception as exc:  # noqa: BLE001 - the front says why this worker could not start
+        say(f"could not start: {type(exc).__name__}: {exc}")
+        try:
+            conn.send_bytes(ch.message(ch.FAILED, body={"message": f"{type(exc).__name__}: {exc}"}))
+        except OSError:
+            pass
+        return 2
+    gc.collect()
+    gc.freeze()  # what was built lives as long as the process: no collection walks it again
+    try:
+        worker.serve()
+    finally:
+        engine.close()
+    return 0
+
+
+def main(argv=None) -> int:
+    from multiprocessing.connection import Connection
+
+    parser = argparse.ArgumentParser(prog="python -m migration.engine_worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--channel-fd", type=int, required=True, help="the channel to the front (a socket)")
+    parser.add_argument("--parent-pid", type=int, required=True, help="the front: exit when it is gone")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(args.parent_pid)
+    return serve_channel(Connection(args.channel_fd))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

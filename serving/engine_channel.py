@@ -1,0 +1,106 @@
+"""The channel between the front of a co-located server with several engines and each engine
+worker (`serve colocated --engines N`: `serving.engine_front` on one side, `serving.engine_worker`
+on the other): one Unix socket pair per worker, framed messages (`multiprocessing.connection.
+Connection.send_bytes`), no pickle: JSON for what is small and rare, Arrow IPC for batches.
+
+Every message starts with one byte saying its kind; a message that expects an answer carries a call
+id (uint64, little-endian) right after it, and its answer the same id.
+
+Front to worker (in the order the front sends them, which the worker keeps):
+
+* `CONFIG` + JSON: the first message, what the worker loads and how it serves (`worker_config`);
+* `REQUEST` + id + schema length (uint32) + the request batch's schema (IPC) + the batch (IPC
+  message): one exchange's request batch, as it arrived;
+* `UPDATE` + id + JSON `[[seq, update object], ...]`: logged updates to apply, in log order;
+* `CONTROL` + id + JSON `{"op": "state"}`: the worker's state (health and stats);
+* `STOP`: finish the batches in hand and exit.
+
+Worker to front:
+
+* `READY` + JSON: built, warmed up, serving (its pid and what its engine holds);
+* `FAILED` + JSON `{"message"}`: it could not start;
+* `ANSWER` + id + seq (int64) + taken and answered (float64, `time.perf_counter()`, one clock
+  for all processes of a Linux host) + the answer batch (IPC message of `ANSWER_SCHEMA`);
+* `ERROR` + id + JSON `{"type": a pyarrow.flight error class, "message"}`: the call's error as
+  the one-engine server would have raised it (`serving.protocol.to_flight_error`);
+* `REPLY` + id + JSON: the answer to an `UPDATE` (`{"seq": n}`) or a `CONTROL`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+CONFIG, REQUEST, UPDATE, CONTROL, STOP = b"G", b"R", b"U", b"C", b"S"
+READY, FAILED, ANSWER, ERROR, REPLY = b"Y", b"F", b"A", b"E", b"P"
+
+CALL_ID = struct.Struct("<Q")
+SCHEMA_LEN = struct.Struct("<I")
+ANSWER_HEAD = struct.Struct("<Qqdd")  # call id, seq, taken, answered
+
+# the Flight errors a worker may report, by name (anything else arrives as FlightInternalError)
+FLIGHT_ERRORS = ("FlightServerError", "FlightInternalError", "FlightTimedOutError", "FlightUnavailableError",
+                 "FlightCancelledError", "FlightUnauthenticatedError", "FlightUnauthorizedError")
+
+
+def message(kind: bytes, call_id: int | None = None, body: bytes | dict | list = b"") -> bytes:
+    """One message: its kind, its call id when it has one, and its body (a dict or list as JSON)."""
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        body = json.dumps(body).encode()
+    head = kind if call_id is None else kind + CALL_ID.pack(call_id)
+    return head + bytes(body)
+
+
+def call_id_of(msg: bytes) -> int:
+    return CALL_ID.unpack_from(msg, 1)[0]
+
+
+def json_body(msg: bytes, with_id: bool = True):
+    """The JSON body of a message (after its kind, and its call id when it has one)."""
+    return json.loads(bytes(msg[1 + (CALL_ID.size if with_id else 0):]))
+
+
+def request_message(call_id: int, schema_bytes: bytes, batch_bytes) -> bytes:
+    return b"".join((REQUEST, CALL_ID.pack(call_id), SCHEMA_LEN.pack(len(schema_bytes)), schema_bytes, batch_bytes))
+
+
+def split_request(msg: bytes) -> tuple[int, bytes, memoryview]:
+    """(call id, schema bytes, batch bytes) of a `REQUEST`."""
+    call_id = CALL_ID.unpack_from(msg, 1)[0]
+    at = 1 + CALL_ID.size
+    (n,) = SCHEMA_LEN.unpack_from(msg, at)
+    at += SCHEMA_LEN.size
+    view = memoryview(msg)
+    return call_id, bytes(view[at : at + n]), view[at + n :]
+
+
+def answer_message(call_id: int, seq: int, taken: float, answered: float, batch_bytes) -> bytes:
+    return b"".join((ANSWER, ANSWER_HEAD.pack(call_id, seq, taken, answered), batch_bytes))
+
+
+def split_answer(msg: bytes) -> tuple[int, int, float, float, memoryview]:
+    """(call id, seq, taken, answered, answer batch bytes) of an `ANSWER`."""
+    call_id, seq, taken, answered = ANSWER_HEAD.unpack_from(msg, 1)
+    return call_id, seq, taken, answered, memoryview(msg)[1 + ANSWER_HEAD.size :]
+
+
+def error_body(exc: BaseException) -> dict:
+    """An error as the worker reports it: the Flight error the one-engine server would raise."""
+    from .protocol import to_flight_error
+
+    flight_exc = to_flight_error(exc)
+    return {"type": type(flight_exc).__name__, "message": str(flight_exc)}
+
+
+def flight_error(body: dict) -> Exception:
+    """The Flight error a worker reported (`error_body`), to raise in the front."""
+    import pyarrow.flight as flight
+
+    name = body.get("type")
+    cls = getattr(flight, name) if name in FLIGHT_ERRORS else flight.FlightInternalError
+    return cls(str(body.get("message", "")))
+
+
+__all__ = ["ANSWER", "CONFIG", "CONTROL", "ERROR", "FAILED", "READY", "REPLY", "REQUEST", "STOP", "UPDATE",
+           "answer_message", "call_id_of", "error_body", "flight_error", "json_body", "message",
+           "request_message", "split_answer", "split_request"]

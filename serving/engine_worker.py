@@ -1,0 +1,213 @@
+"""One engine of a co-located server with several (`serve colocated --engines N`), in a process of its
+own: it reads its channel from the front (`serving.engine_channel`) in order, and
+
+* hands each request batch, as it arrived, to its own `serving.batcher.RequestBatcher` (without
+  waiting: `submit_payload_async`), which gathers the requests of the calls that arrive together,
+  decodes them, runs the engine and encodes the answers, as the one-engine server does
+  (`serving.engine_server`); each call's answer batch goes back as Arrow IPC bytes with the sequence
+  number of the last update it reflects;
+* applies each slice of logged updates before it reads the next message, under the engine's lock
+  (between two batches), and answers with its sequence number: the front acknowledges an update call
+  once every worker holds it, so a request the front sends afterwards is read after it here and
+  sees it;
+* answers the front's questions (its state: what its engine holds, its batching counters);
+* ends when the front says so (`STOP`, after the batches in hand) or when the channel ends (the
+  front is gone).
+
+The process itself (loading the corpus, building the engine for the device, the parent watch) is
+`migration.engine_worker`'s; this module knows only an engine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+
+from andromeda_nb import rows
+
+from . import engine_channel as ch
+from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
+from .limits import DEFAULT_LIMITS, ServiceLimits
+from .protocol import answer_batch, decode_request_batch, decode_request_batches, request_ids
+from .wal import snapshot_seq
+
+
+def _columnar_rows(batch) -> int | None:
+    from .request_columns import is_columnar
+
+    return batch.num_rows if is_columnar(batch.schema) else None
+
+
+def limits_of(config: dict) -> ServiceLimits:
+    """The front's limits, as its `CONFIG` message carries them."""
+    return ServiceLimits(**config["limits"]) if config.get("limits") else DEFAULT_LIMITS
+
+
+class EngineWorker:
+    """Serves one engine over one channel (`conn`: a `multiprocessing.connection.Connection`); see the
+    module docstring. `name` ("engine worker 2 of 4") is how errors and messages call it."""
+
+    def __init__(self, engine, dataset, conn, *, limits: ServiceLimits = DEFAULT_LIMITS,
+                 batch_wait_s: float = DEFAULT_MAX_WAIT_S, decode_ahead: bool = False, name: str = "engine worker"):
+        model = dataset.model
+        self.engine, self.conn, self.name = engine, conn, name
+        self.limits = limits
+        self.seed, self.experts, self.width = dataset.seed, model.E, model.S
+        self.dim, self.formats = model.D, model.F
+        self.seq = snapshot_seq(dataset)
+        self._lock = threading.Lock()  # one batch or one slice of updates on the engine at a time
+        self._send_lock = threading.Lock()  # the receiver and the batcher's thread both send
+        self._schemas: dict[bytes, pa.Schema] = {}
+        if dataset.requests:  # every kernel compiled or loaded before the first request (as EngineServer)
+            for k in sorted({1, limits.max_k}):
+                engine.retrieve(dataset.requests[:1], k)
+        rows.warm_up()
+        self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
+                                      name=f"{name} batcher", decode=self.decode, encode=self.encode,
+                                      encode_many=self.encode_many, decode_many=self.decode_many,
+                                      decode_ahead=decode_ahead, count=_columnar_rows)
+
+    # --- what the batcher runs ---------------------------------------------------------------------
+    def _run_batch(self, requests, k):
+        with self._lock:
+            return self.engine.retrieve(requests, k), self.seq
+
+    def decode(self, batch):
+        return decode_request_batch(batch, seed=self.seed, experts=self.experts, width=self.width, limits=self.limits)
+
+    def decode_many(self, batches):
+        return decode_request_batches(batches, seed=self.seed, experts=self.experts, width=self.width,
+                                      limits=self.limits)
+
+    def encode(self, requests, answers, seq):
+        """One call's answers as the bytes of an answer batch, and the seq they reflect."""
+        out = answer_batch(request_ids(requests), answers)
+        return out.serialize(), self.seq if seq is None else seq
+
+    def encode_many(self, parts, seq):
+        """`encode` of the calls of one engine batch: one answer batch built for all, each call's rows
+        a slice of it."""
+        import numpy as np
+
+        ids = np.concatenate([np.asarray(request_ids(reqs), np.int64) for reqs, _ in parts])
+        out = answer_batch(ids, [a for _, ans in parts for a in ans])
+        result, row = [], 0
+        for _, ans in parts:
+            n = sum(len(ad_ids) for ad_ids, _ in ans)
+            result.append((out.slice(row, n).serialize(), seq))
+            row += n
+        return result
+
+    # --- the channel -------------------------------------------------------------------------------
+    def send(self, msg: bytes) -> None:
+        with self._send_lock:
+            self.conn.send_bytes(msg)
+
+    def serve(self) -> None:
+        """Say READY, then serve the channel's messages in order until STOP or the channel's end."""
+        self.send(ch.message(ch.READY, body={"name": self.name, **self.state()}))
+        try:
+            while True:
+                try:
+                    msg = self.conn.recv_bytes()
+                except (EOFError, OSError):  # the front is gone
+                    break
+                kind = msg[:1]
+                if kind == ch.REQUEST:
+                    self._request(msg)
+                elif kind == ch.UPDATE:
+                    self._update(msg)
+                elif kind == ch.CONTROL:
+                    self._reply(ch.call_id_of(msg), self.state)
+                elif kind == ch.STOP:
+                    break
+        finally:
+            self.batcher.close()  # the batch in hand finishes; calls still queued hear the server is stopping
+
+    def _reply(self, call_id: int, work) -> None:
+        try:
+            body = work()
+        except Exception as exc:  # noqa: BLE001 - the front's call hears of it
+            self._error(call_id, exc)
+            return
+        self.send(ch.message(ch.REPLY, call_id, body))
+
+    def _error(self, call_id: int, exc: BaseException) -> None:
+        try:
+            self.send(ch.message(ch.ERROR, call_id, ch.error_body(exc)))
+        except OSError:
+            pass  # the front is gone
+
+    def _request(self, msg: bytes) -> None:
+        call_id, schema_bytes, body = ch.split_request(msg)
+        try:
+            schema = self._schemas.get(schema_bytes)
+            if schema is None:
+                schema = self._schemas[schema_bytes] = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+            batch = pa.ipc.read_record_batch(pa.py_buffer(body), schema)
+            if batch.num_rows == 0:  # nothing for the engine: checked and answered here, at the current seq
+                self.decode(batch)
+                out, seq = self.encode([], [], None)
+                now = time.perf_counter()
+                self.send(ch.answer_message(call_id, seq, now, now, out))
+                return
+            times: dict = {}
+
+            def done(answers, error):
+                if error is not None:
+                    self._error(call_id, error)
+                    return
+                out, seq = answers
+                try:
+                    self.send(ch.answer_message(call_id, seq, times.get("taken", 0.0), times.get("answered", 0.0),
+                                                out))
+                except OSError:
+                    pass  # the front is gone: the receiver sees the channel's end and the worker exits
+
+            self.batcher.submit_payload_async(batch, done, times)
+        except Exception as exc:  # noqa: BLE001 - this call's caller hears of it
+            self._error(call_id, exc)
+
+    def _update(self, msg: bytes) -> None:
+        """Apply a slice of logged updates, whole, between two batches; reply with the seq held."""
+        call_id = ch.call_id_of(msg)
+        self._reply(call_id, lambda: self.apply_records(ch.json_body(msg)))
+
+    def apply_records(self, records) -> dict:
+        from andromeda_nb.updates import parse_update
+
+        items = [(int(seq), parse_update(obj, seed=self.seed, dim=self.dim, formats=self.formats))
+                 for seq, obj in records]
+        if not items:
+            return {"seq": self.seq}
+        apply_many = getattr(self.engine, "apply_many", None)
+        with self._lock:
+            done = 0
+            try:
+                if apply_many is not None:  # the GPU engine: one upload for the slice
+                    apply_many([update for _, update in items])
+                    done = len(items)
+                for _, update in items[done:]:
+                    self.engine.apply(update)
+                    done += 1
+                prepare = getattr(self.engine, "prepare", None)
+                if prepare is not None:
+                    prepare()
+            finally:  # answers name the last update the engine holds, also when one failed to apply
+                if done:
+                    self.seq = items[done - 1][0]
+        return {"seq": self.seq}
+
+    def state(self) -> dict:
+        """What the front's health and stats read: the engine's description, the seq it holds, its
+        batching counters and device seconds."""
+        import os
+
+        return {"pid": os.getpid(), "seq": self.seq, "engine": self.engine.describe(),
+                "batching": self.batcher.stats() if hasattr(self, "batcher") else None,
+                "device_seconds": getattr(self.engine, "device_seconds", None)}
+
+
+__all__ = ["EngineWorker", "limits_of"]

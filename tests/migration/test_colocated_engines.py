@@ -1,0 +1,288 @@
+"""The co-located server with several engines behind one front (`serve colocated --engines N`,
+`serving.engine_front`): on the CPU, with 2 engine worker processes, many concurrent clients get
+the answers, errors and app_metadata of a one-engine server; an acknowledged update is seen by every
+worker; a restart replays the log into every worker; a killed worker fails its calls with an error
+naming it, makes health degraded and hangs nothing; SIGTERM ends the front and its workers, and the
+workers end when the front is killed. Servers bind 127.0.0.1 and are started and stopped here; the
+only processes ended are the ones these tests started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+
+from andromeda_nb import store
+from serving import engine_channel as ch
+from serving import protocol as fl
+from serving.services import ServiceProcess, open_corpus
+from tests.support.servers import (assert_equals_reference, colocated_server, ends_within, lines_of, location,
+                                   process_running, reference_at, saved_corpus, stop, update_stream)
+
+ENGINES = 2
+K = 20
+CLIENTS = 8
+
+
+def pooled_server(dataset, log=None, engines: int = ENGINES):
+    """The co-located front in this process over `engines` CPU engine workers, on a free loopback port."""
+    from migration.colocated import make_pooled_server
+
+    return make_pooled_server(dataset, "grpc://127.0.0.1:0", device="cpu", engines=engines, log=log)
+
+
+def worker_pids(server) -> list[int]:
+    return [w.pid for w in server.engines.workers]
+
+
+def ask_worker(worker, request_batch, timeout_s: float = 30.0):
+    """One request batch straight to one engine worker: (answer batch, seq)."""
+    import pyarrow as pa
+
+    schema = request_batch.schema.serialize().to_pybytes()
+    body = request_batch.serialize()
+    msg = worker.call(lambda call_id: ch.request_message(call_id, schema, body), timeout_s)
+    _, seq, _, _, data = ch.split_answer(msg)
+    return pa.ipc.read_record_batch(pa.py_buffer(data), fl.ANSWER_SCHEMA), seq
+
+
+def _answers(batch, requests):
+    return fl.split_answers(batch, [r.request_id for r in requests])
+
+
+def test_many_clients_get_the_answers_of_one_engine(tmp_path):
+    root, dataset = saved_corpus(tmp_path / "c", seed=5, n_ads=300, n_requests=6)
+    one = colocated_server(dataset)
+    front = pooled_server(dataset)
+    try:
+        health = fl.flight_action(location(front), "health")
+        assert health["status"] == "ok", health
+        assert [e["worker"] for e in health["engines"]] == [1, 2] and all(e["alive"] for e in health["engines"])
+        assert health["fingerprint"] == fl.flight_action(location(one), "health")["fingerprint"]
+        want = {k: fl.retrieve_over_flight(location(one), dataset.requests, k) for k in (1, K)}
+        got, errors = [], []
+
+        def client(i: int) -> None:  # each its own Flight client, one request per call, JSON or columns
+            try:
+                conn = flight.connect(location(front))
+                try:
+                    for k in ((1, K) if i == 0 else (K,)):
+                        for j, request in enumerate(dataset.requests):
+                            fmt = "columns" if (i + j) % 2 else "json"
+                            seqs: list = []
+                            answer = fl.retrieve_over_flight(location(front), [request], k, client=conn, seqs=seqs,
+                                                             request_format=fmt)[0]
+                            got.append((k, j, answer, seqs))
+                finally:
+                    conn.close()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert len(got) == (CLIENTS + 1) * len(dataset.requests)
+        for k, j, (ids, scores), seqs in got:
+            want_ids, want_scores = want[k][j]
+            assert np.array_equal(ids, want_ids), f"k={k}, request {j}"
+            assert np.array_equal(scores, want_scores), f"k={k}, request {j}"
+            assert seqs == [0]
+        stats = fl.flight_action(location(front), "stats")
+        assert stats["engines"] == ENGINES and stats["requests"] == len(got) and stats["errors"] == 0
+        assert all(e["requests"] > 0 for e in stats["batching"]["per_engine"]), stats["batching"]  # both served
+        # a malformed request: the one-engine server's error, and the server keeps serving
+        bad = fl.request_batch([json.dumps({"request_id": 7, "user": {"age": "old"}, "context": {}})], K)
+        messages = []
+        for server in (one, front):
+            with pytest.raises(flight.FlightServerError) as err:
+                fl.exchange_batches(flight.connect(location(server)), [bad])
+            messages.append(str(err.value).split(". Detail")[0])
+        assert messages[0] == messages[1] and "invalid request: request 7" in messages[1]
+        assert fl.retrieve_over_flight(location(front), dataset.requests[:2], K)[0][0].tolist() == \
+            want[K][0][0].tolist()
+    finally:
+        stop(front)
+        stop(one)
+    assert ends_within(worker_pids(front), 30) == []
+
+
+def test_an_acknowledged_update_is_seen_by_every_worker(tmp_path):
+    root, dataset = saved_corpus(tmp_path / "c", seed=6, n_ads=300, n_requests=6)
+    updates = update_stream(dataset, 120, seed=6)
+    front = pooled_server(dataset)
+    try:
+        seen = 0
+        for lo in range(0, len(updates), 40):  # three calls, each followed at once by retrievals
+            ack = fl.send_updates(location(front), lines_of(updates[lo : lo + 40]))
+            assert ack["applied"] == 40 and not ack["rejected"], ack
+            seen = lo + 40
+            reference = reference_at(dataset, updates[:seen])
+            for worker in front.engines.workers:  # each worker, asked straight
+                batch, seq = ask_worker(worker, fl.request_batch(dataset.requests, K))
+                assert seq == ack["seq"], worker.name
+                assert_equals_reference(reference, dataset.requests, _answers(batch, dataset.requests), K,
+                                        f"{worker.name} after {seen} updates")
+            for _ in range(2 * ENGINES):  # and through the front: calls take turns among the workers
+                seqs: list = []
+                answers = fl.retrieve_over_flight(location(front), dataset.requests, K, seqs=seqs)
+                assert seqs == [ack["seq"]]
+                assert_equals_reference(reference, dataset.requests, answers, K, f"served after {seen} updates")
+        health = fl.flight_action(location(front), "health")
+        assert health["seq"] == ack["seq"] and [e["seq"] for e in health["engines"]] == [ack["seq"]] * ENGINES
+        assert health["ads"] == len(reference.index.ads)
+        # an update the front rejects (a retire of an ad that is not live) changes nothing anywhere
+        ack2 = fl.send_updates(location(front), json.dumps({"op": "retire", "ad_id": 10**12}))
+        assert ack2["applied"] == 0 and ack2["rejected"] and ack2["seq"] == ack["seq"]
+    finally:
+        stop(front)
+
+
+def test_a_restart_replays_the_log_into_every_worker(tmp_path):
+    root, dataset = saved_corpus(tmp_path / "c", seed=7, n_ads=250, n_requests=5)
+    updates = update_stream(dataset, 60, seed=7)
+    loaded, log = open_corpus(root)
+    one = colocated_server(loaded, log=log)  # the log written by a one-engine server: the same log
+    try:
+        ack = fl.send_updates(location(one), lines_of(updates))
+        assert ack["applied"] == len(updates)
+    finally:
+        stop(one)
+    loaded, log = open_corpus(root)
+    front = pooled_server(loaded, log=log)
+    try:
+        health = fl.flight_action(location(front), "health")
+        assert health["replayed"] == len(updates) and health["seq"] == ack["seq"]
+        assert [e["seq"] for e in health["engines"]] == [ack["seq"]] * ENGINES
+        reference = reference_at(dataset, updates)
+        for worker in front.engines.workers:
+            batch, seq = ask_worker(worker, fl.request_batch(dataset.requests, K))
+            assert seq == ack["seq"]
+            assert_equals_reference(reference, dataset.requests, _answers(batch, dataset.requests), K,
+                                    f"{worker.name} after a restart")
+        result = fl.flight_action(location(front), "compact", timeout=60)  # compaction keeps working
+        assert result["seq"] == ack["seq"]
+        assert fl.flight_action(location(front), "health")["log"]["base_seq"] == ack["seq"]
+        assert_equals_reference(reference, dataset.requests, fl.retrieve_over_flight(location(front), dataset.requests,
+                                                                                      K), K, "after compaction")
+    finally:
+        stop(front)
+    assert store.load_dataset(root).n_ads == len(reference.index.ads)
+
+
+def test_a_killed_worker_fails_its_calls_by_name_and_never_hangs(tmp_path):
+    root, dataset = saved_corpus(tmp_path / "c", seed=8, n_ads=200, n_requests=4)
+    front = pooled_server(dataset)
+    first, second = front.engines.workers
+    try:
+        os.kill(first.pid, signal.SIGSTOP)  # a call in its hands, then it is killed
+        outcome: dict = {}
+
+        def call() -> None:
+            try:
+                outcome["answer"] = ask_worker(first, fl.request_batch(dataset.requests, K), timeout_s=60)
+            except Exception as exc:  # noqa: BLE001 - checked below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(0.3)
+        os.kill(first.pid, signal.SIGKILL)
+        thread.join(30)
+        assert not thread.is_alive(), "the call to a killed worker hung"
+        error = outcome.get("error")
+        assert isinstance(error, flight.FlightUnavailableError), outcome
+        assert f"engine worker 1 of 2 (pid {first.pid})" in str(error) and "SIGKILL" in str(error)
+        health = fl.flight_action(location(front), "health")
+        assert health["status"] == "degraded"
+        assert any(f"engine worker 1 of 2 (pid {first.pid}) has ended" in r for r in health["reasons"]), health
+        assert [e["alive"] for e in health["engines"]] == [False, True]
+        # later requests go to the worker left, answered as before
+        answers = fl.retrieve_over_flight(location(front), dataset.requests, K)
+        want = fl.split_answers(ask_worker(second, fl.request_batch(dataset.requests, K))[0],
+                                [r.request_id for r in dataset.requests])
+        assert all(np.array_equal(a[0], w[0]) for a, w in zip(answers, want))
+        ack = fl.send_updates(location(front), lines_of(update_stream(dataset, 5, seed=8)))
+        assert ack["applied"] == 5  # the worker left takes updates
+        os.kill(second.pid, signal.SIGKILL)  # none left: a clear error at once, naming both
+        started = time.monotonic()
+        with pytest.raises(flight.FlightUnavailableError) as err:
+            for _ in range(3):  # the first may race the reader's look at the channel
+                fl.retrieve_over_flight(location(front), dataset.requests, K, timeout=30)
+        assert time.monotonic() - started < 30
+        assert "engine worker 2 of 2" in str(err.value)
+        assert fl.flight_action(location(front), "health")["status"] == "degraded"
+    finally:
+        stop(front)
+
+
+def _serve(root, *extra) -> ServiceProcess:
+    return ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", "cpu", "--log", "off",
+                                                          "--engines", str(ENGINES), *extra], name="front")
+
+
+def test_sigterm_ends_the_front_and_every_worker(tmp_path):
+    root, dataset = saved_corpus(tmp_path / "c", seed=9, n_ads=150, n_requests=3)
+    proc = _serve(root)
+    try:
+        pids = [e["pid"] for e in fl.flight_action(proc.location, "health")["engines"]]
+        assert len(pids) == ENGINES and all(process_running(p) for p in pids)
+        assert len(fl.retrieve_over_flight(proc.location, dataset.requests, K)) == len(dataset.requests)
+    finally:
+        code = proc.stop()
+    assert code == 0
+    assert ends_within(pids, 30) == []
+
+
+def test_workers_end_when_the_front_is_killed(tmp_path):
+    root, _ = saved_corpus(tmp_path / "c", seed=10, n_ads=150, n_requests=3)
+    proc = _serve(root)
+    try:
+        pids = [e["pid"] for e in fl.flight_action(proc.location, "health")["engines"]]
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.wait(30)
+    finally:
+        proc.stop()
+    assert ends_within(pids, 30) == []
+
+
+def test_engines_must_be_a_whole_number_of_at_least_one(tmp_path):
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from cli import main
+    from migration.colocated_server import run_colocated
+    from serving.process import ServeError
+
+    root, _ = saved_corpus(tmp_path / "c", seed=11, n_ads=50, n_requests=2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ServeError, match="--engines"):
+            run_colocated(root, engines=bad)
+    done = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu",
+                           "--engines", "0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--engines" in done.stderr and "at least 1" in done.stderr
+    result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--engines", "0"])
+    assert result.exit_code == 2 and "--engines" in result.output
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path):
+    import subprocess
+    import sys
+
+    root, _ = saved_corpus(tmp_path / "c", seed=12, n_ads=50, n_requests=2)
+    done = subprocess.run([sys.executable, "-m", "migration.colocated_server", "--data", str(root), "--device", "cpu",
+                           "--log", "off", "--engines", "2", "--layout", "geo"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and not done.stdout  # never listened
+    assert "engine worker" in done.stderr and "ended while starting" in done.stderr
+    assert "slot layout 'geo' is the GPU engine's" in done.stderr
