@@ -24,8 +24,11 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   top-K over 4096 keys, most of them empty
     v8 compacted wide  v7 over 64 chunks a block, the keys of its eligible ads kept as a list and
                   selected once (shipped for the MoE at fp16 and int8 with D = 64)
-    v9, v10       v8 over 32 and 16 chunks a block: more, shorter blocks, for a lone request (whose
-                  611 blocks of v8 over a 10M pool fill about one and a half waves of an H100)
+    v10 wide, 16 chunks  v8 over 16 chunks a block: four times the blocks, for a lone request (whose
+                  611 blocks of v8 over a 10M pool fill about one and a half waves of an H100). Measured
+                  on the generated 10M corpus (H100, one run beside v8): one request p50 1.04 ms against
+                  1.06, batches of 64 48.3 G pool ads/s against 56.3: not shipped
+(v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
 dots, was written first: it saves a third of the FMAs but its fully unrolled code took numba minutes
@@ -70,11 +73,9 @@ VERSIONS = version_table(
             "epilogue, 4096 ads per block top-K, 80 registers (score_mma.py; MoE only)",
             TensorCoreRecipe(80, compact=True)),
     *shipped.VERSIONS.values(),
-    Version(9, "v9 wide, 32 chunks", "v8 over 8,192 slots a block: twice the blocks, for a lone request, whose "
-            "grid v8 fills in about one and a half waves of an H100", TensorCoreRecipe(80, compact=True, wide=True,
-                                                                                   chunks=32)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
-            "blocks", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),
+            "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
+            "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),
 )
 SHIPPED = shipped.SHIPPED
 

@@ -236,11 +236,11 @@ def test_wide_walk_equals_the_reference(geometry):
         score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, emit_at=16)  # 8 selections, 4 output blocks
 
 
-@pytest.mark.parametrize("version, chunks", [(9, 32), (10, 16)])
+@pytest.mark.parametrize("version, chunks", [(10, 16)])
 def test_wide_walk_over_fewer_chunks_equals_the_reference(version, chunks):
-    """v9 and v10, the wide walk over 32 and 16 chunks a block (more, shorter blocks for a lone
-    request): the same output blocks as v8, more kernel blocks, the same answers. 17 chunks under the
-    simulator: v10's second block holds one chunk."""
+    """v10, the wide walk over 16 chunks a block (more, shorter blocks for a lone request): the same
+    output blocks as v8, more kernel blocks, the same answers. 17 chunks under the simulator: the
+    second block holds one chunk."""
     from gpu.fused import FusedScorer
     from gpu.kernels import score_mma
     from gpu.lab import score as lab
