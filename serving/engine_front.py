@@ -195,8 +195,7 @@ class EngineWorkerProcess:
         call_id, waiter = started
         if not waiter.lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
             self._pending.pop(call_id, None)
-            raise flight.FlightTimedOutError(f"{self.name} did not answer the {what} within {timeout_s:g} s "
-                                             "(--deadline)")
+            raise flight.FlightTimedOutError(f"{self.name} did not answer the {what} within {timeout_s:g} s")
         if waiter.error is not None:
             raise waiter.error
         return waiter.msg
@@ -370,7 +369,7 @@ class EnginePool:
             try:
                 if isinstance(call, Exception):
                     raise call
-                entry.update(ch.json_body(worker.wait(call, max(0.0, deadline - time.monotonic()), "state")))
+                entry.update(ch.json_body(worker.wait(call, max(0.001, deadline - time.monotonic()), "state")))
             except flight.FlightError as exc:
                 entry["error"] = str(exc)
             entry["alive"] = worker.ended is None
@@ -464,7 +463,7 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
             if times is not None:
                 times["queued"] = time.perf_counter()
             msg = worker.call(lambda call_id: ch.request_message(call_id, schema, body), self.limits.deadline_s,
-                              "request batch")
+                              "request batch (the server's deadline, --deadline)")
         except BaseException:
             self.stats.add(bytes_in=size)
             raise
