@@ -20,6 +20,9 @@ one request at a time, against a co-located server started as a process on loopb
    calls shared), where a batch's time went, and the server's CPU time a request (all its processes,
    and its front's alone). Every answer of the first pass is checked against
    the in-process engine's. The target reads the better way of sending.
+3. Then, against the same server, one client alone for half as long: its idle latency. The second
+   target reads p99 of a client while the others load the server (the loaded run's p99: every
+   client there is one among the others) over its p99 alone: at most 3x.
 
     andromeda bench served --data DIR --device gpu --out served.json
     python3 -m benchmarks.served --data DIR ...         (the same, with every option of the probes)
@@ -162,6 +165,13 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
         cpu1, front1 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
+        # the same server with one client alone: the lone client's idle latency, against which the
+        # latency of any one of the clients above, while the others load the server, is read
+        idle = drive(proc.location, data, k=k, clients=1, processes=1, seconds=max(1.0, seconds / 2), want=want,
+                     exchange=exchange, request_format=request_format)
+        result["idle"] = {"latency_ms": idle["latency_ms"], "requests": idle["requests"], "n_wrong": idle["n_wrong"]}
+        result["n_wrong"] += idle["n_wrong"]
+        result["p99_loaded_over_idle"] = lone_ratio(result)
         if spying is not None:
             spying.join()
         stats = fl.flight_action(proc.location, "stats")
@@ -180,6 +190,13 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
     finally:
         proc.stop()
     return {**result, "batch_wait_ms": wait_ms, "engines": engines}
+
+
+def lone_ratio(srv: dict) -> float | None:
+    """p99 of one client's requests while the others load the server, over its p99 alone (None when
+    either is missing)."""
+    loaded, idle = srv.get("latency_ms", {}).get("p99"), srv.get("idle", {}).get("latency_ms", {}).get("p99")
+    return None if not loaded or not idle else loaded / idle
 
 
 def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = None, batch: int = 64,
@@ -239,6 +256,7 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
     checks_ok = checked["ok"] and all(not s["n_wrong"] for s in by_exchange.values())
     met = checks_ok and ratio >= 0.70
+    lone = lone_ratio(srv)
     # the target reads the in-process batch of `batch`; the batch as large as the clients can make it
     # (one request each in flight) is beside it, for what the batch size alone explains
     return {"kind": "served", "ads": dataset.n_ads, "requests": len(dataset.requests), "k": k, "layout": layout,
@@ -251,6 +269,9 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
             "served": srv, "served_by_exchange": by_exchange, "served_over_in_process": ratio,
             "target": {"value": ratio, "target": ">= 0.70", "met": met,
                        **({} if checks_ok else {"reason": "checks failed"})},
+            # one client among `clients`: its p99 while the others load the server, over its p99 alone
+            "lone_target": {"value": lone, "target": "<= 3", "met": bool(checks_ok and lone is not None and lone <= 3),
+                            **({} if checks_ok else {"reason": "checks failed"})},
             "software": software()}
 
 
@@ -270,6 +291,12 @@ def table(result: dict) -> str:
     t = result["target"]
     lines.append(f"target served / in process {t['target']}: {t['value']:.0%}, "
                  f"{'met' if t['met'] else 'NOT met'}{' (' + t['reason'] + ')' if 'reason' in t else ''}")
+    lone = result.get("lone_target")
+    if lone and lone["value"] is not None:
+        idle = result["served"]["idle"]["latency_ms"]["p99"]
+        lines.append(f"target p99 of a client among {result['clients']} over its p99 alone ({idle:.2f} ms) "
+                     f"{lone['target']}: {lone['value']:.1f}x, {'met' if lone['met'] else 'NOT met'}"
+                     f"{' (' + lone['reason'] + ')' if 'reason' in lone else ''}")
     return "\n".join(lines)
 
 

@@ -54,6 +54,7 @@ def test_bench_served_prints_one_checked_result(corpus_dir, tmp_path):
     table = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 2,
                     "--client-processes", 1, "--seconds", 0.5, "--repeat", 1, "--checks", 2, "--quiet").stdout
     assert "in-process answers against the float64 reference: ok" in table and "target served" in table
+    assert "over its p99 alone" in table  # the lone client's idle run, against the same server
 
 
 def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_dir, monkeypatch):
@@ -74,10 +75,17 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
         {"call/engines-1": 1, "call/engines-2": 2, "call/engines-4": 4}
     assert result["served"]["engines"] == 4  # the target reads the best
     assert "call/engines-2" in served.table(result)
+    assert result["lone_target"]["value"] is None and result["lone_target"]["met"] is False  # no idle run: no figure
     with pytest.raises(ValueError, match="engines"):
         served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[0], progress=False)
     with pytest.raises(SystemExit):
         served.main(["--data", str(corpus_dir), "--engines", "0"])
+
+
+def test_the_lone_client_target_reads_loaded_over_idle_p99():
+    srv = {"latency_ms": {"p50": 3.0, "p99": 9.0}, "idle": {"latency_ms": {"p50": 1.0, "p99": 2.0}}}
+    assert served.lone_ratio(srv) == 4.5
+    assert served.lone_ratio({"latency_ms": {"p99": 9.0}}) is None
 
 
 def test_the_served_run_starts_its_server_with_the_engines_asked(monkeypatch):
