@@ -243,7 +243,7 @@ MUTANTS: list[Mutant] = [
     M("batcher-fault-kills-worker", "request batcher", "serving/batcher.py",
       "                for call in self._in_hand:  # the worker goes on (a dead worker would leave every caller waiting)\n"
       "                    if not call.done.is_set():\n                        call.error = exc\n"
-      "                        call.done.set()",
+      "                        call.finish()",
       "                raise",
       ("tests/serving/test_batcher.py::test_a_fault_of_the_batcher_itself_reaches_its_callers_and_the_worker_goes_on",),
       "a fault of the batcher's own kills its worker, and every caller waits for ever"),
@@ -289,7 +289,9 @@ MUTANTS: list[Mutant] = [
       ("tests/core/test_geo_layout.py",),
       "a request's geographic mask leaves out its city's bit when it has a region, so a chunk summary can skip an eligible ad"),
     M("slots-rank-ignored", "geo layout", "andromeda_nb/slots.py",
-      "order = np.lexsort((np.arange(len(ad_ids)), rank, formats))", "order = np.argsort(formats, kind=\"stable\")",
+      "            order = _order_of_permutation(rank, formats)\n            if order is None:\n"
+      "                order = np.lexsort((np.arange(len(ad_ids)), rank, formats))\n",
+      "            order = np.argsort(formats, kind=\"stable\")\n",
       ("tests/core/test_geo_layout.py::test_the_gpu_engine_laid_out_by_geography_answers_as_the_reference_through_updates",),
       "the slot allocator ignores the layout's rank: a geo layout is laid out as the corpus"),
     M("match-summary-ignored", "geo skip", "gpu/kernels/match.py",
@@ -303,7 +305,8 @@ MUTANTS: list[Mutant] = [
       "            self.d_summary[lo:hi].copy_to_device(self.summary_h[lo:hi])\n", "",
       ("tests/core/test_geo_layout.py::test_a_request_with_no_country_matches_ads_of_every_bit_and_upserts_widen_the_summary",),
       "the widened summary stays on the host: the device skips the block"),
-    M("gmask-no-geo-empty", "geo skip", "gpu/index.py", "    out[out == 0] = NO_GEO_MASK\n", "",
+    M("gmask-no-geo-empty", "geo skip", "gpu/index.py",
+      "        elif gmask[g] == 0:\n            gmask[g] = NO_GEO_MASK\n", "",
       ("tests/core/test_geo_layout.py::test_a_request_with_no_country_matches_ads_of_every_bit_and_upserts_widen_the_summary",),
       "a group holding no geo term gets mask 0 and skips every block, ads without a geo clause included"),
     M("place-ignores-geo", "geo skip", "gpu/index.py", '''        if self.placement == "free-list":
