@@ -56,8 +56,10 @@ from ..graphs import Launch, run_plan
 from ..kernels import score_mma
 from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS
 from ..kernels.tiles import QUAD_WORDS, words_per_ad
+from ..kernels.warp import sync_warp
 
 cuda = runtime.cuda()
+from numba import int32, uint32  # noqa: E402  (after the device choice)
 
 THREADS = score_mma.THREADS  # 8 warps: one 32-slot tile of a chunk each
 WARPS = THREADS // 32
@@ -66,6 +68,80 @@ ROUND_SLOTS = WARPS * 32  # slots a round adds at most to a request's list (one 
 LIST_ENTRIES = 6144  # (key, offset) pairs a block holds, over the group's requests
 RG_MAX = 16  # requests a group at most
 TILE_WORDS = score_mma.TILE_WORDS
+SELECTS = ("warp", "block")
+assert HIST_COPIES * HIST_BINS >= WARPS * 256  # the warp selection takes 256 histogram words a warp
+WARP_STATE = 4  # shared words of a warp's selection: the k-th key, keys still wanted, two emission counters
+
+
+@cuda.jit(device=True)
+def warp_topk_emit_list(keys, offs, n, cap, hist, part, st, active, out_key, out_slot, r, b, first_slot):
+    """One warp's top-K of a list: the `cap` largest of the nonzero keys[:n] (entry i is slot
+    first_slot + offs[i]) into out_key[r, b, :cap] / out_slot[r, b, :cap], padded with key 0 and slot
+    -1; exact ties at the cut kept in arrival order, as `block_topk.block_topk_emit_list` keeps them.
+    The same 4-round radix select on 8-bit digits as `gpu.kernels.radix`, with the warp's own shared
+    scratch (`hist` uint32[256], `part` uint32[32], `st` uint32[WARP_STATE]) and warp barriers only, so
+    the 8 warps of a block select for 8 requests at once. Every lane calls it, the same number of
+    barriers whatever the data (the simulator's warp barrier is the block's); `active` False writes
+    nothing (a call that only keeps the simulator's barriers in step)."""
+    lane = cuda.threadIdx.x & 31
+    prefix = uint32(0)
+    mask = uint32(0)
+    krem = uint32(cap)
+    emit_all = n <= cap
+    for rnd in range(4):
+        shift = uint32(24 - 8 * rnd)
+        for d in range(lane, 256, 32):
+            hist[d] = uint32(0)
+        sync_warp()
+        if not emit_all:
+            for i in range(lane, n, 32):
+                key = keys[i]
+                if (key & mask) == prefix:
+                    cuda.atomic.add(hist, int32((key >> shift) & uint32(255)), uint32(1))
+        sync_warp()
+        mine = uint32(0)  # lane l holds digits 8l .. 8l + 7
+        for d in range(8 * lane, 8 * lane + 8):
+            mine += hist[d]
+        part[lane] = mine
+        sync_warp()
+        above = uint32(0)  # keys of the prefix with a higher digit than the lane's
+        for j in range(lane + 1, 32):
+            above += part[j]
+        if not emit_all and above < krem and krem <= above + mine:  # the k-th key's digit is the lane's
+            d = 8 * lane + 7
+            while above + hist[d] < krem:
+                above += hist[d]
+                d -= 1
+            st[0] = prefix | (uint32(d) << shift)
+            st[1] = krem - above
+        sync_warp()
+        if not emit_all:
+            prefix = st[0]
+            krem = st[1]
+            mask |= uint32(255) << shift
+        sync_warp()
+    if lane == 0:
+        st[2] = uint32(0)
+        st[3] = uint32(0)
+    sync_warp()
+    if active:
+        n_greater = uint32(cap) - krem
+        for i in range(lane, n, 32):
+            key = keys[i]
+            if emit_all or key > prefix:
+                p = cuda.atomic.add(st, 2, uint32(1))
+                out_key[r, b, p] = key
+                out_slot[r, b, p] = first_slot + offs[i]
+            elif key == prefix:
+                p = cuda.atomic.add(st, 3, uint32(1))
+                if p < krem:
+                    out_key[r, b, n_greater + p] = key
+                    out_slot[r, b, n_greater + p] = first_slot + offs[i]
+        count = n if emit_all else cap
+        for j in range(count + lane, cap, 32):
+            out_key[r, b, j] = uint32(0)
+            out_slot[r, b, j] = -1
+    sync_warp()
 
 
 @dataclass(frozen=True)
@@ -79,6 +155,7 @@ class BatchedSpec:
     list_entries: int = LIST_ENTRIES
     rg_max: int = RG_MAX
     max_registers: int | None = None
+    select: str = "warp"  # who selects a request's list: one warp ("warp", 8 requests at once) or the block
 
     @property
     def ads_per_block(self) -> int:
@@ -99,6 +176,8 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, rg, out_key,
     loff = cuda.shared.array({list_n}, int32)
     cnt = cuda.shared.array({rg_max}, uint32)
     wb = cuda.shared.array({warps}, uint32)
+    wpart = cuda.shared.array({warps} * 32, uint32)
+    wst = cuda.shared.array({warps} * {warp_state}, uint32)
 {sim_shared}
     tid = cuda.threadIdx.x
     warp = tid >> 5
@@ -150,22 +229,8 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, rg, out_key,
                             loff[p] = s - slot0
                         sync_warp()
         cuda.syncthreads()
-        for j in range(nr):
-            n = int32(cnt[j])
-            if n > limit:  # the next round could overflow: keep the best cap (through the output block)
-                block_topk_emit_list(lkey[j * stride:], loff[j * stride:], n, cap, hist, part, state, out_key,
-                                     out_slot, r0 + j, b, slot0)
-                cuda.syncthreads()
-                for i in range(tid, cap, {threads}):
-                    lkey[j * stride + i] = out_key[r0 + j, b, i]
-                    loff[j * stride + i] = out_slot[r0 + j, b, i] - slot0
-                if tid == 0:
-                    cnt[j] = uint32(cap)
-                cuda.syncthreads()
-    for j in range(nr):
-        block_topk_emit_list(lkey[j * stride:], loff[j * stride:], int32(cnt[j]), cap, hist, part, state, out_key,
-                             out_slot, r0 + j, b, slot0)
-        cuda.syncthreads()
+{prune}
+{final}
 """
 
 
@@ -181,6 +246,59 @@ def _uniform(var: str, out: str) -> list[str]:
         return [f"{out} = {var}"]
     return [f"anyw[warp] = {var}", "cuda.syncthreads()", f"{out} = uint32(0)",
             f"for w in range({WARPS}):", f"    {out} |= anyw[w]", "cuda.syncthreads()"]
+
+
+_PRUNE_BLOCK = """for j in range(nr):
+    n = int32(cnt[j])
+    if n > limit:  # the next round could overflow: keep the best cap (through the output block)
+        block_topk_emit_list(lkey[j * stride:], loff[j * stride:], n, cap, hist, part, state, out_key,
+                             out_slot, r0 + j, b, slot0)
+        cuda.syncthreads()
+        for i in range(tid, cap, {threads}):
+            lkey[j * stride + i] = out_key[r0 + j, b, i]
+            loff[j * stride + i] = out_slot[r0 + j, b, i] - slot0
+        if tid == 0:
+            cnt[j] = uint32(cap)
+        cuda.syncthreads()"""
+
+_FINAL_BLOCK = """for j in range(nr):
+    block_topk_emit_list(lkey[j * stride:], loff[j * stride:], int32(cnt[j]), cap, hist, part, state, out_key,
+                         out_slot, r0 + j, b, slot0)
+    cuda.syncthreads()"""
+
+# warp w selects for requests w, w + 8, ...; `act` and `n` say whether and how much (the simulator calls
+# every warp's selection the same number of times, with nothing to write where there is nothing to do)
+_PRUNE_WARP = """for jj in range((nr + {warps_m1}) // {warps}):
+    j = jj * {warps} + warp
+    n = int32(cnt[j]) if j < nr else 0
+    act = n > limit
+{guard}
+        warp_topk_emit_list(lkey[j * stride:], loff[j * stride:], n if act else 0, cap, hist[warp * 256:],
+                            wpart[warp * 32:], wst[warp * {warp_state}:], act, out_key, out_slot, r0 + j, b, slot0)
+        if act:
+            for i in range(lane, cap, 32):
+                lkey[j * stride + i] = out_key[r0 + j, b, i]
+                loff[j * stride + i] = out_slot[r0 + j, b, i] - slot0
+            if lane == 0:
+                cnt[j] = uint32(cap)
+cuda.syncthreads()"""
+
+_FINAL_WARP = """for jj in range((nr + {warps_m1}) // {warps}):
+    j = jj * {warps} + warp
+    act = j < nr
+    n = int32(cnt[j]) if act else 0
+    warp_topk_emit_list(lkey[j * stride:], loff[j * stride:], n, cap, hist[warp * 256:], wpart[warp * 32:],
+                        wst[warp * {warp_state}:], act, out_key, out_slot, r0 + j, b, slot0)"""
+
+
+def _selection(spec: BatchedSpec) -> tuple[str, str]:
+    """The prune after a round and the final selection, by the block or by one warp a request."""
+    if spec.select == "block":
+        return _indent(_PRUNE_BLOCK.format(threads=THREADS).splitlines(), 8), \
+            _indent(_FINAL_BLOCK.splitlines(), 4)
+    guard = "    if True:" if runtime.simulator_enabled() else "    if act:"
+    fmt = dict(warps=WARPS, warps_m1=WARPS - 1, warp_state=WARP_STATE, guard=guard)
+    return _indent(_PRUNE_WARP.format(**fmt).splitlines(), 8), _indent(_FINAL_WARP.format(**fmt).splitlines(), 4)
 
 
 def _loads_and_products(spec: BatchedSpec) -> tuple[list[str], list[str]]:
@@ -212,19 +330,21 @@ def _name(spec: BatchedSpec) -> str:
     regs = f"_r{spec.max_registers}" if spec.max_registers else ""
     shape = "" if (spec.chunks, spec.list_entries, spec.rg_max) == (CHUNKS, LIST_ENTRIES, RG_MAX) else \
         f"_c{spec.chunks}_l{spec.list_entries}_g{spec.rg_max}"
-    return (f"score_batched_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{shape}")
+    select = "" if spec.select == "warp" else f"_{spec.select}sel"
+    return f"score_batched_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{shape}{select}"
 
 
 def kernel_source(spec: BatchedSpec) -> str:
     name = _name(spec)
     loads, products = _loads_and_products(spec)
     sim = runtime.simulator_enabled()
+    prune, final = _selection(spec)
     NG = score_mma.n_gate_tiles(spec.experts)
     V = words_per_ad(spec.precision, spec.dim) // QUAD_WORDS
     return _SKELETON.format(
         name=name, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, warps=WARPS, acc_stride=8 * 2 * NG + 1,
         list_n=spec.list_entries, rg_max=spec.rg_max, round_slots=ROUND_SLOTS, cpb=spec.chunks, chunk=CHUNK_SLOTS,
-        threads=THREADS, tile_words=V * TILE_WORDS,
+        threads=THREADS, tile_words=V * TILE_WORDS, warp_state=WARP_STATE, prune=prune, final=final,
         sim_shared=_indent([f"anyw = cuda.shared.array({WARPS}, uint32)"] if sim else [], 4),
         uniform_seen=_indent(_uniform("seen", "seen"), 12), uniform_ew=_indent(_uniform("ew", "run"), 20),
         load_a=_indent(loads, 16), load_b=_indent(_load_b(spec), 24), products=_indent(products, 24),
@@ -233,7 +353,7 @@ def kernel_source(spec: BatchedSpec) -> str:
 
 def _namespace() -> dict:
     """The names the generated code calls: the shipped tensor-core kernel's (the same functions)."""
-    return score_mma._namespace()
+    return {**score_mma._namespace(), "warp_topk_emit_list": warp_topk_emit_list}
 
 
 def python_function(spec: BatchedSpec):
@@ -264,6 +384,8 @@ class BatchedScoreKernel:
     threads = THREADS
 
     def __init__(self, spec: BatchedSpec):
+        if spec.select not in SELECTS:
+            raise ValueError(f"unknown selection {spec.select!r}; choose from {', '.join(SELECTS)}")
         if spec.mode not in score_mma.MODES:
             raise ValueError(f"unknown tensor-core mode {spec.mode!r}; choose from {', '.join(score_mma.MODES)}")
         if not score_mma.supports("moe", spec.precision, spec.dim, spec.experts):

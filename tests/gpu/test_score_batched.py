@@ -103,21 +103,58 @@ def test_batched_kernel_equals_the_reference(precision, R, rg_max):
            context=f"seed {seed} batched {precision} R={R} rg_max={rg_max} k={k}")
 
 
-def test_lists_pruned_mid_block_keep_the_best():
+def _warp_select_kernel():
+    """A one-warp kernel running the batched kernel's list selection over keys[:n]."""
+    from gpu.lab.score_batched import WARP_STATE, warp_topk_emit_list
+
+    @cuda.jit
+    def select(keys, offs, n, cap, out_key, out_slot):
+        hist = cuda.shared.array(256, np.uint32)
+        part = cuda.shared.array(32, np.uint32)
+        st = cuda.shared.array(WARP_STATE, np.uint32)
+        warp_topk_emit_list(keys, offs, n, cap, hist, part, st, True, out_key, out_slot, 0, 1, 1000)
+
+    return select
+
+
+@pytest.mark.parametrize("n,cap", [(0, 5), (7, 7), (7, 20), (300, 1), (300, 40), (300, 299)])
+def test_warp_selection_keeps_the_largest_keys(n, cap):
+    """The warp's radix select over a list with many equal keys: the kept keys are the `cap` largest as
+    a multiset, each with its own slot, the rest padded (key 0, slot -1)."""
+    rng = np.random.default_rng(n + cap)
+    keys = (rng.integers(1, 40, n) * np.uint32(0x01010101)).astype(np.uint32)  # ties in every digit
+    offs = rng.permutation(4 * max(n, 1))[:n].astype(np.int32)
+    out_key = np.full((1, 2, cap), 7, np.uint32)
+    out_slot = np.full((1, 2, cap), 7, np.int32)
+    _warp_select_kernel()[1, 32](keys, offs, np.int32(n), np.int32(cap), out_key, out_slot)
+    got_k, got_s = out_key[0, 1], out_slot[0, 1]
+    m = min(n, cap)
+    assert sorted(got_k[:m].tolist(), reverse=True) == sorted(keys.tolist(), reverse=True)[:m]
+    assert (got_k[m:] == 0).all() and (got_s[m:] == -1).all()
+    slot_of = {1000 + int(o): int(k) for k, o in zip(keys, offs)}
+    assert all(slot_of[int(s_)] == int(k_) for k_, s_ in zip(got_k[:m], got_s[:m]))
+    assert len(set(got_s[:m].tolist())) == m
+    assert (out_key[0, 0] == 7).all()  # nothing written outside its output block
+
+
+@pytest.mark.parametrize("select", ["warp", "block"])
+def test_lists_pruned_mid_block_keep_the_best(select):
     """Lists with room for little more than a round: after every round a request's list is pruned to
-    its best `cap` through its output block, and the answers are still the reference's."""
+    its best `cap` through its output block (selected by one warp, or by the whole block), and the
+    answers are still the reference's."""
     from gpu.lab import score_batched as sb
 
     R, k = 3, 6
     n_chunks = 64 if ON_GPU else 3
     rng, chunk_format, table, ids, sides, elig, tabs = _case(601, "fp16", n_chunks, R, tile_share=0.9, density=0.6)
     entries = 2 * (k + sb.ROUND_SLOTS + 10)  # two requests a group, each pruned once its list passes 16
-    fs = _scorer(table, chunk_format, ids, chunks=3 if not ON_GPU else 16, list_entries=entries, rg_max=2)
+    fs = _scorer(table, chunk_format, ids, chunks=3 if not ON_GPU else 16, list_entries=entries, rg_max=2,
+                 select=select)
     assert fs.kernel.group_size(R, k) == 2
     per_chunk = np.unpackbits(elig.view(np.uint8), axis=1, bitorder="little").reshape(R, -1, CHUNK_SLOTS).sum(2)
     assert (per_chunk[:, :-1] > 16).all()  # every round but the last prunes every request
     _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
-           context=f"pruned lists R={R} k={k}")
+           context=f"pruned lists ({select} selection) R={R} k={k}")
 
 
 def test_ties_are_ordered_by_ad_id():
