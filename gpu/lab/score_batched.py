@@ -23,11 +23,17 @@ block takes a slot range and a group of up to RG requests and reads every tile o
   request's list in shared memory (one shared atomic a warp).
 * Lists: LIST_ENTRIES pairs a block, split evenly among the group's requests (stride = entries /
   rg). After a round a request whose list could overflow in the next one (more than stride -
-  ROUND_SLOTS entries) is pruned: its top `cap` are selected (`block_topk_emit_list`) into its own
-  output block (device memory the block itself owns, its L1/L2 copy) and read back as the list's
-  first `cap` entries. At the end each request's list is selected once into its output block, padded
-  with key 0 as every kernel's. Exact float ties at a cut are kept in arrival order, as the shipped
-  block top-K keeps them (DESIGN section 4); the final top-K orders ties by ad id.
+  ROUND_SLOTS entries) is pruned: its top `cap` are selected into its own output block (device memory
+  the block itself owns, its L1/L2 copy) and read back as the list's first `cap` entries. At the end
+  each request's list is selected once into its output block, padded with key 0 as every kernel's.
+  Exact float ties at a cut are kept in arrival order, as the shipped block top-K keeps them (DESIGN
+  section 4); the final top-K orders ties by ad id. Who selects (`select`): "block", the shipped
+  block top-K (`block_topk`'s template with one shared histogram instead of eight, for lists of a few
+  hundred keys), one request after another; or "warp", `warp_topk_emit_list` below, the same radix
+  select by one warp with warp barriers only, 8 requests at once. A batch of R requests over S slots
+  runs R * S / 4096 selections, four times the shipped wide walk's, so their cost matters; the warp
+  form costs registers (ptxas: 160 at fp16, 284 bytes of spills held to 128, against 168 and 16 for
+  the block form), which is why both are kept until the probe has timed them on the device.
 * Group size: rg = the largest that gives every request room for cap + ROUND_SLOTS entries, at most
   RG_MAX (16; k = 100 fits 16), the batch split into balanced groups. k up to MAX_K = 4096 still fits
   one request a group. Shared memory: the lists 48 KiB, the accumulators 17 KiB, the histograms 8 KiB.
@@ -53,8 +59,10 @@ from andromeda_nb.versions import Version, version_table
 
 from .. import runtime
 from ..graphs import Launch, run_plan
-from ..kernels import score_mma
-from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS
+from andromeda_nb.templates import specialize
+
+from ..kernels import block_topk, score_mma
+from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS, slot_listed
 from ..kernels.tiles import QUAD_WORDS, words_per_ad
 from ..kernels.warp import sync_warp
 
@@ -69,21 +77,32 @@ LIST_ENTRIES = 6144  # (key, offset) pairs a block holds, over the group's reque
 RG_MAX = 16  # requests a group at most
 TILE_WORDS = score_mma.TILE_WORDS
 SELECTS = ("warp", "block")
+# the block-wide selection of a list of a few hundred keys, with one shared histogram instead of the
+# shipped block top-K's eight (8 times fewer words to clear and sum each round; a short list's atomics
+# rarely collide): the shipped template, its free name rebound
+block_topk_emit_list1 = cuda.jit(device=True)(specialize(block_topk._block_topk_emit_template,
+                                                         "block_topk_emit_list1", slot_at=slot_listed, HIST_COPIES=1))
 assert HIST_COPIES * HIST_BINS >= WARPS * 256  # the warp selection takes 256 histogram words a warp
 WARP_STATE = 4  # shared words of a warp's selection: the k-th key, keys still wanted, two emission counters
 
 
 @cuda.jit(device=True)
-def warp_topk_emit_list(keys, offs, n, cap, hist, part, st, active, out_key, out_slot, r, b, first_slot):
-    """One warp's top-K of a list: the `cap` largest of the nonzero keys[:n] (entry i is slot
-    first_slot + offs[i]) into out_key[r, b, :cap] / out_slot[r, b, :cap], padded with key 0 and slot
-    -1; exact ties at the cut kept in arrival order, as `block_topk.block_topk_emit_list` keeps them.
-    The same 4-round radix select on 8-bit digits as `gpu.kernels.radix`, with the warp's own shared
-    scratch (`hist` uint32[256], `part` uint32[32], `st` uint32[WARP_STATE]) and warp barriers only, so
-    the 8 warps of a block select for 8 requests at once. Every lane calls it, the same number of
-    barriers whatever the data (the simulator's warp barrier is the block's); `active` False writes
-    nothing (a call that only keeps the simulator's barriers in step)."""
+def warp_topk_emit_list(keys, offs, base, n, cap, hist, part, st, active, out_key, out_slot, r, b, first_slot):
+    """One warp's top-K of a list: the `cap` largest of the nonzero keys[base:base + n] (entry i is slot
+    first_slot + offs[base + i]) into out_key[r, b, :cap] / out_slot[r, b, :cap], padded with key 0 and
+    slot -1; exact ties at the cut kept in arrival order, as `block_topk.block_topk_emit_list` keeps
+    them. The same 4-round radix select on 8-bit digits as `gpu.kernels.radix`, with the warp's own
+    part of the block's shared scratch (`hist` uint32[WARPS * 256], `part` uint32[WARPS * 32], `st`
+    uint32[WARPS * WARP_STATE]; indexed, not sliced, so that no view of them is hoisted into the
+    scoring loop's registers) and warp barriers only, so the 8 warps of a block select for 8
+    requests at once. Every lane calls it, the same number of barriers whatever the data (the
+    simulator's warp barrier is the block's); `active` False writes nothing (a call that only keeps
+    the simulator's barriers in step)."""
     lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    h0 = warp * 256
+    p0 = warp * 32
+    s0 = warp * WARP_STATE
     prefix = uint32(0)
     mask = uint32(0)
     krem = uint32(cap)
@@ -91,52 +110,52 @@ def warp_topk_emit_list(keys, offs, n, cap, hist, part, st, active, out_key, out
     for rnd in range(4):
         shift = uint32(24 - 8 * rnd)
         for d in range(lane, 256, 32):
-            hist[d] = uint32(0)
+            hist[h0 + d] = uint32(0)
         sync_warp()
         if not emit_all:
             for i in range(lane, n, 32):
-                key = keys[i]
+                key = keys[base + i]
                 if (key & mask) == prefix:
-                    cuda.atomic.add(hist, int32((key >> shift) & uint32(255)), uint32(1))
+                    cuda.atomic.add(hist, h0 + int32((key >> shift) & uint32(255)), uint32(1))
         sync_warp()
         mine = uint32(0)  # lane l holds digits 8l .. 8l + 7
         for d in range(8 * lane, 8 * lane + 8):
-            mine += hist[d]
-        part[lane] = mine
+            mine += hist[h0 + d]
+        part[p0 + lane] = mine
         sync_warp()
         above = uint32(0)  # keys of the prefix with a higher digit than the lane's
         for j in range(lane + 1, 32):
-            above += part[j]
+            above += part[p0 + j]
         if not emit_all and above < krem and krem <= above + mine:  # the k-th key's digit is the lane's
             d = 8 * lane + 7
-            while above + hist[d] < krem:
-                above += hist[d]
+            while above + hist[h0 + d] < krem:
+                above += hist[h0 + d]
                 d -= 1
-            st[0] = prefix | (uint32(d) << shift)
-            st[1] = krem - above
+            st[s0] = prefix | (uint32(d) << shift)
+            st[s0 + 1] = krem - above
         sync_warp()
         if not emit_all:
-            prefix = st[0]
-            krem = st[1]
+            prefix = st[s0]
+            krem = st[s0 + 1]
             mask |= uint32(255) << shift
         sync_warp()
     if lane == 0:
-        st[2] = uint32(0)
-        st[3] = uint32(0)
+        st[s0 + 2] = uint32(0)
+        st[s0 + 3] = uint32(0)
     sync_warp()
     if active:
         n_greater = uint32(cap) - krem
         for i in range(lane, n, 32):
-            key = keys[i]
+            key = keys[base + i]
             if emit_all or key > prefix:
-                p = cuda.atomic.add(st, 2, uint32(1))
+                p = cuda.atomic.add(st, s0 + 2, uint32(1))
                 out_key[r, b, p] = key
-                out_slot[r, b, p] = first_slot + offs[i]
+                out_slot[r, b, p] = first_slot + offs[base + i]
             elif key == prefix:
-                p = cuda.atomic.add(st, 3, uint32(1))
+                p = cuda.atomic.add(st, s0 + 3, uint32(1))
                 if p < krem:
                     out_key[r, b, n_greater + p] = key
-                    out_slot[r, b, n_greater + p] = first_slot + offs[i]
+                    out_slot[r, b, n_greater + p] = first_slot + offs[base + i]
         count = n if emit_all else cap
         for j in range(count + lane, cap, 32):
             out_key[r, b, j] = uint32(0)
@@ -155,7 +174,7 @@ class BatchedSpec:
     list_entries: int = LIST_ENTRIES
     rg_max: int = RG_MAX
     max_registers: int | None = None
-    select: str = "warp"  # who selects a request's list: one warp ("warp", 8 requests at once) or the block
+    select: str = "block"  # who selects a request's list: the block, or one warp ("warp", 8 requests at once)
 
     @property
     def ads_per_block(self) -> int:
@@ -251,8 +270,8 @@ def _uniform(var: str, out: str) -> list[str]:
 _PRUNE_BLOCK = """for j in range(nr):
     n = int32(cnt[j])
     if n > limit:  # the next round could overflow: keep the best cap (through the output block)
-        block_topk_emit_list(lkey[j * stride:], loff[j * stride:], n, cap, hist, part, state, out_key,
-                             out_slot, r0 + j, b, slot0)
+        block_topk_emit_list1(lkey[j * stride:], loff[j * stride:], n, cap, hist, part, state, out_key,
+                              out_slot, r0 + j, b, slot0)
         cuda.syncthreads()
         for i in range(tid, cap, {threads}):
             lkey[j * stride + i] = out_key[r0 + j, b, i]
@@ -262,8 +281,8 @@ _PRUNE_BLOCK = """for j in range(nr):
         cuda.syncthreads()"""
 
 _FINAL_BLOCK = """for j in range(nr):
-    block_topk_emit_list(lkey[j * stride:], loff[j * stride:], int32(cnt[j]), cap, hist, part, state, out_key,
-                         out_slot, r0 + j, b, slot0)
+    block_topk_emit_list1(lkey[j * stride:], loff[j * stride:], int32(cnt[j]), cap, hist, part, state, out_key,
+                          out_slot, r0 + j, b, slot0)
     cuda.syncthreads()"""
 
 # warp w selects for requests w, w + 8, ...; `act` and `n` say whether and how much (the simulator calls
@@ -273,8 +292,8 @@ _PRUNE_WARP = """for jj in range((nr + {warps_m1}) // {warps}):
     n = int32(cnt[j]) if j < nr else 0
     act = n > limit
 {guard}
-        warp_topk_emit_list(lkey[j * stride:], loff[j * stride:], n if act else 0, cap, hist[warp * 256:],
-                            wpart[warp * 32:], wst[warp * {warp_state}:], act, out_key, out_slot, r0 + j, b, slot0)
+        warp_topk_emit_list(lkey, loff, j * stride, n if act else 0, cap, hist, wpart, wst, act, out_key,
+                            out_slot, r0 + j, b, slot0)
         if act:
             for i in range(lane, cap, 32):
                 lkey[j * stride + i] = out_key[r0 + j, b, i]
@@ -287,8 +306,7 @@ _FINAL_WARP = """for jj in range((nr + {warps_m1}) // {warps}):
     j = jj * {warps} + warp
     act = j < nr
     n = int32(cnt[j]) if act else 0
-    warp_topk_emit_list(lkey[j * stride:], loff[j * stride:], n, cap, hist[warp * 256:], wpart[warp * 32:],
-                        wst[warp * {warp_state}:], act, out_key, out_slot, r0 + j, b, slot0)"""
+    warp_topk_emit_list(lkey, loff, j * stride, n, cap, hist, wpart, wst, act, out_key, out_slot, r0 + j, b, slot0)"""
 
 
 def _selection(spec: BatchedSpec) -> tuple[str, str]:
@@ -330,7 +348,7 @@ def _name(spec: BatchedSpec) -> str:
     regs = f"_r{spec.max_registers}" if spec.max_registers else ""
     shape = "" if (spec.chunks, spec.list_entries, spec.rg_max) == (CHUNKS, LIST_ENTRIES, RG_MAX) else \
         f"_c{spec.chunks}_l{spec.list_entries}_g{spec.rg_max}"
-    select = "" if spec.select == "warp" else f"_{spec.select}sel"
+    select = "" if spec.select == "block" else f"_{spec.select}sel"
     return f"score_batched_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{shape}{select}"
 
 
@@ -353,7 +371,8 @@ def kernel_source(spec: BatchedSpec) -> str:
 
 def _namespace() -> dict:
     """The names the generated code calls: the shipped tensor-core kernel's (the same functions)."""
-    return {**score_mma._namespace(), "warp_topk_emit_list": warp_topk_emit_list}
+    return {**score_mma._namespace(), "warp_topk_emit_list": warp_topk_emit_list,
+            "block_topk_emit_list1": block_topk_emit_list1}
 
 
 def python_function(spec: BatchedSpec):
@@ -438,7 +457,7 @@ class BatchedRecipe:
     """The batched kernel as a version of the scoring family (`gpu.kernels.score`'s recipes): the
     'tiles' layout, MoE only. `register_limits`: (precision, max_registers) pairs, the rest unlimited.
     fp16 is held to 128: the compiler takes 168 there (ptxas for sm_90, no spills), room for one
-    256-thread block an SM; 128 (8 bytes of spills) gives two, of the three that the 73 KiB of shared
+    256-thread block an SM; 128 (16 bytes of spills) gives two, of the three that the 73 KiB of shared
     memory a block allows. int8 takes 98 unlimited (two blocks an SM) and spills 20 bytes when held to
     128, so it is not held. To be measured: scripts/probe_score_batched.py times both limits."""
 
