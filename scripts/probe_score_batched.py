@@ -76,6 +76,9 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--registers", default="0,128", help="batched register limits to time (0: unlimited)")
     ap.add_argument("--selects", default="block,warp", help="who selects the batched kernel's lists")
+    ap.add_argument("--list-entries", type=int, default=None,
+                    help="(key, offset) pairs a batched block holds (default score_batched.LIST_ENTRIES: 6144, "
+                         "73 KiB of static shared memory a block; 2560 keeps it under 48 KiB)")
     ap.add_argument("--reference", type=int, default=2, help="requests checked against the float64 reference")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
         for regs in (int(x) for x in args.registers.split(",")):
             fs = FusedScorer.on_device(d_emb, d_scale, pool.chunk_format, ids, version=sb.BATCHED, **common)
             fs.kernel = sb.get_batched_kernel(args.precision, D, model.E, model.top_k, max_registers=regs or None,
-                                              select=select)
+                                              select=select, list_entries=args.list_entries or sb.LIST_ENTRIES)
             variants[f"v9 batched {select} select r{regs or 'max'}"] = fs
     setup_s = time.perf_counter() - t_start
 
