@@ -1,5 +1,7 @@
-"""The batched tensor-core scorer (gpu/lab/score_batched.py) against the shipped one (v8) on a random
-pool, one batch of requests: answers first, then timings, written as JSON.
+"""Batched tensor-core scorer (v9) against the shipped v8 on a random pool: answers, then timings.
+
+gpu/lab/score_batched.py against gpu/kernels/score_mma.py's shipped walk, one batch of requests,
+the answers checked first, then timed, all written as JSON.
 
     python3 scripts/probe_score_batched.py --ads 10000000 --requests 64 --eligible 0.06 \
         --out results/probe_score_batched.json
