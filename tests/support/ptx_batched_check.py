@@ -68,7 +68,7 @@ def main(cases):
         precision, dim, mode, *rest = case.split(":")
         regs = int(rest[0]) if rest and int(rest[0]) else None
         spec = sb.BatchedSpec(precision, int(dim), 6, 2, mode, max_registers=regs,
-                              select=rest[1] if len(rest) > 1 else "warp")
+                              select=rest[1] if len(rest) > 1 else "block")
         ptx, _ = cuda.compile_ptx(sb.python_function(spec), KERNEL_SIG, cc=(9, 0))
         per_product = 1 if mode == "fast" else (3 if precision == "fp32" else 2)
         expected = 2 * (int(dim) // sm.K_STEP) * 2 * sm.n_gate_tiles(6) * per_product  # 2 m-tiles, one request
