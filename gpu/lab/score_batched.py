@@ -32,8 +32,8 @@ block takes a slot range and a group of up to RG requests and reads every tile o
   hundred keys), one request after another; or "warp", `warp_topk_emit_list` below, the same radix
   select by one warp with warp barriers only, 8 requests at once. A batch of R requests over S slots
   runs R * S / 4096 selections, four times the shipped wide walk's, so their cost matters; the warp
-  form costs registers (ptxas: 160 at fp16, 284 bytes of spills held to 128, against 168 and 16 for
-  the block form), which is why both are kept until the probe has timed them on the device.
+  form costs registers (ptxas for sm_90 at fp16: 160, or 284 bytes of spills held to 128, against 138
+  and 16 for the block form), which is why both are kept until the probe has timed them on a device.
 * Group size: rg = the largest that gives every request room for cap + ROUND_SLOTS entries, at most
   RG_MAX (16; k = 100 fits 16), the batch split into balanced groups. k up to MAX_K = 4096 still fits
   one request a group. Shared memory: the lists 48 KiB, the accumulators 17 KiB, the histograms 8 KiB.
@@ -456,10 +456,11 @@ def get_batched_kernel(precision: str, dim: int, experts: int, top_e: int, mode:
 class BatchedRecipe:
     """The batched kernel as a version of the scoring family (`gpu.kernels.score`'s recipes): the
     'tiles' layout, MoE only. `register_limits`: (precision, max_registers) pairs, the rest unlimited.
-    fp16 is held to 128: the compiler takes 168 there (ptxas for sm_90, no spills), room for one
-    256-thread block an SM; 128 (16 bytes of spills) gives two, of the three that the 73 KiB of shared
-    memory a block allows. int8 takes 98 unlimited (two blocks an SM) and spills 20 bytes when held to
-    128, so it is not held. To be measured: scripts/probe_score_batched.py times both limits."""
+    fp16 is held to 128: the compiler takes 138 there (ptxas for sm_90, the block selection, no
+    spills), room for one 256-thread block an SM; 128 (16 bytes of spills) gives two, of the three
+    that the 73 KiB of shared memory a block allows. int8 takes 98 unlimited (two blocks an SM) and
+    spills 20 bytes when held to 128, so it is not held. To be measured: scripts/probe_score_batched.py
+    times both limits."""
 
     register_limits: tuple = (("fp16", 128),)
     layout: str = "tiles"
