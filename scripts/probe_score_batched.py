@@ -1,5 +1,7 @@
-"""The batched tensor-core scorer (gpu/lab/score_batched.py) against the shipped one (v8) on a random
-pool, one batch of requests: answers first, then timings, written as JSON.
+"""Batched tensor-core scorer (v9) against the shipped v8 on a random pool: answers, then timings.
+
+gpu/lab/score_batched.py against gpu/kernels/score_mma.py's shipped walk, one batch of requests,
+the answers checked first, then timed, all written as JSON.
 
     python3 scripts/probe_score_batched.py --ads 10000000 --requests 64 --eligible 0.06 \
         --out results/probe_score_batched.json
@@ -15,11 +17,12 @@ probability that makes `--eligible` of the pool eligible. Then:
 2. timings: CUDA events around the scoring plan alone (table preparation + scoring kernel) and around
    scoring + final top-K, after `--warmup` launches, median of `--repeats`; G pool ads/s = pool x
    requests / seconds, and the napkin math: the pool's bytes over the scoring time.
-Variants: `--registers` (the batched kernel's register limits to time; 0 = what the compiler takes).
+Variants: `--registers` (the batched kernel's register limits to time; 0 = what the compiler takes)
+times `--selects` (who selects a request's list: the block, or one warp a request).
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) it runs end to end at a tiny size (`--ads 8192
---requests 3`, about 20 minutes on 2 cores), on the host, timing one run of scoring and final top-K
-of each kernel: its timings say nothing of a device.
+--requests 3`: 22 minutes on 2 cores, 12 with `--selects block --registers 0`), on the host, timing one
+run of scoring and final top-K of each kernel: its timings say nothing of a device.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", type=int, default=8)
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--registers", default="0,128", help="batched register limits to time (0: unlimited)")
+    ap.add_argument("--selects", default="block,warp", help="who selects the batched kernel's lists")
+    ap.add_argument("--list-entries", type=int, default=None,
+                    help="(key, offset) pairs a batched block holds (default score_batched.LIST_ENTRIES: 6144, "
+                         "73 KiB of static shared memory a block; 2560 keeps it under 48 KiB)")
     ap.add_argument("--reference", type=int, default=2, help="requests checked against the float64 reference")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
@@ -123,10 +130,12 @@ def main(argv=None) -> int:
     common = dict(precision=args.precision, dim=D, experts=model.E, top_e=model.top_k)
     shipped = FusedScorer.on_device(d_emb, d_scale, pool.chunk_format, ids, **common)
     variants = {}
-    for regs in (int(x) for x in args.registers.split(",")):
-        fs = FusedScorer.on_device(d_emb, d_scale, pool.chunk_format, ids, version=sb.BATCHED, **common)
-        fs.kernel = sb.get_batched_kernel(args.precision, D, model.E, model.top_k, max_registers=regs or None)
-        variants[f"v9 batched r{regs or 'max'}"] = fs
+    for select in args.selects.split(","):
+        for regs in (int(x) for x in args.registers.split(",")):
+            fs = FusedScorer.on_device(d_emb, d_scale, pool.chunk_format, ids, version=sb.BATCHED, **common)
+            fs.kernel = sb.get_batched_kernel(args.precision, D, model.E, model.top_k, max_registers=regs or None,
+                                              select=select, list_entries=args.list_entries or sb.LIST_ENTRIES)
+            variants[f"v9 batched {select} select r{regs or 'max'}"] = fs
     setup_s = time.perf_counter() - t_start
 
     elig_host = elig if sim else xp.asnumpy(elig)

@@ -23,11 +23,17 @@ block takes a slot range and a group of up to RG requests and reads every tile o
   request's list in shared memory (one shared atomic a warp).
 * Lists: LIST_ENTRIES pairs a block, split evenly among the group's requests (stride = entries /
   rg). After a round a request whose list could overflow in the next one (more than stride -
-  ROUND_SLOTS entries) is pruned: its top `cap` are selected (`block_topk_emit_list`) into its own
-  output block (device memory the block itself owns, its L1/L2 copy) and read back as the list's
-  first `cap` entries. At the end each request's list is selected once into its output block, padded
-  with key 0 as every kernel's. Exact float ties at a cut are kept in arrival order, as the shipped
-  block top-K keeps them (DESIGN section 4); the final top-K orders ties by ad id.
+  ROUND_SLOTS entries) is pruned: its top `cap` are selected into its own output block (device memory
+  the block itself owns, its L1/L2 copy) and read back as the list's first `cap` entries. At the end
+  each request's list is selected once into its output block, padded with key 0 as every kernel's.
+  Exact float ties at a cut are kept in arrival order, as the shipped block top-K keeps them (DESIGN
+  section 4); the final top-K orders ties by ad id. Who selects (`select`): "block", the shipped
+  block top-K (`block_topk`'s template with one shared histogram instead of eight, for lists of a few
+  hundred keys), one request after another; or "warp", `warp_topk_emit_list` below, the same radix
+  select by one warp with warp barriers only, 8 requests at once. A batch of R requests over S slots
+  runs R * S / 4096 selections, four times the shipped wide walk's, so their cost matters; the warp
+  form costs registers (ptxas for sm_90 at fp16: 160, or 284 bytes of spills held to 128, against 138
+  and 16 for the block form), which is why both are kept until the probe has timed them on a device.
 * Group size: rg = the largest that gives every request room for cap + ROUND_SLOTS entries, at most
   RG_MAX (16; k = 100 fits 16), the batch split into balanced groups. k up to MAX_K = 4096 still fits
   one request a group. Shared memory: the lists 48 KiB, the accumulators 17 KiB, the histograms 8 KiB.
@@ -53,11 +59,15 @@ from andromeda_nb.versions import Version, version_table
 
 from .. import runtime
 from ..graphs import Launch, run_plan
-from ..kernels import score_mma
-from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS
+from andromeda_nb.templates import specialize
+
+from ..kernels import block_topk, score_mma
+from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS, slot_listed
 from ..kernels.tiles import QUAD_WORDS, words_per_ad
+from ..kernels.warp import sync_warp
 
 cuda = runtime.cuda()
+from numba import int32, uint32  # noqa: E402  (after the device choice)
 
 THREADS = score_mma.THREADS  # 8 warps: one 32-slot tile of a chunk each
 WARPS = THREADS // 32
@@ -66,6 +76,91 @@ ROUND_SLOTS = WARPS * 32  # slots a round adds at most to a request's list (one 
 LIST_ENTRIES = 6144  # (key, offset) pairs a block holds, over the group's requests
 RG_MAX = 16  # requests a group at most
 TILE_WORDS = score_mma.TILE_WORDS
+SELECTS = ("warp", "block")
+# the block-wide selection of a list of a few hundred keys, with one shared histogram instead of the
+# shipped block top-K's eight (8 times fewer words to clear and sum each round; a short list's atomics
+# rarely collide): the shipped template, its free name rebound
+block_topk_emit_list1 = cuda.jit(device=True)(specialize(block_topk._block_topk_emit_template,
+                                                         "block_topk_emit_list1", slot_at=slot_listed, HIST_COPIES=1))
+assert HIST_COPIES * HIST_BINS >= WARPS * 256  # the warp selection takes 256 histogram words a warp
+WARP_STATE = 4  # shared words of a warp's selection: the k-th key, keys still wanted, two emission counters
+
+
+@cuda.jit(device=True)
+def warp_topk_emit_list(keys, offs, base, n, cap, hist, part, st, active, out_key, out_slot, r, b, first_slot):
+    """One warp's top-K of a list: the `cap` largest of the nonzero keys[base:base + n] (entry i is slot
+    first_slot + offs[base + i]) into out_key[r, b, :cap] / out_slot[r, b, :cap], padded with key 0 and
+    slot -1; exact ties at the cut kept in arrival order, as `block_topk.block_topk_emit_list` keeps
+    them. The same 4-round radix select on 8-bit digits as `gpu.kernels.radix`, with the warp's own
+    part of the block's shared scratch (`hist` uint32[WARPS * 256], `part` uint32[WARPS * 32], `st`
+    uint32[WARPS * WARP_STATE]; indexed, not sliced, so that no view of them is hoisted into the
+    scoring loop's registers) and warp barriers only, so the 8 warps of a block select for 8
+    requests at once. Every lane calls it, the same number of barriers whatever the data (the
+    simulator's warp barrier is the block's); `active` False writes nothing (a call that only keeps
+    the simulator's barriers in step)."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    h0 = warp * 256
+    p0 = warp * 32
+    s0 = warp * WARP_STATE
+    prefix = uint32(0)
+    mask = uint32(0)
+    krem = uint32(cap)
+    emit_all = n <= cap
+    for rnd in range(4):
+        shift = uint32(24 - 8 * rnd)
+        for d in range(lane, 256, 32):
+            hist[h0 + d] = uint32(0)
+        sync_warp()
+        if not emit_all:
+            for i in range(lane, n, 32):
+                key = keys[base + i]
+                if (key & mask) == prefix:
+                    cuda.atomic.add(hist, h0 + int32((key >> shift) & uint32(255)), uint32(1))
+        sync_warp()
+        mine = uint32(0)  # lane l holds digits 8l .. 8l + 7
+        for d in range(8 * lane, 8 * lane + 8):
+            mine += hist[h0 + d]
+        part[p0 + lane] = mine
+        sync_warp()
+        above = uint32(0)  # keys of the prefix with a higher digit than the lane's
+        for j in range(lane + 1, 32):
+            above += part[p0 + j]
+        if not emit_all and above < krem and krem <= above + mine:  # the k-th key's digit is the lane's
+            d = 8 * lane + 7
+            while above + hist[h0 + d] < krem:
+                above += hist[h0 + d]
+                d -= 1
+            st[s0] = prefix | (uint32(d) << shift)
+            st[s0 + 1] = krem - above
+        sync_warp()
+        if not emit_all:
+            prefix = st[s0]
+            krem = st[s0 + 1]
+            mask |= uint32(255) << shift
+        sync_warp()
+    if lane == 0:
+        st[s0 + 2] = uint32(0)
+        st[s0 + 3] = uint32(0)
+    sync_warp()
+    if active:
+        n_greater = uint32(cap) - krem
+        for i in range(lane, n, 32):
+            key = keys[base + i]
+            if emit_all or key > prefix:
+                p = cuda.atomic.add(st, s0 + 2, uint32(1))
+                out_key[r, b, p] = key
+                out_slot[r, b, p] = first_slot + offs[base + i]
+            elif key == prefix:
+                p = cuda.atomic.add(st, s0 + 3, uint32(1))
+                if p < krem:
+                    out_key[r, b, n_greater + p] = key
+                    out_slot[r, b, n_greater + p] = first_slot + offs[base + i]
+        count = n if emit_all else cap
+        for j in range(count + lane, cap, 32):
+            out_key[r, b, j] = uint32(0)
+            out_slot[r, b, j] = -1
+    sync_warp()
 
 
 @dataclass(frozen=True)
@@ -79,6 +174,7 @@ class BatchedSpec:
     list_entries: int = LIST_ENTRIES
     rg_max: int = RG_MAX
     max_registers: int | None = None
+    select: str = "block"  # who selects a request's list: the block, or one warp ("warp", 8 requests at once)
 
     @property
     def ads_per_block(self) -> int:
@@ -99,6 +195,8 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, rg, out_key,
     loff = cuda.shared.array({list_n}, int32)
     cnt = cuda.shared.array({rg_max}, uint32)
     wb = cuda.shared.array({warps}, uint32)
+    wpart = cuda.shared.array({warps} * 32, uint32)
+    wst = cuda.shared.array({warps} * {warp_state}, uint32)
 {sim_shared}
     tid = cuda.threadIdx.x
     warp = tid >> 5
@@ -150,22 +248,8 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, rg, out_key,
                             loff[p] = s - slot0
                         sync_warp()
         cuda.syncthreads()
-        for j in range(nr):
-            n = int32(cnt[j])
-            if n > limit:  # the next round could overflow: keep the best cap (through the output block)
-                block_topk_emit_list(lkey[j * stride:], loff[j * stride:], n, cap, hist, part, state, out_key,
-                                     out_slot, r0 + j, b, slot0)
-                cuda.syncthreads()
-                for i in range(tid, cap, {threads}):
-                    lkey[j * stride + i] = out_key[r0 + j, b, i]
-                    loff[j * stride + i] = out_slot[r0 + j, b, i] - slot0
-                if tid == 0:
-                    cnt[j] = uint32(cap)
-                cuda.syncthreads()
-    for j in range(nr):
-        block_topk_emit_list(lkey[j * stride:], loff[j * stride:], int32(cnt[j]), cap, hist, part, state, out_key,
-                             out_slot, r0 + j, b, slot0)
-        cuda.syncthreads()
+{prune}
+{final}
 """
 
 
@@ -181,6 +265,58 @@ def _uniform(var: str, out: str) -> list[str]:
         return [f"{out} = {var}"]
     return [f"anyw[warp] = {var}", "cuda.syncthreads()", f"{out} = uint32(0)",
             f"for w in range({WARPS}):", f"    {out} |= anyw[w]", "cuda.syncthreads()"]
+
+
+_PRUNE_BLOCK = """for j in range(nr):
+    n = int32(cnt[j])
+    if n > limit:  # the next round could overflow: keep the best cap (through the output block)
+        block_topk_emit_list1(lkey[j * stride:], loff[j * stride:], n, cap, hist, part, state, out_key,
+                              out_slot, r0 + j, b, slot0)
+        cuda.syncthreads()
+        for i in range(tid, cap, {threads}):
+            lkey[j * stride + i] = out_key[r0 + j, b, i]
+            loff[j * stride + i] = out_slot[r0 + j, b, i] - slot0
+        if tid == 0:
+            cnt[j] = uint32(cap)
+        cuda.syncthreads()"""
+
+_FINAL_BLOCK = """for j in range(nr):
+    block_topk_emit_list1(lkey[j * stride:], loff[j * stride:], int32(cnt[j]), cap, hist, part, state, out_key,
+                          out_slot, r0 + j, b, slot0)
+    cuda.syncthreads()"""
+
+# warp w selects for requests w, w + 8, ...; `act` and `n` say whether and how much (the simulator calls
+# every warp's selection the same number of times, with nothing to write where there is nothing to do)
+_PRUNE_WARP = """for jj in range((nr + {warps_m1}) // {warps}):
+    j = jj * {warps} + warp
+    n = int32(cnt[j]) if j < nr else 0
+    act = n > limit
+{guard}
+        warp_topk_emit_list(lkey, loff, j * stride, n if act else 0, cap, hist, wpart, wst, act, out_key,
+                            out_slot, r0 + j, b, slot0)
+        if act:
+            for i in range(lane, cap, 32):
+                lkey[j * stride + i] = out_key[r0 + j, b, i]
+                loff[j * stride + i] = out_slot[r0 + j, b, i] - slot0
+            if lane == 0:
+                cnt[j] = uint32(cap)
+cuda.syncthreads()"""
+
+_FINAL_WARP = """for jj in range((nr + {warps_m1}) // {warps}):
+    j = jj * {warps} + warp
+    act = j < nr
+    n = int32(cnt[j]) if act else 0
+    warp_topk_emit_list(lkey, loff, j * stride, n, cap, hist, wpart, wst, act, out_key, out_slot, r0 + j, b, slot0)"""
+
+
+def _selection(spec: BatchedSpec) -> tuple[str, str]:
+    """The prune after a round and the final selection, by the block or by one warp a request."""
+    if spec.select == "block":
+        return _indent(_PRUNE_BLOCK.format(threads=THREADS).splitlines(), 8), \
+            _indent(_FINAL_BLOCK.splitlines(), 4)
+    guard = "    if True:" if runtime.simulator_enabled() else "    if act:"
+    fmt = dict(warps=WARPS, warps_m1=WARPS - 1, warp_state=WARP_STATE, guard=guard)
+    return _indent(_PRUNE_WARP.format(**fmt).splitlines(), 8), _indent(_FINAL_WARP.format(**fmt).splitlines(), 4)
 
 
 def _loads_and_products(spec: BatchedSpec) -> tuple[list[str], list[str]]:
@@ -212,19 +348,21 @@ def _name(spec: BatchedSpec) -> str:
     regs = f"_r{spec.max_registers}" if spec.max_registers else ""
     shape = "" if (spec.chunks, spec.list_entries, spec.rg_max) == (CHUNKS, LIST_ENTRIES, RG_MAX) else \
         f"_c{spec.chunks}_l{spec.list_entries}_g{spec.rg_max}"
-    return (f"score_batched_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{shape}")
+    select = "" if spec.select == "block" else f"_{spec.select}sel"
+    return f"score_batched_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{shape}{select}"
 
 
 def kernel_source(spec: BatchedSpec) -> str:
     name = _name(spec)
     loads, products = _loads_and_products(spec)
     sim = runtime.simulator_enabled()
+    prune, final = _selection(spec)
     NG = score_mma.n_gate_tiles(spec.experts)
     V = words_per_ad(spec.precision, spec.dim) // QUAD_WORDS
     return _SKELETON.format(
         name=name, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, warps=WARPS, acc_stride=8 * 2 * NG + 1,
         list_n=spec.list_entries, rg_max=spec.rg_max, round_slots=ROUND_SLOTS, cpb=spec.chunks, chunk=CHUNK_SLOTS,
-        threads=THREADS, tile_words=V * TILE_WORDS,
+        threads=THREADS, tile_words=V * TILE_WORDS, warp_state=WARP_STATE, prune=prune, final=final,
         sim_shared=_indent([f"anyw = cuda.shared.array({WARPS}, uint32)"] if sim else [], 4),
         uniform_seen=_indent(_uniform("seen", "seen"), 12), uniform_ew=_indent(_uniform("ew", "run"), 20),
         load_a=_indent(loads, 16), load_b=_indent(_load_b(spec), 24), products=_indent(products, 24),
@@ -233,7 +371,8 @@ def kernel_source(spec: BatchedSpec) -> str:
 
 def _namespace() -> dict:
     """The names the generated code calls: the shipped tensor-core kernel's (the same functions)."""
-    return score_mma._namespace()
+    return {**score_mma._namespace(), "warp_topk_emit_list": warp_topk_emit_list,
+            "block_topk_emit_list1": block_topk_emit_list1}
 
 
 def python_function(spec: BatchedSpec):
@@ -264,6 +403,8 @@ class BatchedScoreKernel:
     threads = THREADS
 
     def __init__(self, spec: BatchedSpec):
+        if spec.select not in SELECTS:
+            raise ValueError(f"unknown selection {spec.select!r}; choose from {', '.join(SELECTS)}")
         if spec.mode not in score_mma.MODES:
             raise ValueError(f"unknown tensor-core mode {spec.mode!r}; choose from {', '.join(score_mma.MODES)}")
         if not score_mma.supports("moe", spec.precision, spec.dim, spec.experts):
@@ -315,10 +456,11 @@ def get_batched_kernel(precision: str, dim: int, experts: int, top_e: int, mode:
 class BatchedRecipe:
     """The batched kernel as a version of the scoring family (`gpu.kernels.score`'s recipes): the
     'tiles' layout, MoE only. `register_limits`: (precision, max_registers) pairs, the rest unlimited.
-    fp16 is held to 128: the compiler takes 168 there (ptxas for sm_90, no spills), room for one
-    256-thread block an SM; 128 (8 bytes of spills) gives two, of the three that the 73 KiB of shared
-    memory a block allows. int8 takes 98 unlimited (two blocks an SM) and spills 20 bytes when held to
-    128, so it is not held. To be measured: scripts/probe_score_batched.py times both limits."""
+    fp16 is held to 128: the compiler takes 138 there (ptxas for sm_90, the block selection, no
+    spills), room for one 256-thread block an SM; 128 (16 bytes of spills) gives two, of the three
+    that the 73 KiB of shared memory a block allows. int8 takes 98 unlimited (two blocks an SM) and
+    spills 20 bytes when held to 128, so it is not held. To be measured: scripts/probe_score_batched.py
+    times both limits."""
 
     register_limits: tuple = (("fp16", 128),)
     layout: str = "tiles"

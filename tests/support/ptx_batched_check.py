@@ -1,6 +1,7 @@
 """Compile the batched tensor-core scoring kernel (gpu/lab/score_batched.py) for sm_90 with
 numba.cuda.compile_ptx, with no GPU and without the simulator (run as a subprocess by
-tests/gpu/test_score_batched.py). Arguments: PRECISION:D:MODE[:MAX_REGISTERS] cases (E = 6, top 2). Prints one JSON
+tests/gpu/test_score_batched.py). Arguments: PRECISION:D:MODE[:MAX_REGISTERS[:SELECT]] cases (E = 6, top 2; MAX_REGISTERS 0: unlimited,
+SELECT warp or block). Prints one JSON
 line per kernel: the number of mma.sync instructions and the number expected, float64 use, local
 memory, and, where `ptxas` is on PATH, what it reports for sm_90 (registers, spill bytes, shared
 memory). An older ptxas than the PTX ISA numba's NVVM writes refuses the `.version` line alone; the
@@ -64,8 +65,10 @@ def ptxas_report(ptx: str, max_registers: int | None = None) -> dict | None:
 
 def main(cases):
     for case in cases:
-        precision, dim, mode, *regs = case.split(":")
-        spec = sb.BatchedSpec(precision, int(dim), 6, 2, mode, max_registers=int(regs[0]) if regs else None)
+        precision, dim, mode, *rest = case.split(":")
+        regs = int(rest[0]) if rest and int(rest[0]) else None
+        spec = sb.BatchedSpec(precision, int(dim), 6, 2, mode, max_registers=regs,
+                              select=rest[1] if len(rest) > 1 else "block")
         ptx, _ = cuda.compile_ptx(sb.python_function(spec), KERNEL_SIG, cc=(9, 0))
         per_product = 1 if mode == "fast" else (3 if precision == "fp32" else 2)
         expected = 2 * (int(dim) // sm.K_STEP) * 2 * sm.n_gate_tiles(6) * per_product  # 2 m-tiles, one request
