@@ -505,6 +505,16 @@ MUTANTS: list[Mutant] = [
     M("protocol-server-max-k-ignored", "request decoding", "serving/protocol.py", "        check_k(k, rid, limits.max_k)\n",
       "        check_k(k, rid)\n", ("tests/serving/test_inputs.py",),
       "JSON request batches are checked against MAX_K, never the server's --max-k"),
+    M("front-update-one-worker", "engine workers", "serving/engine_front.py",
+      "        for worker in workers:  # sent to every worker before any is waited for: they apply it at once\n",
+      "        for worker in workers[:1]:  # sent to every worker before any is waited for: they apply it at once\n",
+      ("tests/migration/test_colocated_engines.py::test_an_acknowledged_update_is_seen_by_every_worker",),
+      "an acknowledged update reaches the first engine worker only: requests the others answer miss it"),
+    M("front-picks-ended-worker", "engine workers", "serving/engine_front.py",
+      "            if worker.ended is None and (least is None or len(worker._pending) < least):\n",
+      "            if least is None or len(worker._pending) < least:\n",
+      ("tests/migration/test_colocated_engines.py::test_a_killed_worker_fails_its_calls_by_name_and_never_hangs",),
+      "the front keeps handing requests to an engine worker that has ended"),
 ]
 
 
