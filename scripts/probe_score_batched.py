@@ -148,7 +148,6 @@ def main(argv=None) -> int:
         "eligible_share": float(per_request.mean() / S), "tiles_seen_per_request": float(tile_any),
         "tiles_seen_by_batch": float(tile_union), "versions": {"shipped": sk.VERSIONS[sk.SHIPPED].name},
         "arithmetic": "float32 (default mode: exact hi + lo tensor-core products)",
-        "command": " ".join(["scripts/probe_score_batched.py", *(argv if argv is not None else sys.argv[1:])]),
         "setup_s": round(setup_s, 1), "checks": {}, "timings": {}, "checks_ok": True,
     }
 
@@ -241,6 +240,9 @@ def main(argv=None) -> int:
         "batched_tensor_ms_at_600TFLOPs": round(flops / 600e12 * 1e3, 3),
     }
     result["total_s"] = round(time.perf_counter() - t_start, 1)
+    from andromeda_nb.provenance import script_command, stamp
+
+    stamp(result, command=script_command("probe_score_batched.py", sys.argv[1:] if argv is None else argv))
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     from andromeda_nb.devices import resolve
 
     resolve(args.device, kernels=True)
-    from andromeda_nb.measure import software
+    from andromeda_nb.measure import software, write_json
     from andromeda_nb.provenance import script_command, stamp
     from gpu import runtime
     from gpu.graphs import run_plan
@@ -100,8 +100,7 @@ def main(argv=None) -> int:
     stamp(result, command=script_command("probe_topk_segments.py", sys.argv[1:] if argv is None else argv))
     print(json.dumps(result))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(result, args.out)
     return 0 if result["all_checked_equal"] else 1
 
 
