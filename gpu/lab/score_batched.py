@@ -1,5 +1,13 @@
-"""The batched tensor-core scorer (issue 40, item 1): each ad tile's stored embeddings read once for a
-group of requests, not once per request.
+"""The batched tensor-core scorer: each ad tile's stored embeddings read once for a group of requests,
+not once per request.
+
+Measured (H100, commit 653333f, `scripts/probe_score_batched.py --ads 10000000 --requests 64`; docs/
+BENCHMARKS.md): answers equal to the shipped v8's, but 61.0 ms for the batch against v8's 11.7 ms. v8
+compacts each request's eligible slots (about 6% of a pool) into full m16 tiles before its products;
+this kernel runs the products and the epilogue over every slot of each tile a request sees (42% of the
+tiles of a generated corpus), about seven times the work, which the single read does not repay. Kept
+in the lab as the measured first try; a batched design that wins must make the products dense over a
+group's columns and keep the epilogue to the eligible (ad, request) pairs.
 
 The shipped kernel (`gpu/kernels/score_mma.py`, v8) runs grid (blocks, requests): each request walks
 its own eligible ads, so a batch of R requests reads an ad's row once per request that can see it
