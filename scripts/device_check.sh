@@ -17,6 +17,9 @@
 #             --batches 1,64`), then `ncu` (speed of light, launch statistics) of the kernels of lone requests
 #   lonelab   a lone request's scoring kernel and top-K, variants: `scripts/probe_topk_segments.py` (segment lengths),
 #             then `bench pipeline --data` with each scoring kernel of LONELAB_VERSIONS (default "8 9 10")
+#   engines   `bench served --engines` (ENGINES, default "1,4") with the clients in SERVED_PROCS processes (default 8)
+#             against `serve colocated` on the generated 1M fp16 corpus and the 10M corpus of `datapipe`
+#             (ENGINES_ADS, default "1000000 10000000"): the served rate and the lone client's p99
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures (COMPARE_ARGS: more options, e.g.
 #             "--layout geo", with COMPARE_TAG naming its files)
@@ -144,6 +147,14 @@ for stage in "${stages[@]}"; do
         python3 scripts/probe_engine_batch.py --data $data --batches 1 --repeat 5 > "$OUT/lone_ncu_$ads.txt" 2>&1
       echo "lone ncu rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Grid Size|Block Size" \
         "$OUT/lone_ncu_$ads.txt" | head -80 ;;
+    engines)
+      for ads in ${ENGINES_ADS:-1000000 10000000}; do
+        if [ "$ads" = 1000000 ]; then data=$(corpus_1m fp16); else data=$(data_corpus $ads); fi
+        timeout ${ENGINES_TIMEOUT:-280} $A bench served --data $data --device gpu --engines ${ENGINES:-1,4} --clients 32 \
+          --client-processes ${SERVED_PROCS:-8} --seconds ${SERVED_SECONDS:-5} --exchange stream --repeat 2 \
+          --out-file "$OUT/served_engines_$ads.json" > "$OUT/served_engines_$ads.log" 2>&1
+        echo "engines $ads rc=$?"; grep -E "in process, batches of 64|engines-|^stream|target" "$OUT/served_engines_$ads.log" | tail -6
+      done ;;
     lonelab)
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
       timeout 120 python3 scripts/probe_topk_segments.py --out "$OUT/topk_segments.json" > "$OUT/topk_segments.log" 2>&1
