@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             order = np.lexsort((ids, -scores.astype(np.int64)))[:k]
             expect.append((ids[order], scores[order]))
         for seg_len in (int(x) for x in args.segment_lens.split(",")):
-            n_seg = -(-(nb * cap) // seg_len)
+            n_seg = tk.n_segments(nb * cap, seg_len)
             P = tk.scratch_size(k)
             bufs = dict(sk=cuda.device_array((R, P), np.uint32), ss=cuda.device_array((R, P), np.int32),
                         sid=cuda.device_array((R, P), np.int64), out_id=cuda.device_array((R, k), np.int64),

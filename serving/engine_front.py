@@ -70,10 +70,7 @@ class LiveIds:
         ad_id = int(ad_id)
         if ad_id in self._added:
             return True
-        if ad_id in self._removed:
-            return False
-        at = int(np.searchsorted(self._snapshot, ad_id))
-        return at < len(self._snapshot) and int(self._snapshot[at]) == ad_id
+        return ad_id not in self._removed and self._in_snapshot(ad_id)
 
     def add(self, ad_id) -> None:
         ad_id = int(ad_id)

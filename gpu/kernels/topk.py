@@ -179,8 +179,9 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         out_count[r] = n_out
 
 
-def n_segments(n_candidates: int) -> int:
-    return -(-n_candidates // SEGMENT_LEN)
+def n_segments(n_candidates: int, segment_len: int | None = None) -> int:
+    """First-stage blocks of a request's `n_candidates` at `segment_len` (None: SEGMENT_LEN)."""
+    return -(-n_candidates // (segment_len or SEGMENT_LEN))
 
 
 def threads() -> int:
