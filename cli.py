@@ -1296,6 +1296,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @int_list_option("--batches", default="1,16,64", help="Requests per batch for throughput.")
 @click.option("--kernel-version", "score_version", type=click.IntRange(1), default=None,
               help="Scoring kernel version of the kernel lab (default: the shipped one for the shape).")
+@click.option("--match-version", "match_version", type=click.IntRange(1), default=None,
+              help="Match kernel version of the kernel lab (gpu/lab/match.py; default: the shipped one).")
 @click.option("--seed", type=_SEED, default=0, show_default=True, help="Corpus seed.")
 @click.option("--layouts", "layouts", default=DEFAULT_LAYOUT, show_default=True, metavar="LIST",
               callback=lambda c, p, v: _layout_list(v),
@@ -1316,8 +1318,8 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @renamed("--score-version", "--kernel-version")
 @renamed("--layout", "--layouts")
 @renamed("--launch", "--launches")
-def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batches, score_version, seed, layouts,
-                   launches, device, out, as_json, quiet):
+def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batches, score_version, match_version,
+                   seed, layouts, launches, device, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
     per-request p50/p99 latency and pool ads/s, on a generated pool tiled to --ads or on a corpus of
     distinct ads (--data). Every timed answer is checked against the float64 reference over the
@@ -1336,7 +1338,8 @@ def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batc
         from benchmarks import score as bs
 
         result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
-                                           batches=batches, score_version=score_version, seed=seed,
+                                           batches=batches, score_version=score_version,
+                                           match_version=match_version, seed=seed,
                                            launches=launches, device=device, data=data,
                                            check_requests=check_requests, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:

@@ -523,6 +523,7 @@ def array_module(where: str):
 
 def pipeline_pool(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 64, precision: str = "fp16",
                   dim: int = 64, k: int = CHECK_K, score_version: int | None = None, seed: int = 0,
+                  match_version: int | None = None,
                   layout: str = "geo", device: str = "auto", progress: bool = True) -> PipelinePool:
     """The pool of `bench_pipeline` (its arguments): on the GPU (`device` auto or gpu), or under the
     CUDA simulator (`device` sim: tiny pools, for the tests)."""
@@ -546,7 +547,8 @@ def pipeline_pool(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: i
     copies = max(1, -(-pool // base_ads))
     buckets = world_buckets(seed)
     rank = clustered_order(base.compiled.format, buckets.ad_masks(base.compiled)) if layout == "geo" else None
-    index = build_tiled_index(base.compiled, copies, rank=rank, buckets=buckets, device=where)
+    index = build_tiled_index(base.compiled, copies, rank=rank, buckets=buckets, device=where,
+                              version=match_kernel(match_version))
     model = MoeModel.init(seed, D=dim)
     requests = [dataclasses.replace(r, signals=request_signals(r.request_id, seed, model.E, model.S))
                 for r in base.requests]
@@ -566,8 +568,20 @@ def pipeline_pool(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: i
     return PipelinePool(index, fs, dpool, model, requests, header, index_s, t0, base, xp)
 
 
+def match_kernel(number: int | None):
+    """The match kernel `--match-version` names: a Version of the kernel lab (gpu/lab/match.py), which
+    holds the shipped ones too; None: the shipped one."""
+    if number is None:
+        return None
+    from gpu.lab import match as lab_match
+
+    if number not in lab_match.VERSIONS:
+        raise ValueError(f"no match kernel v{number}; the lab has {sorted(lab_match.VERSIONS)}")
+    return lab_match.VERSIONS[number]
+
+
 def data_pool(data, *, k: int = CHECK_K, score_version: int | None = None, layout: str = "geo",
-              device: str = "auto", progress: bool = True) -> PipelinePool:
+              device: str = "auto", progress: bool = True, match_version: int | None = None) -> PipelinePool:
     """The pool of `bench_pipeline --data`: a corpus directory (`andromeda generate` or `import`) as
     `serve colocated` serves it: `store.load_dataset`, then the GPU engine's index and scorer
     (`gpu.engine.GpuEngine`, slots laid out by `layout`), its own requests. The load and the build
@@ -584,6 +598,7 @@ def data_pool(data, *, k: int = CHECK_K, score_version: int | None = None, layou
         resolve(device, kernels=True, what="the co-located pipeline benchmark")
     if score_version is not None and score_version not in lab.VERSIONS:
         raise ValueError(f"no scoring kernel v{score_version}; the lab has {sorted(lab.VERSIONS)}")
+    match = match_kernel(match_version)  # checked before the corpus loads
     cuda = runtime.cuda()
     xp = array_module(where)
     t0 = time.time()
@@ -592,7 +607,7 @@ def data_pool(data, *, k: int = CHECK_K, score_version: int | None = None, layou
     log(progress, f"pipeline corpus {data}: {len(dataset.ad_ids):,} ads, {len(dataset.requests):,} requests, "
         f"loaded in {load_s:.1f} s")
     engine = GpuEngine(dataset, where, version=None if score_version is None else lab.VERSIONS[score_version],
-                       layout=layout)
+                       layout=layout, match_version=match)
     index, fs = engine.index, engine.scorer
     index_s = time.time() - t0
     log(progress, f"pipeline corpus: {len(index):,} ads in {index.capacity:,} slots, engine built in "
@@ -715,6 +730,7 @@ WARM_CALLS = 4
 def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: int = 256, precision: str = "fp16",
                    dim: int = 64, k: int = CHECK_K, batches: Sequence[int] = (1, 16, 64), latency_requests: int = 200,
                    score_version: int | None = None, seed: int = 0, layout: str = "geo",
+                   match_version: int | None = None,
                    launches: Sequence[str] = LAUNCHES, reps: int | None = None, device: str = "auto",
                    data=None, check_requests: int | None = None, progress: bool = True) -> dict:
     """`layout` 'geo': a format's slots hold its base ads clustered by geography
@@ -747,10 +763,12 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     if not launches or any(m not in LAUNCHES for m in launches):
         raise ValueError(f"launch modes {launches!r}: choose from {', '.join(LAUNCHES)}")
     if data is not None:
-        pp = data_pool(data, k=k, score_version=score_version, layout=layout, device=device, progress=progress)
+        pp = data_pool(data, k=k, score_version=score_version, layout=layout, device=device, progress=progress,
+                       match_version=match_version)
     else:
         pp = pipeline_pool(pool=pool, base_ads=base_ads, n_requests=n_requests, precision=precision, dim=dim, k=k,
-                           score_version=score_version, seed=seed, layout=layout, device=device, progress=progress)
+                           score_version=score_version, seed=seed, layout=layout, device=device, progress=progress,
+                           match_version=match_version)
     cuda = runtime.cuda()
 
     from andromeda_nb.compiled import encode_requests

@@ -48,7 +48,7 @@ class GpuEngine(EngineBase):
     layout = "format"  # engines built another way (benchmarks.tiled) lay slots out by format
 
     def __init__(self, dataset, device: str = "auto", *, version=None, layout: str = DEFAULT_LAYOUT,
-                 graphs: bool = True, say: Say | None = None):
+                 graphs: bool = True, say: Say | None = None, match_version=None):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown slot layout {layout!r}; choose from {', '.join(LAYOUTS)}")
         super().__init__(dataset)
@@ -61,7 +61,8 @@ class GpuEngine(EngineBase):
         buckets = world_buckets(dataset.seed)  # the geographic bits of the match's block skip: the seed's world
         phases.done("GPU modules loaded, the world's geographic buckets made")
         self.index = GpuTargetingIndex.from_compiled(dataset.compiled, device=self.device, buckets=buckets,
-                                                     rank="geo" if layout == "geo" else None, say=say)  # no ad parsed
+                                                     rank="geo" if layout == "geo" else None, say=say,
+                                                     version=match_version)  # no ad parsed
         phases = Phases(say)
         slots = self.index.slots
         values, scale = dataset.embeddings.values, dataset.embeddings.scale

@@ -15,8 +15,10 @@
 #             to the first answer with the compile caches as the machine has them, then warm
 #   lone      where a lone request's time goes on the corpus of `datapipe` (`scripts/probe_engine_batch.py
 #             --batches 1,64`), then `ncu` (speed of light, launch statistics) of the kernels of lone requests
-#   lonelab   a lone request's scoring kernel and top-K, variants: `scripts/probe_topk_segments.py` (segment lengths),
-#             then `bench pipeline --data` with each scoring kernel of LONELAB_VERSIONS (default "8 9 10")
+#   lonelab   a lone request's scoring kernel and top-K, variants: `scripts/probe_topk_segments.py` (segment lengths;
+#             LONELAB_TOPK=0 leaves it out),
+#             then `bench pipeline --data` with each scoring kernel of LONELAB_VERSIONS (default "8 9 10"; an
+#             entry "mN" runs match kernel N of the lab with the shipped scoring kernel)
 #   engines   `bench served --engines` (ENGINES, default "1,4") with the clients in SERVED_PROCS processes (default 8)
 #             against `serve colocated` on the generated 1M fp16 corpus and the 10M corpus of `datapipe`
 #             (ENGINES_ADS, default "1000000 10000000"): the served rate and the lone client's p99
@@ -157,10 +159,13 @@ for stage in "${stages[@]}"; do
       done ;;
     lonelab)
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
-      timeout 120 python3 scripts/probe_topk_segments.py --out "$OUT/topk_segments.json" > "$OUT/topk_segments.log" 2>&1
-      echo "topk segments rc=$?"; grep -E '^\{"requests' "$OUT/topk_segments.log" | cut -c1-200
+      if [ "${LONELAB_TOPK:-1}" = 1 ]; then
+        timeout 120 python3 scripts/probe_topk_segments.py --out "$OUT/topk_segments.json" > "$OUT/topk_segments.log" 2>&1
+        echo "topk segments rc=$?"; grep -E '^\{"requests' "$OUT/topk_segments.log" | cut -c1-200
+      fi
       for v in ${LONELAB_VERSIONS:-8 9 10}; do
-        timeout ${LONELAB_TIMEOUT:-200} $A bench pipeline --data $data --kernel-version $v --batches 1,64 --launches graph \
+        case $v in m*) pick="--match-version ${v#m}" ;; *) pick="--kernel-version $v" ;; esac
+        timeout ${LONELAB_TIMEOUT:-200} $A bench pipeline --data $data $pick --batches 1,64 --launches graph \
           --check-requests 8 --out-file "$OUT/pipeline_lone_v$v.json" > "$OUT/pipeline_lone_v$v.log" 2>&1
         echo "v$v rc=$?"; grep -E "latency|batch   1|batch  64|target p50|checked" "$OUT/pipeline_lone_v$v.log" | head -8
       done ;;

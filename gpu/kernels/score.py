@@ -375,6 +375,7 @@ class TensorCoreRecipe:
     compact: bool = False  # walk each chunk's eligible slots only (score_mma._COMPACT_SKELETON)
     wide: bool = False  # the compacted walk over 64 chunks a block, keys as a list (score_mma._WIDE_SKELETON)
     chunks: int = 64  # wide: chunks a block walks (score_mma.WIDE_CHUNKS by default)
+    request_major: bool = False  # grid (R, NB): a batch's requests walk the same chunks at once
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -383,7 +384,8 @@ class TensorCoreRecipe:
         if spec.kind != "moe":
             raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
         return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
-                              compact=self.compact, wide=self.wide, chunks=self.chunks)
+                              compact=self.compact, wide=self.wide, chunks=self.chunks,
+                              request_major=self.request_major)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,

@@ -246,6 +246,7 @@ class MmaSpec:
     emit_at: int = LIST_CAP - ROUND_SLOTS  # wide: a list longer than this after a round is selected
     out_slots: int = ADS_PER_BLOCK  # wide: slots per output block (the block top-K's granularity)
     chunks: int = WIDE_CHUNKS  # wide: chunks a block walks (fewer: more, shorter blocks for a lone request)
+    request_major: bool = False  # grid (R, NB): the requests of a batch walk the same chunks at once (L2 reuse)
 
     @property
     def table_width(self) -> int:
@@ -265,8 +266,8 @@ def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out
     lane = tid & 31
     g = lane >> 2
     q = lane & 3
-    b = cuda.blockIdx.x
-    r = cuda.blockIdx.y
+    b = cuda.blockIdx.{b_axis}
+    r = cuda.blockIdx.{r_axis}
     n_chunks = chunk_format.shape[0]
     n_f = tabs.shape[1]
     c0 = b * {cpb}
@@ -526,7 +527,8 @@ def _source(spec: MmaSpec, name: str) -> str:
     body = _products(spec) + ["sync_warp()"] + _epilogue(spec) + ["sync_warp()"]
     sim = runtime.simulator_enabled()
     # what every skeleton reads; each walk adds its own below
-    common = dict(name=name, hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, chunk=CHUNK_SLOTS, warps=WARPS,
+    common = dict(name=name, b_axis="y" if spec.request_major else "x", r_axis="x" if spec.request_major else "y",
+                  hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, chunk=CHUNK_SLOTS, warps=WARPS,
                   acc_stride=8 * 2 * NG + 1, init=_indent(init, 4))
     if spec.compact:  # the listing walks (compacted, and wide)
         common.update(threads=THREADS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16), body=_indent(body, 12),
@@ -549,6 +551,7 @@ def _name(spec: MmaSpec) -> str:
     if spec.wide:
         walk = f"_wide{spec.emit_at}" + ("" if spec.out_slots == ADS_PER_BLOCK else f"_o{spec.out_slots}")
         walk += "" if spec.chunks == WIDE_CHUNKS else f"_c{spec.chunks}"
+    walk += "_rm" if spec.request_major else ""
     return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
@@ -591,7 +594,8 @@ class MmaScoreKernel:
 
     def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
         per_block = self.spec.chunks * CHUNK_SLOTS if self.spec.wide else ADS_PER_BLOCK
-        return (-(-n_slots // per_block), n_requests)
+        n_blocks = -(-n_slots // per_block)
+        return (n_requests, n_blocks) if self.spec.request_major else (n_blocks, n_requests)
 
     def prepare(self, tabs, stream=0):
         """(frag, fscale) device arrays for `tabs` (float32 [R, F, TW], on the device)."""
@@ -647,7 +651,7 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
                    max_registers: int | None = None, compact: bool = False, wide: bool = False,
                    emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK,
-                   chunks: int = WIDE_CHUNKS) -> MmaScoreKernel:
+                   chunks: int = WIDE_CHUNKS, request_major: bool = False) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
@@ -663,7 +667,7 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
                              f"overflow its list or its output blocks")
     return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
                                   compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots,
-                                  chunks=chunks))
+                                  chunks=chunks, request_major=request_major))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",

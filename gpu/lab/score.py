@@ -28,6 +28,10 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   611 blocks of v8 over a 10M pool fill about one and a half waves of an H100). Measured
                   on the generated 10M corpus (H100, one run beside v8): one request p50 1.04 ms against
                   1.06, batches of 64 48.3 G pool ads/s against 56.3: not shipped
+    v11 wide, request-major  v8 with the grid's axes swapped: blockIdx.x is the request, so the blocks of
+                  the batch's requests over one range of slots are resident together and an ad eligible
+                  for several of them is read from DRAM once (v8's grid runs a request's 611 blocks
+                  before the next request's, and a 10M pool's 1.28 GB does not stay in a 50 MB L2)
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -76,6 +80,10 @@ VERSIONS = version_table(
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
             "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
             "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),
+    Version(11, "v11 wide, request-major", "v8 with the grid's axes swapped, (requests, blocks): the blocks of a "
+            "batch's requests over the same 16,384 slots run side by side, so an ad eligible for several "
+            "requests is read from DRAM once and then from L2", TensorCoreRecipe(80, compact=True, wide=True,
+                                                                                  request_major=True)),
 )
 SHIPPED = shipped.SHIPPED
 

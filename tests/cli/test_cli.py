@@ -362,6 +362,16 @@ def test_counts_out_of_range_are_refused_naming_the_option():
     _refused(["generate", "--seed", -1, "--out", "unused"], "'--seed'", "-1")
 
 
+def test_an_unknown_match_version_is_refused_before_the_corpus_loads(tmp_path):
+    """`bench pipeline --match-version` names a kernel of the lab; another number is refused with the
+    lab's numbers, before any corpus is read (the folder here holds none)."""
+    result = _runner().invoke(main, ["bench", "pipeline", "--data", str(tmp_path), "--device", "sim",
+                                     "--match-version", "99"])
+    said = result.stderr
+    assert result.exit_code == 1 and "no match kernel v99; the lab has [1, 2, 3" in said, said
+    assert "Traceback" not in said and "meta.json" not in said
+
+
 def test_every_numeric_option_has_a_range():
     """A count, size, seed or time outside what the work can take is a usage error naming the option,
     never a traceback from deep inside: every int or float option of every command is a range."""

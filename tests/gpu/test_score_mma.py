@@ -258,6 +258,24 @@ def test_wide_walk_over_fewer_chunks_equals_the_reference(version, chunks):
         score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, chunks=12)
 
 
+def test_request_major_grid_equals_the_reference():
+    """v11, v8 with the grid's axes swapped (blockIdx.x the request, blockIdx.y the block of slots):
+    the same output blocks, every request's answers equal to the reference. Two requests under the
+    simulator, so a request read from the wrong axis leaves one of them unanswered; on the GPU 200
+    chunks (four blocks of slots) and R = 3."""
+    from gpu.fused import FusedScorer
+    from gpu.lab import score as lab
+
+    n_chunks, R = (200, 3) if ON_GPU else (9, 2)
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(91, "fp16", 64, 6, 2, n_chunks, R,
+                                                                    density=0.3 if ON_GPU else 0.08)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[11])
+    assert fs.kernel.spec.request_major and fs.kernel.grid(fs.n_slots, R) == (R, -(-n_chunks // 64))
+    k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
+           context=f"request-major wide walk k={k}")
+
+
 def test_fast_mode_meets_the_reduced_precision_rule():
     """'fast' (fp16 tables, no low part): scores within 1e-2 of the reference's score spread and at
     least 99% of the reference top-K recovered (DESIGN section 4)."""
