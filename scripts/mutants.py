@@ -182,6 +182,10 @@ MUTANTS: list[Mutant] = [
       'lines.append("    offs[base + i] = o")', 'lines.append("    offs[base + i] = lane")',
       ("tests/gpu/test_score_mma.py::test_wide_walk_equals_the_reference",),
       "the wide walk's list keeps each key with the wrong slot"),
+    M("request-major-reads-request-of-block-axis", "wide eligible-slot walk", "gpu/kernels/score_mma.py",
+      'r_axis="x" if spec.request_major else "y"', 'r_axis="y" if spec.request_major else "y"',
+      ("tests/gpu/test_score_mma.py::test_request_major_grid_equals_the_reference",),
+      "the request-major kernel takes its request from the slot-block axis: a batch's other requests go unscored"),
     # --- updates and logs -----------------------------------------------------------------------------
     M("log-damage-taken-for-torn-tail", "update log", "serving/wal.py",
       "            scan.problem = _damaged(path, n, want, base, why, len(lines) - n, scan.boundary())\n            break",

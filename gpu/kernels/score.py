@@ -2,15 +2,19 @@
 per-block top-K, in one pass over the stored embeddings (DESIGN section 3).
 
 The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBACK` (`version()`):
-    v8 compacted wide  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
+    v11 wide, request-major  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
                   request's tables carried as fp16 hi + lo pairs (float32 accuracy), over each chunk's
                   eligible slots only (a warp lists them in shared memory and gathers their rows into
                   the tiles, so the bytes read follow the eligible ads, not the pool), one ad per lane
                   for routing and softmax; a block walks 64 chunks (16,384 slots) and keeps its
                   eligible ads' keys as a list, so its top-K selects among the eligible ads once,
                   not among 4096 keys (mostly empty) every 16 chunks (`gpu/kernels/score_mma.py`,
-                  which says how); shipped for the MoE at fp16 and int8 with D = 64, where it was
-                  measured faster (docs/BENCHMARKS.md, the co-located pipeline)
+                  which says how); the grid is (requests, blocks), so the blocks of a batch's
+                  requests over one range of slots are resident together and an ad eligible for
+                  several of them comes from L2 after its first read (v8, the same walk on a
+                  (blocks, requests) grid, ran one request's blocks after another's and read each
+                  eligible row from DRAM once per request); shipped for the MoE at fp16 and int8 with
+                  D = 64, where it was measured faster (docs/BENCHMARKS.md, the co-located pipeline)
     v4 tiled x4   four ads per thread (64-thread blocks); embeddings tile-interleaved as 32-bit words
                   (below) read with 16-byte loads; the block's format table in shared memory, d-major
                   (2E floats per dimension: gate keys then expert vectors, FiLM folded in), read with
@@ -23,7 +27,7 @@ The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBAC
 Both run under the CUDA simulator too (the tensor-core kernel through `gpu.kernels.mma`'s emulation).
 The versions before them (v1 naive, v2 and v3 with one and two ads per thread, v5 the tensor-core
 kernel without a register limit, v6 its full walk over every slot at 80 registers, v7 the compacted walk
-with a block top-K every 4096 slots) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
+with a block top-K every 4096 slots, v8 the shipped walk on a (blocks, requests) grid) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
 score` times and the tests check. A version is one entry of `VERSIONS`: a number, a name, and a
 recipe with `layout` ('rows' | 'tiles') and `build(spec)`; the tiled versions share the generator
 `tiled(ads_per_thread)`, the tensor-core ones `TensorCoreRecipe` (the
@@ -397,14 +401,16 @@ class TensorCoreRecipe:
 VERSIONS = version_table(
     Version(4, "v4 tiled x4", "16-byte loads of tiled words, shared d-major format table, four ads per thread",
             tiled(4)),
-    Version(8, "v8 compacted wide", "v7 over 16,384 slots a block, its eligible ads' keys kept as a list: one "
-            "block top-K over the eligible ads of 64 chunks instead of one over the 4096 keys of every 16 "
-            "(score_mma.py; MoE only)", TensorCoreRecipe(80, compact=True, wide=True)),
+    Version(11, "v11 wide, request-major", "v8 (the compacted walk over 16,384 slots a block, its eligible ads' "
+            "keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's requests "
+            "over the same slots run side by side, so an ad eligible for several requests is read from DRAM once "
+            "and then from L2 (score_mma.py; MoE only)",
+            TensorCoreRecipe(80, compact=True, wide=True, request_major=True)),
 )
-# docs/BENCHMARKS.md, the co-located pipeline (one H200 run, 10M-ad pool, a request's match leaving 3.6% to 13.6%
-# eligible): batches of 64, scoring kernel 12.46 ms against 17.17 ms for v7, 36.5 G pool ads/s against 26.8 G
-# (pipelined); ncu with 8% of a 10Mi pool eligible, 64 requests: 15.1 ms against 19.2 ms.
-SHIPPED = 8
+# docs/BENCHMARKS.md, the co-located pipeline (one H100 run beside v8, commit bb33939, the generated 10M-ad corpus
+# of distinct ads): batches of 64, scoring kernel 6.00 ms against v8's ~9.1, 78.0 G pool ads/s against 56.6 G
+# (pipelined); a lone request's grid is v8's (one request: the same blocks), 1.03 against 1.07 ms p50.
+SHIPPED = 11
 FALLBACK = 4  # for the shapes SHIPPED does not serve best: dot kernels, fp32 storage, D = 128
 
 

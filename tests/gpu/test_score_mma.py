@@ -328,7 +328,7 @@ def test_the_tensor_core_kernel_ships_only_where_the_device_has_tensor_cores(mon
     from gpu import runtime
     from gpu.kernels import score as sk
 
-    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 8
+    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 11
     for shape in (("moe", "fp32", 64), ("moe", "fp16", 128), ("dot", "fp16", 64)):
         assert sk.version(None, *shape).number == sk.FALLBACK, shape
     monkeypatch.setattr(runtime, "has_tensor_cores", lambda: False)  # a device before compute capability 8.0
