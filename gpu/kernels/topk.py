@@ -8,8 +8,10 @@ The product runs `SHIPPED`:
                            `final_topk_v1` then runs on segments x K candidates: one thread block per
                            request finds the K-th largest key, the keys above it and up to P - (number
                            above) keys equal to it go to a scratch of P = next power of two >= 2K
-                           entries; a bitonic sort of the scratch by (key descending, ad id ascending)
-                           in global memory, then the first K rows are written. Exact unless more than
+                           entries; a bitonic sort of the scratch by (key descending, ad id ascending),
+                           in shared memory when P <= SHARED_SORT (K <= 512; each of its log2(P) *
+                           (log2(P) + 1) / 2 stages a barrier, not a round trip through L2), in global
+                           memory otherwise, then the first K rows are written. Exact unless more than
                            P - (number above) candidates share the K-th key exactly (then an arbitrary
                            subset of those equal scores is kept).
 Both kernels select with the block-wide radix select of `gpu.kernels.radix`, the one the scoring
@@ -51,6 +53,7 @@ from numba import int32, int64, uint32  # noqa: E402
 FINAL_THREADS = 1024
 SIM_THREADS = 32
 SEGMENT_LEN = 16384  # candidates per first-stage block (v2)
+SHARED_SORT = 1024  # scratch entries sorted in shared memory (12 KB; K <= 512); larger ones in global memory
 
 
 def scratch_size(k: int) -> int:
@@ -64,6 +67,27 @@ def scratch_size(k: int) -> int:
 def _before(ka, ia, kb, ib):
     """Rank order: a comes before b (key descending, ad id ascending)."""
     return ka > kb or (ka == kb and ia < ib)
+
+
+@cuda.jit(device=True, cache=True)
+def _bitonic(keys, ids, P, tid, nt):
+    """Sort keys[:P], ids[:P] (P a power of two, in shared memory) into rank order (key descending,
+    ad id ascending) by a bitonic network, every thread of the block taking pairs of each stage."""
+    size = 2
+    while size <= P:
+        stride = size // 2
+        while stride > 0:
+            for i in range(tid, P // 2, nt):
+                lo = 2 * stride * (i // stride) + (i % stride)
+                hi = lo + stride
+                first = (lo & size) == 0
+                ka, ia, kb, ib = keys[lo], ids[lo], keys[hi], ids[hi]
+                if _before(kb, ib, ka, ia) == first:
+                    keys[lo], keys[hi] = kb, ka
+                    ids[lo], ids[hi] = ib, ia
+            cuda.syncthreads()
+            stride //= 2
+        size *= 2
 
 
 @cuda.jit(cache=True)
@@ -151,30 +175,42 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         ss[r, j] = -1
         sid[r, j] = 0x7FFFFFFFFFFFFFFF
     cuda.syncthreads()
-    size = 2
-    while size <= P:
-        stride = size // 2
-        while stride > 0:
-            for i in range(tid, P // 2, nt):
-                lo = 2 * stride * (i // stride) + (i % stride)
-                hi = lo + stride
-                first = (lo & size) == 0
-                ka, ia, kb, ib = sk[r, lo], sid[r, lo], sk[r, hi], sid[r, hi]
-                if _before(kb, ib, ka, ia) == first:
-                    sk[r, lo], sk[r, hi] = kb, ka
-                    sid[r, lo], sid[r, hi] = ib, ia
-                    sl = ss[r, lo]
-                    ss[r, lo] = ss[r, hi]
-                    ss[r, hi] = sl
-            cuda.syncthreads()
-            stride //= 2
-        size *= 2
-    n_out = total
-    if n_out > k:
-        n_out = k
-    for j in range(tid, n_out, nt):
-        out_id[r, j] = sid[r, j]
-        out_score[r, j] = _bits.key_to_f32(sk[r, j])
+    if P <= SHARED_SORT:  # the scratch sorted in shared memory: no global round trip per stage
+        tk = cuda.shared.array(SHARED_SORT, uint32)
+        sids = cuda.shared.array(SHARED_SORT, int64)
+        for j in range(tid, P, nt):
+            tk[j] = sk[r, j]
+            sids[j] = sid[r, j]
+        cuda.syncthreads()
+        _bitonic(tk, sids, P, tid, nt)
+        n_out = total
+        if n_out > k:
+            n_out = k
+        for j in range(tid, n_out, nt):
+            out_id[r, j] = sids[j]
+            out_score[r, j] = _bits.key_to_f32(tk[j])
+    else:
+        size = 2
+        while size <= P:
+            stride = size // 2
+            while stride > 0:
+                for i in range(tid, P // 2, nt):
+                    lo = 2 * stride * (i // stride) + (i % stride)
+                    hi = lo + stride
+                    first = (lo & size) == 0
+                    ka, ia, kb, ib = sk[r, lo], sid[r, lo], sk[r, hi], sid[r, hi]
+                    if _before(kb, ib, ka, ia) == first:
+                        sk[r, lo], sk[r, hi] = kb, ka
+                        sid[r, lo], sid[r, hi] = ib, ia
+                cuda.syncthreads()
+                stride //= 2
+            size *= 2
+        n_out = total
+        if n_out > k:
+            n_out = k
+        for j in range(tid, n_out, nt):
+            out_id[r, j] = sid[r, j]
+            out_score[r, j] = _bits.key_to_f32(sk[r, j])
     if tid == 0:
         out_count[r] = n_out
 

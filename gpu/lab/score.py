@@ -35,6 +35,8 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   for several of them is read from DRAM once (v8's grid runs a request's 611 blocks
                   before the next request's, and a 10M pool's 1.28 GB does not stay in a 50 MB L2).
                   Shipped for the MoE at fp16 and int8 with D = 64
+    v12 request-major, lone walk  v11 for batches; a batch of one request walks 16 chunks a block
+                  (v10's geometry), the same output blocks, from a second kernel of the same source
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -83,6 +85,9 @@ VERSIONS = version_table(
             "block top-K over the eligible ads of 64 chunks instead of one over the 4096 keys of every 16 "
             "(score_mma.py; MoE only)", TensorCoreRecipe(80, compact=True, wide=True)),
     *shipped.VERSIONS.values(),
+    Version(12, "v12 request-major, lone walk of 16 chunks", "v11 for batches; a batch of one request walks 16 "
+            "chunks a block (v10's geometry: four times the blocks, the same output blocks), so that one request's "
+            "walk fills the GPU", TensorCoreRecipe(80, compact=True, wide=True, request_major=True, lone_chunks=16)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
             "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
             "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),

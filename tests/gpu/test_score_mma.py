@@ -276,6 +276,30 @@ def test_request_major_grid_equals_the_reference():
            context=f"request-major wide walk k={k}")
 
 
+@pytest.mark.parametrize("R", [1] if not ON_GPU else [1, 3])  # R > 1 runs v11, tested above
+def test_lone_walk_equals_the_reference(R):
+    """v12: a batch of one request runs the 16-chunk walk (its own kernel, four times the blocks), a
+    larger batch v11's request-major walk; both write the same output blocks, and the answers equal
+    the reference. 17 chunks under the simulator: the lone walk's second block holds one chunk."""
+    from gpu.fused import FusedScorer
+    from gpu.graphs import Launch
+    from gpu.lab import score as lab
+
+    n_chunks = 200 if ON_GPU else 17
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(93 + R, "fp16", 64, 6, 2, n_chunks, R,
+                                                                    density=0.3 if ON_GPU else 0.08)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[12])
+    walk = fs.kernel.lone if R == 1 else fs.kernel
+    assert walk.spec.chunks == (16 if R == 1 else 64) and fs.kernel.lone.ads_per_block == fs.kernel.ads_per_block
+    launched = [s for s in fs.kernel.plan(fs.d_emb, fs.d_scale, fs.d_chunk_format, elig, tabs, 10,
+                                          np.zeros((R, 1, 10), np.uint32), np.zeros((R, 1, 10), np.int32))
+                if isinstance(s, Launch) and s.kernel is walk.kernel]
+    assert len(launched) == 1 and launched[0].grid == walk.grid(fs.n_slots, R)
+    k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
+           context=f"lone walk R={R} k={k}")
+
+
 def test_fast_mode_meets_the_reduced_precision_rule():
     """'fast' (fp16 tables, no low part): scores within 1e-2 of the reference's score spread and at
     least 99% of the reference top-K recovered (DESIGN section 4)."""
