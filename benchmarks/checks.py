@@ -291,16 +291,20 @@ class CorpusOracle(SlotOracle):
         self.seed = seed
         self._sample = None  # (ads, their ids) parsed on first use
         self._held: tuple = (None, None)
+        self._by_copy: dict[int, np.ndarray] = {}  # a pool of copies: eligible ads per copy, by request
         self.sample_checked = self.sample_failed = 0
         self.sample_first_failure: str | None = None
 
     def _sample_ads(self):
         if self._sample is None:  # drawn from the first SAMPLE_FROM ads of the file (parsing them all
-            # would take minutes at 10M)
-            ads = next(iter(self.dataset.ad_chunks(SAMPLE_FROM)), [])
-            rng = np.random.default_rng(self.seed)
-            pick = rng.choice(len(ads), min(self.sample_size, len(ads)), replace=False)
-            chosen = [ads[i] for i in sorted(pick.tolist())]
+            # would take minutes at 10M); over a pool of copies, from every copy of those
+            if hasattr(self.dataset, "sample_ads"):
+                chosen = self.dataset.sample_ads(self.sample_size, self.seed, SAMPLE_FROM)
+            else:
+                ads = next(iter(self.dataset.ad_chunks(SAMPLE_FROM)), [])
+                rng = np.random.default_rng(self.seed)
+                pick = rng.choice(len(ads), min(self.sample_size, len(ads)), replace=False)
+                chosen = [ads[i] for i in sorted(pick.tolist())]
             self._sample = (chosen, np.asarray([a.ad_id for a in chosen], np.int64))
         return self._sample
 
@@ -308,6 +312,9 @@ class CorpusOracle(SlotOracle):
         """int64: the ids of the ads eligible for `request`, ascending (the CPU index's), after the
         oracle sample check."""
         ids = self.cpu.match([request])[0]
+        if hasattr(self.dataset, "copy_of_ids"):
+            self._by_copy[int(request.request_id)] = np.bincount(self.dataset.copy_of_ids(ids),
+                                                                 minlength=self.dataset.plan.copies)
         ads, sample_ids = self._sample_ads()
         want = np.fromiter((eligible(a, request) for a in ads), bool, len(ads))
         got = np.isin(sample_ids, ids)
@@ -329,6 +336,17 @@ class CorpusOracle(SlotOracle):
             mask[self._slots[np.searchsorted(self._ids, ids)]] = True
             self._held = (key, mask)
         return self._held[1]
+
+    def eligible_shares(self) -> dict | None:
+        """Over a pool of copies (`benchmarks.copies`), the mean share eligible over the requests asked
+        about: of the corpus (copy 0), of copies 1 on, of the whole pool; None over a corpus."""
+        if not self._by_copy:
+            return None
+        counts = np.stack(list(self._by_copy.values())).astype(np.float64) / len(self.dataset.plan.base)
+        out = {"requests": len(counts), "base": float(counts[:, 0].mean()), "pool": float(counts.mean())}
+        out["copies"] = float(counts[:, 1:].mean()) if counts.shape[1] > 1 else out["base"]
+        out["per_copy"] = [round(float(x), 5) for x in counts.mean(axis=0)]
+        return out
 
     def sample_check(self) -> dict:
         """The oracle sample check as an entry of a result's `checks`."""
