@@ -276,14 +276,17 @@ class CorpusOracle(SlotOracle):
     corpus's compiled targeting: never the GPU's match), and the CPU index is itself held to
     `andromeda_nb.oracle.eligible` on `sample` ads parsed from the corpus's own files, for every request
     asked about (`sample_check`: a failure there fails the run's checks). One request's mask is kept
-    (a 10M-slot mask per request would not fit many)."""
+    (a 10M-slot mask per request would not fit many). A pool of distinct copies (`benchmarks.copies`)
+    brings its own `matcher()` (a scan of its compiled targeting: an index over 100M copies would not
+    fit the host) and `sample_ads` (copies of the corpus's first ads, spread over every copy)."""
 
     def __init__(self, dataset, slot_ad_id: np.ndarray, sample: int = 2000, seed: int = 0):
         from cpu_baseline.index import CpuTargetingIndex
 
         self.dataset = dataset
         self.slot_ad_id = np.asarray(slot_ad_id, np.int64)
-        self.cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
+        # a pool of copies brings its own matcher over its compiled targeting (benchmarks.copies)
+        self.cpu = dataset.matcher() if hasattr(dataset, "matcher") else CpuTargetingIndex.from_compiled(dataset.compiled)
         used = np.flatnonzero(self.slot_ad_id != EMPTY)
         order = np.argsort(self.slot_ad_id[used], kind="stable")
         self._ids, self._slots = self.slot_ad_id[used][order], used[order]

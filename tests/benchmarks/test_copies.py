@@ -140,9 +140,9 @@ def test_a_request_finds_about_the_corpus_share_of_the_copies_eligible(corpus):
     assert abs(share_copies - share_base) < 0.2 * share_base, (share_base, share_copies)
 
 
-def test_the_checks_over_copies_hold_the_cpu_index_to_the_oracle_over_parsed_copies(corpus):
-    """The CPU index the checks build over the copies' compiled targeting answers as the oracle over
-    the copies parsed one by one; the oracle sample spreads over every copy."""
+def test_the_checks_over_copies_hold_their_eligible_sets_to_the_oracle_over_parsed_copies(corpus):
+    """The eligible sets the checks read over the copies (a scan of their compiled targeting) are the
+    oracle's over the copies parsed one by one; the oracle sample spreads over every copy."""
     from andromeda_nb.oracle import OracleIndex
     from benchmarks.checks import CorpusOracle
 
@@ -158,6 +158,29 @@ def test_the_checks_over_copies_hold_the_cpu_index_to_the_oracle_over_parsed_cop
     assert oracle.sample_check()["ok"]
     shares = oracle.eligible_shares()
     assert shares["requests"] == 12 and len(shares["per_copy"]) == 3 and shares["base"] > 0
+
+
+@pytest.mark.parametrize("which", ["generated", "random"])
+def test_the_scan_over_compiled_copies_answers_as_the_cpu_index(corpus, which):
+    """`CompiledScan` (the checks' eligible sets over a pool of copies) against the CPU index over the
+    same compiled targeting, every request: generated ads, and random specs of every shape (circles,
+    exclusions, open schedules, users without a location)."""
+    from cpu_baseline.index import CpuTargetingIndex
+    from andromeda_nb.testing import random_requests
+    from tests.support.servers import small_dataset
+
+    if which == "generated":
+        base = corpus[1]
+        requests = base.requests
+    else:
+        base = small_dataset(7, n_ads=240)
+        requests = random_requests(np.random.default_rng(7), 40)
+    pool = bc.make_copies(base, 3)
+    want = CpuTargetingIndex.from_compiled(pool.compiled).match(requests)
+    got = pool.matcher().match(requests)
+    assert sum(len(w) for w in want) > len(requests)  # not a scan of nothing
+    for request, g, w in zip(requests, got, want):
+        assert np.array_equal(g, w), f"{which}, request {request.request_id}"
 
 
 def test_warp_mix_counts_warps_of_one_ad_s_copies():
