@@ -466,8 +466,8 @@ def make_copies(base: Dataset, copies: int, progress=False) -> CopiesDataset:
         raise ValueError(f"copies: at least 1, got {copies}")
     need, free = copies_bytes(base, copies), available_bytes()
     log(progress, f"copies: {copies} distinct copies of {len(base.compiled):,} ads make {copies * len(base.compiled):,} "
-        f"ads, about {need / 1e9:.1f} GB of host memory (targeting and embeddings; the engine and the checks' "
-        f"CPU index take more)" + ("" if free is None else f", {free / 1e9:.1f} GB available"))
+        f"ads, about {need / 1e9:.1f} GB of host memory (targeting and embeddings; the engine's "
+        f"build takes more)" + ("" if free is None else f", {free / 1e9:.1f} GB available"))
     if free is not None and need > free:
         raise ValueError(f"{copies} copies of {len(base.compiled):,} ads need about {need / 1e9:.1f} GB of host "
                          f"memory for their targeting and embeddings alone, {free / 1e9:.1f} GB is available: "
