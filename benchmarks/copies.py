@@ -199,12 +199,12 @@ class CopyPlan:
         return ad, local
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def _map_sort_terms(term_ptr, at, mapped, out):
     """out[t] = mapped[at[t]] for every term t, each clause's terms (term_ptr int64[M+1]) sorted
     ascending (at int64[T]: the term's index among the corpus's distinct terms; mapped int64[K]: one
-    copy's terms; out int64[T])."""
-    for j in prange(len(term_ptr) - 1):
+    copy's terms; out int64[T]). Serial, without the GIL: `copy_compiled` runs one copy a thread."""
+    for j in range(len(term_ptr) - 1):
         lo, hi = term_ptr[j], term_ptr[j + 1]
         for t in range(lo, hi):
             v = mapped[at[t]]
@@ -215,9 +215,10 @@ def _map_sort_terms(term_ptr, at, mapped, out):
             out[u] = v
 
 
-def copy_compiled(plan: CopyPlan, progress=False) -> CompiledTargeting:
+def copy_compiled(plan: CopyPlan, progress=False, workers: int | None = None) -> CompiledTargeting:
     """The compiled targeting of every copy of `plan`, copy after copy (row c * N + i is copy c of
-    ad i): equal, array for array, to `compile_ads` of `copy_ad` of every ad in that order."""
+    ad i): equal, array for array, to `compile_ads` of `copy_ad` of every ad in that order. The copies
+    are made `workers` at a time (default: one a core), each on a thread of its own."""
     ct, copies = plan.base, plan.copies
     n, m, t, q = len(ct), len(ct.clause_negative), len(ct.terms), len(ct.circles)
     at = np.searchsorted(plan.keys, ct.terms)
@@ -234,7 +235,8 @@ def copy_compiled(plan: CopyPlan, progress=False) -> CompiledTargeting:
         out[ptr] = np.empty(copies * (len(p) - 1) + 1, np.int64)
         out[ptr][-1] = copies * step
     circle_ad, circle_local = plan.circle_owner
-    for c in range(copies):
+
+    def one_copy(c):  # writes copy c's slices only; numpy and the term kernel run without the GIL
         rows = slice(c * n, (c + 1) * n)
         for name in ("status", "format", "age_min", "age_max", "gender_mask", "publisher_mask", "device_mask",
                      "os_mask", "n_positive"):
@@ -252,7 +254,10 @@ def copy_compiled(plan: CopyPlan, progress=False) -> CompiledTargeting:
         lat, lon = move_circles(plan.seed, c, ct.ad_id[circle_ad], circle_local, ct.circles[:, 0], ct.circles[:, 1])
         block = out["circles"][c * q:(c + 1) * q]
         block[:, 0], block[:, 1], block[:, 2] = lat, lon, ct.circles[:, 2]
-        log(progress, f"copies: targeting of copy {c + 1} of {copies} made")
+
+    with ThreadPoolExecutor(min(copies, workers or os.cpu_count() or 1)) as pool:
+        for done, _ in enumerate(pool.map(one_copy, range(copies)), 1):
+            log(progress, f"copies: targeting of {done} of {copies} copies made")
     return CompiledTargeting(**out)
 
 
