@@ -1100,7 +1100,9 @@ def pipeline_table(result) -> str:
         lines.append(f"checked: {sum(c['requests_checked'] for c in checks.values()):,} of "
                      f"{sum(c['requests_timed'] for c in checks.values()):,} timed answers and match rows, "
                      f"{len(checks)} entry points, against the float64 reference over the "
-                     + ("CPU index's eligible sets (held to the oracle on a sample)" if result.get("data") else
+                     + ("eligible sets of a scan of the copies' compiled targeting (held to the oracle on a "
+                        "sample of copies parsed one by one)" if result.get("pool") == "distinct copies" else
+                        "CPU index's eligible sets (held to the oracle on a sample)" if result.get("data") else
                         "oracle's eligible sets")
                      + (f"; FAILED: {'; '.join(failed)}" if failed else ": all passed"))
     for t in result["throughput"]:
