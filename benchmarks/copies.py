@@ -47,7 +47,7 @@ from andromeda_nb.compiled import (
 from andromeda_nb.dataset import Dataset
 from andromeda_nb.measure import log
 from andromeda_nb.model import EmbeddingTable, quantize
-from cpu_baseline.index import _haversine, _in_sorted, _residual_ok
+from cpu_baseline.index import haversine, in_sorted, residual_ok
 
 BAND_RATIO = 1.2  # a band: the terms of one kind whose use counts lie within this factor of each other
 JITTER_DEG = 0.05  # a circle's centre moves up to this far in latitude and in longitude (about 5.5 km)
@@ -298,19 +298,19 @@ def _scan(user_terms, age, gender, lat, lon, publisher, device, os_, now, status
     int64[U] sorted; out uint8[N]): every positive clause holds a user term or a circle around the
     user's point, the negative clause none, the residuals pass (cpu_baseline.index's tests)."""
     for i in prange(len(status)):
-        ok = _residual_ok(i, age, gender, publisher, device, os_, now, status, start_time, end_time, age_min,
+        ok = residual_ok(i, age, gender, publisher, device, os_, now, status, start_time, end_time, age_min,
                           age_max, gender_mask, publisher_mask, device_mask, os_mask)
         j0 = clause_ptr[i]
         j = j0
         while ok and j < clause_ptr[i + 1]:
             hit = False
             for t in range(term_ptr[j], term_ptr[j + 1]):
-                if _in_sorted(user_terms, terms[t]):
+                if in_sorted(user_terms, terms[t]):
                     hit = True
                     break
             q = circle_ptr[j]
             while not hit and q < circle_ptr[j + 1]:
-                hit = _haversine(lat, lon, circles[q, 0], circles[q, 1]) <= circles[q, 2]
+                hit = haversine(lat, lon, circles[q, 0], circles[q, 1]) <= circles[q, 2]
                 q += 1
             ok = hit if j - j0 < n_positive[i] else not hit
             j += 1
