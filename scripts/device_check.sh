@@ -15,8 +15,9 @@
 #             (DISTINCT_ADS, default 10000000, generated first when missing; DISTINCT_COPIES, default 10: a 100M
 #             pool made in memory, every copy an ad of its own, benchmarks/copies.py), batches 1 and 64, graphs,
 #             every timed answer of DISTINCT_CHECK_REQUESTS requests checked (default 8); DISTINCT_ARGS: more
-#             options. The corpus takes about 80 s to generate: when the call's 600 s do not hold both, run the
-#             stage again in the next call while the machine (and its /tmp) is still held
+#             options; results in $OUT/pipeline_copies_${DISTINCT_ADS}x$DISTINCT_COPIES.json and .log. /tmp does not
+#             outlast the machine, so generate and measure in one call: DISTINCT_TIMEOUT (default 480 s) leaves
+#             the 10M corpus's generation (about 80 s) the rest of a 600 s call
 #   startup   `scripts/time_startup.py` twice on the corpus of `datapipe` (generated first when missing): start-up
 #             to the first answer with the compile caches as the machine has them, then warm
 #   lone      where a lone request's time goes on the corpus of `datapipe` (`scripts/probe_engine_batch.py
