@@ -1283,6 +1283,11 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
                    "--seed then come from the corpus).")
 @click.option("--ads", "pool", type=_ADS, default=10_000_000, show_default=True,
               help="Pool size in ads: a generated base corpus, tiled.")
+@click.option("--copies", type=click.IntRange(1), default=None,
+              help="With --data: the pool is this many distinct copies of the corpus, made in memory (pools "
+                   "larger than a run can generate): copy 0 is the corpus; each other copy of an ad has its own "
+                   "id, places, audiences, circles, schedule and embedding (benchmarks/copies.py). The host "
+                   "memory it takes is printed on stderr first.")
 @click.option("--check-requests", type=click.IntRange(1), default=None,
               help="Check every timed answer of this many distinct requests, evenly spaced (default: every "
                    "request of the tiled pool; 32 of a --data corpus, whose eligible sets take the CPU index "
@@ -1318,15 +1323,18 @@ def bench_score(n_ads, dims, precisions, versions, k, unfused, peers, eligible, 
 @renamed("--score-version", "--kernel-version")
 @renamed("--layout", "--layouts")
 @renamed("--launch", "--launches")
-def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batches, score_version, match_version,
-                   seed, layouts, launches, device, out, as_json, quiet):
+def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim, k, batches, score_version,
+                   match_version, seed, layouts, launches, device, out, as_json, quiet):
     """Co-located pipeline end to end (user side, GPU match, fused scoring, top-K, answers back):
-    per-request p50/p99 latency and pool ads/s, on a generated pool tiled to --ads or on a corpus of
-    distinct ads (--data). Every timed answer is checked against the float64 reference over the
-    eligible sets (the oracle's over the tiled pool; over a corpus, the CPU index's, held to the oracle
-    on a sample), every timed match row against them; a target is met only when every check passed."""
+    per-request p50/p99 latency and pool ads/s, on a generated pool tiled to --ads, on a corpus of
+    distinct ads (--data), or on distinct copies of one (--data DIR --copies N). Every timed answer is
+    checked against the float64 reference over the eligible sets (the oracle's over the tiled pool;
+    over a corpus or its copies, the CPU index's, held to the oracle on a sample), every timed match
+    row against them; a target is met only when every check passed."""
     from andromeda_nb.measure import json_line
 
+    if copies is not None and data is None:
+        raise click.UsageError("--copies: copies of what? Give the corpus with --data DIR")
     if data is not None:
         ctx = click.get_current_context()
         given = [f"--{name.replace('_', '-')}" for name in ("pool", "base_ads", "precision", "dim", "seed")
@@ -1340,7 +1348,7 @@ def bench_pipeline(data, pool, check_requests, base_ads, precision, dim, k, batc
         result = bs.bench_pipeline_layouts(layouts, pool=pool, base_ads=base_ads, precision=precision, dim=dim, k=k,
                                            batches=batches, score_version=score_version,
                                            match_version=match_version, seed=seed,
-                                           launches=launches, device=device, data=data,
+                                           launches=launches, device=device, data=data, copies=copies,
                                            check_requests=check_requests, progress=not quiet)
     except (RuntimeError, ValueError, ImportError) as exc:
         raise click.ClickException(f"bench pipeline: {exc}") from None

@@ -276,14 +276,17 @@ class CorpusOracle(SlotOracle):
     corpus's compiled targeting: never the GPU's match), and the CPU index is itself held to
     `andromeda_nb.oracle.eligible` on `sample` ads parsed from the corpus's own files, for every request
     asked about (`sample_check`: a failure there fails the run's checks). One request's mask is kept
-    (a 10M-slot mask per request would not fit many)."""
+    (a 10M-slot mask per request would not fit many). A pool of distinct copies (`benchmarks.copies`)
+    brings its own `matcher()` (a scan of its compiled targeting: an index over 100M copies would not
+    fit the host) and `sample_ads` (copies of the corpus's first ads, spread over every copy)."""
 
     def __init__(self, dataset, slot_ad_id: np.ndarray, sample: int = 2000, seed: int = 0):
         from cpu_baseline.index import CpuTargetingIndex
 
         self.dataset = dataset
         self.slot_ad_id = np.asarray(slot_ad_id, np.int64)
-        self.cpu = CpuTargetingIndex.from_compiled(dataset.compiled)
+        # a pool of copies brings its own matcher over its compiled targeting (benchmarks.copies)
+        self.cpu = dataset.matcher() if hasattr(dataset, "matcher") else CpuTargetingIndex.from_compiled(dataset.compiled)
         used = np.flatnonzero(self.slot_ad_id != EMPTY)
         order = np.argsort(self.slot_ad_id[used], kind="stable")
         self._ids, self._slots = self.slot_ad_id[used][order], used[order]
@@ -291,16 +294,20 @@ class CorpusOracle(SlotOracle):
         self.seed = seed
         self._sample = None  # (ads, their ids) parsed on first use
         self._held: tuple = (None, None)
+        self._by_copy: dict[int, np.ndarray] = {}  # a pool of copies: eligible ads per copy, by request
         self.sample_checked = self.sample_failed = 0
         self.sample_first_failure: str | None = None
 
     def _sample_ads(self):
         if self._sample is None:  # drawn from the first SAMPLE_FROM ads of the file (parsing them all
-            # would take minutes at 10M)
-            ads = next(iter(self.dataset.ad_chunks(SAMPLE_FROM)), [])
-            rng = np.random.default_rng(self.seed)
-            pick = rng.choice(len(ads), min(self.sample_size, len(ads)), replace=False)
-            chosen = [ads[i] for i in sorted(pick.tolist())]
+            # would take minutes at 10M); over a pool of copies, from every copy of those
+            if hasattr(self.dataset, "sample_ads"):
+                chosen = self.dataset.sample_ads(self.sample_size, self.seed, SAMPLE_FROM)
+            else:
+                ads = next(iter(self.dataset.ad_chunks(SAMPLE_FROM)), [])
+                rng = np.random.default_rng(self.seed)
+                pick = rng.choice(len(ads), min(self.sample_size, len(ads)), replace=False)
+                chosen = [ads[i] for i in sorted(pick.tolist())]
             self._sample = (chosen, np.asarray([a.ad_id for a in chosen], np.int64))
         return self._sample
 
@@ -308,6 +315,9 @@ class CorpusOracle(SlotOracle):
         """int64: the ids of the ads eligible for `request`, ascending (the CPU index's), after the
         oracle sample check."""
         ids = self.cpu.match([request])[0]
+        if hasattr(self.dataset, "copy_of_ids"):
+            self._by_copy[int(request.request_id)] = np.bincount(self.dataset.copy_of_ids(ids),
+                                                                 minlength=self.dataset.plan.copies)
         ads, sample_ids = self._sample_ads()
         want = np.fromiter((eligible(a, request) for a in ads), bool, len(ads))
         got = np.isin(sample_ids, ids)
@@ -329,6 +339,17 @@ class CorpusOracle(SlotOracle):
             mask[self._slots[np.searchsorted(self._ids, ids)]] = True
             self._held = (key, mask)
         return self._held[1]
+
+    def eligible_shares(self) -> dict | None:
+        """Over a pool of copies (`benchmarks.copies`), the mean share eligible over the requests asked
+        about: of the corpus (copy 0), of copies 1 on, of the whole pool; None over a corpus."""
+        if not self._by_copy:
+            return None
+        counts = np.stack(list(self._by_copy.values())).astype(np.float64) / len(self.dataset.plan.base)
+        out = {"requests": len(counts), "base": float(counts[:, 0].mean()), "pool": float(counts.mean())}
+        out["copies"] = float(counts[:, 1:].mean()) if counts.shape[1] > 1 else out["base"]
+        out["per_copy"] = [round(float(x), 5) for x in counts.mean(axis=0)]
+        return out
 
     def sample_check(self) -> dict:
         """The oracle sample check as an entry of a result's `checks`."""

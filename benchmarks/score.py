@@ -581,11 +581,14 @@ def match_kernel(number: int | None):
 
 
 def data_pool(data, *, k: int = CHECK_K, score_version: int | None = None, layout: str = "geo",
-              device: str = "auto", progress: bool = True, match_version: int | None = None) -> PipelinePool:
+              device: str = "auto", copies: int | None = None, progress: bool = True,
+              match_version: int | None = None) -> PipelinePool:
     """The pool of `bench_pipeline --data`: a corpus directory (`andromeda generate` or `import`) as
     `serve colocated` serves it: `store.load_dataset`, then the GPU engine's index and scorer
     (`gpu.engine.GpuEngine`, slots laid out by `layout`), its own requests. The load and the build
-    are timed as the start-up a server pays."""
+    are timed as the start-up a server pays. `copies`: the pool is that many distinct copies of the
+    corpus (`benchmarks.copies.make_copies`, made in memory after the load and not counted in the
+    start-up), described under the header's `pool`, `copies` and `copies_differ`."""
     from andromeda_nb.devices import resolve
     from andromeda_nb.rows import RowMap
     from andromeda_nb.store import load_dataset
@@ -606,6 +609,16 @@ def data_pool(data, *, k: int = CHECK_K, score_version: int | None = None, layou
     load_s = time.time() - t0
     log(progress, f"pipeline corpus {data}: {len(dataset.ad_ids):,} ads, {len(dataset.requests):,} requests, "
         f"loaded in {load_s:.1f} s")
+    pool_header: dict = {}
+    if copies is not None:
+        from .copies import make_copies, warp_mix
+
+        t1 = time.time()
+        dataset = make_copies(dataset, copies, progress)
+        copies_s = time.time() - t1
+        t0 += copies_s  # made in memory for the benchmark: not a server's start-up
+        pool_header = {**dataset.describe(), "base_corpus": str(data), "copies_made_s": round(copies_s, 3)}
+        log(progress, f"copies: {len(dataset.compiled):,} ads made in {copies_s:.1f} s")
     engine = GpuEngine(dataset, where, version=None if score_version is None else lab.VERSIONS[score_version],
                        layout=layout, match_version=match)
     index, fs = engine.index, engine.scorer
@@ -630,7 +643,9 @@ def data_pool(data, *, k: int = CHECK_K, score_version: int | None = None, layou
               "precision": dataset.precision, "D": model.D, "k": k, "score_version": fs.version,
               "match_version": index.version, "arithmetic": "float32 (default mode)", "layout": layout,
               "geo_blocks_skipped": skipped, "circles": int(len(index.circles_h)),
-              "vocabulary_terms": int(len(index.vocab))}
+              "vocabulary_terms": int(len(index.vocab)), **pool_header}
+    if copies is not None:
+        header["warps"] = warp_mix(slots.slot_ad_id, dataset.plan.stride)
     return PipelinePool(index, fs, None, model, list(dataset.requests), header, index_s, t0, None, xp,
                         dataset=dataset, slot_rows=slot_rows, load_s=load_s)
 
@@ -732,7 +747,8 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                    score_version: int | None = None, seed: int = 0, layout: str = "geo",
                    match_version: int | None = None,
                    launches: Sequence[str] = LAUNCHES, reps: int | None = None, device: str = "auto",
-                   data=None, check_requests: int | None = None, progress: bool = True) -> dict:
+                   data=None, copies: int | None = None, check_requests: int | None = None,
+                   progress: bool = True) -> dict:
     """`layout` 'geo': a format's slots hold its base ads clustered by geography
     (`andromeda_nb.geo_layout`), each base ad's copies side by side: the order one sort over the whole
     tiled corpus gives. Either way the match skips blocks by the world's geographic bits, and the
@@ -749,7 +765,9 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     `check_requests`: check the timed answers (and match rows) of that many distinct requests, evenly
     spaced, every entry point's answers to them (default: every request of a tiled pool,
     CORPUS_CHECK_REQUESTS of a corpus's, whose eligible sets take the CPU index a tenth of a second
-    each at 10M ads); the checks say `sampled`.
+    each at 10M ads); the checks say `sampled`. `copies` (with `data`): the pool is that many distinct
+    copies of the corpus (`benchmarks.copies`), checked as a corpus is, its oracle sample drawn over
+    every copy; `eligible_share` compares the share of copy 0 (the corpus) eligible with the pool's.
 
     Every timed call's answers are kept and checked after the timing (`checks`, by entry point: each
     launch mode's lone requests, the stage-by-stage path, the host calls' `launch_split`, and per
@@ -762,9 +780,11 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     launches = tuple(launches)
     if not launches or any(m not in LAUNCHES for m in launches):
         raise ValueError(f"launch modes {launches!r}: choose from {', '.join(LAUNCHES)}")
+    if copies is not None and data is None:
+        raise ValueError("copies: a pool of distinct copies is made from a corpus (data)")
     if data is not None:
-        pp = data_pool(data, k=k, score_version=score_version, layout=layout, device=device, progress=progress,
-                       match_version=match_version)
+        pp = data_pool(data, k=k, score_version=score_version, layout=layout, device=device, copies=copies,
+                       progress=progress, match_version=match_version)
     else:
         pp = pipeline_pool(pool=pool, base_ads=base_ads, n_requests=n_requests, precision=precision, dim=dim, k=k,
                            score_version=score_version, seed=seed, layout=layout, device=device, progress=progress,
@@ -1010,6 +1030,11 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
                                  keys=None if checked_keys is None else sorted(checked_keys))
     if hasattr(oracle, "sample_check"):  # the CPU index's eligible sets, held to the oracle on a sample
         checks["eligible_sets/oracle_sample"] = oracle.sample_check()
+        shares = oracle.eligible_shares()
+        if shares is not None:
+            result["eligible_share"] = shares
+            log(progress, f"eligible share over {shares['requests']} requests: the corpus (copy 0) "
+                f"{shares['base']:.4f}, every copy {shares['pool']:.4f} (copies 1 on: {shares['copies']:.4f})")
     result["checks"] = checks
     result["checks_ok"] = checks_passed(checks) and result["launch_modes_equal"]
     failed = [name for name, c in checks.items() if not c["ok"]]
@@ -1062,6 +1087,9 @@ def pipeline_table(result) -> str:
     lat = result["latency_ms"]
     pool = (f"corpus {result['data']}: {result['pool_ads']:,} distinct ads, {result.get('distinct_requests_timed', 0):,} "
             f"distinct requests timed" if result.get("data") else f"pool: {result['pool_ads']:,} ads (tiled)")
+    if result.get("pool") == "distinct copies":
+        pool = (f"pool: {result['pool_ads']:,} ads, {result['copies']} distinct copies of corpus {result['data']} "
+                f"({result['base_ads']:,} ads), {result.get('distinct_requests_timed', 0):,} distinct requests timed")
     lines = [f"device: {result['env'].get('device')}   {pool}   {result['precision']} D={result['D']}"
              f"   k={result['k']}   check: {'ok' if result['checks_ok'] else 'FAILED'}",
              f"latency per request (batch 1{', ' + result['launch'] if 'launch' in result else ''}): "
@@ -1075,6 +1103,14 @@ def pipeline_table(result) -> str:
                      + "  ".join(f"{k} {v:.3f}" for k, v in result["host_calls_ms"].items()))
     if "startup_s" in result:
         lines.append("start-up (s): " + "  ".join(f"{k} {v:.2f}" for k, v in result["startup_s"].items()))
+    if "copies_made_s" in result:
+        lines.append(f"copies made in {result['copies_made_s']:.1f} s (not in the start-up); warps of 32 slots "
+                     f"holding copies of one ad: {result['warps']['one_base_ad']:.4f}, distinct base ads a warp: "
+                     f"{result['warps']['distinct_base_ads_mean']:.1f}")
+    if "eligible_share" in result:
+        sh = result["eligible_share"]
+        lines.append(f"eligible share, mean over {sh['requests']} requests: corpus (copy 0) {sh['base']:.4f}, "
+                     f"copies 1 on {sh['copies']:.4f}, whole pool {sh['pool']:.4f}")
     checks = result.get("checks")
     if isinstance(checks, dict) and checks:
         failed = [f"{name} ({c.get('first_failure', 'not every answer checked')})" for name, c in checks.items()
@@ -1082,7 +1118,9 @@ def pipeline_table(result) -> str:
         lines.append(f"checked: {sum(c['requests_checked'] for c in checks.values()):,} of "
                      f"{sum(c['requests_timed'] for c in checks.values()):,} timed answers and match rows, "
                      f"{len(checks)} entry points, against the float64 reference over the "
-                     + ("CPU index's eligible sets (held to the oracle on a sample)" if result.get("data") else
+                     + ("eligible sets of a scan of the copies' compiled targeting (held to the oracle on a "
+                        "sample of copies parsed one by one)" if result.get("pool") == "distinct copies" else
+                        "CPU index's eligible sets (held to the oracle on a sample)" if result.get("data") else
                         "oracle's eligible sets")
                      + (f"; FAILED: {'; '.join(failed)}" if failed else ": all passed"))
     for t in result["throughput"]:

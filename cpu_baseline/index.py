@@ -376,6 +376,10 @@ def match_one(user_terms, age, gender, lat, lon, publisher, device, os_, now,
     return out[np.argsort(keys)]
 
 
+# the per-ad tests of the match, for a scan of compiled targeting without an index (benchmarks.copies)
+residual_ok, in_sorted, haversine = _residual_ok, _in_sorted, _haversine
+
+
 # --- the index ------------------------------------------------------------------------------------------
 
 _COLUMNS = {  # per-slot residual columns: name -> (dtype, value of an empty slot)

@@ -11,6 +11,13 @@
 #   datapipe  `bench pipeline --data` on a generated corpus of distinct ads (DATA_ADS, default 10000000, fp16,
 #             seed 3, DATA_REQUESTS requests, default 256; /tmp/d$DATA_ADS, generated first when missing: files
 #             there do not outlast the machine, so generate and measure in one call; DATAPIPE_ARGS: more options)
+#   distinct100m  `bench pipeline --data DIR --copies N` on a pool of distinct copies of the corpus of `datapipe`
+#             (DISTINCT_ADS, default 10000000, generated first when missing; DISTINCT_COPIES, default 10: a 100M
+#             pool made in memory, every copy an ad of its own, benchmarks/copies.py), batches 1 and 64, graphs,
+#             every timed answer of DISTINCT_CHECK_REQUESTS requests checked (default 8); DISTINCT_ARGS: more
+#             options; results in $OUT/pipeline_copies_${DISTINCT_ADS}x$DISTINCT_COPIES.json and .log. /tmp does not
+#             outlast the machine, so generate and measure in one call: DISTINCT_TIMEOUT (default 480 s) leaves
+#             the 10M corpus's generation (about 80 s) the rest of a 600 s call
 #   startup   `scripts/time_startup.py` twice on the corpus of `datapipe` (generated first when missing): start-up
 #             to the first answer with the compile caches as the machine has them, then warm
 #   lone      where a lone request's time goes on the corpus of `datapipe` (`scripts/probe_engine_batch.py
@@ -131,6 +138,13 @@ for stage in "${stages[@]}"; do
       timeout ${DATAPIPE_TIMEOUT:-400} $A bench pipeline --data $data ${DATAPIPE_ARGS:-} --out-file "$OUT/pipeline_data_$ads.json" \
         > "$OUT/pipeline_data_$ads.log" 2>&1
       echo "datapipe rc=$?"; tail -16 "$OUT/pipeline_data_$ads.log" ;;
+    distinct100m)
+      ads=${DISTINCT_ADS:-10000000}; copies=${DISTINCT_COPIES:-10}; data=$(data_corpus $ads); name=pipeline_copies_${ads}x$copies
+      timeout ${DISTINCT_TIMEOUT:-480} $A bench pipeline --data $data --copies $copies --batches 1,64 --launches graph \
+        --check-requests ${DISTINCT_CHECK_REQUESTS:-8} ${DISTINCT_ARGS:-} --out-file "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+      echo "distinct100m rc=$?"
+      grep -E "^copies: [0-9]|copies made|eligible share|latency per|batch   1|batch  64|^target|checked|Error|error" \
+        "$OUT/$name.log" | cut -c1-240 | head -24 ;;
     startup)
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
       for run in 1 2; do
