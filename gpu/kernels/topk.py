@@ -175,42 +175,21 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         ss[r, j] = -1
         sid[r, j] = 0x7FFFFFFFFFFFFFFF
     cuda.syncthreads()
-    if P <= SHARED_SORT:  # the scratch sorted in shared memory: no global round trip per stage
-        tk = cuda.shared.array(SHARED_SORT, uint32)
-        sids = cuda.shared.array(SHARED_SORT, int64)
+    keys, ids = sk[r], sid[r]  # the scratch's rows of this request, sorted where they are
+    if P <= SHARED_SORT:  # or in shared memory: a barrier a stage, not a round trip through L2
+        keys = cuda.shared.array(SHARED_SORT, uint32)
+        ids = cuda.shared.array(SHARED_SORT, int64)
         for j in range(tid, P, nt):
-            tk[j] = sk[r, j]
-            sids[j] = sid[r, j]
+            keys[j] = sk[r, j]
+            ids[j] = sid[r, j]
         cuda.syncthreads()
-        _bitonic(tk, sids, P, tid, nt)
-        n_out = total
-        if n_out > k:
-            n_out = k
-        for j in range(tid, n_out, nt):
-            out_id[r, j] = sids[j]
-            out_score[r, j] = _bits.key_to_f32(tk[j])
-    else:
-        size = 2
-        while size <= P:
-            stride = size // 2
-            while stride > 0:
-                for i in range(tid, P // 2, nt):
-                    lo = 2 * stride * (i // stride) + (i % stride)
-                    hi = lo + stride
-                    first = (lo & size) == 0
-                    ka, ia, kb, ib = sk[r, lo], sid[r, lo], sk[r, hi], sid[r, hi]
-                    if _before(kb, ib, ka, ia) == first:
-                        sk[r, lo], sk[r, hi] = kb, ka
-                        sid[r, lo], sid[r, hi] = ib, ia
-                cuda.syncthreads()
-                stride //= 2
-            size *= 2
-        n_out = total
-        if n_out > k:
-            n_out = k
-        for j in range(tid, n_out, nt):
-            out_id[r, j] = sid[r, j]
-            out_score[r, j] = _bits.key_to_f32(sk[r, j])
+    _bitonic(keys, ids, P, tid, nt)
+    n_out = total
+    if n_out > k:
+        n_out = k
+    for j in range(tid, n_out, nt):
+        out_id[r, j] = ids[j]
+        out_score[r, j] = _bits.key_to_f32(keys[j])
     if tid == 0:
         out_count[r] = n_out
 
