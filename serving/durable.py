@@ -56,6 +56,7 @@ from andromeda_nb.types import Retire, TargetingError, Update, Upsert
 from andromeda_nb.updates import LiveAds, Rejection, _reason, parse_update, update_answer
 
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
+from .update_body import ChunkedBody, body_lines
 from .wal import LogError, LogRecord, WriteAheadLog, corpus_writer
 
 DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches between two slices
@@ -248,11 +249,11 @@ class UpdateJournal:
 
         return pace
 
-    def _parse(self, body: bytes, window: "_ShareWindow") -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
+    def _parse(self, body: "bytes | ChunkedBody", window: "_ShareWindow") -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
         limits = self.limits
         if len(body) > limits.max_update_bytes:
             raise limits.over("max_update_bytes", len(body), "update body of bytes")
-        lines = body.split(b"\n")
+        lines = list(body_lines(body))  # piece by piece: no step holds the interpreter for the whole body
         n_lines = sum(1 for raw in lines if raw.strip())
         if n_lines > limits.max_updates:
             raise limits.over("max_updates", n_lines, "update call of lines")
@@ -276,7 +277,7 @@ class UpdateJournal:
         return parsed, rejections
 
     # --- the update call -------------------------------------------------------------------------------
-    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier) -> dict:
+    def submit(self, body: "bytes | ChunkedBody", *, live: Callable[[int], bool], apply: Applier) -> dict:
         """Run one `update` call (module docstring, steps 1-6). `live(ad_id)`: whether an ad is live
         at the log's end; `apply(items)`: apply a slice of (record, update) pairs, in order.
         The deadline counts the call's wait for its turn only: the body arrived whole before the
@@ -285,9 +286,9 @@ class UpdateJournal:
         from andromeda_nb.store import paused_gc
 
         with paused_gc():  # parsed updates hold no cycles; a full collection over them would stall requests
-            return self._submit(bytes(body), live, apply)
+            return self._submit(body if isinstance(body, (bytes, ChunkedBody)) else bytes(body), live, apply)
 
-    def _submit(self, body: bytes, live, apply: Applier) -> dict:
+    def _submit(self, body: "bytes | ChunkedBody", live, apply: Applier) -> dict:
         window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         self._refuse_if_failed()
