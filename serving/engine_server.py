@@ -80,12 +80,13 @@ class EngineServer(JournaledServer, RetrieveServer):
     def _apply(self, items) -> int:
         """Apply a slice to the engine; a request waiting for the engine cuts it short after the
         update in hand (the journal hands over the rest after the request), except on an engine that
-        applies a slice in one piece (`apply_many`: the GPU engine). Returns how many."""
+        applies a slice in one piece (`apply_many`: the GPU engine's one upload, the CPU engine's runs
+        of upserts compiled and stored at once). Returns how many."""
         apply_many = getattr(self.engine, "apply_many", None)
         with self._lock:
             done = 0
             try:
-                if apply_many is not None:  # the GPU engine: one upload for the slice, so the slice goes whole
+                if apply_many is not None:  # one piece for the slice, so the slice goes whole
                     apply_many([update for _, update in items])
                     done = len(items)
                 for record, update in items[done:]:
