@@ -316,6 +316,10 @@ class UpdateJournal:
             records = self.log.append([obj for obj, _ in accepted], pause=self._pacer(window))  # durable: acknowledged
             t_apply = self._clock()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
+            n_items = len(items)
+            # from here `items` alone holds the call's updates, so that each slice's are freed once it
+            # is applied: freeing a large call's millions of objects at its end held the interpreter
+            parsed = accepted = records = None
             live = self._apply_logged(items, apply, window)
             seq = self.log.last_seq
             t_end = self._clock()
@@ -323,10 +327,10 @@ class UpdateJournal:
             self.lock.release()
         # where the call's time went: parsing and checking, the log (written and synced), applying
         seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
-        ack = {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
-        if live < len(items):  # the server is stopping: acknowledged as logged, the rest applied at its next start
-            ack["stopped"] = (f"the server is stopping: all {len(items)} updates are logged (durable, acknowledged); "
-                              f"{live} were applied before it stopped, the other {len(items) - live} are applied "
+        ack = {**update_answer(n_items, rejections), "seq": seq, "seconds": seconds}
+        if live < n_items:  # the server is stopping: acknowledged as logged, the rest applied at its next start
+            ack["stopped"] = (f"the server is stopping: all {n_items} updates are logged (durable, acknowledged); "
+                              f"{live} were applied before it stopped, the other {n_items - live} are applied "
                               "when it starts again (it replays its log)")
         return ack
 
@@ -339,6 +343,7 @@ class UpdateJournal:
         call (`failed`) rather than log records after a state it does not know; a restart replays
         the log and agrees with it again."""
         step, done = self.limits.update_slice, 0
+        last_seq = items[-1][0].seq if items else None
         window.close()
         try:
             while done < len(items):
@@ -349,12 +354,14 @@ class UpdateJournal:
                 piece = items[done : done + step]
                 t0 = self._clock()
                 applied = apply(piece)  # may stop early for a waiting request: the rest comes next
-                done += len(piece) if applied is None else max(1, applied)
+                was, done = done, done + (len(piece) if applied is None else max(1, applied))
+                piece = None
+                items[was:done] = [None] * (done - was)  # applied: their objects freed a slice at a time
                 self.slices += 1
                 if done < len(items) and not self.stopping.is_set():
                     self._keep_share(window, self._clock() - t0)
         except BaseException as exc:
-            first, last = items[done][0].seq, items[-1][0].seq
+            first, last = items[done][0].seq, last_seq
             self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
                            f"{clip(str(exc))}); restart the server: it replays its log")
             raise LogError(f"the updates were logged up to {last}, but {self.failed}") from exc
