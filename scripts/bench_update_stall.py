@@ -164,6 +164,8 @@ def main(argv=None) -> int:
                         help="a checkout of another commit of the project (e.g. `git archive C | tar -x -C DIR`): each "
                              "run goes first with its servers, then with this tree's, both in the result")
     parser.add_argument("--baseline-commit", default=None, help="the commit of --baseline-tree, recorded with its runs")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each measurement this many times (with --baseline-tree, the trees alternating)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -178,7 +180,7 @@ def main(argv=None) -> int:
             generate_corpus(root, args.ads, args.requests, args.seed)
             dataset = load_dataset(root)
             body = upsert_body(dataset, args.upserts, args.seed)
-            for share in shares:
+            for share in shares * args.repeat:
                 log(True, f"{name}: {args.ads} ads, one call of {args.upserts} upserts ({len(body) / 1e6:.1f} MB)"
                           + (f", update CPU share {share}" if share else ""))
                 extra = (["--update-slice", str(args.slice)] if args.slice else []) + \
@@ -210,7 +212,7 @@ def main(argv=None) -> int:
     doc = {"kind": "update_stall", "ads": args.ads, "upserts": args.upserts, "calls": args.calls,
            "call_mb": round(len(body) / 1e6, 1), "idle_s": args.idle_s,
            "baseline_commit": args.baseline_commit,
-           "update_slice": args.slice or "default", "results": results,
+           "update_slice": args.slice or "default", "repeat": args.repeat, "results": results,
            "target": "p99 during the call within 2x of the idle p99", "software": software()}
     stamp(doc, command=script_command("bench_update_stall.py", argv if argv is not None else sys.argv[1:]))
     if args.out:
