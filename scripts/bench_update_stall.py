@@ -96,6 +96,10 @@ def upsert_body(dataset, n: int, seed: int) -> bytes:
 
 
 def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool, calls: int = 1) -> dict:
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the probe's process holds the corpus: a full collection over it paused the probe itself
     probe = Probe(location, dataset.requests)
     probe.thread.start()
     time.sleep(2.0)  # warm: kernels loaded, connections up
