@@ -26,12 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parent.parent  # put on sys.path by the outer run only: an inner run imports its tree's
 
 
 def inner(data: str, body_path: str) -> dict:
-    """One call on this process's tree (the first on sys.path): CPU seconds by phase."""
+    """One call on this process's tree ($PYTHONPATH, set by the outer run): CPU seconds by phase."""
     from andromeda_nb.store import load_dataset
     from cpu_baseline.engine import CpuEngine
     from serving.engine_server import EngineServer
@@ -68,6 +67,7 @@ def main(argv=None) -> int:
     if args.inner:
         print(json.dumps(inner(*args.inner)))
         return 0
+    sys.path.insert(0, str(ROOT))
     from andromeda_nb.corpus import generate_corpus
     from andromeda_nb.measure import software, write_json
     from andromeda_nb.provenance import script_command, stamp
