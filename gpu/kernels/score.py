@@ -48,7 +48,8 @@ first use by `get_kernel`). Every kernel has the same arguments:
     out_key      uint32[R, NB, >= cap]  per-block candidates: orderable score keys (_bits.f32_to_key),
     out_slot     int32[R, NB, >= cap]   and their slots; key 0 = no candidate (padding)
 
-Launch: grid (NB, R) with NB = ceil(S / ADS_PER_BLOCK), block (threads of the version,). Each block
+Launch: grid (NB, R) with NB = ceil(S / ADS_PER_BLOCK), block (threads of the version,) (the
+tensor-core kernels: their own block of slots, and grid (R, NB) when request-major, as v11 is). Each block
 covers CHUNKS_PER_BLOCK chunks (ADS_PER_BLOCK = 2048 ads), scores its eligible ads, keeps the keys in
 shared memory and selects its top `cap` by the block-wide radix select of `gpu.kernels.radix` (per-warp
 shared histograms); only those are written. Nothing else per ad reaches device memory.

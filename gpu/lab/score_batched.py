@@ -9,9 +9,11 @@ tiles of a generated corpus), about seven times the work, which the single read 
 in the lab as the measured first try; a batched design that wins must make the products dense over a
 group's columns and keep the epilogue to the eligible (ad, request) pairs.
 
-The shipped kernel (`gpu/kernels/score_mma.py`, v8) runs grid (blocks, requests): each request walks
-its own eligible ads, so a batch of R requests reads an ad's row once per request that can see it
-(in a generated corpus 42% of 32-slot tiles hold an ad eligible for a request at a 6% share). Here a
+The kernel shipped when it was written (`gpu/kernels/score_mma.py`, v8) ran grid (blocks, requests):
+each request walks its own eligible ads, so a batch of R requests read an ad's row from device memory
+once per request that can see it (in a generated corpus 42% of 32-slot tiles hold an ad eligible for
+a request at a 6% share; v11, shipped since, runs the same walk on grid (requests, blocks), so those
+reads after the first come from L2). Here a
 block takes a slot range and a group of up to RG requests and reads every tile of the range once:
 
 * Grid (groups, NB): blockIdx.x is the request group (fastest, so the groups of one slot range are
