@@ -74,11 +74,6 @@ def term(namespace: int, ident: int) -> int:
     return (namespace << TERM_SHIFT) | ident
 
 
-def country_code(iso2: str) -> int:
-    """ISO-3166 alpha-2 (two upper-case letters) to 0..675."""
-    return (ord(iso2[0]) - 65) * 26 + (ord(iso2[1]) - 65)
-
-
 def _mask(values: frozenset[str] | None, universe: Sequence[str]) -> int:
     if values is None:
         return (1 << len(universe)) - 1
@@ -530,7 +525,8 @@ _ID_NAMESPACES = tuple(NS_FLEX.items()) + (("custom_audiences", NS_CUSTOM_AUDIEN
 
 
 def country_code(country: str) -> int:
-    """A country's term id: its two letters in base 26; -1 for none ("")."""
+    """A country's term id: its two letters (ISO-3166 alpha-2, upper case) in base 26, 0..675; -1 for
+    none ("")."""
     return (ord(country[0]) - 65) * 26 + (ord(country[1]) - 65) if len(country) == 2 else -1
 
 
@@ -552,6 +548,8 @@ def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
         return encoded()
     requests = list(requests)
     n = len(requests)
+    if n == 1:  # a lone request, on the critical path before its match: plain Python beats numpy's calls
+        return _encode_one(requests[0])
     users = [r.user for r in requests]
     # per request: country code, region, city, locale (-1: none), then the int fields in _INT_FIELDS' order
     ints = np.array([(country_code(u.country), u.region, u.city, u.locale, u.age, u.gender,
@@ -567,6 +565,29 @@ def encode_requests(requests: Sequence[Request]) -> EncodedBatch:
     id_req = np.repeat(np.arange(n, dtype=np.int64), counts.reshape(n, len(_ID_KEYS)).sum(axis=1))
     return _encoded(n, ints[:4].T, [id_req], [id_terms], latitude=place[0], longitude=place[1],
                     **dict(zip(_INT_FIELDS, ints[4:])))
+
+
+_ID_KEY_CODES = tuple((key, int(code)) for key, code in zip(_ID_KEYS, _ID_CODES))
+_SCALAR_CODE_INTS = tuple(int(code) for code in _SCALAR_CODES)
+
+
+def _encode_one(request: Request) -> EncodedBatch:
+    """`encode_requests` of one request: its terms made unique by a set and sorted in Python, its fields
+    one array of integers (the same arrays as the batch form, in a third of the time)."""
+    u, c = request.user, request.context
+    terms = {code | v for code, v in zip(_SCALAR_CODE_INTS, (country_code(u.country), u.region, u.city, u.locale))
+             if v >= 0}
+    ids = u.ids
+    for key, code in _ID_KEY_CODES:
+        got = ids.get(key)
+        if got:
+            terms.update([code | int(i) for i in got])
+    ints = np.array([u.age, u.gender, _PUBLISHER_INDEX[c.publisher_platform], _DEVICE_INDEX[c.device_platform],
+                     _OS_INDEX[c.user_os], c.time], np.int64)
+    place = np.array([u.latitude, u.longitude], np.float64)
+    return EncodedBatch(terms=np.array(sorted(terms), np.int64), term_ptr=np.array([0, len(terms)], np.int64),
+                        latitude=place[0:1], longitude=place[1:2],
+                        **{name: ints[i:i + 1] for i, name in enumerate(_INT_FIELDS)})
 
 
 def encode_arrays(n: int, scalar_ids: np.ndarray, id_lists: dict, **fields) -> EncodedBatch:

@@ -373,11 +373,15 @@ RESIDUAL_OFFSETS_ORDER = ("GENDER_OFF", "PUBLISHER_OFF", "DEVICE_OFF", "OS_OFF",
                           "AGE_UNBOUNDED")
 
 
+@lru_cache(maxsize=1)
 def _residual_offsets() -> np.ndarray:
-    """int64[7]: where each residual table starts in `ftab` (and AGE_UNBOUNDED), from the kernels' layout."""
+    """int64[7]: where each residual table starts in `ftab` (and AGE_UNBOUNDED), from the kernels' layout
+    (made once: read-only)."""
     from .kernels import match as K
 
-    return np.asarray([getattr(K, name) for name in RESIDUAL_OFFSETS_ORDER], np.int64)
+    offsets = np.asarray([getattr(K, name) for name in RESIDUAL_OFFSETS_ORDER], np.int64)
+    offsets.flags.writeable = False
+    return offsets
 
 
 @njit(cache=True, nogil=True)
@@ -586,7 +590,9 @@ class RequestBatch:
         batch = EncodedBatch.of(encoded)
         extra = extra or {}
         n = len(batch)
-        term_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(batch.term_ptr))
+        ptr = batch.term_ptr
+        term_req = np.zeros(len(batch.terms), np.int64) if n == 1 else np.repeat(np.arange(n, dtype=np.int64),
+                                                                                  ptr[1:] - ptr[:-1])
         dense, known = vocab.lookup_flat(batch.terms)
         if group:
             word = np.uint32 if group <= 32 else np.uint64
@@ -901,6 +907,7 @@ def mark_sent(buffers: dict, stream) -> None:
         buffers["sent"] = None  # a copy on the default stream has returned when it is done
 
 
+@lru_cache(maxsize=1)
 def _ftab_words() -> int:
     from .kernels import match as K
 

@@ -134,17 +134,19 @@ class BatchPipeline:
         the match's enqueueing, the user side and the rest's enqueueing (the benchmark's host calls)."""
         mark = stamps.append if stamps is not None else _no_stamp
         prepared = self.prepare(encoded, table_shape=table_shape)
-        p = self.plan(prepared, k)
-        if p.match is None:  # a lab kernel with no plan: no split
+        batch = prepared.batch
+        parts = self.index.plan_parts(batch, self.index.kept_output(prepared.n), self.version)
+        if parts is None:  # a lab kernel with no plan: no split
             self.fill_tables(prepared, tables_of())
-            return self._launch(prepared, p)
+            return self._launch(prepared, self.plan(prepared, k))
         mark(time.perf_counter())
-        self._enqueue(p.match)
+        self._enqueue(parts[0] + parts[1] + parts[2])  # the match's part only is planned before it is enqueued
         mark(time.perf_counter())
         self.fill_tables(prepared, tables_of())
+        p = self.plan(prepared, k)  # the whole plan while the device matches (its match part as enqueued)
         mark(time.perf_counter())
         self._enqueue(p.tables + p.score + p.topk + p.copies)
-        prepared.batch.mark_sent(self.stream)
+        batch.mark_sent(self.stream)
         mark(time.perf_counter())
         return Launched(prepared.n, p.buffers)
 

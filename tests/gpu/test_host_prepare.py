@@ -60,6 +60,22 @@ def test_encode_requests_equals_encode_request_hypothesis(requests):
     _same_encoding(encode_requests(requests), [encode_request(r) for r in requests], "drawn requests")
 
 
+@pytest.mark.parametrize("seed", [5, 6])
+def test_a_lone_request_encodes_as_in_a_batch(seed):
+    """`encode_requests` of one request (its own path) gives the arrays, dtypes and values of
+    `encode_request` and of the same request inside a batch."""
+    requests = random_requests(np.random.default_rng(seed), 40)
+    batch = encode_requests(requests)
+    for b, r in enumerate(requests):
+        lone = encode_requests([r])
+        _same_encoding(lone, [encode_request(r)], f"seed={seed} request {b}")
+        _same_encoding(lone, [batch[b]], f"seed={seed} request {b} against the batch")
+        assert lone.term_ptr.dtype == np.int64 and lone.term_ptr.tolist() == [0, len(lone.terms)]
+        for name in ("age", "gender", "publisher", "device", "os", "time", "latitude", "longitude"):
+            assert getattr(lone, name).shape == (1,) and getattr(lone, name).dtype == getattr(batch, name).dtype, name
+    assert sum(len(encode_requests([r]).terms) for r in requests) > 40  # the users hold terms
+
+
 def test_encode_requests_keeps_namespaces_and_counts_duplicates_once():
     """Interest 7 and behavior 7 stay two terms; a user without country, region, city or locale holds
     none of them; ids listed twice are one term."""
