@@ -22,7 +22,8 @@
 #             to the first answer with the compile caches as the machine has them, then warm
 #   lone      where a lone request's time goes on the corpus of `datapipe` (`scripts/probe_engine_batch.py
 #             --batches 1,64`), then `ncu` (speed of light, launch statistics) of the kernels of lone requests
-#   lonelab   a lone request's scoring kernel and top-K, variants: `scripts/probe_topk_segments.py` (segment lengths;
+#   lonelab   a lone request's scoring kernel and top-K, variants: `scripts/probe_topk_segments.py` (top-K versions
+#             TOPK_VERSIONS, default "2,3", and segment lengths TOPK_SEGMENT_LENS, default "16384,4096";
 #             LONELAB_TOPK=0 leaves it out),
 #             then `bench pipeline --data` with each scoring kernel of LONELAB_VERSIONS (default "8 9 10"; an
 #             entry "mN" runs match kernel N of the lab with the shipped scoring kernel)
@@ -174,8 +175,9 @@ for stage in "${stages[@]}"; do
     lonelab)
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
       if [ "${LONELAB_TOPK:-1}" = 1 ]; then
-        timeout 120 python3 scripts/probe_topk_segments.py --out "$OUT/topk_segments.json" > "$OUT/topk_segments.log" 2>&1
-        echo "topk segments rc=$?"; grep -E '^\{"requests' "$OUT/topk_segments.log" | cut -c1-200
+        timeout 120 python3 scripts/probe_topk_segments.py --versions ${TOPK_VERSIONS:-2,3} \
+          --segment-lens ${TOPK_SEGMENT_LENS:-16384,4096} --out "$OUT/topk_segments.json" > "$OUT/topk_segments.log" 2>&1
+        echo "topk segments rc=$?"; grep -E '^\{"version' "$OUT/topk_segments.log" | cut -c1-200
       fi
       for v in ${LONELAB_VERSIONS:-8 9 10}; do
         case $v in m*) pick="--match-version ${v#m}" ;; *) pick="--kernel-version $v" ;; esac

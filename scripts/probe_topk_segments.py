@@ -1,7 +1,8 @@
-"""The final top-K's segment length, measured: the two kernels of `gpu.kernels.topk` (segments, then one
-block per request) over candidates shaped as the shipped scoring kernel leaves them for a pool of
-`--slots` slots (its output blocks times `cap`, a `--fill` share of them holding a key, the rest 0),
-for each segment length of `--segment-lens` and each batch size of `--requests`.
+"""The final top-K's segment length and versions, measured: the two kernels of each top-K version of
+`--versions` (the kernel lab's, gpu/lab/topk.py: segments, then one block per request) over candidates
+shaped as the shipped scoring kernel leaves them for a pool of `--slots` slots (its output blocks times
+`cap`, a `--fill` share of them holding a key, the rest 0), for each segment length of
+`--segment-lens` and each batch size of `--requests`.
 
 Every configuration's answers are first checked equal to `topk_host` (score descending, ties by ad id)
 on the same candidates; then each is timed with CUDA events (the median of `--repeat` launches after a
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 
 def main(argv=None) -> int:
@@ -26,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fill", type=float, default=0.6, help="share of the candidate entries holding a key")
     ap.add_argument("--requests", default="1,64", help="batch sizes, comma-separated")
     ap.add_argument("--segment-lens", default="16384,8192,4096,2048", help="comma-separated")
+    ap.add_argument("--versions", default="2", help="top-K versions of the kernel lab, comma-separated")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -42,6 +45,7 @@ def main(argv=None) -> int:
     from gpu.kernels import score as sk
     from gpu.kernels import topk as tk
     from gpu.kernels._bits import keys_to_f32_host
+    from gpu.lab import topk as topk_lab
 
     cuda = runtime.cuda()
     kernel = sk.get_kernel(sk.version(None, "moe", "fp16", 64), "moe", "fp16", 64, 6, 2)
@@ -64,7 +68,7 @@ def main(argv=None) -> int:
             scores = keys[r].reshape(-1)[live].copy()  # order by key: as float32 keys order the scores
             order = np.lexsort((ids, -scores.astype(np.int64)))[:k]
             expect.append((ids[order], scores[order]))
-        for seg_len in (int(x) for x in args.segment_lens.split(",")):
+        for number, seg_len in ((int(v), int(x)) for v in args.versions.split(",") for x in args.segment_lens.split(",")):
             n_seg = tk.n_segments(nb * cap, seg_len)
             P = tk.scratch_size(k)
             bufs = dict(sk=cuda.device_array((R, P), np.uint32), ss=cuda.device_array((R, P), np.int32),
@@ -72,14 +76,15 @@ def main(argv=None) -> int:
                         out_score=cuda.device_array((R, k), np.float32), out_count=cuda.device_array(R, np.int32),
                         seg_key=cuda.device_array((R, n_seg, k), np.uint32),
                         seg_slot=cuda.device_array((R, n_seg, k), np.int32))
-            plan = tk.TopkPlan(segmented=True, segment_len=seg_len).plan(d_keys, d_slots, cap, d_ids, k, bufs, R)
+            recipe = replace(topk_lab.VERSIONS[number].recipe, segment_len=seg_len)
+            plan = recipe.plan(d_keys, d_slots, cap, d_ids, k, bufs, R)
             run_plan(plan)
             cuda.synchronize()
             got_ids, got_scores = bufs["out_id"].copy_to_host(), bufs["out_score"].copy_to_host()
             count = bufs["out_count"].copy_to_host()
             ok = all(count[r] == len(expect[r][0]) and np.array_equal(got_ids[r, :count[r]], expect[r][0])
                      and np.array_equal(got_scores[r, :count[r]], keys_to_f32_host(expect[r][1])) for r in range(R))
-            row = {"requests": R, "segment_len": seg_len, "segments": n_seg, "candidates_per_request": nb * cap,
+            row = {"version": number, "requests": R, "segment_len": seg_len, "segments": n_seg, "candidates_per_request": nb * cap,
                    "checked_equal": bool(ok)}
             if args.device == "gpu" and ok:
                 start, stop = cuda.event(), cuda.event()

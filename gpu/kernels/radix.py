@@ -23,6 +23,8 @@ from .. import runtime
 cuda = runtime.cuda()
 from numba import int32, uint32  # noqa: E402  (after the device choice)
 
+from .warp import match_any_i32  # noqa: E402
+
 HIST_BINS = 256
 # shared `state` words of the radix select (uint32 each)
 ST_EMIT_ALL, ST_PREFIX, ST_KREM, ST_TOTAL, ST_N_GREATER, ST_N_EQUAL = range(6)
@@ -59,6 +61,7 @@ def radix_digit(hist, part, state, rnd, prefix, shift, krem, k):
 
 
 key_at = None  # bound per form below: how flat entry i of request r is read
+count_digits = None  # bound per form below: how a round's digits are counted
 
 
 def _radix_select_template(keys, r, width, lo, hi, k, hist, part, state, copies):
@@ -85,10 +88,7 @@ def _radix_select_template(keys, r, width, lo, hi, k, hist, part, state, copies)
         for j in range(tid, copies * HIST_BINS, nt):
             hist[j] = 0
         cuda.syncthreads()
-        for i in range(lo + tid, hi, nt):
-            key = key_at(keys, r, width, i)
-            if key != 0 and (key & mask) == prefix:
-                cuda.atomic.add(hist, copy * HIST_BINS + int32((key >> shift) & uint32(255)), uint32(1))
+        count_digits(keys, r, width, lo, hi, hist, copy * HIST_BINS, mask, prefix, shift)
         cuda.syncthreads()
         if tid < 16:
             s = uint32(0)
@@ -112,6 +112,37 @@ def _radix_select_template(keys, r, width, lo, hi, k, hist, part, state, copies)
     return prefix, krem, emit_all
 
 
+def _count_each_template(keys, r, width, lo, hi, hist, off, mask, prefix, shift):
+    """Count the digit at `shift` of every nonzero key among entries [lo, hi) that matches `prefix` on
+    `mask` into hist[off:off + HIST_BINS]: one shared atomic a key."""
+    for i in range(lo + cuda.threadIdx.x, hi, cuda.blockDim.x):
+        key = key_at(keys, r, width, i)
+        if key != 0 and (key & mask) == prefix:
+            cuda.atomic.add(hist, off + int32((key >> shift) & uint32(255)), uint32(1))
+
+
+def _count_by_warp_template(keys, r, width, lo, hi, hist, off, mask, prefix, shift):
+    """`_count_each_template`'s counts, one shared atomic per distinct digit of a warp's 32 keys: the
+    lanes holding the same digit are found together (`match_any_i32`) and the lowest of them adds
+    their number. Scores sit close together, so in the first rounds most keys of a warp share a
+    digit, and one atomic a key is 32 atomics on one address, each waiting for the one before.
+    Every thread of the block runs every step (the simulator's form of the warp vote needs it)."""
+    tid = cuda.threadIdx.x
+    below = (uint32(1) << uint32(tid % 32)) - uint32(1)  # the lanes under this one
+    base = lo
+    while base < hi:
+        i = base + tid
+        d = int32(HIST_BINS)  # no digit: a key outside the range, 0, or off the prefix
+        if i < hi:
+            key = key_at(keys, r, width, i)
+            if key != 0 and (key & mask) == prefix:
+                d = int32((key >> shift) & uint32(255))
+        peers = uint32(match_any_i32(d))
+        if d != HIST_BINS and (peers & below) == 0:
+            cuda.atomic.add(hist, off + d, uint32(cuda.popc(peers)))
+        base += cuda.blockDim.x
+
+
 @cuda.jit(device=True)
 def key_in_blocks(keys, r, width, i):
     """Flat entry i of request r of per-block candidates keys uint32[R, blocks, >= width]."""
@@ -125,11 +156,17 @@ def key_in_row(keys, r, width, i):
     return keys[i]
 
 
-# the one radix select, in the two forms the top-K stages read their keys in
-radix_select_blocks = cuda.jit(device=True)(specialize(_radix_select_template, "radix_select_blocks",
-                                                       key_at=key_in_blocks))
-radix_select_row = cuda.jit(device=True)(specialize(_radix_select_template, "radix_select_row", key_at=key_in_row))
+def _select(name: str, key_at, count_template):
+    count = cuda.jit(device=True)(specialize(count_template, f"{name}_count", key_at=key_at))
+    return cuda.jit(device=True)(specialize(_radix_select_template, name, key_at=key_at, count_digits=count))
+
+
+# the one radix select, in the forms the top-K stages read their keys in, counting a key at a time; and
+# over per-block candidates counting a warp's equal digits at once (the lab's top-K v3)
+radix_select_blocks = _select("radix_select_blocks", key_in_blocks, _count_each_template)
+radix_select_row = _select("radix_select_row", key_in_row, _count_each_template)
+radix_select_blocks_warp = _select("radix_select_blocks_warp", key_in_blocks, _count_by_warp_template)
 
 
 __all__ = ["HIST_BINS", "STATE_WORDS", "ST_EMIT_ALL", "ST_KREM", "ST_N_EQUAL", "ST_N_GREATER", "ST_PREFIX",
-           "ST_TOTAL", "radix_digit", "radix_select_blocks", "radix_select_row"]
+           "ST_TOTAL", "radix_digit", "radix_select_blocks", "radix_select_blocks_warp", "radix_select_row"]

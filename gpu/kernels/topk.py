@@ -40,12 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from andromeda_nb.templates import specialize
 from andromeda_nb.versions import Version, pick, version_table
 
 from .. import runtime
 from ..graphs import Launch, run_plan
 from . import _bits
-from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_blocks
+from .radix import (HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_blocks,
+                    radix_select_blocks_warp)
 
 cuda = runtime.cuda()
 from numba import int32, int64, uint32  # noqa: E402
@@ -90,8 +92,10 @@ def _bitonic(keys, ids, P, tid, nt):
         size *= 2
 
 
-@cuda.jit(cache=True)
-def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
+select_blocks = None  # bound per form below: the radix select over per-block candidates
+
+
+def _segment_template(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
     """First stage of v2: block (seg, r) keeps the top k of flat candidates [seg * seg_len, ...) in
     out_key[r, seg, :k] / out_slot[r, seg, :k] (padding key 0)."""
     hist = cuda.shared.array(HIST_BINS, uint32)
@@ -106,7 +110,7 @@ def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
     hi = lo + seg_len
     if hi > m:
         hi = m
-    kth, krem, emit_all = radix_select_blocks(cand_key, r, cap, lo, hi, k, hist, part, state, 1)
+    kth, krem, emit_all = select_blocks(cand_key, r, cap, lo, hi, k, hist, part, state, 1)
     n_greater = uint32(k) - krem
     for i in range(lo + tid, hi, nt):
         b = i // cap
@@ -131,8 +135,7 @@ def segment_topk_v2(cand_key, cand_slot, cap, seg_len, k, out_key, out_slot):
         out_slot[r, seg, j] = -1
 
 
-@cuda.jit(cache=True)
-def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, out_score, out_count):
+def _final_template(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, out_score, out_count):
     hist = cuda.shared.array(HIST_BINS, uint32)
     part = cuda.shared.array(16, uint32)
     state = cuda.shared.array(STATE_WORDS, uint32)
@@ -142,7 +145,7 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
     nb = cand_key.shape[1]
     m = nb * cap
     P = sk.shape[1]
-    kth, krem, emit_all = radix_select_blocks(cand_key, r, cap, 0, m, k, hist, part, state, 1)
+    kth, krem, emit_all = select_blocks(cand_key, r, cap, 0, m, k, hist, part, state, 1)
     n_greater = uint32(k) - krem
     room = uint32(P) - n_greater
     for i in range(tid, m, nt):
@@ -194,6 +197,17 @@ def final_topk_v1(cand_key, cand_slot, cap, slot_ad_id, k, sk, ss, sid, out_id, 
         out_count[r] = n_out
 
 
+def _kernel(template, name: str, select):
+    return cuda.jit(cache=True)(specialize(template, name, select_blocks=select))
+
+
+# the two stages counting a key at a time (v2) and a warp's equal digits at once (the lab's v3)
+segment_topk_v2 = _kernel(_segment_template, "segment_topk_v2", radix_select_blocks)
+final_topk_v1 = _kernel(_final_template, "final_topk_v1", radix_select_blocks)
+segment_topk_v3 = _kernel(_segment_template, "segment_topk_v3", radix_select_blocks_warp)
+final_topk_v3 = _kernel(_final_template, "final_topk_v3", radix_select_blocks_warp)
+
+
 def n_segments(n_candidates: int, segment_len: int | None = None) -> int:
     """First-stage blocks of a request's `n_candidates` at `segment_len` (None: SEGMENT_LEN)."""
     return -(-n_candidates // (segment_len or SEGMENT_LEN))
@@ -210,6 +224,7 @@ class TopkPlan:
 
     segmented: bool
     segment_len: int | None = None  # candidates per first-stage block (None: SEGMENT_LEN)
+    warp_counts: bool = False  # the radix select counts a warp's equal digits with one atomic (v3)
 
     def launch(self, keys, slots, width: int, slot_ad_id, k: int, bufs: dict, R: int, stream=0) -> None:
         """Top-k of candidates `keys`/`slots` (R, blocks, >= width) into bufs["out_id"], ["out_score"],
@@ -221,12 +236,13 @@ class TopkPlan:
         """The launches of `launch` as a `gpu.graphs` plan."""
         steps = []
         n_seg = bufs["seg_key"].shape[1]
+        segment, final = (segment_topk_v3, final_topk_v3) if self.warp_counts else (segment_topk_v2, final_topk_v1)
         if self.segmented and n_seg > 1:
-            steps.append(Launch(segment_topk_v2, (n_seg, R), threads(),
+            steps.append(Launch(segment, (n_seg, R), threads(),
                                 (keys, slots, np.int32(width), np.int32(self.segment_len or SEGMENT_LEN), np.int32(k), bufs["seg_key"],
                                  bufs["seg_slot"])))
             keys, slots, width = bufs["seg_key"], bufs["seg_slot"], k
-        steps.append(Launch(final_topk_v1, (R,), threads(),
+        steps.append(Launch(final, (R,), threads(),
                             (keys, slots, np.int32(width), slot_ad_id, np.int32(k), bufs["sk"], bufs["ss"], bufs["sid"],
                              bufs["out_id"], bufs["out_score"], bufs["out_count"])))
         return steps
@@ -251,5 +267,5 @@ def topk_host(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, 
     return reference_topk(ids, np.asarray(scores, np.float32), k)
 
 
-__all__ = ["FINAL_THREADS", "SEGMENT_LEN", "SHIPPED", "TopkPlan", "VERSIONS", "final_topk_v1", "n_segments",
-           "segment_topk_v2", "scratch_size", "threads", "topk_host", "version"]
+__all__ = ["FINAL_THREADS", "SEGMENT_LEN", "SHIPPED", "TopkPlan", "VERSIONS", "final_topk_v1", "final_topk_v3",
+           "n_segments", "segment_topk_v2", "segment_topk_v3", "scratch_size", "threads", "topk_host", "version"]

@@ -2,8 +2,10 @@
 
     shfl_xor_i32(x, mask)   the int32 `x` of lane ^ mask (`shfl.sync.bfly`)
     sync_warp()             a barrier for the lanes of the warp (`bar.warp.sync`)
+    match_any_i32(x)        the lanes of the warp whose int32 `x` equals this lane's, as a uint32 mask
+                            (`match.any.sync`)
 
-On the GPU they are numba's own `cuda.shfl_xor_sync` and `cuda.syncwarp`. The simulator has neither
+On the GPU they are numba's own `cuda.shfl_xor_sync`, `cuda.syncwarp` and `cuda.match_any_sync`. The simulator has neither
 warp shuffles nor a warp barrier: there the lanes' values meet in a shared scratch array between two
 block-wide barriers (`syncthreads`), so every thread of the block must reach each call (block-uniform
 control flow around it). The shipped match kernel's shuffle transpose and the tensor-core scorer's
@@ -40,6 +42,20 @@ if runtime.simulator_enabled():
     def sync_warp():
         cuda.syncthreads()
 
+    @cuda.jit(device=True)
+    def match_any_i32(x):
+        buf = cuda.shared.array(SCRATCH_THREADS, np.int64)
+        t = int(cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z))
+        buf[t] = np.int32(x)
+        cuda.syncthreads()
+        first = t - t % WARP
+        peers = 0
+        for lane in range(WARP):
+            if buf[first + lane] == np.int32(x):
+                peers |= 1 << lane
+        cuda.syncthreads()
+        return np.uint32(peers)
+
 else:
     from numba import int32
 
@@ -51,5 +67,9 @@ else:
     def sync_warp():
         cuda.syncwarp()
 
+    @cuda.jit(device=True, inline=True)
+    def match_any_i32(x):
+        return cuda.match_any_sync(FULL_MASK, int32(x))
 
-__all__ = ["shfl_xor_i32", "sync_warp"]
+
+__all__ = ["match_any_i32", "shfl_xor_i32", "sync_warp"]

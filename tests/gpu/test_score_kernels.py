@@ -207,5 +207,5 @@ def test_kernels_compile_for_sm90_without_local_memory():
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
         rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(rows) == 4 * 2 * 3 + 2 + 1 + 3, rows  # scoring versions x kinds x precisions, top-K, gather
+    assert len(rows) == 4 * 2 * 3 + 4 + 1 + 3, rows  # scoring versions x kinds x precisions, top-K v2 and v3, gather
     assert not [r["kernel"] for r in rows if r["local_memory"]]

@@ -50,11 +50,12 @@ def main(argv):
     if len(argv) > 5 and argv[5] == "no-topk":
         return
     cand = (types.uint32[:, :, ::1], types.int32[:, :, ::1], types.int32)
-    report("final_topk_v1", topk.final_topk_v1.py_func,
-           cand + (types.int64[::1], types.int32, types.uint32[:, ::1], types.int32[:, ::1], types.int64[:, ::1],
-                   types.int64[:, ::1], types.float32[:, ::1], types.int32[::1]))
-    report("segment_topk_v2", topk.segment_topk_v2.py_func,
-           cand + (types.int32, types.int32, types.uint32[:, :, ::1], types.int32[:, :, ::1]))
+    for final, segment in (("final_topk_v1", "segment_topk_v2"), ("final_topk_v3", "segment_topk_v3")):
+        report(final, getattr(topk, final).py_func,
+               cand + (types.int64[::1], types.int32, types.uint32[:, ::1], types.int32[:, ::1], types.int64[:, ::1],
+                       types.int64[:, ::1], types.float32[:, ::1], types.int32[::1]))
+        report(segment, getattr(topk, segment).py_func,
+               cand + (types.int32, types.int32, types.uint32[:, :, ::1], types.int32[:, :, ::1]))
     # the remote GPU scorer's gather family: candidate ids to rows, then one candidate per thread
     report("gather_resolve_rows", gather.resolve_rows.py_func,
            (types.int64[::1], types.int32[::1], types.int64[::1], types.int32[::1]))
