@@ -182,5 +182,15 @@ def finish_probe(result: dict, script: str, argv, out) -> None:
         print(json.dumps(result, indent=1, default=float))
 
 
-__all__ = ["KINDS", "command_line", "cpu_model", "finish_probe", "host_info", "script_command", "stamp", "stamp_from_click",
-           "write_result"]
+def report_probe(result: dict, script: str, argv, out, indent: int | None = None) -> None:
+    """A measuring script's tail: `result` stamped with the script's command line (`stamp`,
+    `script_command`), printed on stdout as JSON (one line unless `indent`), and written into `out` when
+    given (`measure.write_json`)."""
+    stamp(result, command=script_command(script, argv))
+    print(json.dumps(result, indent=indent, default=float))
+    if out:
+        write_json(result, out)
+
+
+__all__ = ["KINDS", "command_line", "cpu_model", "finish_probe", "host_info", "report_probe", "script_command", "stamp",
+           "stamp_from_click", "write_result"]

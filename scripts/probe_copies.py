@@ -16,7 +16,6 @@ answer (`benchmarks.copies`, the pool of `bench pipeline --data DIR --copies N`)
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -37,8 +36,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from andromeda_nb.measure import write_json
-    from andromeda_nb.provenance import script_command, stamp
+    from andromeda_nb.provenance import report_probe
     from andromeda_nb.store import load_dataset
     from benchmarks.copies import CompiledScan, CopyPlan, copy_compiled, copy_embeddings
     from cpu_baseline.index import CpuTargetingIndex
@@ -86,10 +84,7 @@ def main(argv=None) -> int:
                            "per_copy": [round(float(x), 5) for x in counts.mean(axis=0)]},
         "cpus": __import__("os").cpu_count(),
     }
-    stamp(result, command=script_command("probe_copies.py", sys.argv[1:] if argv is None else argv))
-    print(json.dumps(result))
-    if args.out:
-        write_json(result, args.out)
+    report_probe(result, "probe_copies.py", sys.argv[1:] if argv is None else argv, args.out)
     return 0
 
 

@@ -9,7 +9,6 @@ list of eligible slots reads the eligible share. Oracle eligibility on the gener
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,9 +16,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from andromeda_nb.measure import write_json  # noqa: E402
 from andromeda_nb.oracle import OracleIndex  # noqa: E402
-from andromeda_nb.provenance import script_command, stamp  # noqa: E402
+from andromeda_nb.provenance import report_probe  # noqa: E402
 from benchmarks.tiling import generate_base  # noqa: E402
 
 TILE = 32
@@ -67,10 +65,7 @@ def main(argv=None) -> int:
             "by_country_then_format": tile_share(eligible, np.lexsort((fmt, geo))),
         },
     }
-    stamp(result, command=script_command("probe_tile_occupancy.py", argv if argv is not None else sys.argv[1:]))
-    print(json.dumps(result, indent=1))
-    if args.out:
-        write_json(result, args.out)
+    report_probe(result, "probe_tile_occupancy.py", argv if argv is not None else sys.argv[1:], args.out, indent=1)
     return 0
 
 

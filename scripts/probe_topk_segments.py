@@ -38,8 +38,8 @@ def main(argv=None) -> int:
     from andromeda_nb.devices import resolve
 
     resolve(args.device, kernels=True)
-    from andromeda_nb.measure import software, write_json
-    from andromeda_nb.provenance import script_command, stamp
+    from andromeda_nb.measure import software
+    from andromeda_nb.provenance import report_probe
     from gpu import runtime
     from gpu.graphs import run_plan
     from gpu.kernels import score as sk
@@ -102,10 +102,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), file=sys.stderr)
     result = {"kind": "topk_segments", "slots": args.slots, "k": k, "fill": args.fill, "output_blocks": nb, "cap": cap,
               "rows": rows, "all_checked_equal": all(r["checked_equal"] for r in rows), "env": software()}
-    stamp(result, command=script_command("probe_topk_segments.py", sys.argv[1:] if argv is None else argv))
-    print(json.dumps(result))
-    if args.out:
-        write_json(result, args.out)
+    report_probe(result, "probe_topk_segments.py", sys.argv[1:] if argv is None else argv, args.out)
     return 0 if result["all_checked_equal"] else 1
 
 

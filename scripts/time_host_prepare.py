@@ -17,7 +17,6 @@ CPU time (other processes on a busy machine inflate the first, not the second):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,8 +42,7 @@ def main(argv=None) -> int:
 
     from andromeda_nb.measure import timed_runs
     from andromeda_nb.devices import resolve
-    from andromeda_nb.measure import write_json
-    from andromeda_nb.provenance import script_command, stamp
+    from andromeda_nb.provenance import report_probe
     from benchmarks.tiling import load_or_generate_base
 
     resolve("sim")
@@ -88,10 +86,7 @@ def main(argv=None) -> int:
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
               "data": args.data, "base_ads": None if args.data else len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
               "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures}
-    stamp(result, command=script_command("time_host_prepare.py", argv))
-    print(json.dumps(result))
-    if args.out:
-        write_json(result, args.out)
+    report_probe(result, "time_host_prepare.py", argv, args.out)
     return 0
 
 

@@ -25,7 +25,6 @@ Each figure is the median of repeated calls after a warm-up, on a corpus made by
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -76,8 +75,7 @@ def main(argv=None) -> int:
     from andromeda_nb.scoring import fold_tables_batch
     from serving.protocol import decode_request_batch, request_batch
     from andromeda_nb.devices import resolve
-    from andromeda_nb.measure import write_json
-    from andromeda_nb.provenance import script_command, stamp
+    from andromeda_nb.provenance import report_probe
     from andromeda_nb.rows import RowMap
     from andromeda_nb.store import load_dataset
     from cpu_baseline.index import CpuTargetingIndex
@@ -119,10 +117,7 @@ def main(argv=None) -> int:
     }
     argv = sys.argv[1:] if argv is None else argv
     result = dict(out)
-    stamp(result, command=script_command("time_host_side.py", argv))
-    print(json.dumps(result))
-    if args.out:
-        write_json(result, args.out)
+    report_probe(result, "time_host_side.py", argv, args.out)
     return 0
 
 

@@ -381,7 +381,6 @@ class TensorCoreRecipe:
     wide: bool = False  # the compacted walk over 64 chunks a block, keys as a list (score_mma._WIDE_SKELETON)
     chunks: int = 64  # wide: chunks a block walks (score_mma.WIDE_CHUNKS by default)
     request_major: bool = False  # grid (R, NB): a batch's requests walk the same chunks at once
-    lone_chunks: int | None = None  # a batch of one request walks this many chunks a block
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -391,7 +390,7 @@ class TensorCoreRecipe:
             raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
         return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
                               compact=self.compact, wide=self.wide, chunks=self.chunks,
-                              request_major=self.request_major, lone_chunks=self.lone_chunks)
+                              request_major=self.request_major)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,

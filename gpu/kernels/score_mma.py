@@ -247,7 +247,6 @@ class MmaSpec:
     out_slots: int = ADS_PER_BLOCK  # wide: slots per output block (the block top-K's granularity)
     chunks: int = WIDE_CHUNKS  # wide: chunks a block walks (fewer: more, shorter blocks for a lone request)
     request_major: bool = False  # grid (R, NB): the requests of a batch walk the same chunks at once (L2 reuse)
-    lone_chunks: int | None = None  # wide: a batch of one request walks this many chunks a block instead
 
     @property
     def table_width(self) -> int:
@@ -592,12 +591,6 @@ class MmaScoreKernel:
         self.kernel = cuda.jit(python_function(spec), cache=not runtime.simulator_enabled(), **options)
         self._dims = None
         self._bufs: dict = {}
-        # a lone request's walk: more, shorter blocks (the same output blocks), so that one request fills the GPU
-        self.lone = None
-        if spec.lone_chunks is not None and spec.lone_chunks != spec.chunks:
-            self.lone = get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, spec.mode,
-                                       spec.max_registers, spec.compact, spec.wide, spec.emit_at, spec.out_slots,
-                                       spec.lone_chunks, spec.request_major)
 
     def grid(self, n_slots: int, n_requests: int) -> tuple[int, int]:
         per_block = self.spec.chunks * CHUNK_SLOTS if self.spec.wide else ADS_PER_BLOCK
@@ -636,8 +629,7 @@ class MmaScoreKernel:
         """Table preparation and scoring as a `gpu.graphs` plan (`tabs` on the device)."""
         steps, frag, fscale = self.prepare_plan(tabs)
         n_slots = chunk_format.shape[0] * CHUNK_SLOTS
-        walk = self.lone if self.lone is not None and elig.shape[0] == 1 else self
-        return steps + [Launch(walk.kernel, walk.grid(n_slots, elig.shape[0]), THREADS,
+        return steps + [Launch(self.kernel, self.grid(n_slots, elig.shape[0]), THREADS,
                                (emb, scale, chunk_format, elig, tabs, frag, fscale, np.int32(cap), out_key, out_slot))]
 
     def launch(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot, stream=0):
@@ -659,8 +651,7 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
                    max_registers: int | None = None, compact: bool = False, wide: bool = False,
                    emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK,
-                   chunks: int = WIDE_CHUNKS, request_major: bool = False,
-                   lone_chunks: int | None = None) -> MmaScoreKernel:
+                   chunks: int = WIDE_CHUNKS, request_major: bool = False) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
@@ -676,7 +667,7 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
                              f"overflow its list or its output blocks")
     return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
                                   compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots,
-                                  chunks=chunks, request_major=request_major, lone_chunks=lone_chunks))
+                                  chunks=chunks, request_major=request_major))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",

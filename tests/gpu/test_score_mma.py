@@ -289,7 +289,7 @@ def test_lone_walk_equals_the_reference(R):
     rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(93 + R, "fp16", 64, 6, 2, n_chunks, R,
                                                                     density=0.3 if ON_GPU else 0.08)
     fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[12])
-    walk = fs.kernel.lone if R == 1 else fs.kernel
+    walk = fs.kernel.lone if R == 1 else fs.kernel.batch
     assert walk.spec.chunks == (16 if R == 1 else 64) and fs.kernel.lone.ads_per_block == fs.kernel.ads_per_block
     launched = [s for s in fs.kernel.plan(fs.d_emb, fs.d_scale, fs.d_chunk_format, elig, tabs, 10,
                                           np.zeros((R, 1, 10), np.uint32), np.zeros((R, 1, 10), np.int32))
