@@ -7,7 +7,7 @@ from __future__ import annotations
 from andromeda_nb.templates import specialize
 
 from .. import runtime
-from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_row
+from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_row, radix_select_row_warp
 
 cuda = runtime.cuda()
 from numba import int32, uint32  # noqa: E402  (after the device choice)
@@ -16,6 +16,7 @@ HIST_COPIES = 8  # per-warp histograms (warp % HIST_COPIES), fewer atomic collis
 
 
 slot_at = None  # bound per form below: the slot of entry i of a block's keys
+select_row = None  # bound per form below: the radix select (counting a key at a time, or a warp's digits at once)
 
 
 def _block_topk_emit_template(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
@@ -24,7 +25,7 @@ def _block_topk_emit_template(keys, offs, n, cap, hist, part, state, out_key, ou
     nonzero."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    kth, krem, emit_all = radix_select_row(keys, r, n, 0, n, cap, hist, part, state, HIST_COPIES)
+    kth, krem, emit_all = select_row(keys, r, n, 0, n, cap, hist, part, state, HIST_COPIES)
     n_greater = uint32(cap) - krem
     for i in range(tid, n, nt):
         key = keys[i]
@@ -58,11 +59,16 @@ def slot_listed(offs, first_slot, i):
     return first_slot + offs[i]
 
 
+def _emit(name: str, slot, select):
+    return cuda.jit(device=True)(specialize(_block_topk_emit_template, name, slot_at=slot, select_row=select))
+
+
 # the one block top-K, in the two forms the scoring kernels hold their keys in: by block offset
-# (`block_topk_emit`, every kernel but the wide walk) and as a list of (key, offset) pairs
-_emit_dense = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_dense", slot_at=slot_dense))
-block_topk_emit_list = cuda.jit(device=True)(specialize(_block_topk_emit_template, "block_topk_emit_list",
-                                                        slot_at=slot_listed))
+# (`block_topk_emit`, every kernel but the wide walk) and as a list of (key, offset) pairs; the list's
+# also with the radix select counting a warp's equal digits at once (the lab's scoring v13)
+_emit_dense = _emit("block_topk_emit_dense", slot_dense, radix_select_row)
+block_topk_emit_list = _emit("block_topk_emit_list", slot_listed, radix_select_row)
+block_topk_emit_list_warp = _emit("block_topk_emit_list_warp", slot_listed, radix_select_row_warp)
 
 
 @cuda.jit(device=True)
@@ -72,4 +78,5 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
     _emit_dense(keys, keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
 
 
-__all__ = ["HIST_BINS", "HIST_COPIES", "STATE_WORDS", "block_topk_emit", "block_topk_emit_list"]
+__all__ = ["HIST_BINS", "HIST_COPIES", "STATE_WORDS", "block_topk_emit", "block_topk_emit_list",
+           "block_topk_emit_list_warp"]

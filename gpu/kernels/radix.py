@@ -162,11 +162,13 @@ def _select(name: str, key_at, count_template):
 
 
 # the one radix select, in the forms the top-K stages read their keys in, counting a key at a time; and
-# over per-block candidates counting a warp's equal digits at once (the lab's top-K v3)
+# counting a warp's equal digits at once (the lab's top-K v3 and scoring v13)
 radix_select_blocks = _select("radix_select_blocks", key_in_blocks, _count_each_template)
 radix_select_row = _select("radix_select_row", key_in_row, _count_each_template)
 radix_select_blocks_warp = _select("radix_select_blocks_warp", key_in_blocks, _count_by_warp_template)
+radix_select_row_warp = _select("radix_select_row_warp", key_in_row, _count_by_warp_template)
 
 
 __all__ = ["HIST_BINS", "STATE_WORDS", "ST_EMIT_ALL", "ST_KREM", "ST_N_EQUAL", "ST_N_GREATER", "ST_PREFIX",
-           "ST_TOTAL", "radix_digit", "radix_select_blocks", "radix_select_blocks_warp", "radix_select_row"]
+           "ST_TOTAL", "radix_digit", "radix_select_blocks", "radix_select_blocks_warp", "radix_select_row",
+           "radix_select_row_warp"]

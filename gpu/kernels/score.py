@@ -381,6 +381,7 @@ class TensorCoreRecipe:
     wide: bool = False  # the compacted walk over 64 chunks a block, keys as a list (score_mma._WIDE_SKELETON)
     chunks: int = 64  # wide: chunks a block walks (score_mma.WIDE_CHUNKS by default)
     request_major: bool = False  # grid (R, NB): a batch's requests walk the same chunks at once
+    warp_counts: bool = False  # wide: the block top-K's radix select counts a warp's equal digits at once
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -390,7 +391,7 @@ class TensorCoreRecipe:
             raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
         return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
                               compact=self.compact, wide=self.wide, chunks=self.chunks,
-                              request_major=self.request_major)
+                              request_major=self.request_major, warp_counts=self.warp_counts)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,

@@ -69,7 +69,8 @@ from ..graphs import Launch, run_plan
 from . import _bits, mma, warp
 from andromeda_nb.constants import PRECISION_BYTES as BYTES
 
-from .block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS, block_topk_emit, block_topk_emit_list
+from .block_topk import (HIST_BINS, HIST_COPIES, STATE_WORDS, block_topk_emit, block_topk_emit_list,
+                         block_topk_emit_list_warp)
 from .tiles import QUAD_WORDS, words_per_ad
 
 cuda = runtime.cuda()
@@ -247,6 +248,7 @@ class MmaSpec:
     out_slots: int = ADS_PER_BLOCK  # wide: slots per output block (the block top-K's granularity)
     chunks: int = WIDE_CHUNKS  # wide: chunks a block walks (fewer: more, shorter blocks for a lone request)
     request_major: bool = False  # grid (R, NB): the requests of a batch walk the same chunks at once (L2 reuse)
+    warp_counts: bool = False  # wide: the list's radix select counts a warp's equal digits at once
 
     @property
     def table_width(self) -> int:
@@ -383,7 +385,7 @@ _WIDE_SKELETON = _PROLOGUE + """
         listed = int32(state[{st_list}])
         cuda.syncthreads()
         if listed > {emit_at} or (cw == {cpw} - 1 and listed > 0):
-            block_topk_emit_list(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0 + emitted, slot0)
+            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0 + emitted, slot0)
             emitted += 1
             cuda.syncthreads()
             if tid == 0:
@@ -536,7 +538,8 @@ def _source(spec: MmaSpec, name: str) -> str:
     if spec.wide:
         return _WIDE_SKELETON.format(**common, keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks,
                                      cpw=spec.chunks // WARPS, subs=spec.chunks * CHUNK_SLOTS // spec.out_slots,
-                                     st_list=ST_LIST, emit_at=spec.emit_at)
+                                     st_list=ST_LIST, emit_at=spec.emit_at,
+                                     emit_list="block_topk_emit_list_warp" if spec.warp_counts else "block_topk_emit_list")
     if spec.compact:
         return _COMPACT_SKELETON.format(**common, keys_n=ADS_PER_BLOCK, cpb=CHUNKS_PER_BLOCK,
                                         cpw=CHUNKS_PER_BLOCK // WARPS)
@@ -552,6 +555,7 @@ def _name(spec: MmaSpec) -> str:
         walk = f"_wide{spec.emit_at}" + ("" if spec.out_slots == ADS_PER_BLOCK else f"_o{spec.out_slots}")
         walk += "" if spec.chunks == WIDE_CHUNKS else f"_c{spec.chunks}"
     walk += "_rm" if spec.request_major else ""
+    walk += "_wc" if spec.warp_counts else ""
     return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
@@ -562,7 +566,8 @@ def kernel_source(spec: MmaSpec) -> str:
 def _namespace() -> dict:
     return {
         "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
-        "block_topk_emit": block_topk_emit, "block_topk_emit_list": block_topk_emit_list, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
+        "block_topk_emit": block_topk_emit, "block_topk_emit_list": block_topk_emit_list,
+        "block_topk_emit_list_warp": block_topk_emit_list_warp, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
         "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16, "split_f16x2": mma.split_f16x2,
         "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": warp.sync_warp,
     }
@@ -651,7 +656,7 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
                    max_registers: int | None = None, compact: bool = False, wide: bool = False,
                    emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK,
-                   chunks: int = WIDE_CHUNKS, request_major: bool = False) -> MmaScoreKernel:
+                   chunks: int = WIDE_CHUNKS, request_major: bool = False, warp_counts: bool = False) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
@@ -667,7 +672,7 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
                              f"overflow its list or its output blocks")
     return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
                                   compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots,
-                                  chunks=chunks, request_major=request_major))
+                                  chunks=chunks, request_major=request_major, warp_counts=warp_counts and wide))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",

@@ -39,6 +39,8 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   (v10's geometry), the same output blocks, from a second kernel of the same source
                   (`LoneWalkRecipe`). Measured on the generated 10M corpus (H100, one run beside v11): one
                   request p50 1.02 ms against 1.02, batches of 64 78.3 G against 78.7: not shipped
+    v13 request-major, warp counts  v11 with the block top-K's radix select counting a warp's equal
+                  digits with one shared atomic (`gpu.kernels.radix`, as the lab's top-K v3)
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -127,6 +129,10 @@ VERSIONS = version_table(
     Version(12, "v12 request-major, lone walk of 16 chunks", "v11 for batches; a batch of one request walks 16 "
             "chunks a block (v10's geometry: four times the blocks, the same output blocks), so that one request's "
             "walk fills the GPU", LoneWalkRecipe(80, compact=True, wide=True, request_major=True, lone_chunks=16)),
+    Version(13, "v13 request-major, warp counts", "v11 with its block top-K's radix select counting the lanes of a "
+            "warp that hold the same digit with one shared atomic (match.any.sync), where v11 makes one a key: 32 on "
+            "one address when a warp's scores share a digit, as close scores do in the select's first rounds",
+            TensorCoreRecipe(80, compact=True, wide=True, request_major=True, warp_counts=True)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
             "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
             "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),

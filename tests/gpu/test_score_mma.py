@@ -258,22 +258,25 @@ def test_wide_walk_over_fewer_chunks_equals_the_reference(version, chunks):
         score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, chunks=12)
 
 
-def test_request_major_grid_equals_the_reference():
+@pytest.mark.parametrize("number", [11, 13])
+def test_request_major_grid_equals_the_reference(number):
     """v11, v8 with the grid's axes swapped (blockIdx.x the request, blockIdx.y the block of slots):
     the same output blocks, every request's answers equal to the reference. Two requests under the
     simulator, so a request read from the wrong axis leaves one of them unanswered; on the GPU 200
-    chunks (four blocks of slots) and R = 3."""
+    chunks (four blocks of slots) and R = 3. v13 is v11 with the block top-K counting a warp's equal
+    digits at once."""
     from gpu.fused import FusedScorer
     from gpu.lab import score as lab
 
     n_chunks, R = (200, 3) if ON_GPU else (9, 2)
     rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(91, "fp16", 64, 6, 2, n_chunks, R,
                                                                     density=0.3 if ON_GPU else 0.08)
-    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[11])
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[number])
     assert fs.kernel.spec.request_major and fs.kernel.grid(fs.n_slots, R) == (R, -(-n_chunks // 64))
+    assert fs.kernel.spec.warp_counts == (number == 13)
     k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
     _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
-           context=f"request-major wide walk k={k}")
+           context=f"v{number} request-major wide walk k={k}")
 
 
 @pytest.mark.parametrize("R", [1] if not ON_GPU else [1, 3])  # R > 1 runs v11, tested above
@@ -333,7 +336,7 @@ def test_tensor_core_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT)
     cases = ["fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:128:exact", "int8:128:exact", "fp16:64:fast",
-             "fp16:64:exact:compact", "int8:64:exact:compact", "fp16:64:exact:wide"]
+             "fp16:64:exact:compact", "int8:64:exact:compact", "fp16:64:exact:wide", "fp16:64:exact:wide:rm:wc"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "ptx_mma_check.py"), *half],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for half in (cases[0::2], cases[1::2])]

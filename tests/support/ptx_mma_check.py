@@ -34,7 +34,8 @@ def row(name, ptx, expected):
 def main(cases):
     for case in cases:
         precision, dim, mode, *walk = case.split(":")
-        spec = sm.MmaSpec(precision, int(dim), 6, 2, mode, compact=bool(walk), wide=walk == ["wide"])
+        spec = sm.MmaSpec(precision, int(dim), 6, 2, mode, compact=bool(walk), wide=walk[:1] == ["wide"],
+                          request_major="rm" in walk, warp_counts="wc" in walk)
         ptx, _ = cuda.compile_ptx(sm.python_function(spec), KERNEL_SIG, cc=(9, 0))
         per_product = 1 if mode == "fast" else (3 if precision == "fp32" else 2)
         expected = 2 * (int(dim) // sm.K_STEP) * 2 * sm.n_gate_tiles(6) * per_product  # 2 m-tiles
