@@ -40,7 +40,12 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   (`LoneWalkRecipe`). Measured on the generated 10M corpus (H100, one run beside v11): one
                   request p50 1.02 ms against 1.02, batches of 64 78.3 G against 78.7: not shipped
     v13 request-major, warp counts  v11 with the block top-K's radix select counting a warp's equal
-                  digits with one shared atomic (`gpu.kernels.radix`, as the lab's top-K v3)
+                  digits with one shared atomic (`gpu.kernels.radix`, as the lab's top-K v3). Measured on
+                  the generated 10M corpus (H100, one run beside v11): one request p50 0.98 ms against
+                  0.95, batches of 64 75.5 G against 79.2: not shipped (the atomics were not the cost)
+    v14, v15      v11 held to 128 and 96 registers: two blocks an SM instead of three, for v11's spills
+                  (ncu, batches of 64 on the generated 10M corpus: 96 million local memory requests, 94%
+                  of the kernel's loads hitting L2, 37% occupancy, an instruction issued every 2.5 cycles)
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -133,6 +138,11 @@ VERSIONS = version_table(
             "warp that hold the same digit with one shared atomic (match.any.sync), where v11 makes one a key: 32 on "
             "one address when a warp's scores share a digit, as close scores do in the select's first rounds",
             TensorCoreRecipe(80, compact=True, wide=True, request_major=True, warp_counts=True)),
+    Version(14, "v14 request-major, 128 registers", "v11 held to 128 registers instead of 80: two blocks an SM "
+            "instead of three, where v11 spills (ncu at batches of 64 on the generated 10M corpus: 96 million local "
+            "memory requests in a 5.9 ms kernel)", TensorCoreRecipe(128, compact=True, wide=True, request_major=True)),
+    Version(15, "v15 request-major, 96 registers", "v11 held to 96 registers: two blocks an SM, fewer spills than "
+            "at 80", TensorCoreRecipe(96, compact=True, wide=True, request_major=True)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
             "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
             "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),
