@@ -2,7 +2,7 @@
 per-block top-K, in one pass over the stored embeddings (DESIGN section 3).
 
 The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBACK` (`version()`):
-    v11 wide, request-major  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
+    v14 wide, request-major, 128 registers  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
                   request's tables carried as fp16 hi + lo pairs (float32 accuracy), over each chunk's
                   eligible slots only (a warp lists them in shared memory and gathers their rows into
                   the tiles, so the bytes read follow the eligible ads, not the pool), one ad per lane
@@ -13,8 +13,10 @@ The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBAC
                   requests over one range of slots are resident together and an ad eligible for
                   several of them comes from L2 after its first read (v8, the same walk on a
                   (blocks, requests) grid, ran one request's blocks after another's and read each
-                  eligible row from DRAM once per request); shipped for the MoE at fp16 and int8 with
-                  D = 64, where it was measured faster (docs/BENCHMARKS.md, the co-located pipeline)
+                  eligible row from DRAM once per request); held to 128 registers a thread (two blocks an
+                  SM), where v11, the same kernel at 80 (three blocks), spills to local memory; shipped
+                  for the MoE at fp16 and int8 with D = 64, where it was measured faster
+                  (docs/BENCHMARKS.md, the co-located pipeline)
     v4 tiled x4   four ads per thread (64-thread blocks); embeddings tile-interleaved as 32-bit words
                   (below) read with 16-byte loads; the block's format table in shared memory, d-major
                   (2E floats per dimension: gate keys then expert vectors, FiLM folded in), read with
@@ -49,7 +51,7 @@ first use by `get_kernel`). Every kernel has the same arguments:
     out_slot     int32[R, NB, >= cap]   and their slots; key 0 = no candidate (padding)
 
 Launch: grid (NB, R) with NB = ceil(S / ADS_PER_BLOCK), block (threads of the version,) (the
-tensor-core kernels: their own block of slots, and grid (R, NB) when request-major, as v11 is). Each block
+tensor-core kernels: their own block of slots, and grid (R, NB) when request-major, as v14 is). Each block
 covers CHUNKS_PER_BLOCK chunks (ADS_PER_BLOCK = 2048 ads), scores its eligible ads, keeps the keys in
 shared memory and selects its top `cap` by the block-wide radix select of `gpu.kernels.radix` (per-warp
 shared histograms); only those are written. Nothing else per ad reaches device memory.
@@ -403,16 +405,18 @@ class TensorCoreRecipe:
 VERSIONS = version_table(
     Version(4, "v4 tiled x4", "16-byte loads of tiled words, shared d-major format table, four ads per thread",
             tiled(4)),
-    Version(11, "v11 wide, request-major", "v8 (the compacted walk over 16,384 slots a block, its eligible ads' "
-            "keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's requests "
-            "over the same slots run side by side, so an ad eligible for several requests is read from DRAM once "
-            "and then from L2 (score_mma.py; MoE only)",
-            TensorCoreRecipe(80, compact=True, wide=True, request_major=True)),
+    Version(14, "v14 request-major, 128 registers", "v8 (the compacted walk over 16,384 slots a block, its eligible "
+            "ads' keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's "
+            "requests over the same slots run side by side, so an ad eligible for several requests is read from DRAM "
+            "once and then from L2; 128 registers a thread, two blocks an SM, where v11 (the same at 80, three "
+            "blocks) spills (score_mma.py; MoE only)",
+            TensorCoreRecipe(128, compact=True, wide=True, request_major=True)),
 )
-# docs/BENCHMARKS.md, the co-located pipeline (one H100 run beside v8, commit bb33939, the generated 10M-ad corpus
-# of distinct ads): batches of 64, scoring kernel 6.00 ms against v8's ~9.1, 78.0 G pool ads/s against 56.6 G
-# (pipelined); a lone request's grid is v8's (one request: the same blocks), 1.03 against 1.07 ms p50.
-SHIPPED = 11
+# docs/BENCHMARKS.md, the co-located pipeline (one H100 run beside v11 and v15, commit e47b661, the generated
+# 10M-ad corpus of distinct ads): one request p50 0.89 ms against v11's 0.97 (scoring kernel 0.19 against
+# 0.27 ms), batches of 64 78.8 G pool ads/s against 79.3 G. v11 against v8 (bb33939): batches of 64 78.0 G
+# against 56.6 G, its request-major grid reading a batch's eligible rows from L2 after the first.
+SHIPPED = 14
 FALLBACK = 4  # for the shapes SHIPPED does not serve best: dot kernels, fp32 storage, D = 128
 
 

@@ -34,7 +34,7 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   the batch's requests over one range of slots are resident together and an ad eligible
                   for several of them is read from DRAM once (v8's grid runs a request's 611 blocks
                   before the next request's, and a 10M pool's 1.28 GB does not stay in a 50 MB L2).
-                  Shipped for the MoE at fp16 and int8 with D = 64
+                  Shipped until v14, the same at 128 registers, measured faster for a lone request
     v12 request-major, lone walk  v11 for batches; a batch of one request walks 16 chunks a block
                   (v10's geometry), the same output blocks, from a second kernel of the same source
                   (`LoneWalkRecipe`). Measured on the generated 10M corpus (H100, one run beside v11): one
@@ -45,7 +45,10 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   0.95, batches of 64 75.5 G against 79.2: not shipped (the atomics were not the cost)
     v14, v15      v11 held to 128 and 96 registers: two blocks an SM instead of three, for v11's spills
                   (ncu, batches of 64 on the generated 10M corpus: 96 million local memory requests, 94%
-                  of the kernel's loads hitting L2, 37% occupancy, an instruction issued every 2.5 cycles)
+                  of the kernel's loads hitting L2, 37% occupancy, an instruction issued every 2.5 cycles).
+                  Measured in one run beside v11 (H100, the generated 10M corpus): one request p50 0.89
+                  (v14) and 0.91 ms (v15) against 0.97, the lone scoring kernel 0.19 and 0.21 against
+                  0.27 ms; batches of 64 78.8 and 76.8 G against 79.3 G. v14 is shipped
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -130,6 +133,11 @@ VERSIONS = version_table(
     Version(8, "v8 compacted wide", "v7 over 16,384 slots a block, its eligible ads' keys kept as a list: one "
             "block top-K over the eligible ads of 64 chunks instead of one over the 4096 keys of every 16 "
             "(score_mma.py; MoE only)", TensorCoreRecipe(80, compact=True, wide=True)),
+    Version(11, "v11 wide, request-major", "v8 (the compacted walk over 16,384 slots a block, its eligible ads' "
+            "keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's requests "
+            "over the same slots run side by side, so an ad eligible for several requests is read from DRAM once "
+            "and then from L2 (score_mma.py; MoE only)",
+            TensorCoreRecipe(80, compact=True, wide=True, request_major=True)),
     *shipped.VERSIONS.values(),
     Version(12, "v12 request-major, lone walk of 16 chunks", "v11 for batches; a batch of one request walks 16 "
             "chunks a block (v10's geometry: four times the blocks, the same output blocks), so that one request's "
@@ -138,9 +146,6 @@ VERSIONS = version_table(
             "warp that hold the same digit with one shared atomic (match.any.sync), where v11 makes one a key: 32 on "
             "one address when a warp's scores share a digit, as close scores do in the select's first rounds",
             TensorCoreRecipe(80, compact=True, wide=True, request_major=True, warp_counts=True)),
-    Version(14, "v14 request-major, 128 registers", "v11 held to 128 registers instead of 80: two blocks an SM "
-            "instead of three, where v11 spills (ncu at batches of 64 on the generated 10M corpus: 96 million local "
-            "memory requests in a 5.9 ms kernel)", TensorCoreRecipe(128, compact=True, wide=True, request_major=True)),
     Version(15, "v15 request-major, 96 registers", "v11 held to 96 registers: two blocks an SM, fewer spills than "
             "at 80", TensorCoreRecipe(96, compact=True, wide=True, request_major=True)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "

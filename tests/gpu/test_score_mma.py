@@ -258,13 +258,13 @@ def test_wide_walk_over_fewer_chunks_equals_the_reference(version, chunks):
         score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, chunks=12)
 
 
-@pytest.mark.parametrize("number", [11, 13])
+@pytest.mark.parametrize("number", [11, 13, 14])
 def test_request_major_grid_equals_the_reference(number):
     """v11, v8 with the grid's axes swapped (blockIdx.x the request, blockIdx.y the block of slots):
     the same output blocks, every request's answers equal to the reference. Two requests under the
     simulator, so a request read from the wrong axis leaves one of them unanswered; on the GPU 200
     chunks (four blocks of slots) and R = 3. v13 is v11 with the block top-K counting a warp's equal
-    digits at once."""
+    digits at once; v14 (shipped) is v11 at 128 registers."""
     from gpu.fused import FusedScorer
     from gpu.lab import score as lab
 
@@ -355,7 +355,7 @@ def test_the_tensor_core_kernel_ships_only_where_the_device_has_tensor_cores(mon
     from gpu import runtime
     from gpu.kernels import score as sk
 
-    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 11
+    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 14
     for shape in (("moe", "fp32", 64), ("moe", "fp16", 128), ("dot", "fp16", 64)):
         assert sk.version(None, *shape).number == sk.FALLBACK, shape
     monkeypatch.setattr(runtime, "has_tensor_cores", lambda: False)  # a device before compute capability 8.0
