@@ -158,10 +158,89 @@ def torch_peers(rows_xp, fmt_slot_xp, us, tab: np.ndarray, u: np.ndarray, top_e:
     return out
 
 
+class BatchedMaskedPeer:
+    """A batch of R requests scored the way a competent PyTorch user would batch them: the pool's
+    stored fp16 rows (CuPy (S, D), slot order, shared through DLPack) grouped by format once, a chunk
+    of `chunk_slots` slots at a time (a layout choice, not timed); then for each block of up to
+    `block_slots` slots of one format, one product of the block by the batch's tables of that format,
+    (D x R.2E) in fp16 hi + lo parts with float32 output (the project's tolerance), the gate bias,
+    top-k routing by repeated max, softmax over the routed logits, the weighted expert sum, every
+    score of a slot the request's match left ineligible set to -inf, `torch.topk` per request; then
+    the top k of the blocks' candidates. Dense: every (slot, request) pair is scored, eligible or not.
+
+    `run(block_fn, tabs, elig)`: tabs float32 (R, F, TW) and elig int32 (R, S / 32) torch tensors on
+    the device; `block_fn` is `block_scores` or a compiled copy of it. Returns (scores (R, <= k),
+    slots (R, <= k)), -inf scores where a request has fewer than k eligible slots."""
+
+    def __init__(self, rows_xp, chunk_format: np.ndarray, chunk_slots: int, experts: int, top_e: int, k: int,
+                 block_slots: int = 1 << 18):
+        import torch
+
+        self.torch, self.E, self.top_e, self.k = torch, experts, top_e, k
+        X = torch.from_dlpack(rows_xp)
+        S, self.D = X.shape
+        n_chunks = S // chunk_slots
+        chunk_format = np.asarray(chunk_format[:n_chunks], np.int64)
+        self.F = int(chunk_format.max()) + 1 if n_chunks else 0
+        order = np.argsort(chunk_format, kind="stable")
+        self.order = torch.as_tensor(order, device=X.device)
+        self.Xp = X.view(n_chunks, chunk_slots, self.D)[self.order].reshape(S, self.D).contiguous()
+        self.slot_of_pos = (self.order[:, None] * chunk_slots
+                            + torch.arange(chunk_slots, device=X.device)[None, :]).reshape(-1)
+        self.n_chunks, self.words_per_chunk = n_chunks, chunk_slots // 32
+        block = max(chunk_slots, block_slots // chunk_slots * chunk_slots)
+        self.runs = []  # (format, first, end) slot ranges of the grouped layout, at most `block` slots each
+        first = 0
+        for f, count in enumerate(np.bincount(chunk_format, minlength=self.F)):
+            end = first + int(count) * chunk_slots
+            self.runs += [(f, lo, min(end, lo + block)) for lo in range(first, end, block)]
+            first = end
+
+    def block_scores(self, Xb, Whi, Wlo, qb, ub, words):
+        """Top k of one block for every request: Xb fp16 (n, D), Whi / Wlo fp16 (D, R.2E), qb / ub float32
+        (R, E), words int32 (R, n / 32): (scores (R, min(k, n)), positions in the block)."""
+        torch, E = self.torch, self.E
+        n, R = Xb.shape[0], qb.shape[0]
+        Y = (torch.mm(Xb, Whi, out_dtype=torch.float32) + torch.mm(Xb, Wlo, out_dtype=torch.float32)).view(n, R, 2 * E)
+        g = Y[..., :E] + qb
+        x = Y[..., E:] + ub
+        lowest = torch.finfo(torch.float32).min
+        gv, xv = [], []
+        for _ in range(self.top_e):  # routing by repeated max, ties to the lower expert
+            v, i = g.max(dim=2, keepdim=True)
+            gv.append(v)
+            xv.append(torch.gather(x, 2, i))
+            g = g.scatter(2, i, lowest)
+        s = (torch.softmax(torch.cat(gv, 2), dim=2) * torch.cat(xv, 2)).sum(2).t()  # (R, n)
+        shifts = torch.arange(32, device=words.device, dtype=torch.int32)
+        eligible = ((words.unsqueeze(-1) >> shifts) & 1).bool().reshape(R, n)
+        return torch.topk(s.masked_fill(~eligible, float("-inf")), min(self.k, n), dim=1)
+
+    def run(self, block_fn, tabs, elig):
+        torch, E, D, F = self.torch, self.E, self.D, self.F
+        R = tabs.shape[0]
+        W = torch.cat([tabs[:, :F, : E * D].reshape(R, F, E, D), tabs[:, :F, E * D : 2 * E * D].reshape(R, F, E, D)], 2)
+        W = W.permute(1, 3, 0, 2).reshape(F, D, R * 2 * E)  # column r.2E + j: request r's gate key / expert j
+        Whi = W.half()
+        Wlo = (W - Whi.float()).half()
+        qb = tabs[:, :F, 2 * E * D : 2 * E * D + E].permute(1, 0, 2).contiguous()  # (F, R, E)
+        ub = tabs[:, :F, 2 * E * D + E : 2 * E * D + 2 * E].permute(1, 0, 2).contiguous()
+        Ep = elig.view(R, self.n_chunks, self.words_per_chunk)[:, self.order].reshape(R, -1)
+        vals, pos = [], []
+        for f, lo, hi in self.runs:
+            v, i = block_fn(self.Xp[lo:hi], Whi[f].contiguous(), Wlo[f].contiguous(), qb[f], ub[f],
+                            Ep[:, lo // 32 : hi // 32].contiguous())
+            vals.append(v)
+            pos.append(i + lo)
+        V, P = torch.cat(vals, 1), torch.cat(pos, 1)
+        v, j = torch.topk(V, min(self.k, V.shape[1]), dim=1)
+        return v, self.slot_of_pos[torch.gather(P, 1, j)]
+
+
 def best_passing(peers: list[dict], kind: str) -> dict | None:
     """The fastest peer of `kind` ('moe' or 'dot') whose answer passed the project's check."""
     rows = [p for p in peers if p.get("kind") == kind and p.get("passes")]
     return min(rows, key=lambda p: p["time_ms"]) if rows else None
 
 
-__all__ = ["COMPILE_MODE", "best_passing", "torch_peers", "torch_reason"]
+__all__ = ["BatchedMaskedPeer", "COMPILE_MODE", "best_passing", "torch_peers", "torch_reason"]
