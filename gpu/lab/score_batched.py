@@ -73,6 +73,7 @@ from andromeda_nb.templates import specialize
 
 from ..kernels import block_topk, score_mma
 from ..kernels.block_topk import HIST_BINS, HIST_COPIES, STATE_WORDS, slot_listed
+from ..kernels.radix import radix_select_row
 from ..kernels.tiles import QUAD_WORDS, words_per_ad
 from ..kernels.warp import sync_warp
 
@@ -91,7 +92,8 @@ SELECTS = ("warp", "block")
 # shipped block top-K's eight (8 times fewer words to clear and sum each round; a short list's atomics
 # rarely collide): the shipped template, its free name rebound
 block_topk_emit_list1 = cuda.jit(device=True)(specialize(block_topk._block_topk_emit_template,
-                                                         "block_topk_emit_list1", slot_at=slot_listed, HIST_COPIES=1))
+                                                         "block_topk_emit_list1", slot_at=slot_listed, HIST_COPIES=1,
+                                                         select_row=radix_select_row))
 assert HIST_COPIES * HIST_BINS >= WARPS * 256  # the warp selection takes 256 histogram words a warp
 WARP_STATE = 4  # shared words of a warp's selection: the k-th key, keys still wanted, two emission counters
 

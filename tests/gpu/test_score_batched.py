@@ -200,7 +200,9 @@ def test_ties_are_ordered_by_ad_id():
     assert got_ids.tolist() == tied[:3].tolist(), (got_ids, tied)
     assert got_scores[0] == got_scores[1] == got_scores[2]
     shipped = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=TOP)
-    assert shipped.version == 11
+    from gpu.kernels import score as sk
+
+    assert shipped.version == sk.SHIPPED and isinstance(sk.VERSIONS[sk.SHIPPED].recipe, sk.TensorCoreRecipe)
     want_ids, want_scores = shipped.topk(elig, tabs, 3)[0]
     assert np.array_equal(got_scores, want_scores) and set(want_ids.tolist()) <= set(tied.tolist())
 
@@ -217,7 +219,9 @@ def test_batched_answers_equal_the_shipped_kernels(precision):
                                                              empty_request=2)
     fs = _scorer(table, chunk_format, ids, chunks=2, rg_max=2)
     shipped = FusedScorer(table.values, table.scale, chunk_format, ids, experts=E, top_e=TOP)
-    assert shipped.version == 11
+    from gpu.kernels import score as sk
+
+    assert shipped.version == sk.SHIPPED and isinstance(sk.VERSIONS[sk.SHIPPED].recipe, sk.TensorCoreRecipe)
     k = 30
     for r, ((gi, gs), (wi, ws)) in enumerate(zip(fs.topk(elig, tabs, k), shipped.topk(elig, tabs, k))):
         assert np.array_equal(gi, wi) and np.array_equal(gs, ws), f"{precision} request {r}"
