@@ -56,6 +56,7 @@ from andromeda_nb.types import Retire, TargetingError, Update, Upsert
 from andromeda_nb.updates import LiveAds, Rejection, _reason, parse_update, update_answer
 
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
+from .update_body import ChunkedBody, body_lines
 from .wal import LogError, LogRecord, WriteAheadLog, corpus_writer
 
 DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches between two slices
@@ -248,11 +249,11 @@ class UpdateJournal:
 
         return pace
 
-    def _parse(self, body: bytes, window: "_ShareWindow") -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
+    def _parse(self, body: "bytes | ChunkedBody", window: "_ShareWindow") -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
         limits = self.limits
         if len(body) > limits.max_update_bytes:
             raise limits.over("max_update_bytes", len(body), "update body of bytes")
-        lines = body.split(b"\n")
+        lines = list(body_lines(body))  # piece by piece: no step holds the interpreter for the whole body
         n_lines = sum(1 for raw in lines if raw.strip())
         if n_lines > limits.max_updates:
             raise limits.over("max_updates", n_lines, "update call of lines")
@@ -276,7 +277,7 @@ class UpdateJournal:
         return parsed, rejections
 
     # --- the update call -------------------------------------------------------------------------------
-    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier) -> dict:
+    def submit(self, body: "bytes | ChunkedBody", *, live: Callable[[int], bool], apply: Applier) -> dict:
         """Run one `update` call (module docstring, steps 1-6). `live(ad_id)`: whether an ad is live
         at the log's end; `apply(items)`: apply a slice of (record, update) pairs, in order.
         The deadline counts the call's wait for its turn only: the body arrived whole before the
@@ -285,9 +286,9 @@ class UpdateJournal:
         from andromeda_nb.store import paused_gc
 
         with paused_gc():  # parsed updates hold no cycles; a full collection over them would stall requests
-            return self._submit(bytes(body), live, apply)
+            return self._submit(body if isinstance(body, (bytes, ChunkedBody)) else bytes(body), live, apply)
 
-    def _submit(self, body: bytes, live, apply: Applier) -> dict:
+    def _submit(self, body: "bytes | ChunkedBody", live, apply: Applier) -> dict:
         window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         self._refuse_if_failed()
@@ -315,6 +316,10 @@ class UpdateJournal:
             records = self.log.append([obj for obj, _ in accepted], pause=self._pacer(window))  # durable: acknowledged
             t_apply = self._clock()
             items = [(record, update) for record, (_, update) in zip(records, accepted)]
+            n_items = len(items)
+            # from here `items` alone holds the call's updates, so that each slice's are freed once it
+            # is applied: freeing a large call's millions of objects at its end held the interpreter
+            parsed = accepted = records = None
             live = self._apply_logged(items, apply, window)
             seq = self.log.last_seq
             t_end = self._clock()
@@ -322,10 +327,10 @@ class UpdateJournal:
             self.lock.release()
         # where the call's time went: parsing and checking, the log (written and synced), applying
         seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
-        ack = {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
-        if live < len(items):  # the server is stopping: acknowledged as logged, the rest applied at its next start
-            ack["stopped"] = (f"the server is stopping: all {len(items)} updates are logged (durable, acknowledged); "
-                              f"{live} were applied before it stopped, the other {len(items) - live} are applied "
+        ack = {**update_answer(n_items, rejections), "seq": seq, "seconds": seconds}
+        if live < n_items:  # the server is stopping: acknowledged as logged, the rest applied at its next start
+            ack["stopped"] = (f"the server is stopping: all {n_items} updates are logged (durable, acknowledged); "
+                              f"{live} were applied before it stopped, the other {n_items - live} are applied "
                               "when it starts again (it replays its log)")
         return ack
 
@@ -338,6 +343,7 @@ class UpdateJournal:
         call (`failed`) rather than log records after a state it does not know; a restart replays
         the log and agrees with it again."""
         step, done = self.limits.update_slice, 0
+        last_seq = items[-1][0].seq if items else None
         window.close()
         try:
             while done < len(items):
@@ -348,12 +354,14 @@ class UpdateJournal:
                 piece = items[done : done + step]
                 t0 = self._clock()
                 applied = apply(piece)  # may stop early for a waiting request: the rest comes next
-                done += len(piece) if applied is None else max(1, applied)
+                was, done = done, done + (len(piece) if applied is None else max(1, applied))
+                piece = None
+                items[was:done] = [None] * (done - was)  # applied: their objects freed a slice at a time
                 self.slices += 1
                 if done < len(items) and not self.stopping.is_set():
                     self._keep_share(window, self._clock() - t0)
         except BaseException as exc:
-            first, last = items[done][0].seq, items[-1][0].seq
+            first, last = items[done][0].seq, last_seq
             self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
                            f"{clip(str(exc))}); restart the server: it replays its log")
             raise LogError(f"the updates were logged up to {last}, but {self.failed}") from exc

@@ -53,3 +53,48 @@ def test_a_second_call_sees_the_live_ads_the_first_left():
     assert journal.submit(_body({"op": "retire", "ad_id": 1}), live=lambda a: a in live, apply=apply)["applied"] == 1
     ack = journal.submit(_body({"op": "retire", "ad_id": 1}), live=lambda a: a in live, apply=apply)
     assert ack["applied"] == 0 and [r["line"] for r in ack["rejected"]] == [1]
+
+
+def test_concurrent_calls_pause_the_garbage_collector_until_the_last_one_ends():
+    """Update calls in flight at once pause the cyclic collector together (`store.paused_gc`): it comes
+    back on when the last call ends, not when the first does (a full collection over the other calls'
+    parsed updates held the interpreter for seconds), and stays off when it was off before."""
+    import gc
+    import threading
+
+    from andromeda_nb.store import paused_gc
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        entered, first_may_leave, first_left, second_may_leave = (threading.Event() for _ in range(4))
+        seen = {}
+
+        def first():
+            with paused_gc():
+                entered.set()
+                first_may_leave.wait(10)
+            first_left.set()
+
+        def second():
+            entered.wait(10)
+            with paused_gc():
+                first_may_leave.set()
+                first_left.wait(10)
+                seen["after the first left"] = gc.isenabled()
+                second_may_leave.wait(10)
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        first_left.wait(10)
+        second_may_leave.set()
+        for t in threads:
+            t.join(10)
+        assert seen == {"after the first left": False} and gc.isenabled()
+        gc.disable()
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
