@@ -98,3 +98,59 @@ def test_concurrent_calls_pause_the_garbage_collector_until_the_last_one_ends():
         assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_call_that_arrives_while_another_is_applied_joins_its_turn_in_log_order():
+    """Three concurrent 50 MB calls: the later ones waited for the earlier ones' turns (60 to 90 s each,
+    paced) past the 60 s deadline and were refused. Now a call that arrives while another is applied
+    is taken into the same turn between two slices: checked against the live ads at the log's end
+    (the first call's updates logged but not yet applied count), logged after it, applied after it,
+    and acknowledged once its own updates are. On a simulated clock where applying the first call
+    takes 100 deadlines, the second is not refused; both calls' updates are applied in log order."""
+    import threading
+
+    from serving.limits import ServiceLimits
+
+    from tests.serving.test_limits import _SimulatedClock
+
+    clock = _SimulatedClock()
+    journal = UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2,
+                            limits=ServiceLimits(deadline_s=1.0, update_slice=10), clock=clock, sleep=clock.sleep)
+    live = set(range(1, 1000))
+    applied: list = []
+    second: dict = {}
+    seen_at_slice = {}
+
+    def apply(items):
+        applied.extend(record.seq for record, _ in items)
+        for _, update in items:
+            live.discard(update.ad_id)
+        slices = len(applied) // 10
+        if slices == 1:  # the first call's first slice: the second call arrives, parsed, and waits for the turn
+            thread = threading.Thread(target=lambda: second.update(
+                ack=journal.submit(_body(*({"op": "retire", "ad_id": i} for i in range(150, 250))),
+                                   live=lambda ad_id: ad_id in live, apply=apply)))
+            second["thread"] = thread
+            thread.start()
+            for _ in range(10_000):  # until it waits for the turn (a guard against a hang, not a timing)
+                if journal._pending:
+                    break
+                threading.Event().wait(0.001)
+            assert journal._pending
+        else:
+            clock.work(5.0)  # each later slice takes 5 s: the first call's applying lasts about 100 s
+        seen_at_slice.setdefault(slices, journal.log.last_seq)
+
+    first = journal.submit(_body(*({"op": "retire", "ad_id": i} for i in range(1, 201))),
+                           live=lambda ad_id: ad_id in live, apply=apply)
+    second["thread"].join(30)
+    assert first["applied"] == 200 and first["seq"] == 200 and "stopped" not in first, first
+    ack = second.get("ack")
+    assert ack is not None, second
+    # ads 150..200 were retired by the first call, logged but not all applied when the second was checked
+    assert ack["applied"] == 49 and ack["seq"] == 249 and sorted(r["ad_id"] for r in ack["rejected"]) == \
+        list(range(150, 201)), ack
+    assert seen_at_slice[2] == 249  # taken into the turn and logged after the first call's first slice
+    assert applied == list(range(1, 250))  # applied in log order, the first call's then the second's
+    assert [record.seq for record in journal.log.records_after(0)] == list(range(1, 250))
+    assert clock() - 1000.0 >= 100.0 and not journal._pending and not journal._backlog
