@@ -154,3 +154,47 @@ def test_a_call_that_arrives_while_another_is_applied_joins_its_turn_in_log_orde
     assert applied == list(range(1, 250))  # applied in log order, the first call's then the second's
     assert [record.seq for record in journal.log.records_after(0)] == list(range(1, 250))
     assert clock() - 1000.0 >= 100.0 and not journal._pending and not journal._backlog
+
+
+def test_a_stopping_server_acknowledges_every_call_logged_in_the_shared_turn():
+    """SIGTERM while two calls share a turn (the second logged, the first being applied): both are
+    acknowledged as logged, each saying how much of it was applied (the rest is replayed at the next
+    start), and a call that comes after ends with nothing of it logged."""
+    import threading
+
+    import pytest
+
+    from serving.durable import ServerStopping
+    from serving.limits import ServiceLimits
+
+    journal = UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2,
+                            limits=ServiceLimits(update_slice=10))
+    applied: list = []
+    second: dict = {}
+
+    def apply(items):
+        applied.extend(record.seq for record, _ in items)
+        if len(applied) == 10:  # the first slice: the second call arrives and waits for the turn
+            second["thread"] = threading.Thread(target=lambda: second.update(ack=journal.submit(
+                _body(*({"op": "retire", "ad_id": i} for i in range(300, 350))), live=lambda ad_id: True,
+                apply=apply)))
+            second["thread"].start()
+            for _ in range(10_000):  # until it waits for the turn (a guard against a hang, not a timing)
+                if journal._pending:
+                    break
+                threading.Event().wait(0.001)
+        if len(applied) == 30:  # SIGTERM during the third slice
+            journal.stopping.set()
+
+    first = journal.submit(_body(*({"op": "retire", "ad_id": i} for i in range(1, 201))), live=lambda ad_id: True,
+                           apply=apply)
+    second["thread"].join(30)
+    ack = second["ack"]
+    assert first["seq"] == 200 and "all 200 updates are logged" in first["stopped"] and \
+        "30 were applied before it stopped" in first["stopped"], first
+    assert ack["seq"] == 250 and "all 50 updates are logged" in ack["stopped"] and \
+        "0 were applied before it stopped" in ack["stopped"], ack
+    assert applied == list(range(1, 31)) and journal.log.last_seq == 250
+    with pytest.raises(ServerStopping, match="nothing of this update call was logged or applied"):
+        journal.submit(_body({"op": "retire", "ad_id": 400}), live=lambda ad_id: True, apply=apply)
+    assert journal.log.last_seq == 250
