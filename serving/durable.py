@@ -72,6 +72,7 @@ ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within t
 MIN_PAUSE_S = 0.002  # an update call pauses for its CPU share once it owes at least this much
 SHARE_WINDOW_S = 0.25  # the span over which an update call's CPU share is kept
 PACE_EVERY = 16  # lines parsed or records encoded between two looks at the share
+TURN_POLL_S = 0.02  # how often a call waiting for the turn looks whether its holder has left it
 
 
 class DeadlineExceeded(TimeoutError):
@@ -376,14 +377,16 @@ class UpdateJournal:
                         self._refuse_if_stopping()
                         return False
                     continue
-                wait_s = min(remaining, 0.05)
+                wait_s = min(remaining, TURN_POLL_S)
             else:
-                wait_s = 0.05  # logged: applied in log order by whichever call holds the turn
-            if self.lock.acquire(timeout=wait_s):  # else the holder takes and applies the call meanwhile
+                wait_s = TURN_POLL_S  # logged: applied in log order by whichever call holds the turn
+            if self.lock.acquire(blocking=False):
                 try:
                     self._advance(until=call)
                 finally:
                     self.lock.release()
+            else:  # the holder takes, applies and acknowledges the call meanwhile, or leaves the turn
+                call.done.wait(wait_s)
         return True
 
     # --- the shared turn (the holder of the journal's lock runs it) ------------------------------------
