@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import faulthandler
 import gc
 import os
 import signal
@@ -43,6 +44,7 @@ from .guard import MIN_TOKEN_CHARS, OPEN, GuardError, ServerGuard
 DEFAULT_STOP_DEADLINE_S = 5.0
 PARENT_POLL_S = 0.25
 IDLE_GRACE_S = 0.5  # after SIGTERM, how long clients with no batch in flight get to close their calls
+STUCK_AFTER_S = 30.0  # past the stop deadline: a process still alive then prints every thread's stack and exits
 SETTLE_S = 0.25  # how long nothing must be in flight before the process ends with calls still open: an
 # answer handed to gRPC (an update's acknowledgement) still has to leave the process
 
@@ -186,7 +188,10 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
     shut it down within `deadline_s`. `busy()`: whether batches or updates are still being worked
     on (they get the deadline to finish). Returns True after a clean shutdown. When calls are still
     open at the deadline: `before_exit()` runs, then the process exits with code 0
-    (`exit_when_stuck`), or False is returned. Call from the main thread (signal handlers)."""
+    (`exit_when_stuck`), or False is returned. With `exit_when_stuck`, a process that has not ended
+    `STUCK_AFTER_S` after the deadline (a thread that never lets the interpreter go, an exit that
+    hangs) prints every thread's stack on stderr and exits with code 1 (`faulthandler`'s own thread,
+    which needs no interpreter lock). Call from the main thread (signal handlers)."""
 
     signals = StopSignals()
     _serving_switch_interval()  # never over an interval the process was given
@@ -198,6 +203,8 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
         if on_ready is not None:
             on_ready(server)
         signals.wait(stopping)
+        if exit_when_stuck:  # a backstop, and a diagnosis on stderr, should the exit itself never come
+            faulthandler.dump_traceback_later(deadline_s + STUCK_AFTER_S, exit=True)
         started = time.monotonic()
         closer = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
         closer.start()

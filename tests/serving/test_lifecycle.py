@@ -12,7 +12,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pyarrow.flight as flight
 
@@ -288,3 +287,41 @@ def test_a_stop_signal_handled_inside_the_stop_events_own_lock_still_stops_the_s
         sys.setswitchinterval(before)
     assert stopping.is_set() and Server.shutdown_calls == 1
     assert {s: signal.getsignal(s) for s in handlers} == handlers  # the process's own handlers are back
+
+
+def test_a_server_whose_exit_hangs_after_sigterm_prints_its_threads_and_ends():
+    """The backstop behind the stop deadline: a process still alive `STUCK_AFTER_S` past it (here
+    shortened; its main thread stuck after a clean shutdown, as an exit that hangs) prints every
+    thread's stack on stderr, naming where it is stuck, and exits with code 1 instead of running on."""
+    script = textwrap.dedent("""
+        import signal, sys, threading
+        from serving import process
+
+        process.STUCK_AFTER_S = 0.5
+
+        class Server:
+            def shutdown(self):
+                pass
+
+            def wait(self):
+                pass
+
+        def stuck_in_the_exit():
+            threading.Event().wait()
+
+        process.serve_until_stopped(Server(), threading.Event(), lambda server: print("ready", flush=True),
+                                    deadline_s=0.1)
+        stuck_in_the_exit()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 1 and "stuck_in_the_exit" in err, (code, err)
