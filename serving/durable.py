@@ -176,7 +176,7 @@ class _Call:
         self.live, self.apply, self.window = live, apply, window
         self.t_parse = t_parse
         self.waiting_since = t_parse
-        self.state = "pending"  # -> "taken" (checked and logged now) -> "logged"; or "withdrawn" (deadline)
+        self.state = "pending"  # -> "taken" (into the turn, to be logged) -> "logged"; or "withdrawn" (deadline)
         self.t_log = self.t_apply = None
         self.items: list = []  # (record, update) pairs, logged; None once applied
         self.n_items = self.applied = 0
@@ -229,6 +229,7 @@ class UpdateJournal:
         self.lock = threading.Lock()  # the turn: held by the call (or compaction) that checks, logs and applies
         self._calls_lock = threading.Lock()  # guards `_pending` and the calls' states
         self._pending: list[_Call] = []  # parsed calls waiting to be taken into the turn, in arrival order
+        self._taken: collections.deque[_Call] = collections.deque()  # taken into the turn, not yet logged
         self._backlog: collections.deque[_Call] = collections.deque()  # logged, not yet applied (log order)
         self._overlay: _Overlay | None = None  # live ads at the log's end while the backlog is not empty
         self._apply_window = _ShareWindow()  # the turn's CPU share window while it applies
@@ -414,15 +415,26 @@ class UpdateJournal:
             else:
                 self._apply_window.close()
 
+    def _take_waiting(self) -> None:
+        """Take every call waiting for the turn into it (`_taken`, in arrival order): from here it no
+        longer waits for the turn (the deadline), and it is logged after the calls taken before it."""
+        if self._pending:
+            with self._calls_lock:
+                for call in self._pending:
+                    call.state = "taken"
+                self._taken.extend(self._pending)
+                self._pending.clear()
+
     def _log_waiting(self) -> None:
         """Check and log each call waiting for the turn, in arrival order, against the live ads at the
-        log's end: the applied state, changed by the logged calls not yet applied (`self._overlay`)."""
+        log's end: the applied state, changed by the logged calls not yet applied (`self._overlay`).
+        Calls that arrive meanwhile are taken in as each record is logged (`_log_call`'s pacer), so
+        none waits for the turn while other calls are logged."""
         while True:
-            with self._calls_lock:
-                if not self._pending:
-                    return
-                call = self._pending.pop(0)
-                call.state = "taken"
+            self._take_waiting()
+            if not self._taken:
+                return
+            call = self._taken.popleft()
             try:
                 self._refuse_if_stopping()
                 self._refuse_if_failed()  # a call before this one may have failed while this one parsed
@@ -445,7 +457,13 @@ class UpdateJournal:
         call.parsed = None
         call.t_log = self._clock()
         call.window.close()
-        records = self.log.append([obj for obj, _ in accepted], pause=self._pacer(call.window))  # durable
+        pace = self._pacer(call.window)
+
+        def pause():  # between two records: calls that arrive meanwhile are taken into the turn
+            pace()
+            self._take_waiting()
+
+        records = self.log.append([obj for obj, _ in accepted], pause=pause)  # durable
         self._overlay.touched.update(overlay.touched)
         call.t_apply = self._clock()
         call.items = [(record, update) for record, (_, update) in zip(records, accepted)]
