@@ -2,8 +2,8 @@
 `tests/serving/test_lifecycle.py::test_sigterm_during_a_large_update_call_acknowledges_it_or_applies_none_of_it`
 as a loop, for a loaded machine or a cold compile cache, printing one JSON line per run.
 
-Each run saves a corpus of 300 ads, starts the co-located server (CPU), sends one `update` call of
-3,000 upserts, sends SIGTERM `--delays` seconds into it, and records the exit code, the seconds from
+Each run generates a corpus of 300 ads, starts the co-located server (CPU), sends one `update` call
+of 3,000 upserts, sends SIGTERM `--delays` seconds into it, and records the exit code, the seconds from
 SIGTERM to exit, and what the client got (the acknowledgement's phases and whether it says `stopped`,
 or the error). `--cold` gives every server a new, empty NUMBA_CACHE_DIR (the compile cache of a new
 environment). A server that has not ended `--wait-s` seconds after SIGTERM is reported as `"hang"`
@@ -30,25 +30,25 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pyarrow.flight as flight  # noqa: E402
 
-from andromeda_nb import store  # noqa: E402
-from andromeda_nb.dataset import Dataset  # noqa: E402
-from andromeda_nb.model import MoeModel, quantize  # noqa: E402
-from andromeda_nb.testing import random_ads, random_requests, random_updates, update_to_json  # noqa: E402
+from andromeda_nb.corpus import generate_corpus  # noqa: E402
+from andromeda_nb.store import load_dataset  # noqa: E402
+from andromeda_nb.targeting import ad_to_json  # noqa: E402
 from serving import protocol as fl  # noqa: E402
 from serving.services import ServiceProcess  # noqa: E402
 
-D, F = 16, 8  # the test's corpus: 300 ads of 16-wide embeddings, 8 formats
 
-
-def corpus_and_body(path: Path, n_ads: int = 300, n_updates: int = 3000) -> tuple[Path, str]:
-    """The test's corpus (seed 64) saved at `path`, and its call of valid updates (seed 9) as JSON Lines."""
-    rng = np.random.default_rng(64)
-    ads = random_ads(rng, n_ads, dim=D, formats=F)
-    dataset = Dataset(ads=ads, embeddings=quantize(np.stack([a.embedding for a in ads]), "fp32"),
-                      requests=random_requests(rng, 3), model=MoeModel.init(64, D=D, F=F), seed=0, precision="fp32")
-    store.save_dataset(dataset, path)
-    updates = random_updates(np.random.default_rng(9), store.load_dataset(path).ads, n_updates, dim=D, formats=F)
-    return path, "\n".join(json.dumps(update_to_json(u)) for u in updates)
+def corpus_and_body(path: Path, n_ads: int = 300, n_upserts: int = 3000, seed: int = 9) -> tuple[Path, str]:
+    """A generated corpus of `n_ads` at `path`, and one call of `n_upserts` upserts of its ads (every
+    field replaced, a new embedding each) as JSON Lines."""
+    generate_corpus(path, n_ads, 3, seed)
+    dataset = load_dataset(path)
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(n_upserts):
+        ad = ad_to_json(dataset.ads[i % len(dataset.ads)])
+        ad["embedding"] = np.round(rng.standard_normal(dataset.model.D) / 8, 6).tolist()
+        lines.append(json.dumps({"op": "upsert", "ad": ad}, separators=(",", ":")))
+    return path, "\n".join(lines)
 
 
 def one_run(delay_s: float, cold: bool, wait_s: float) -> dict:
