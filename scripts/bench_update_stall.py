@@ -95,7 +95,8 @@ def upsert_body(dataset, n: int, seed: int) -> bytes:
     return "\n".join(lines).encode()
 
 
-def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool, calls: int = 1) -> dict:
+def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool, calls: int = 1,
+            call_timeout_s: float = 600.0) -> dict:
     import gc
 
     gc.collect()
@@ -110,7 +111,7 @@ def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progr
 
     def send(i):
         try:
-            acks[i] = fl.send_updates(location, body, timeout=600)
+            acks[i] = fl.send_updates(location, body, timeout=call_timeout_s)
         except Exception as exc:  # reported in the result, never hidden
             acks[i] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "applied": 0}
 
@@ -171,6 +172,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="run each measurement this many times (with --baseline-tree, the trees alternating)")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--call-timeout-s", type=float, default=600.0,
+                        help="the client's timeout for each update call (three 100 MB calls take longer than 600 s)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     from andromeda_nb.corpus import generate_corpus
@@ -207,7 +210,8 @@ def main(argv=None) -> int:
                                                         "--scorer", procs[0].location, *extra], root=tree_root))
                         if args.baseline_tree:
                             log(True, f"  servers of {tree}" + (f" (commit {tree_commit})" if tree_commit else ""))
-                        result = measure(label, procs[-1].location, dataset, body, args.idle_s, True, args.calls)
+                        result = measure(label, procs[-1].location, dataset, body, args.idle_s, True, args.calls,
+                                         args.call_timeout_s)
                         results.append({**result, "update_cpu_share": share or "default",
                                         **({"tree": tree, "tree_commit": tree_commit} if args.baseline_tree else {})})
                     finally:
