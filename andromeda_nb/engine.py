@@ -6,6 +6,8 @@ storage precision, the checks and stored form of an upserted ad, and the descrip
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from .model import ModelError, ad_embedding_of, quantize
@@ -37,6 +39,19 @@ class EngineBase:
         if isinstance(update, (SetStatus, Retire)):
             return None
         raise TypeError(f"not an update: {update!r}")
+
+    def stored_rows(self, upserts: Sequence[Upsert]) -> tuple[np.ndarray, np.ndarray] | None:
+        """`stored_row` of each upsert at once: values (n, D) in the storage dtype and scale float32
+        (n,), quantized in one call (row by row the same); None when an ad's format is out of range
+        or one cannot be stored (the caller then applies them one by one, so the error comes where
+        `stored_row` raises it)."""
+        if not all(0 <= u.ad.format < self.F for u in upserts):
+            return None
+        try:
+            table = quantize(np.stack([ad_embedding_of(u.ad, self.seed, self.D) for u in upserts]), self.precision)
+        except ModelError:  # one by one, each error where it comes
+            return None
+        return table.values, table.scale
 
     def describe(self) -> dict:
         """What the engine holds and where it runs (merged into a server's `health` answer)."""

@@ -32,6 +32,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,18 +68,34 @@ class StoreError(ValueError):
     """A corpus directory or interchange file that cannot be used as it is."""
 
 
+class _GcPause:
+    """How many threads are inside `paused_gc` now, and whether the collector was on before the first."""
+
+    lock = threading.Lock()
+    holders = 0
+    was_enabled = False
+
+
 @contextlib.contextmanager
 def paused_gc():
     """The cyclic garbage collector off while many small objects are made (bulk parsing): parsed
     ads hold no reference cycles, and with the collector on its full passes over the growing heap
-    cost more than the parsing itself. Reference counting still frees everything."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    cost more than the parsing itself. Reference counting still frees everything. Threads pause it
+    together: it comes back on when the last of them leaves (a server's concurrent update calls),
+    not when the first does, which started a full collection over the other calls' parsed updates
+    (seconds, with the interpreter held, on the 2-core machine)."""
+    with _GcPause.lock:
+        if _GcPause.holders == 0:
+            _GcPause.was_enabled = gc.isenabled()
+            gc.disable()
+        _GcPause.holders += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _GcPause.lock:
+            _GcPause.holders -= 1
+            if _GcPause.holders == 0 and _GcPause.was_enabled:
+                gc.enable()
 
 
 def file_sha256(path) -> str:

@@ -206,6 +206,29 @@ def apply_updates(updates: Iterable[tuple[int, Update] | Update], targets: Seque
     return rejections
 
 
+def upsert_runs(updates: Iterable[Update]) -> Iterable[list[Update]]:
+    """`updates` in order, in groups an engine may apply at once: a run of upserts of distinct ads
+    (a second upsert of an ad in the run begins the next run), or one status change or retire.
+    Applying the groups in order, each run's upserts together, equals applying the updates one by one."""
+    run: list[Update] = []
+    ids: set[int] = set()
+    for update in updates:
+        if isinstance(update, Upsert):
+            ad_id = int(update.ad.ad_id)
+            if ad_id in ids:
+                yield run
+                run, ids = [], set()
+            run.append(update)
+            ids.add(ad_id)
+            continue
+        if run:
+            yield run
+            run, ids = [], set()
+        yield [update]
+    if run:
+        yield run
+
+
 class UpdateLog:
     """Live ids plus the targets they guard: `submit` one update (from a stream or a service) at a
     time; rejected ones are kept in `rejections`."""

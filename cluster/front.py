@@ -39,6 +39,7 @@ class ClusterServer(RetrieveServer):
     def apply_updates(self, body: bytes, started: float) -> dict:
         import pyarrow.flight as flight
 
+        body = bytes(body)  # the streamed exchange's chunks (serving.update_body.ChunkedBody) joined
         if len(body) > self.limits.max_update_bytes:
             raise self.limits.over("max_update_bytes", len(body), "update body of bytes")
         try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 
@@ -50,20 +49,19 @@ def start_shard(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespac
 def serve_replica(replica, args: argparse.Namespace, **announced) -> int:
     """Serve `replica` over Flight, announce it (with `announced`), and wait for SIGTERM, SIGINT or the
     end of the parent process."""
-    from serving.process import watch_parent
+    from serving.process import StopSignals, watch_parent
     from serving.services import announce
 
     from .gpus import GPU_ENV
 
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = StopSignals()  # handlers that take no lock (a handler calling stop.set() could wait on stop's own)
     if args.parent_pid is not None:
         watch_parent(args.parent_pid, stop)
     # the GPU it was placed on (cluster.gpus), as its environment names it; None: not placed
     announce("shard", replica.serve_flight(), shard=args.shard, of=args.shards, ads=len(replica.engine),
              gpu=os.environ.get(GPU_ENV), **announced)
-    stop.wait()
+    signals.wait(stop)
     replica.close()
     return 0
 

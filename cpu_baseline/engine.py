@@ -19,6 +19,7 @@ from andromeda_nb.reference import reference_topk
 from andromeda_nb.rows import RowMap
 from andromeda_nb.scoring import fold_user_side
 from andromeda_nb.types import Request, Retire, Update, Upsert
+from andromeda_nb.updates import upsert_runs
 
 from .index import CpuTargetingIndex
 from .scorer import CpuScorer
@@ -26,6 +27,10 @@ from .scorer import CpuScorer
 
 class CpuEngine(EngineBase):
     device = "cpu"
+    # updates `apply_many` is handed at a time by a server that cuts a slice short for a waiting
+    # request (serving.engine_server): a run of 4 upserts takes a fraction of a millisecond, 16 took
+    # two to three on the 2-core machine, which a request arriving meanwhile waited for
+    apply_run = 4
 
     def __init__(self, dataset, device: str = "cpu"):
         if device != "cpu":
@@ -78,6 +83,20 @@ class CpuEngine(EngineBase):
             self.scorer.set_row(row, *stored, update.ad.format)
         elif isinstance(update, Retire):
             self.rows.release(update.ad_id)
+
+    def apply_many(self, updates: Sequence[Update]) -> None:
+        """Apply a slice of checked updates in order (what a server hands it between batches): each run
+        of upserts of distinct ads (`andromeda_nb.updates.upsert_runs`) quantized, indexed and stored
+        at once, the rest one by one; the same state as `apply` of each in turn."""
+        for group in upsert_runs(updates):
+            stored = self.stored_rows(group) if len(group) > 1 else None
+            if stored is None:
+                for update in group:
+                    self.apply(update)
+                continue
+            self.index.apply_many(group)
+            rows = [self.rows.assign(update.ad.ad_id)[0] for update in group]
+            self.scorer.set_rows(rows, *stored, [update.ad.format for update in group])
 
 
 __all__ = ["CpuEngine"]

@@ -43,6 +43,7 @@ from andromeda_nb.compiled import CompiledTargeting, EncodedRequest, compile_ads
 from andromeda_nb.constants import ACTIVE, EARTH_RADIUS_KM, STATUS_CODE
 from andromeda_nb.geo import haversine_km
 from andromeda_nb.types import Ad, Request, Retire, SetStatus, Upsert
+from andromeda_nb.updates import upsert_runs
 
 jitcache.install()  # cached code is recompiled when any project source changes
 
@@ -483,6 +484,17 @@ class CpuTargetingIndex:
             else:
                 raise TypeError(f"not an update: {update!r}")
 
+    def apply_many(self, updates) -> None:
+        """Apply already-checked updates in order, each run of upserts of distinct ads compiled and
+        stored at once (`andromeda_nb.updates.upsert_runs`): the same state as `apply` of each in turn,
+        for a fraction of the per-update Python and numpy work."""
+        with self._lock:
+            for group in upsert_runs(updates):
+                if len(group) > 1:
+                    self._upsert_many([update.ad for update in group])
+                else:
+                    self.apply(group[0])
+
     def refresh(self) -> None:
         """Bring the delta segment's postings up to date now (a writer calls it after a batch of
         updates, so that the next match does not pay for it)."""
@@ -569,6 +581,39 @@ class CpuTargetingIndex:
         self._delta_entries[slot] = _entries(ct, slots)
         self._delta_added.append(slot)
         self._set_zero(slot, int(ct.n_positive[0]) == 0)
+        self._delta_dirty = True
+
+    def _upsert_many(self, ads: Sequence[Ad]) -> None:
+        """`_upsert` of each of `ads` (distinct ad ids), in order, with one compile, one column store and
+        one entry computation for all of them (each slot's entries are then its share of them)."""
+        slots = []
+        for ad in ads:
+            ad_id = int(ad.ad_id)
+            slot = self._slot_of.get(ad_id)
+            if slot is None:
+                if not self._free:
+                    self._grow()
+                slot = self._free.pop()
+                self._slot_of[ad_id] = slot
+            if self._cols["segment"][slot] == SEG_MAIN:
+                self._main_dead += 1
+            slots.append(slot)
+        ct = compile_ads(ads)
+        at = np.asarray(slots, np.int32)
+        self._store_columns(ct, at, SEG_DELTA)
+        entries = _entries(ct, at)
+        term_at = ct.term_ptr[ct.clause_ptr].tolist()  # each ad's first entry, and the end
+        circle_at = ct.circle_ptr[ct.clause_ptr].tolist()
+        zero = (ct.n_positive == 0).tolist()
+        for i, slot in enumerate(slots):
+            if slot in self._delta_entries:
+                self._delta_stale.add(slot)
+            t = slice(term_at[i], term_at[i + 1])
+            c = slice(circle_at[i], circle_at[i + 1])
+            self._delta_entries[slot] = (entries[0][t], entries[1][t], entries[2][t], entries[3][c], entries[4][c],
+                                         entries[5][c])
+            self._delta_added.append(slot)
+            self._set_zero(slot, zero[i])
         self._delta_dirty = True
 
     def _retire(self, ad_id: int) -> None:

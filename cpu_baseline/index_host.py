@@ -164,8 +164,12 @@ class IndexHostServer(JournaledServer, RetrieveServer):
 
     # --- keeping both services on one sequence ------------------------------------------------------
     def _apply_to_index(self, items) -> None:
-        for record, update in items:
-            self.index.apply(update)
+        apply_many = getattr(self.index, "apply_many", None)
+        if apply_many is not None:  # a run of upserts compiled and stored at once
+            apply_many([update for _, update in items])
+        else:
+            for record, update in items:
+                self.index.apply(update)
         self.index.refresh()  # the slice's cost is paid here, not by the next request
         self.index_seq = items[-1][0].seq
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
 import numba
 import numpy as np
@@ -378,8 +379,8 @@ class CpuScorer:
         """The driver that scores `n_candidates` candidates: serial below PARALLEL_MIN_CANDIDATES."""
         return self.drivers.serial if n_candidates < PARALLEL_MIN_CANDIDATES else self.drivers.parallel
 
-    def set_row(self, row: int, values: np.ndarray, scale: float, fmt: int) -> None:
-        """Store one row (grows the arrays when `row` is past the end)."""
+    def _fit(self, row: int) -> None:
+        """Grow the arrays (by doubling) when `row` is past the end."""
         if row >= self.capacity:
             new = max(row + 1, 2 * self.capacity, 16)
             for name in ("_values", "_scale", "_formats"):
@@ -387,10 +388,25 @@ class CpuScorer:
                 grown = np.zeros((new,) + old.shape[1:], old.dtype)
                 grown[: len(old)] = old
                 setattr(self, name, grown)
+
+    def set_row(self, row: int, values: np.ndarray, scale: float, fmt: int) -> None:
+        """Store one row (grows the arrays when `row` is past the end)."""
+        self._fit(row)
         self._values[row] = storage_view(np.asarray(values, self.dtype).reshape(1, -1))[0]
         self._scale[row] = scale
         self._formats[row] = fmt
         self.rows = max(self.rows, row + 1)
+
+    def set_rows(self, rows: Sequence[int], values: np.ndarray, scale: np.ndarray, fmt: Sequence[int]) -> None:
+        """`set_row` of each of `rows` (distinct) at once: values (n, D) of the storage dtype, scale
+        float32 (n,), formats (n,)."""
+        for row in rows:  # grown as `set_row` in turn would grow them
+            self._fit(row)
+        at = np.asarray(rows, np.int64)
+        self._values[at] = storage_view(np.asarray(values, self.dtype).reshape(len(at), -1))
+        self._scale[at] = scale
+        self._formats[at] = fmt
+        self.rows = max(self.rows, int(at.max(initial=-1)) + 1)
 
     def score(self, rows: np.ndarray, tab: np.ndarray) -> np.ndarray:
         """float32 (C,) scores of the candidate rows (int32/int64 (C,)) for one request's folded table

@@ -15,7 +15,9 @@ N threads (issue 37, point 8: three concurrent calls of about 100 MB each, `--up
 server applies between two looks at waiting retrievals (`ServiceLimits.update_slice`); `--slice
 1000000` applies the whole call in one piece, as the servers did before slicing, for comparison.
 `--cpu-shares 1,0.5,0.25` runs each server once per share of the call's time it may spend applying
-while retrievals arrive (`ServiceLimits.update_cpu_share`; 1: no pause).
+while retrievals arrive (`ServiceLimits.update_cpu_share`; 1: no pause). `--baseline-tree DIR` (a
+checkout of an earlier commit, `--baseline-commit` naming it) runs each measurement first with that
+tree's servers and then with this one's, so a result holds before and after from one machine and one run.
 
     PYTHONPATH=. python3 scripts/bench_update_stall.py --out docs/results/reliability/update_stall.json
 """
@@ -93,7 +95,12 @@ def upsert_body(dataset, n: int, seed: int) -> bytes:
     return "\n".join(lines).encode()
 
 
-def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool, calls: int = 1) -> dict:
+def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progress: bool, calls: int = 1,
+            call_timeout_s: float = 600.0) -> dict:
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the probe's process holds the corpus: a full collection over it paused the probe itself
     probe = Probe(location, dataset.requests)
     probe.thread.start()
     time.sleep(2.0)  # warm: kernels loaded, connections up
@@ -104,7 +111,7 @@ def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progr
 
     def send(i):
         try:
-            acks[i] = fl.send_updates(location, body, timeout=600)
+            acks[i] = fl.send_updates(location, body, timeout=call_timeout_s)
         except Exception as exc:  # reported in the result, never hidden
             acks[i] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "applied": 0}
 
@@ -134,6 +141,7 @@ def measure(name: str, location: str, dataset, body: bytes, idle_s: float, progr
               "updates_per_s": round(ack["applied"] / (t_done - t_call)), "applied": ack["applied"],
               "probe_errors": probe.errors, "phases": phases, "calls": calls,
               "call_errors": [a["error"] for a in acks if "error" in a],
+              "call_seconds": [a.get("seconds") for a in acks],  # each call's parse, log and apply, as the server timed them
               "p99_ratio": round(during["p99_ms"] / idle["p99_ms"], 2) if during.get("n") else None}
     log(progress, f"{name}: idle p99 {idle['p99_ms']} ms, during the call p99 {during.get('p99_ms')} ms "
                   f"(x{result['p99_ratio']}), max {during.get('max_ms')} ms; the call took {result['update_call_s']} s "
@@ -157,7 +165,15 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-shares", default=None,
                         help="update CPU shares to run each server with, comma-separated (default: the server's)")
     parser.add_argument("--device", default="cpu", help="the co-located server's device (cpu, gpu, auto)")
+    parser.add_argument("--baseline-tree", default=None,
+                        help="a checkout of another commit of the project (e.g. `git archive C | tar -x -C DIR`): each "
+                             "run goes first with its servers, then with this tree's, both in the result")
+    parser.add_argument("--baseline-commit", default=None, help="the commit of --baseline-tree, recorded with its runs")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each measurement this many times (with --baseline-tree, the trees alternating)")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--call-timeout-s", type=float, default=600.0,
+                        help="the client's timeout for each update call (three 100 MB calls take longer than 600 s)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     from andromeda_nb.corpus import generate_corpus
@@ -171,31 +187,40 @@ def main(argv=None) -> int:
             generate_corpus(root, args.ads, args.requests, args.seed)
             dataset = load_dataset(root)
             body = upsert_body(dataset, args.upserts, args.seed)
-            for share in shares:
+            for share in shares * args.repeat:
                 log(True, f"{name}: {args.ads} ads, one call of {args.upserts} upserts ({len(body) / 1e6:.1f} MB)"
                           + (f", update CPU share {share}" if share else ""))
                 extra = (["--update-slice", str(args.slice)] if args.slice else []) + \
                     (["--update-cpu-share", str(share)] if share else []) + args.server_args.split()
                 label = name if name == "remote" else f"colocated ({args.device})"
-                for leftover in root.glob("updates.log*"):  # each run starts from the corpus alone
-                    leftover.unlink()
-                procs = []
-                try:
-                    if name == "colocated":
-                        procs.append(ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", args.device,
-                                                                        *extra], start_timeout_s=600))
-                    else:
-                        procs.append(ServiceProcess("cpu_baseline.remote_servers", ["scorer", "--data", str(root), *extra]))
-                        procs.append(ServiceProcess("cpu_baseline.remote_servers", ["remote", "--data", str(root),
-                                                                           "--scorer", procs[0].location, *extra]))
-                    result = measure(label, procs[-1].location, dataset, body, args.idle_s, True, args.calls)
-                    results.append({**result, "update_cpu_share": share or "default"})
-                finally:
-                    for proc in reversed(procs):
-                        proc.stop()
+                trees = ([("baseline", args.baseline_tree, args.baseline_commit)] if args.baseline_tree else []) + \
+                    [("this tree", None, None)]
+                for tree, tree_root, tree_commit in trees:
+                    for leftover in root.glob("updates.log*"):  # each run starts from the corpus alone
+                        leftover.unlink()
+                    procs = []
+                    try:
+                        if name == "colocated":
+                            procs.append(ServiceProcess("migration.colocated_server", ["--data", str(root), "--device",
+                                                        args.device, *extra], start_timeout_s=600, root=tree_root))
+                        else:
+                            procs.append(ServiceProcess("cpu_baseline.remote_servers", ["scorer", "--data", str(root),
+                                                        *extra], root=tree_root))
+                            procs.append(ServiceProcess("cpu_baseline.remote_servers", ["remote", "--data", str(root),
+                                                        "--scorer", procs[0].location, *extra], root=tree_root))
+                        if args.baseline_tree:
+                            log(True, f"  servers of {tree}" + (f" (commit {tree_commit})" if tree_commit else ""))
+                        result = measure(label, procs[-1].location, dataset, body, args.idle_s, True, args.calls,
+                                         args.call_timeout_s)
+                        results.append({**result, "update_cpu_share": share or "default",
+                                        **({"tree": tree, "tree_commit": tree_commit} if args.baseline_tree else {})})
+                    finally:
+                        for proc in reversed(procs):
+                            proc.stop()
     doc = {"kind": "update_stall", "ads": args.ads, "upserts": args.upserts, "calls": args.calls,
            "call_mb": round(len(body) / 1e6, 1), "idle_s": args.idle_s,
-           "update_slice": args.slice or "default", "results": results,
+           "baseline_commit": args.baseline_commit,
+           "update_slice": args.slice or "default", "repeat": args.repeat, "results": results,
            "target": "p99 during the call within 2x of the idle p99", "software": software()}
     stamp(doc, command=script_command("bench_update_stall.py", argv if argv is not None else sys.argv[1:]))
     if args.out:

@@ -27,15 +27,22 @@ for most of a second.
 
 Calls from any number of clients parse at once, each pacing itself in its own share window
 (`_ShareWindow`: a window shared by every call could be reset by one call while another used it,
-failing calls after their records were logged); from step 3 to the end one call (or
-compaction) runs at a time, so calls are checked, logged and applied in log order. A call that
-waited for its turn past the server's deadline (counted from the end of its parse: the deadline
-measures waiting, and a large call's parse, outside the turn, is not waiting) fails before step 4,
-changing nothing. When the
+failing calls after their records were logged). Steps 3 to 5 run in one turn (the journal's lock)
+that concurrent calls share (`_advance`): whichever call holds it takes every parsed call waiting,
+checks and logs each in arrival order (each call's records one unit in the log), and applies the
+logged updates in log order, slice by slice, taking the calls that arrive meanwhile between two
+slices; each call is acknowledged once its own updates are applied, and the turn passes to a call
+still unacknowledged. So no call waits for another's turn to end (three concurrent 50 MB calls, a
+turn of 60 to 90 s each, refused the later ones), calls are checked, logged and applied in log
+order, and a call is checked against the live ads at the log's end (the applied state, changed by
+the logged calls not yet applied). A call that waited to be taken past the server's deadline
+(counted from the end of its parse: the deadline measures waiting, and a large call's parse,
+outside the turn, is not waiting; a call waits only for a slice, another call's logging, or a
+compaction) fails before step 4, changing nothing. When the
 server stops (`stopping`, set on SIGTERM), a call not yet logged ends at once with nothing logged
-or applied (`ServerStopping`), and a logged one is acknowledged at its next slice (`"stopped"` in
-the acknowledgement: the rest of it is applied by the replay of the next start): a call in flight
-is either acknowledged or not applied. Should
+or applied (`ServerStopping`), and every logged one is acknowledged at the next slice (`"stopped"`
+in the acknowledgement: the rest of it is applied by the replay of the next start): a call in
+flight is either acknowledged or not applied. Should
 applying a logged call fail, the journal refuses every later call (`failed`, which health reports)
 instead of logging after a live state it no longer knows; a restart replays the log. `replay(apply,
 live)` applies the records a
@@ -45,6 +52,7 @@ snapshot (`serving.compaction`) and restarts the log from it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -56,6 +64,7 @@ from andromeda_nb.types import Retire, TargetingError, Update, Upsert
 from andromeda_nb.updates import LiveAds, Rejection, _reason, parse_update, update_answer
 
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
+from .update_body import ChunkedBody, body_lines
 from .wal import LogError, LogRecord, WriteAheadLog, corpus_writer
 
 DEFAULT_YIELD_S = 0.05  # the longest an update call waits for retrieval batches between two slices
@@ -63,6 +72,7 @@ ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within t
 MIN_PAUSE_S = 0.002  # an update call pauses for its CPU share once it owes at least this much
 SHARE_WINDOW_S = 0.25  # the span over which an update call's CPU share is kept
 PACE_EVERY = 16  # lines parsed or records encoded between two looks at the share
+TURN_POLL_S = 0.02  # how often a call waiting for the turn looks whether its holder has left it
 
 
 class DeadlineExceeded(TimeoutError):
@@ -157,6 +167,44 @@ class _CallLive(LiveAds):
             self.ids.touched[update.ad_id] = False
 
 
+class _Call:
+    """One update call from its parse to its acknowledgement: what the call's thread hands to the turn
+    (`UpdateJournal._advance`), and what the turn hands back (`ack` or `error`, then `done`)."""
+
+    def __init__(self, parsed, rejections, live, apply, window: _ShareWindow, t_parse: float):
+        self.parsed, self.rejections = parsed, rejections
+        self.live, self.apply, self.window = live, apply, window
+        self.t_parse = t_parse
+        self.waiting_since = t_parse
+        self.state = "pending"  # -> "taken" (into the turn, to be logged) -> "logged"; or "withdrawn" (deadline)
+        self.t_log = self.t_apply = None
+        self.items: list = []  # (record, update) pairs, logged; None once applied
+        self.n_items = self.applied = 0
+        self.seq = None
+        self.ack: dict | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def answer(self, now: float) -> dict:
+        """The acknowledgement, once the call's updates are applied, or logged when the server stops."""
+        # where the call's time went: parsing and checking, the log (written and synced), applying (from
+        # its records' logging to the last of them applied, after the calls logged before it)
+        seconds = {"parse": round(self.t_log - self.t_parse, 4), "log": round(self.t_apply - self.t_log, 4),
+                   "apply": round(now - self.t_apply, 4)}
+        ack = {**update_answer(self.n_items, self.rejections), "seq": self.seq, "seconds": seconds}
+        if self.applied < self.n_items:  # the server is stopping: acknowledged as logged, the rest applied at its next start
+            ack["stopped"] = (f"the server is stopping: all {self.n_items} updates are logged (durable, acknowledged); "
+                              f"{self.applied} were applied before it stopped, the other {self.n_items - self.applied} "
+                              "are applied when it starts again (it replays its log)")
+        self.items = []
+        return ack
+
+    def finish(self, *, ack: dict | None = None, error: BaseException | None = None) -> None:
+        self.ack, self.error = ack, error
+        self.parsed = None
+        self.done.set()
+
+
 # applies a slice of (record, update) pairs in order; may return how many it applied when it stopped
 # early (a request was waiting), None meaning all
 Applier = Callable[[Sequence[tuple[LogRecord, Update]]], "int | None"]
@@ -178,7 +226,13 @@ class UpdateJournal:
         self.gate = gate
         self.yield_s = yield_s
         self._clock, self._sleep = clock, sleep
-        self.lock = threading.Lock()  # one update call or compaction at a time
+        self.lock = threading.Lock()  # the turn: held by the call (or compaction) that checks, logs and applies
+        self._calls_lock = threading.Lock()  # guards `_pending` and the calls' states
+        self._pending: list[_Call] = []  # parsed calls waiting to be taken into the turn, in arrival order
+        self._taken: collections.deque[_Call] = collections.deque()  # taken into the turn, not yet logged
+        self._backlog: collections.deque[_Call] = collections.deque()  # logged, not yet applied (log order)
+        self._overlay: _Overlay | None = None  # live ads at the log's end while the backlog is not empty
+        self._apply_window = _ShareWindow()  # the turn's CPU share window while it applies
         # set when the server stops (SIGTERM): a call not yet logged ends with nothing applied, a logged
         # one is acknowledged at its next slice, the rest of it applied by the replay of the next start
         self.stopping = threading.Event()
@@ -248,11 +302,11 @@ class UpdateJournal:
 
         return pace
 
-    def _parse(self, body: bytes, window: "_ShareWindow") -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
+    def _parse(self, body: "bytes | ChunkedBody", window: "_ShareWindow") -> tuple[list[tuple[int, dict, Update]], list[Rejection]]:
         limits = self.limits
         if len(body) > limits.max_update_bytes:
             raise limits.over("max_update_bytes", len(body), "update body of bytes")
-        lines = body.split(b"\n")
+        lines = list(body_lines(body))  # piece by piece: no step holds the interpreter for the whole body
         n_lines = sum(1 for raw in lines if raw.strip())
         if n_lines > limits.max_updates:
             raise limits.over("max_updates", n_lines, "update call of lines")
@@ -276,7 +330,7 @@ class UpdateJournal:
         return parsed, rejections
 
     # --- the update call -------------------------------------------------------------------------------
-    def submit(self, body: bytes, *, live: Callable[[int], bool], apply: Applier) -> dict:
+    def submit(self, body: "bytes | ChunkedBody", *, live: Callable[[int], bool], apply: Applier) -> dict:
         """Run one `update` call (module docstring, steps 1-6). `live(ad_id)`: whether an ad is live
         at the log's end; `apply(items)`: apply a slice of (record, update) pairs, in order.
         The deadline counts the call's wait for its turn only: the body arrived whole before the
@@ -285,96 +339,182 @@ class UpdateJournal:
         from andromeda_nb.store import paused_gc
 
         with paused_gc():  # parsed updates hold no cycles; a full collection over them would stall requests
-            return self._submit(bytes(body), live, apply)
+            return self._submit(body if isinstance(body, (bytes, ChunkedBody)) else bytes(body), live, apply)
 
-    def _submit(self, body: bytes, live, apply: Applier) -> dict:
+    def _submit(self, body: "bytes | ChunkedBody", live, apply: Applier) -> dict:
         window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         self._refuse_if_failed()
         parsed, rejections = self._parse(body, window)
+        call = _Call(parsed, rejections, live, apply, window, t_parse)
         parse_s = self._clock() - t_parse
-        waiting_since = self._clock()  # the deadline counts from here: the wait for the turn, not the parse
-        if not self._take_turn(waiting_since):
-            waited = self._clock() - waiting_since
+        call.waiting_since = self._clock()  # the deadline counts from here: the wait for the turn, not the parse
+        with self._calls_lock:
+            self._pending.append(call)
+        if not self._take_turn(call):
+            waited = self._clock() - call.waiting_since
             raise DeadlineExceeded(f"the update call waited {waited:.1f} s for its turn (after {parse_s:.1f} s parsing "
                                    f"it, which does not count), past the server's deadline of "
                                    f"{self.limits.deadline_s:g} s (--deadline); nothing was applied")
-        try:  # the call's turn: from here to the end no other call checks, logs or applies anything
-            self._refuse_if_stopping()
-            self._refuse_if_failed()  # a call before this one may have failed while this one parsed
-            checker = _CallLive(_Overlay(live))
-            accepted: list[tuple[dict, Update]] = []
-            for line_no, obj, update in parsed:
-                reason = checker.accept(update)
-                if reason is not None:
-                    rejections.append(Rejection(line_no, _ad_id(update), reason))
-                else:
-                    accepted.append((obj, update))
-            t_log = self._clock()
-            window.close()
-            records = self.log.append([obj for obj, _ in accepted], pause=self._pacer(window))  # durable: acknowledged
-            t_apply = self._clock()
-            items = [(record, update) for record, (_, update) in zip(records, accepted)]
-            live = self._apply_logged(items, apply, window)
-            seq = self.log.last_seq
-            t_end = self._clock()
-        finally:
-            self.lock.release()
-        # where the call's time went: parsing and checking, the log (written and synced), applying
-        seconds = {"parse": round(t_log - t_parse, 4), "log": round(t_apply - t_log, 4), "apply": round(t_end - t_apply, 4)}
-        ack = {**update_answer(len(items), rejections), "seq": seq, "seconds": seconds}
-        if live < len(items):  # the server is stopping: acknowledged as logged, the rest applied at its next start
-            ack["stopped"] = (f"the server is stopping: all {len(items)} updates are logged (durable, acknowledged); "
-                              f"{live} were applied before it stopped, the other {len(items) - live} are applied "
-                              "when it starts again (it replays its log)")
-        return ack
+        if call.error is not None:
+            raise call.error
+        return call.ack
 
-    def _apply_logged(self, items, apply: Applier, window: "_ShareWindow") -> int:
-        """Hand a call's logged (record, update) pairs to `apply` in slices, in order, pacing between
-        them (caller holds the lock); returns how many were applied: all, unless the server began to
-        stop, which ends the call at the next slice (the records are logged: the next start replays
-        them), so that it is acknowledged before the process ends. Should `apply` raise, the records are in the log but this
-        process cannot say how many of them its live state holds: the journal refuses every later
-        call (`failed`) rather than log records after a state it does not know; a restart replays
-        the log and agrees with it again."""
-        step, done = self.limits.update_slice, 0
-        window.close()
-        try:
-            while done < len(items):
-                if done:
-                    if self.stopping.is_set():
-                        break
-                    self._step_aside()
-                piece = items[done : done + step]
-                t0 = self._clock()
-                applied = apply(piece)  # may stop early for a waiting request: the rest comes next
-                done += len(piece) if applied is None else max(1, applied)
-                self.slices += 1
-                if done < len(items) and not self.stopping.is_set():
-                    self._keep_share(window, self._clock() - t0)
-        except BaseException as exc:
-            first, last = items[done][0].seq, items[-1][0].seq
-            self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
-                           f"{clip(str(exc))}); restart the server: it replays its log")
-            raise LogError(f"the updates were logged up to {last}, but {self.failed}") from exc
-        return done
+    def _take_turn(self, call: "_Call") -> bool:
+        """Wait until `call` is done: taken into the turn (checked and logged) by whichever call holds
+        it, or by this one once it gets the journal's lock, then applied in log order. Returns False
+        when the call was still waiting to be taken at the deadline (counted from
+        `call.waiting_since` on the journal's clock; it is then withdrawn, nothing of it logged), and
+        raises ServerStopping when the server stops before it is taken."""
+        while not call.done.is_set():
+            if call.state == "pending":
+                remaining = self.limits.deadline_s - (self._clock() - call.waiting_since)
+                if remaining <= 0 or self.stopping.is_set():
+                    with self._calls_lock:
+                        if call.state == "pending":  # not taken meanwhile: withdrawn, nothing logged
+                            self._pending.remove(call)
+                            call.state = "withdrawn"
+                    if call.state == "withdrawn":
+                        self._refuse_if_stopping()
+                        return False
+                    continue
+                wait_s = min(remaining, TURN_POLL_S)
+            else:
+                wait_s = TURN_POLL_S  # logged: applied in log order by whichever call holds the turn
+            if self.lock.acquire(blocking=False):
+                try:
+                    self._advance(until=call)
+                finally:
+                    self.lock.release()
+            else:  # the holder takes, applies and acknowledges the call meanwhile, or leaves the turn
+                call.done.wait(wait_s)
+        return True
+
+    # --- the shared turn (the holder of the journal's lock runs it) ------------------------------------
+    def _advance(self, until: "_Call | None") -> None:
+        """With the journal's lock held: take every call waiting for the turn (check and log each, in
+        the order they arrived), and apply the logged calls' updates in log order, slice by slice,
+        taking calls that arrive meanwhile between two slices, until `until` is done (None: until
+        nothing is waiting or logged and unapplied). So concurrent calls share one turn: none waits
+        for another's to end, and each is acknowledged once its own updates are applied. When the
+        server stops, every logged call is acknowledged with what was applied of it (`"stopped"`: the
+        rest is applied by the replay of the next start) and every call not yet logged is ended with
+        nothing of it logged."""
+        while until is None or not until.done.is_set():
+            self._log_waiting()
+            if not self._backlog:
+                return
+            if self.stopping.is_set():
+                self._stop_backlog()
+                return
+            t0 = self._clock()
+            self._apply_slice()
+            if self._backlog and not self.stopping.is_set():
+                self._keep_share(self._apply_window, self._clock() - t0)
+                self._step_aside()
+            else:
+                self._apply_window.close()
+
+    def _take_waiting(self) -> None:
+        """Take every call waiting for the turn into it (`_taken`, in arrival order): from here it no
+        longer waits for the turn (the deadline), and it is logged after the calls taken before it."""
+        if self._pending:
+            with self._calls_lock:
+                for call in self._pending:
+                    call.state = "taken"
+                self._taken.extend(self._pending)
+                self._pending.clear()
+
+    def _log_waiting(self) -> None:
+        """Check and log each call waiting for the turn, in arrival order, against the live ads at the
+        log's end: the applied state, changed by the logged calls not yet applied (`self._overlay`).
+        Calls that arrive meanwhile are taken in as each record is logged (`_log_call`'s pacer), so
+        none waits for the turn while other calls are logged."""
+        while True:
+            self._take_waiting()
+            if not self._taken:
+                return
+            call = self._taken.popleft()
+            try:
+                self._refuse_if_stopping()
+                self._refuse_if_failed()  # a call before this one may have failed while this one parsed
+                if not self._backlog:  # every logged update is applied: the live ads are the applied ones
+                    self._overlay = _Overlay(call.live)
+                self._log_call(call)
+            except BaseException as exc:
+                call.finish(error=exc)
+
+    def _log_call(self, call: "_Call") -> None:
+        overlay = _Overlay(self._overlay.__contains__)  # this call's changes, kept once it is logged
+        checker = _CallLive(overlay)
+        accepted: list[tuple[dict, Update]] = []
+        for line_no, obj, update in call.parsed:
+            reason = checker.accept(update)
+            if reason is not None:
+                call.rejections.append(Rejection(line_no, _ad_id(update), reason))
+            else:
+                accepted.append((obj, update))
+        call.parsed = None
+        call.t_log = self._clock()
+        call.window.close()
+        pace = self._pacer(call.window)
+
+        def pause():  # between two records: calls that arrive meanwhile are taken into the turn
+            pace()
+            self._take_waiting()
+
+        records = self.log.append([obj for obj, _ in accepted], pause=pause)  # durable
+        self._overlay.touched.update(overlay.touched)
+        call.t_apply = self._clock()
+        call.items = [(record, update) for record, (_, update) in zip(records, accepted)]
+        call.n_items = len(call.items)
+        call.seq = records[-1].seq if records else self.log.last_seq
+        call.state = "logged"
+        self._backlog.append(call)
+
+    def _apply_slice(self) -> None:
+        """Apply the next slice of the first logged call (a server may cut it short for a waiting
+        request); a call whose updates are all applied is acknowledged. Should `apply` raise, the
+        records are in the log but this process cannot say how many of them its live state holds: the
+        journal refuses every later call (`failed`) rather than log records after a state it does not
+        know, and every logged call not yet acknowledged fails with it; a restart replays the log and
+        agrees with it again."""
+        call = self._backlog[0]
+        if call.applied < call.n_items:
+            was = call.applied
+            piece = call.items[was : was + self.limits.update_slice]
+            try:
+                applied = call.apply(piece)  # may stop early for a waiting request: the rest comes next
+            except BaseException as exc:
+                first, last = call.items[was][0].seq, self._backlog[-1].seq
+                self.failed = (f"applying logged updates {first}..{last} failed ({type(exc).__name__}: "
+                               f"{clip(str(exc))}); restart the server: it replays its log")
+                while self._backlog:  # each logged call not yet acknowledged fails with it (an error of its own)
+                    error = LogError(f"the updates were logged up to {last}, but {self.failed}")
+                    error.__cause__ = exc
+                    self._backlog.popleft().finish(error=error)
+                return
+            piece = None
+            call.applied = was + (len(call.items[was : was + self.limits.update_slice]) if applied is None
+                                  else max(1, applied))
+            call.items[was : call.applied] = [None] * (call.applied - was)  # applied: freed a slice at a time
+            self.slices += 1
+        if call.applied >= call.n_items:
+            self._backlog.popleft()
+            call.finish(ack=call.answer(self._clock()))
+
+    def _stop_backlog(self) -> None:
+        """The server is stopping: each logged call is acknowledged as logged, with what was applied."""
+        now = self._clock()
+        while self._backlog:
+            call = self._backlog.popleft()
+            call.finish(ack=call.answer(now))
 
     def _refuse_if_stopping(self) -> None:
         """Before a call is logged: a stopping server ends it, nothing of it logged or applied."""
         if self.stopping.is_set():
             raise ServerStopping("the server is stopping: nothing of this update call was logged or applied; send "
                                  "it again once the server is back")
-
-    def _take_turn(self, waiting_since: float) -> bool:
-        """Wait for the call's turn (the journal's lock) for at most the deadline from `waiting_since`
-        (on the journal's clock), giving up early when the server stops; False past the deadline."""
-        while True:
-            self._refuse_if_stopping()
-            remaining = self.limits.deadline_s - (self._clock() - waiting_since)
-            if remaining <= 0:
-                return False
-            if self.lock.acquire(timeout=min(remaining, 0.05)):
-                return True
 
     def _refuse_if_failed(self) -> None:
         if self.failed is not None:
@@ -414,6 +554,7 @@ class UpdateJournal:
         if data_dir is None:
             raise LogError("this server's corpus was not read from a directory: there is no snapshot to write")
         with self.lock, corpus_writer(data_dir, self.log.path):  # one writer per corpus, whatever its log
+            self._advance(until=None)  # the calls logged (and waiting) are applied first
             result = compact(data_dir, self.log.records_after(self.log.base_seq), lineage=self.log.lineage)
             self.log.reset(result["seq"])
         return result

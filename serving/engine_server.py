@@ -79,18 +79,25 @@ class EngineServer(JournaledServer, RetrieveServer):
 
     def _apply(self, items) -> int:
         """Apply a slice to the engine; a request waiting for the engine cuts it short after the
-        update in hand (the journal hands over the rest after the request), except on an engine that
-        applies a slice in one piece (`apply_many`: the GPU engine). Returns how many."""
+        updates in hand (the journal hands over the rest after the request): one at a time, or the
+        engine's `apply_run` at a time through its `apply_many` (the CPU engine: a few upserts
+        compiled and stored at once), except on an engine that applies a slice in one piece
+        (`apply_many` without `apply_run`: the GPU engine's one upload). Returns how many."""
         apply_many = getattr(self.engine, "apply_many", None)
+        run = getattr(self.engine, "apply_run", None) if apply_many is not None else 1
         with self._lock:
             done = 0
             try:
-                if apply_many is not None:  # the GPU engine: one upload for the slice, so the slice goes whole
+                if run is None:  # one piece for the slice, so the slice goes whole
                     apply_many([update for _, update in items])
                     done = len(items)
-                for record, update in items[done:]:
-                    self.engine.apply(update)
-                    done += 1
+                while done < len(items):
+                    piece = items[done : done + run]
+                    if apply_many is not None:
+                        apply_many([update for _, update in piece])
+                    else:
+                        self.engine.apply(piece[0][1])
+                    done += len(piece)
                     if self.gate.busy:
                         break
                 prepare = getattr(self.engine, "prepare", None)

@@ -186,7 +186,7 @@ class EngineWorker:
         with self._lock:
             done = 0
             try:
-                if apply_many is not None:  # the GPU engine: one upload for the slice
+                if apply_many is not None:  # the slice in one piece (GPU: one upload; CPU: runs of upserts)
                     apply_many([update for _, update in items])
                     done = len(items)
                 for _, update in items[done:]:

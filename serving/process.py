@@ -11,7 +11,9 @@ ending with the process that started it.
   it waiting for ever, so once nothing is being worked on (or at the deadline) the process exits
   anyway; its update log is already on disk. An update call in flight counts as busy until its
   acknowledgement is handed to gRPC, and the process ends only once nothing has been busy for
-  `SETTLE_S`, so it is either acknowledged or (ended by the journal before it was logged) not applied. A serving process hands the interpreter between threads
+  `SETTLE_S`, so it is either acknowledged or (ended by the journal before it was logged) not applied.
+  The signal handlers take no lock (`StopSignals`: one that set `stopping` could wait for ever on
+  the event's own lock, held by the main thread it interrupted). A serving process hands the interpreter between threads
   every `SWITCH_INTERVAL_MS` (0.2 ms) rather than Python's 5 ms unless it was given another
   interval (`set_switch_interval`, `--switch-interval-ms`), so a request never queues long behind a
   thread parsing a large update call; and what was built before serving (corpus, index, compiled
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import faulthandler
 import gc
 import os
 import signal
@@ -41,6 +44,7 @@ from .guard import MIN_TOKEN_CHARS, OPEN, GuardError, ServerGuard
 DEFAULT_STOP_DEADLINE_S = 5.0
 PARENT_POLL_S = 0.25
 IDLE_GRACE_S = 0.5  # after SIGTERM, how long clients with no batch in flight get to close their calls
+STUCK_AFTER_S = 30.0  # past the stop deadline: a process still alive then prints every thread's stack and exits
 SETTLE_S = 0.25  # how long nothing must be in flight before the process ends with calls still open: an
 # answer handed to gRPC (an update's acknowledgement) still has to leave the process
 
@@ -141,6 +145,41 @@ def watch_parent(parent_pid: int, stopping: threading.Event, poll_s: float = PAR
     return thread
 
 
+STOP_POLL_S = 0.05  # how often the main thread looks for a stop signal or `stopping`
+
+
+class StopSignals:
+    """SIGTERM and SIGINT, noted by handlers that take no lock, for the main thread to act on.
+
+    Python runs a signal's handler in the main thread between two of its bytecodes, wherever that
+    thread is, also inside a `threading.Event`'s own lock, which `Event.wait` holds for a moment
+    each time it looks (and longer when it hands the interpreter to a busy thread there). A handler
+    that called `stopping.set()` then waited for that lock, held by the thread it runs in: for ever,
+    so a server sent SIGTERM while its main thread was inside `stopping.wait(...)` never ended. The
+    handlers here only note the signal; `wait(stopping)` (main thread) looks every `STOP_POLL_S`
+    and sets `stopping` itself, outside any lock. Installed on construction; `restore()` puts the
+    previous handlers back."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: list[int] = []  # appended to by the handler (no lock: a list's append is atomic)
+        self._previous = {s: signal.signal(s, self._note) for s in self.SIGNALS}
+
+    def _note(self, signum, frame) -> None:
+        self.received.append(signum)
+
+    def wait(self, stopping: threading.Event, poll_s: float = STOP_POLL_S) -> None:
+        """Return once a signal came or `stopping` is set (by another thread), with `stopping` set."""
+        while not self.received and not stopping.is_set():
+            time.sleep(poll_s)
+        stopping.set()
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
 def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
                         deadline_s: float = DEFAULT_STOP_DEADLINE_S, parent_pid: int | None = None,
                         busy: Callable[[], bool] | None = None, before_exit: Callable[[], None] | None = None,
@@ -149,12 +188,12 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
     shut it down within `deadline_s`. `busy()`: whether batches or updates are still being worked
     on (they get the deadline to finish). Returns True after a clean shutdown. When calls are still
     open at the deadline: `before_exit()` runs, then the process exits with code 0
-    (`exit_when_stuck`), or False is returned. Call from the main thread (signal handlers)."""
+    (`exit_when_stuck`), or False is returned. With `exit_when_stuck`, a process that has not ended
+    `STUCK_AFTER_S` after the deadline (a thread that never lets the interpreter go, an exit that
+    hangs) prints every thread's stack on stderr and exits with code 1 (`faulthandler`'s own thread,
+    which needs no interpreter lock). Call from the main thread (signal handlers)."""
 
-    def _stop(signum, frame):
-        stopping.set()
-
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    signals = StopSignals()
     _serving_switch_interval()  # never over an interval the process was given
     gc.collect()
     gc.freeze()  # what was built to serve lives as long as the process: no collection walks it again
@@ -163,8 +202,9 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
             watch_parent(parent_pid, stopping)
         if on_ready is not None:
             on_ready(server)
-        while not stopping.wait(0.2):
-            pass
+        signals.wait(stopping)
+        if exit_when_stuck:  # a backstop, and a diagnosis on stderr, should the exit itself never come
+            faulthandler.dump_traceback_later(deadline_s + STUCK_AFTER_S, exit=True)
         started = time.monotonic()
         closer = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
         closer.start()
@@ -190,8 +230,7 @@ def serve_until_stopped(server, stopping: threading.Event, on_ready=None, *,
             os._exit(0)
         return False
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore()
 
 
 # --- the options every server takes ---------------------------------------------------------------
@@ -391,7 +430,7 @@ class service_errors:
         return False
 
 
-__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_STOP_DEADLINE_S", "TOKEN_ENV", "ServeError", "ServerOption", "ServerSettings",
+__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_STOP_DEADLINE_S", "TOKEN_ENV", "ServeError", "ServerOption", "ServerSettings", "StopSignals",
            "command_line_secret_warnings", "read_token", "server_options", "warn_command_line_secrets",
            "add_server_arguments", "listen", "preflight", "serve_until_stopped", "service_errors", "settings_from_args",
            "startup_errors", "watch_parent"]

@@ -11,7 +11,8 @@ Server side::
 
     class MyServer(RetrieveServer):
         def retrieve_at(self, requests, ks):   # -> ([(ids int64, scores float32)], seq of the state answered)
-        def apply_updates(self, body, started):  # JSON Lines of DESIGN section 6 (bytes) -> dict (JSON-ready ack)
+        def apply_updates(self, body, started):  # JSON Lines of DESIGN section 6 (bytes, or the streamed
+                                               # exchange's update_body.ChunkedBody) -> dict (JSON-ready ack)
         def health_info(self):                 # -> dict merged into the `health` answer
         def health_state(self):                # -> ("ok" | "degraded", [reasons])
 
@@ -69,6 +70,7 @@ from .inputs import InvalidInput, check_k, parse_batch_request
 from .limits import DEFAULT_LIMITS, LimitExceeded, ServiceLimits
 from .process import serve_until_stopped
 from .request_columns import decode_columns, is_columnar, request_columns
+from .update_body import ChunkedBody
 from .wal import LogError
 
 RETRIEVE_PATH = ("retrieve",)
@@ -586,7 +588,7 @@ class RetrieveServer(flight.FlightServerBase):
         if self._stopping.is_set():
             raise flight.FlightUnavailableError("the server is shutting down; send the update again later")
         limit = self.limits.max_update_bytes
-        parts: list[bytes] = []
+        body = ChunkedBody()  # the chunks as they came: never joined into one 100 MB step (serving.update_body)
         size = 0
         try:
             for chunk in reader:
@@ -602,9 +604,8 @@ class RetrieveServer(flight.FlightServerBase):
                 self.stats.add(update_bytes=got)
                 if size > limit:  # refused here: the rest of the body is never read
                     raise self.limits.over("max_update_bytes", f"{size:,} so far", "update body of bytes")
-                parts.extend(v for v in column.to_pylist() if v)
-            body = b"".join(parts)
-            del parts
+                for value in column.to_pylist():
+                    body.append(value)
             result = self.apply_updates(body, started)
         finally:
             if size >= GIVE_BACK_BODY_BYTES:

@@ -116,18 +116,22 @@ def _cpu_seconds(pid: int, started: bool = True) -> float | None:
 class ServiceProcess:
     """`python -m module *args` as a subprocess; `location` is what it announced. `name` says which
     server it is in errors; `env`: further environment variables (tokens travel there, not in the
-    arguments every user of the machine can list)."""
+    arguments every user of the machine can list); `root`: the checkout of the project whose server
+    runs (this one by default; a benchmark compares another commit's server with this one's)."""
 
     def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S, env: dict | None = None):
+                 start_timeout_s: float = START_TIMEOUT_S, env: dict | None = None, root=None):
         env = {**child_environment(), **(env or {})}  # no simulator switch: a server is told its device
-        paths = [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        root = PROJECT_ROOT if root is None else Path(root)
+        paths = [str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)  # the project first, whatever the caller's directory
         self.module = module
         self.args = list(args)
         self.name = name or module
+        # `python -m` looks in its working directory first: another checkout's server starts in that checkout
         self.proc = subprocess.Popen([sys.executable, "-m", module, *self.args], stdout=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, env=env, text=True)
+                                     stdin=subprocess.DEVNULL, env=env, text=True,
+                                     cwd=None if root == PROJECT_ROOT else str(root))
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
         line = self._wait_for_announcement(lines, start_timeout_s)

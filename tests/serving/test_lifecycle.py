@@ -12,7 +12,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pyarrow.flight as flight
 
@@ -222,3 +221,107 @@ def test_sigterm_during_a_large_update_call_acknowledges_it_or_applies_none_of_i
             assert held == 0, f"the client was told unavailable, but {held} updates are held"
     finally:
         again.stop()
+
+
+class _SaysWhenRetaken:
+    """A lock that raises, rather than waits for ever, when the thread holding it takes it again."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owner = None
+
+    def acquire(self, blocking=True, timeout=-1):
+        if blocking and self._owner == threading.get_ident():
+            raise AssertionError("a thread waited for a lock it holds itself: it would never end")
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self._owner = threading.get_ident()
+        return got
+
+    def release(self):
+        self._owner = None
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_a_stop_signal_handled_inside_the_stop_events_own_lock_still_stops_the_server():
+    """A signal's handler runs in the main thread between two of its bytecodes, also while that thread
+    holds the lock inside its stop event (`Event.wait` holds it for a moment each time it looks, and
+    longer when it hands the interpreter to a busy thread there). The handler used to call
+    `stopping.set()`, which takes that lock: the main thread then waited for itself, and the server
+    never ended (seen once, a SIGTERM 2 s into a 3,000-upsert call, in a run of the whole suite on a
+    loaded machine). Here the handler runs exactly there: SIGTERM raised inside the event's lock
+    (`signal.raise_signal` runs the handler before it returns), with a lock that fails the test where
+    the old handler would hang."""
+    import gc
+
+    from serving import process as serving
+
+    class Server:
+        shutdown_calls = 0
+
+        def shutdown(self):
+            Server.shutdown_calls += 1
+
+        def wait(self):
+            pass
+
+    stopping = threading.Event()
+    stopping._cond = threading.Condition(_SaysWhenRetaken())  # Event.set and Event.wait take this lock
+    before, given = sys.getswitchinterval(), list(serving._switch_set)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_ready(server):
+        with stopping._cond:  # where the main thread is for a moment in every stopping.wait(...)
+            signal.raise_signal(signal.SIGTERM)
+
+    try:
+        assert serving.serve_until_stopped(Server(), stopping, on_ready, exit_when_stuck=False)
+    finally:
+        gc.unfreeze()
+        serving._switch_set[:] = given
+        sys.setswitchinterval(before)
+    assert stopping.is_set() and Server.shutdown_calls == 1
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # the process's own handlers are back
+
+
+def test_a_server_whose_exit_hangs_after_sigterm_prints_its_threads_and_ends():
+    """The backstop behind the stop deadline: a process still alive `STUCK_AFTER_S` past it (here
+    shortened; its main thread stuck after a clean shutdown, as an exit that hangs) prints every
+    thread's stack on stderr, naming where it is stuck, and exits with code 1 instead of running on."""
+    script = textwrap.dedent("""
+        import signal, sys, threading
+        from serving import process
+
+        process.STUCK_AFTER_S = 0.5
+
+        class Server:
+            def shutdown(self):
+                pass
+
+            def wait(self):
+                pass
+
+        def stuck_in_the_exit():
+            threading.Event().wait()
+
+        process.serve_until_stopped(Server(), threading.Event(), lambda server: print("ready", flush=True),
+                                    deadline_s=0.1)
+        stuck_in_the_exit()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 1 and "stuck_in_the_exit" in err, (code, err)

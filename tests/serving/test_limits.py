@@ -9,7 +9,6 @@ import json
 import threading
 import time
 
-import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
@@ -309,9 +308,9 @@ def test_the_deadline_measures_waiting_for_the_turn_not_parsing(monkeypatch):
     holder_has_turn.wait(30)
     original = journal._take_turn
 
-    def waiting(since):  # the clock moves on 1.5 s while the call waits for its turn
+    def waiting(call):  # the clock moves on 1.5 s while the call waits for its turn
         clock.work(1.5)
-        return original(since)
+        return original(call)
 
     journal._take_turn = waiting
     try:
