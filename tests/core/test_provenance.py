@@ -60,6 +60,18 @@ def test_write_result_and_finish_probe_write_the_stamp(tmp_path):
     assert doc["command"] == doc["provenance"]["command"] and doc["software"]["numpy"]
 
 
+def test_report_probe_stamps_prints_one_line_and_writes(tmp_path, capsys):
+    if _head() is None:
+        pytest.skip("not a git checkout: there is no commit to record")
+    out = tmp_path / "deep" / "p.json"
+    provenance.report_probe({"figure": 3}, "probe_topk_segments.py", ["--versions", "2,3"], str(out))
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and json.loads(printed[0]) == json.loads(out.read_text())
+    _assert_stamped(json.loads(out.read_text()), "PYTHONPATH=. python3 scripts/probe_topk_segments.py --versions 2,3")
+    provenance.report_probe({"figure": 4}, "probe_tile_occupancy.py", [], None, indent=1)
+    assert json.loads(capsys.readouterr().out)["figure"] == 4  # no file: stdout only, indented
+
+
 def _fake_results(monkeypatch) -> None:
     """The bench commands' library functions replaced by ones returning what their tables read."""
     from benchmarks import cluster as cb
@@ -155,7 +167,7 @@ def test_every_script_and_benchmark_that_writes_a_result_stamps_it_through_prove
     writers = [f for f in _writers() if f.name not in NOT_RESULTS]
     assert len(writers) >= 20, [f.name for f in writers]
     unstamped = [f.relative_to(ROOT).as_posix() for f in writers
-                 if not _calls(f) & {"stamp", "write_result", "finish_probe"}]
+                 if not _calls(f) & {"stamp", "write_result", "finish_probe", "report_probe"}]
     assert not unstamped, f"these write result JSON without andromeda_nb.provenance's stamp: {unstamped}"
     # and none writes one by hand beside it
     by_hand = [f.relative_to(ROOT).as_posix() for f in writers if "json.dump(" in f.read_text()]
