@@ -6,10 +6,12 @@ from the top digit down: the block counts the digits of the keys that match the 
 far into shared histograms, and one thread (`radix_digit`) finds the digit of the k-th largest key.
 What comes out is that key's value (`kth`), how many keys equal to it are still wanted (`krem`), or
 `emit_all` when there are at most k nonzero keys. The callers then emit the keys above `kth` and
-`krem` of those equal to it, each in its own layout. The select is written once and compiled in two
-forms that differ only in how a key is read: `radix_select_blocks` over per-block candidates
+`krem` of those equal to it, each in its own layout. The select is written once and compiled in
+forms that differ in how a key is read: `radix_select_blocks` over per-block candidates
 (R, blocks, width) in global memory (`topk.py`), `radix_select_row` over one block's keys in shared
-memory (the scoring kernels).
+memory (the scoring kernels); and in how a round's digits are counted: one shared atomic a key
+(shipped), or one a distinct digit of a warp's 32 keys (`_warp` forms, `match.any.sync`: the lab's
+top-K v3 and scoring v13, measured no faster on an H100, docs/BENCHMARKS.md).
 
 `gpu.runtime.cuda` must have been chosen (device or simulator) before this module is imported.
 """
