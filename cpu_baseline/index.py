@@ -563,8 +563,9 @@ class CpuTargetingIndex:
             self._cols[name] = col
         self._free.extend(range(new - 1, old - 1, -1))
 
-    def _upsert(self, ad: Ad) -> None:
-        ad_id = int(ad.ad_id)
+    def _slot_for(self, ad_id: int) -> int:
+        """The slot of `ad_id`: its own, or a free one for a new ad (the columns grown when none is
+        free); a slot whose main postings this upsert leaves dead is counted."""
         slot = self._slot_of.get(ad_id)
         if slot is None:
             if not self._free:
@@ -573,6 +574,10 @@ class CpuTargetingIndex:
             self._slot_of[ad_id] = slot
         if self._cols["segment"][slot] == SEG_MAIN:
             self._main_dead += 1
+        return slot
+
+    def _upsert(self, ad: Ad) -> None:
+        slot = self._slot_for(int(ad.ad_id))
         ct = compile_ads([ad])
         slots = np.asarray([slot], np.int32)
         self._store_columns(ct, slots, SEG_DELTA)  # main postings of this slot are now dead
@@ -586,18 +591,7 @@ class CpuTargetingIndex:
     def _upsert_many(self, ads: Sequence[Ad]) -> None:
         """`_upsert` of each of `ads` (distinct ad ids), in order, with one compile, one column store and
         one entry computation for all of them (each slot's entries are then its share of them)."""
-        slots = []
-        for ad in ads:
-            ad_id = int(ad.ad_id)
-            slot = self._slot_of.get(ad_id)
-            if slot is None:
-                if not self._free:
-                    self._grow()
-                slot = self._free.pop()
-                self._slot_of[ad_id] = slot
-            if self._cols["segment"][slot] == SEG_MAIN:
-                self._main_dead += 1
-            slots.append(slot)
+        slots = [self._slot_for(int(ad.ad_id)) for ad in ads]
         ct = compile_ads(ads)
         at = np.asarray(slots, np.int32)
         self._store_columns(ct, at, SEG_DELTA)
