@@ -88,12 +88,14 @@ class BatchPipeline:
         """Write the user-side tables of a batch prepared without them into its staging buffer."""
         prepared.batch.staged["tabs"][...] = tables
 
-    def plan(self, prepared: Prepared, k: int) -> BatchPlan:
-        """The steps of a prepared batch (`BatchPlan`)."""
+    def plan(self, prepared: Prepared, k: int, parts: tuple | None = None) -> BatchPlan:
+        """The steps of a prepared batch (`BatchPlan`); `parts`: its match's, when already made
+        (`GpuTargetingIndex.plan_parts` on the same output)."""
         batch = prepared.batch
         elig = self.index.kept_output(prepared.n)
         score, topk, b = self.scorer.plan(elig, batch.arrays["tabs"], k)
-        parts = self.index.plan_parts(batch, elig, self.version)
+        if parts is None:
+            parts = self.index.plan_parts(batch, elig, self.version)
         return BatchPlan(None if parts is None else parts[0] + parts[1] + parts[2], parts, list(batch.uploads[1:]),
                          score, topk, self.scorer.answer_plan(b), b)
 
@@ -143,7 +145,7 @@ class BatchPipeline:
         self._enqueue(parts[0] + parts[1] + parts[2])  # the match's part only is planned before it is enqueued
         mark(time.perf_counter())
         self.fill_tables(prepared, tables_of())
-        p = self.plan(prepared, k)  # the whole plan while the device matches (its match part as enqueued)
+        p = self.plan(prepared, k, parts)  # the rest of the plan while the device matches
         mark(time.perf_counter())
         self._enqueue(p.tables + p.score + p.topk + p.copies)
         batch.mark_sent(self.stream)
