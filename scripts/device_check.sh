@@ -29,7 +29,11 @@
 #             entry "mN" runs match kernel N of the lab with the shipped scoring kernel)
 #   engines   `bench served --engines` (ENGINES, default "1,4") with the clients in SERVED_PROCS processes (default 8)
 #             against `serve colocated` on the generated 1M fp16 corpus and the 10M corpus of `datapipe`
-#             (ENGINES_ADS, default "1000000 10000000"): the served rate and the lone client's p99
+#             (ENGINES_ADS, default "1000000 10000000"): the served rate and the lone client's p99;
+#             ENGINES_MPS=1 runs it with the engine workers' CUDA contexts under an MPS daemon the stage starts
+#             and stops (files tagged _mps)
+#   batchedpeer  `scripts/probe_batched_peer.py` on the corpus of `datapipe`: a batch of PEER_REQUESTS (64)
+#             scored by the shipped kernels and by the batched, eligibility-masked PyTorch peer
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
 #             the oracle, the CPU index, the GPU index, both architectures (COMPARE_ARGS: more options, e.g.
 #             "--layout geo", with COMPARE_TAG naming its files)
@@ -164,14 +168,28 @@ for stage in "${stages[@]}"; do
         python3 scripts/probe_engine_batch.py --data $data --batches 1 --repeat 5 > "$OUT/lone_ncu_$ads.txt" 2>&1
       echo "lone ncu rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Grid Size|Block Size" \
         "$OUT/lone_ncu_$ads.txt" | head -80 ;;
-    engines)
+    engines)  # ENGINES_MPS=1: the engine workers share the GPU through an MPS daemon this stage starts and stops
+      tag=""
+      if [ "${ENGINES_MPS:-0}" = 1 ]; then
+        tag=_mps; export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+        mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+        nvidia-cuda-mps-control -d; echo "mps daemon rc=$?"
+        python3 -c "from numba import cuda; cuda.current_context(); print('mps context ok')" 2>&1 | tail -1
+      fi
       for ads in ${ENGINES_ADS:-1000000 10000000}; do
         if [ "$ads" = 1000000 ]; then data=$(corpus_1m fp16); else data=$(data_corpus $ads); fi
         timeout ${ENGINES_TIMEOUT:-280} $A bench served --data $data --device gpu --engines ${ENGINES:-1,4} --clients 32 \
-          --client-processes ${SERVED_PROCS:-8} --seconds ${SERVED_SECONDS:-5} --exchange stream --repeat 2 \
-          --out-file "$OUT/served_engines_$ads.json" > "$OUT/served_engines_$ads.log" 2>&1
-        echo "engines $ads rc=$?"; grep -E "in process, batches of 64|engines-|^stream|target" "$OUT/served_engines_$ads.log" | tail -6
-      done ;;
+          --client-processes ${SERVED_PROCS:-8} --seconds ${SERVED_SECONDS:-5} --exchange stream --repeat ${SERVED_REPEAT:-2} \
+          --out-file "$OUT/served_engines_$ads$tag.json" > "$OUT/served_engines_$ads$tag.log" 2>&1
+        echo "engines $ads$tag rc=$?"; grep -E "in process, batches of 64|engines-|^stream|target" "$OUT/served_engines_$ads$tag.log" | tail -6
+      done
+      if [ -n "$tag" ]; then echo quit | nvidia-cuda-mps-control; tail -5 /tmp/mps-log/control.log 2>/dev/null
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi ;;
+    batchedpeer)  # the batched, eligibility-masked PyTorch peer beside the shipped kernels, a batch of the 10M corpus
+      ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
+      timeout ${PEER_TIMEOUT:-240} python3 scripts/probe_batched_peer.py --data $data --requests ${PEER_REQUESTS:-64} \
+        --out "$OUT/batched_peer_$ads.json" > "$OUT/batched_peer_$ads.log" 2>&1
+      echo "batched peer rc=$?"; tail -12 "$OUT/batched_peer_$ads.log" | cut -c1-240 ;;
     lonelab)
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
       if [ "${LONELAB_TOPK:-1}" = 1 ]; then
