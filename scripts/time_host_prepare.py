@@ -47,6 +47,7 @@ def main(argv=None) -> int:
 
     resolve("sim")
     from benchmarks.match import BASE_ADS, build_tiled_index, host_prepare
+    from andromeda_nb.compiled import EncodedBatch, encode_requests
     from gpu.lab import match as lab
 
     t0 = time.perf_counter()
@@ -79,9 +80,25 @@ def main(argv=None) -> int:
                 row[f"{name}_ms"] = {"median": float(np.median(runs)), "min": float(runs.min()),
                                      "max": float(runs.max())}
             row["us_per_request"] = 1e3 * row["wall_ms"]["median"] / b
+            # the parts: the requests encoded, and the custom-location search alone (its entries: the
+            # (request group, circle) words the batch sends)
+            encoded = encode_requests(requests)
+            row["encode_ms"] = float(np.median(timed_runs(lambda: encode_requests(requests), args.repeat,
+                                                          warmup=2))) * 1e3
+            if version.recipe.circle_table:
+                batch = EncodedBatch.of(encoded)
+                lookup = index._circles()
+                width = max(1, lookup.count)
+                row["circle_search_ms"] = float(np.median(timed_runs(
+                    lambda: lookup.entries(batch.latitude, batch.longitude, version.recipe.group, width),
+                    args.repeat, warmup=2))) * 1e3
+                row["circle_entries"] = int(len(lookup.entries(batch.latitude, batch.longitude,
+                                                               version.recipe.group, width)[0]))
             figures.append(row)
-            print(f"batch {b:4d} v{v}: {row['wall_ms']['median']:8.3f} ms wall, {row['cpu_ms']['median']:8.3f} ms cpu",
-                  file=sys.stderr)
+            print(f"batch {b:4d} v{v}: {row['wall_ms']['median']:8.3f} ms wall, {row['cpu_ms']['median']:8.3f} ms cpu"
+                  f" (encoding {row['encode_ms']:.3f} ms"
+                  + (f", custom-location search {row['circle_search_ms']:.3f} ms for {row['circle_entries']:,} entries"
+                     if "circle_search_ms" in row else "") + ")", file=sys.stderr)
     argv = sys.argv[1:] if argv is None else argv
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
               "data": args.data, "base_ads": None if args.data else len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
