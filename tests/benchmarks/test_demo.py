@@ -227,3 +227,39 @@ def test_step_one_times_the_cpu_index_apart_from_the_request_and_says_so(demo_ru
     assert "the CPU index matches one in" in step and "ms of it" not in step
     assert "go to moving candidate lists" in step or "the figures do not add up" in step
     assert "the other -" not in step
+
+
+def test_the_kernel_step_puts_the_batched_pass_beside_one_request_at_a_time(demo_run):
+    """Step 5 times the request list as one batch and one request at a time on the co-located engine,
+    and its line carries those figures, inside step 5."""
+    figures, text = demo_run
+    b = figures["stages"]["batch"]
+    assert b["requests"] == 3 and b["pool_ads"] == 1200 and b["repeat"] >= 1
+    assert b["batch_ms"] > 0 and b["lone_ms"] > 0
+    line = next(ln for ln in text.splitlines() if "the batched pass" in ln)
+    assert f"3 requests in one batch {b['batch_ms']:,.2f} ms, one at a time {b['lone_ms']:,.2f} ms" in line
+    assert f"({b['lone_ms'] / b['batch_ms']:.1f}x" in line and "request by request" in line  # the CPU engine's
+    assert text.index("5. The fused kernel") < text.index(line) < text.index("Side by side")
+
+
+def test_the_batched_pass_stops_when_a_batch_changes_an_answer():
+    """A batch that answers a request otherwise than alone is an error, not a figure."""
+    from benchmarks.demo import DemoError, batch_against_lone
+
+    class Drifting:
+        def __len__(self):
+            return 10
+
+        def retrieve(self, requests, k):
+            shift = 1 if len(requests) > 1 else 0  # a batch's scores differ from the lone request's
+            return [(np.arange(k, dtype=np.int64), np.full(k, 0.5 + shift, np.float32)) for _ in requests]
+
+    with pytest.raises(DemoError, match="request 0 answered differently in a batch of 2"):
+        batch_against_lone(Drifting(), ["a", "b"], 3, 1)
+
+    class Steady(Drifting):
+        def retrieve(self, requests, k):
+            return [(np.arange(k, dtype=np.int64), np.full(k, 0.5, np.float32)) for _ in requests]
+
+    out = batch_against_lone(Steady(), ["a", "b"], 3, 2)
+    assert out["requests"] == 2 and out["pool_ads"] == 10 and out["batch_ms"] > 0 and out["lone_ms"] > 0
