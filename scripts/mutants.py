@@ -528,6 +528,12 @@ MUTANTS: list[Mutant] = [
       "            if least is None or len(worker._pending) < least:\n",
       ("tests/migration/test_colocated_engines.py::test_a_killed_worker_fails_its_calls_by_name_and_never_hangs",),
       "the front keeps handing requests to an engine worker that has ended"),
+    # --- the demo ---------------------------------------------------------------------------------------
+    M("demo-batch-answers-unchecked", "demo", "benchmarks/demo.py",
+      "        if not (np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])):\n",
+      "        if not np.array_equal(got[0], want[0]):\n",
+      ("tests/benchmarks/test_demo.py::test_the_batched_pass_stops_when_a_batch_changes_an_answer",),
+      "the demo times a batch whose scores differ from the lone requests' answers"),
 ]
 
 
