@@ -528,6 +528,10 @@ MUTANTS: list[Mutant] = [
       "            if least is None or len(worker._pending) < least:\n",
       ("tests/migration/test_colocated_engines.py::test_a_killed_worker_fails_its_calls_by_name_and_never_hangs",),
       "the front keeps handing requests to an engine worker that has ended"),
+    M("large-bodies-parse-at-once", "durable calls", "serving/durable.py",
+      "        if size < LARGE_BODY_BYTES:\n", "        if size < LARGE_BODY_BYTES or True:\n",
+      ("tests/serving/test_durable.py::test_large_bodies_parse_one_at_a_time_and_a_small_one_never_waits_behind_them",),
+      "concurrent large update calls parse at once again, each a competitor for the interpreter"),
     # --- the demo ---------------------------------------------------------------------------------------
     M("demo-batch-answers-unchecked", "demo", "benchmarks/demo.py",
       "        if not (np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])):\n",

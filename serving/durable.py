@@ -25,7 +25,9 @@ The cyclic garbage collector is paused during a call (`store.paused_gc`): the te
 parsed objects of a large call hold no cycles, and a full collection over them stalled every request
 for most of a second.
 
-Calls from any number of clients parse at once, each pacing itself in its own share window
+Calls from any number of clients parse at once (bodies of LARGE_BODY_BYTES or more one at a time:
+parsing holds the interpreter, so taking turns costs no time in all and leaves a retrieval one
+parser to compete with), each pacing itself in its own share window
 (`_ShareWindow`: a window shared by every call could be reset by one call while another used it,
 failing calls after their records were logged). Steps 3 to 5 run in one turn (the journal's lock)
 that concurrent calls share (`_advance`): whichever call holds it takes every parsed call waiting,
@@ -72,6 +74,12 @@ ACTIVE_S = 0.1  # retrievals count as arriving while one began or ended within t
 MIN_PAUSE_S = 0.002  # an update call pauses for its CPU share once it owes at least this much
 SHARE_WINDOW_S = 0.25  # the span over which an update call's CPU share is kept
 PACE_EVERY = 16  # lines parsed or records encoded between two looks at the share
+# a call's body of at least this many bytes parses only while no other such body does (`_parse_gate`):
+# parsing is interpreter-bound, so large calls parsed one at a time finish in the same total time as
+# all at once, and a retrieval competes for the interpreter with one parser, not one per call; a
+# smaller body parses at once, so a small update never waits behind a large one's parse
+LARGE_BODY_BYTES = 4 << 20
+GATE_POLL_S = 0.05  # how often a large call waiting to parse looks whether the server is stopping
 TURN_POLL_S = 0.02  # how often a call waiting for the turn looks whether its holder has left it
 
 
@@ -233,6 +241,7 @@ class UpdateJournal:
         self._backlog: collections.deque[_Call] = collections.deque()  # logged, not yet applied (log order)
         self._overlay: _Overlay | None = None  # live ads at the log's end while the backlog is not empty
         self._apply_window = _ShareWindow()  # the turn's CPU share window while it applies
+        self._parse_gate = threading.Lock()  # held by the one large body being parsed (LARGE_BODY_BYTES)
         # set when the server stops (SIGTERM): a call not yet logged ends with nothing applied, a logged
         # one is acknowledged at its next slice, the rest of it applied by the replay of the next start
         self.stopping = threading.Event()
@@ -345,7 +354,8 @@ class UpdateJournal:
         window = _ShareWindow()  # this call's alone: calls parse at once, outside the lock
         t_parse = self._clock()  # the phases on the journal's clock; the deadline on time.monotonic
         self._refuse_if_failed()
-        parsed, rejections = self._parse(body, window)
+        with self._parsing(len(body)):
+            parsed, rejections = self._parse(body, window)
         call = _Call(parsed, rejections, live, apply, window, t_parse)
         parse_s = self._clock() - t_parse
         call.waiting_since = self._clock()  # the deadline counts from here: the wait for the turn, not the parse
@@ -359,6 +369,21 @@ class UpdateJournal:
         if call.error is not None:
             raise call.error
         return call.ack
+
+    @contextlib.contextmanager
+    def _parsing(self, size: int):
+        """Around a call's parse: a body of LARGE_BODY_BYTES or more waits until no other such body is
+        being parsed (a stopping server ends the wait, nothing logged); a smaller one goes at once. The
+        wait is part of the parse, not of the deadline (which counts the wait for the turn)."""
+        if size < LARGE_BODY_BYTES:
+            yield
+            return
+        while not self._parse_gate.acquire(timeout=GATE_POLL_S):
+            self._refuse_if_stopping()
+        try:
+            yield
+        finally:
+            self._parse_gate.release()
 
     def _take_turn(self, call: "_Call") -> bool:
         """Wait until `call` is done: taken into the turn (checked and logged) by whichever call holds

@@ -198,3 +198,110 @@ def test_a_stopping_server_acknowledges_every_call_logged_in_the_shared_turn():
     with pytest.raises(ServerStopping, match="nothing of this update call was logged or applied"):
         journal.submit(_body({"op": "retire", "ad_id": 400}), live=lambda ad_id: True, apply=apply)
     assert journal.log.last_seq == 250
+
+
+def _gated_journal(monkeypatch):
+    """A journal whose parse of a body waits on an event named by the body's first ad id, recording
+    which bodies are being parsed at once; bodies of 200 bytes or more count as large."""
+    import threading
+
+    import serving.durable as durable
+
+    monkeypatch.setattr(durable, "LARGE_BODY_BYTES", 200)
+    monkeypatch.setattr(durable, "GATE_POLL_S", 0.01)
+    journal = UpdateJournal(WriteAheadLog.memory("test"), seed=1, dim=8, formats=2)
+    release = {}
+    state = {"now": set(), "together": []}
+    lock = threading.Lock()
+    parse = journal._parse
+
+    def gated_parse(body, window):
+        first = json.loads(bytes(body).split(b"\n")[0])["ad_id"]
+        with lock:
+            state["now"].add(first)
+            state["together"].append(frozenset(state["now"]))
+        release.setdefault(first, threading.Event()).wait(30)
+        with lock:
+            state["now"].discard(first)
+        return parse(body, window)
+
+    journal._parse = gated_parse
+    return journal, release, state
+
+
+def _submit_in_thread(journal, body, out, name, live):
+    import threading
+
+    def run():
+        try:
+            out[name] = journal.submit(body, live=lambda ad_id: ad_id in live, apply=lambda items: None)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out[name] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _until(cond, what):
+    import threading
+
+    for _ in range(3000):  # a guard against a hang, not a timing
+        if cond():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_large_bodies_parse_one_at_a_time_and_a_small_one_never_waits_behind_them(monkeypatch):
+    """Three concurrent 50 MB calls parsed together, each holding the interpreter, left a retrieval
+    three parsers to compete with. Bodies of LARGE_BODY_BYTES or more now parse one at a time; a small
+    body parses at once, even while a large one is being parsed; every call is applied."""
+    import threading
+
+    journal, release, state = _gated_journal(monkeypatch)
+    live = set(range(1, 1000))
+    big_a = _body(*({"op": "retire", "ad_id": i} for i in range(1, 40)))
+    big_b = _body(*({"op": "retire", "ad_id": i} for i in range(100, 140)))
+    small = _body({"op": "retire", "ad_id": 500})
+    assert len(big_a) >= 200 and len(big_b) >= 200 and len(small) < 200
+    out: dict = {}
+    threads = [_submit_in_thread(journal, big_a, out, "a", live)]
+    _until(lambda: 1 in state["now"], "the first large body being parsed")
+    threads.append(_submit_in_thread(journal, big_b, out, "b", live))
+    threads.append(_submit_in_thread(journal, small, out, "small", live))
+    _until(lambda: 500 in state["now"], "the small body parsed while the large one is")
+    threading.Event().wait(0.1)
+    assert 100 not in state["now"], "a second large body parsed while the first was being parsed"
+    release[500].set()
+    _until(lambda: "small" in out, "the small call acknowledged")
+    release[1].set()
+    _until(lambda: 100 in state["now"], "the second large body parsed once the first was done")
+    release[100].set()
+    for t in threads:
+        t.join(30)
+    assert not any(1 in s and 100 in s for s in state["together"]), state["together"]
+    assert {1, 500} in [set(s) for s in state["together"]]
+    assert out["a"]["applied"] == 39 and out["b"]["applied"] == 40 and out["small"]["applied"] == 1, out
+    assert journal.log.last_seq == 80
+
+
+def test_a_stopping_server_ends_a_large_call_waiting_to_parse_with_nothing_logged(monkeypatch):
+    from serving.durable import ServerStopping
+
+    journal, release, state = _gated_journal(monkeypatch)
+    live = set(range(1, 1000))
+    out: dict = {}
+    first = _submit_in_thread(journal, _body(*({"op": "retire", "ad_id": i} for i in range(1, 40))), out, "a", live)
+    _until(lambda: 1 in state["now"], "the first large body being parsed")
+    second = _submit_in_thread(journal, _body(*({"op": "retire", "ad_id": i} for i in range(100, 140))), out, "b",
+                               live)
+    _until(lambda: second.is_alive(), "the second call started")
+    journal.stopping.set()
+    second.join(30)
+    assert isinstance(out["b"], ServerStopping), out
+    assert 100 not in {ad for s in state["together"] for ad in s}  # never parsed
+    release[1].set()
+    first.join(30)
+    assert isinstance(out["a"], ServerStopping), out  # its parse ends at the stop too: nothing logged
+    assert journal.log.last_seq == 0
