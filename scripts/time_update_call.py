@@ -69,8 +69,8 @@ def main(argv=None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from andromeda_nb.corpus import generate_corpus
-    from andromeda_nb.measure import software, write_json
-    from andromeda_nb.provenance import script_command, stamp
+    from andromeda_nb.measure import software
+    from andromeda_nb.provenance import report_probe
     from andromeda_nb.store import load_dataset
     from scripts.bench_update_stall import upsert_body
 
@@ -103,10 +103,7 @@ def main(argv=None) -> int:
                       f"({run['upserts_per_cpu_s']} upserts per CPU second; wall {run['wall_s']} s)", file=sys.stderr)
     doc = {"kind": "update_call_cpu", "ads": args.ads, "upserts": args.upserts, "call_mb": round(len(body) / 1e6, 1),
            "runs": runs, "software": software()}
-    stamp(doc, command=script_command("time_update_call.py", argv if argv is not None else sys.argv[1:]))
-    if args.out:
-        write_json(doc, args.out)
-    print(json.dumps(runs, indent=2))
+    report_probe(doc, "time_update_call.py", argv if argv is not None else sys.argv[1:], args.out, indent=2)
     return 0
 
 
