@@ -5,10 +5,18 @@
 Requests are parsed and checked here once (`serving.protocol.RetrieveServer`) and go to the shards
 as parsed requests; a shard with no live replica fails the exchange with `FlightUnavailableError`
 ("shard S of N is unavailable: ..."), never a partial answer.
+
+The requests of exchanges that arrive together go to the shards as one batch (`serving.batcher`, as
+the co-located server does): a replica on a GPU answers a batch in about the time of one request. A
+front keeps as many batches in flight as a shard has replicas (one batcher each, the calls dealt to
+them in turn), so every replica of a shard can be busy at once.
 """
 
 from __future__ import annotations
 
+import itertools
+
+from serving.batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from serving.protocol import InvalidInput, RetrieveServer
 from andromeda_nb.dataset import fingerprint
 
@@ -18,7 +26,8 @@ from .router import Cluster, ShardUnavailable
 class ClusterServer(RetrieveServer):
     name = "cluster"
 
-    def __init__(self, cluster: Cluster, dataset, location: str = "grpc://127.0.0.1:0", *, limits=None, guard=None):
+    def __init__(self, cluster: Cluster, dataset, location: str = "grpc://127.0.0.1:0", *, limits=None, guard=None,
+                 batch_wait_s: float = DEFAULT_MAX_WAIT_S):
         model = dataset.model
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
         self.cluster = cluster
@@ -26,15 +35,24 @@ class ClusterServer(RetrieveServer):
         self.describe = {"device": cluster.device, "precision": dataset.precision, "D": model.D, "E": model.E,
                          "F": model.F, "top_k": model.top_k}
         self.fingerprint = fingerprint(dataset.ad_ids)
+        # one batch in flight per replica of a shard (the module docstring)
+        self.batchers = [RequestBatcher(self._run_batch, max_wait_s=batch_wait_s,
+                                        max_requests=self.limits.max_batch_requests, name=f"cluster-batcher-{i}")
+                         for i in range(max(1, len(self.router.replicas[0])))]
+        self._turn = itertools.count()
+
+    def _run_batch(self, requests, k):
+        return self.router.retrieve(requests, k), None
 
     def retrieve(self, requests, ks):
         import pyarrow.flight as flight
 
+        batcher = self.batchers[next(self._turn) % len(self.batchers)]
         try:
-            answers = self.router.retrieve(requests, max(ks))
+            answers, _ = batcher.submit(requests, ks)  # each cut to its own k
         except ShardUnavailable as exc:
             raise flight.FlightUnavailableError(str(exc)) from None
-        return [(ids[:k], scores[:k]) for (ids, scores), k in zip(answers, ks)]
+        return answers
 
     def apply_updates(self, body: bytes, started: float) -> dict:
         import pyarrow.flight as flight
@@ -61,12 +79,24 @@ class ClusterServer(RetrieveServer):
                 "log": self.router.log.describe(), "replayed": self.cluster.replayed}
 
     def extra_stats(self) -> dict:
-        return {"shards": self.router.n_shards,
+        return {"batching": _summed([b.stats() for b in self.batchers]), "shards": self.router.n_shards,
                 "replica_failures": sum(h.failures for hs in self.router.replicas for h in hs),
                 "log_seq": [self.router.log.seq(s) for s in range(self.router.n_shards)]}
 
     def close_resources(self) -> None:
+        for batcher in self.batchers:
+            batcher.close()
         self.cluster.close()
+
+
+def _summed(stats: list[dict]) -> dict:
+    """The batchers' counters added up, and their per-batch times weighted by their batches."""
+    batches = sum(s["batches"] for s in stats)
+    per_batch = {key: sum(s["per_batch_ms"][key] * s["batches"] for s in stats) / max(1, batches)
+                 for key in stats[0]["per_batch_ms"]}
+    return {"batchers": len(stats), "batches": batches, "calls": sum(s["calls"] for s in stats),
+            "requests": sum(s["requests"] for s in stats), "max_wait_ms": stats[0]["max_wait_ms"],
+            "per_batch_ms": per_batch}
 
 
 def cluster_log(dataset, shards: int, log: str | None, data_dir=None):

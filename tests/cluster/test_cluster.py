@@ -269,6 +269,74 @@ def test_cluster_bench_takes_gpus_only_where_it_places_the_shards(tmp_path):
 # --- on Ray -----------------------------------------------------------------------------------------
 
 
+class _HeldRouter:
+    """A router whose first `hold` batches wait for `release`, answering each request with the batch's
+    size as its one id, so a test sees which requests shared a batch."""
+
+    def __init__(self, replicas, hold):
+        import threading
+        from types import SimpleNamespace
+
+        self.replicas = [[SimpleNamespace(failures=0)] * replicas]
+        self.log = SimpleNamespace(seq=lambda shard: 0)
+        self.n_shards = 1
+        self.release, self.hold = threading.Event(), hold
+        self.batches = []
+        self.lock = threading.Lock()
+
+    def retrieve(self, requests, k):
+        with self.lock:
+            self.batches.append(len(requests))
+            held = len(self.batches) <= self.hold
+        if held:
+            assert self.release.wait(10)
+        return [(np.array([len(requests), r], np.int64), np.array([1.0, 0.5], np.float32)) for r in requests]
+
+
+def test_the_front_batches_concurrent_exchanges_with_one_batch_in_flight_per_replica():
+    """Calls that arrive while every replica is busy wait and go out together: with 2 replicas and
+    both batches held, the next six calls leave as two batches of three; each caller gets its own
+    answers cut to its own k."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from cluster.front import ClusterServer
+
+    dataset, _ = make_dataset(n_ads=40, n_requests=1)
+    router = _HeldRouter(replicas=2, hold=2)
+    server = ClusterServer(SimpleNamespace(router=router, device="cpu", close=lambda: None), dataset,
+                           "grpc://127.0.0.1:0", batch_wait_s=0.0)
+    got = {}
+
+    def ask(i):
+        got[i] = server.retrieve([i], [1 + i % 2])
+
+    try:
+        first = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in first:
+            t.start()
+        while len(router.batches) < 2:  # both replicas busy
+            time.sleep(0.001)
+        rest = [threading.Thread(target=ask, args=(i,)) for i in range(2, 8)]
+        for t in rest:
+            t.start()
+        while sum(b._queue.qsize() for b in server.batchers) < 6:
+            time.sleep(0.001)  # the six calls queued behind the held batches
+        router.release.set()
+        for t in first + rest:
+            t.join(10)
+        assert router.batches == [1, 1, 3, 3], router.batches
+        for i in range(8):
+            (ids, scores), = got[i]
+            assert ids.tolist() == [1 if i < 2 else 3, i][: 1 + i % 2] and len(scores) == 1 + i % 2
+        stats = server.extra_stats()["batching"]
+        assert stats["batchers"] == 2 and stats["batches"] == 4 and stats["calls"] == 8 and stats["requests"] == 8
+    finally:
+        server.close_resources()
+        server.shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray", reason='the cluster tests need Ray: pip install -e ".[test,cluster]"')
