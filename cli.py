@@ -1383,11 +1383,14 @@ def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim,
 @int_list_option("--engines", default="1",
                  help="Engine processes behind the server's front (serve colocated --engines), each count against "
                       "a fresh server: 1,2,4 compares them in one run.")
+@click.option("--cluster", "clusters", multiple=True, metavar="SxR",
+              help="Also `serve cluster` (Ray) with S shards of R replicas each, e.g. 1x4 (R replicas sharing one "
+                   "GPU), each against a fresh server; repeat for several. Needs the cluster extra.")
 @_OUT_FILE
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,
-                 repeat, checks, engines, out, as_json, quiet):
+                 repeat, checks, engines, clusters, out, as_json, quiet):
     """The served path against the engine in process: `serve colocated` started on loopback, many plain
     Flight clients each with one request in flight, requests per second and latency against the
     in-process rate in batches of --batch (target: 70%). The in-process answers are checked against the
@@ -1399,9 +1402,15 @@ def bench_served(data, device, k, layout, clients, client_processes, seconds, ex
     from benchmarks import served
 
     try:
+        pairs = served.cluster_specs(",".join(clusters))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--cluster "), param_hint="--cluster") from None
+    if pairs:
+        _require_ray()
+    try:
         result = served.run(data, device=device, k=k, layout=layout, batch=batch, repeat=repeat, clients=clients,
                             client_processes=client_processes, seconds=seconds, exchanges=exchange,
-                            request_formats=request_format, engines=engines, checks=checks,
+                            request_formats=request_format, engines=engines, clusters=pairs, checks=checks,
                             progress=lambda m: _info(m, quiet))
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.ClickException(f"bench served: {exc}") from None

@@ -88,6 +88,21 @@ def check_against_reference(dataset, want, k: int, n: int = CHECKS) -> dict:
     return {"requests": min(n, len(want)), "ok": not failures, "failures": failures[:5]}
 
 
+def cluster_specs(spec: str) -> list[tuple[int, int]]:
+    """`--cluster 1x4,2x2`: (shards, replicas) pairs; ValueError naming the entry that is not one."""
+    out = []
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        parts = entry.lower().split("x")
+        try:
+            shards, replicas = (int(p) for p in parts)
+        except ValueError:
+            shards = replicas = 0
+        if shards < 1 or replicas < 1:
+            raise ValueError(f"--cluster {entry!r}: expected SHARDSxREPLICAS, e.g. 1x4")
+        out.append((shards, replicas))
+    return out
+
+
 def server_cpus(spec: str | None) -> list[int] | None:
     """`--server-cpus`: a count N (the first N CPUs this process may use) or a comma-separated list."""
     if not spec:
@@ -146,21 +161,30 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
            request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None,
-           engines: int = 1):
+           engines: int = 1, cluster: tuple[int, int] | None = None):
+    """One served run against a fresh server: `serve colocated`, or with `cluster` (shards, replicas)
+    `serve cluster` (Ray, started by the server; its replicas share the machine's GPUs)."""
     from benchmarks.clients import drive
 
-    proc = ServiceProcess("migration.colocated_server", ["--data", data, "--device", device, "--log", "off",
-                                              "--batch-wait-ms", str(wait_ms), "--engines", str(engines),
-                                              *(["--decode-ahead"] if decode_ahead else []),
-                                              *(["--switch-interval-ms", switch_ms] if switch_ms else []),
-                                              *(["--layout", layout] if layout else [])],
-                          name="the co-located server")
+    if cluster is None:
+        proc = ServiceProcess("migration.colocated_server", ["--data", data, "--device", device, "--log", "off",
+                                                  "--batch-wait-ms", str(wait_ms), "--engines", str(engines),
+                                                  *(["--decode-ahead"] if decode_ahead else []),
+                                                  *(["--switch-interval-ms", switch_ms] if switch_ms else []),
+                                                  *(["--layout", layout] if layout else [])],
+                              name="the co-located server")
+    else:
+        shards, replicas = cluster
+        proc = ServiceProcess("cli", ["serve", "cluster", "--data", data, "--shards", str(shards), "--replicas",
+                                      str(replicas), "--device", device, "--port", "0", "--log-dir", "off", "-q"],
+                              name="serve cluster")
     try:
         if cpus is not None:  # the server alone on these CPUs; the clients keep the rest
             pin(proc.proc.pid, cpus)
         cpu0, front0 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
         tag = (f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}"
-               f"{'-si' + switch_ms if switch_ms else ''}{f'-engines{engines}' if engines > 1 else ''}")
+               f"{'-si' + switch_ms if switch_ms else ''}{f'-engines{engines}' if engines > 1 else ''}"
+               f"{'' if cluster is None else '-cluster%dx%d' % cluster}")
         spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
         result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
@@ -189,7 +213,9 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
                                               else 1e3 * (front1 - front0) / result["requests"])
     finally:
         proc.stop()
-    return {**result, "batch_wait_ms": wait_ms, "engines": engines}
+    return {**result, "batch_wait_ms": wait_ms, "engines": engines,
+            "server": "colocated" if cluster is None else "cluster",
+            **({} if cluster is None else {"shards": cluster[0], "replicas": cluster[1]})}
 
 
 def lone_ratio(srv: dict) -> float | None:
@@ -202,14 +228,16 @@ def lone_ratio(srv: dict) -> float | None:
 def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = None, batch: int = 64,
         repeat: int = 3, clients: int = 32, client_processes: int = 1, seconds: float = 20.0,
         batch_wait_ms: float = 0.2, exchanges=("call",), request_formats=("json",), decode_aheads=(False,),
-        switch_intervals=("",), engines=(1,), cpus: list[int] | None = None, profile: str | None = None,
+        switch_intervals=("",), engines=(1,), clusters=(), cpus: list[int] | None = None, profile: str | None = None,
         checks: int = CHECKS, progress=True) -> dict:
     """The whole measurement (the module docstring): the in-process engine checked against the
     reference, timed in batches of `batch` and of `clients`; then one served run per combination of
     `exchanges`, `request_formats`, `decode_aheads`, `switch_intervals` and `engines` (engine
     processes behind the server's front; 1: the engine in its process), each against its own
-    server, every answer of its first pass checked against the in-process engine's. Returns the
-    JSON-ready result; `target.met` only when every check passed."""
+    server, every answer of its first pass checked against the in-process engine's; then one run
+    against `serve cluster` for each (shards, replicas) of `clusters`, its clients as the first way of
+    sending (`served_cluster`, each beside the in-process rate; the targets read `serve colocated`).
+    Returns the JSON-ready result; `target.met` only when every check passed."""
     from andromeda_nb.devices import resolve
     from andromeda_nb.store import load_dataset
     from serving.hostmem import keep_freed_memory
@@ -252,9 +280,23 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
                       f"batching {srv['batching']}, device ms a batch {srv['device_ms_per_batch']}, "
                       f"server CPU ms a request {srv['server_cpu_ms_per_request']} (the front's process "
                       f"{srv.get('front_cpu_ms_per_request')}), wrong answers {srv['n_wrong']}")
+    clusters = [tuple(c) for c in clusters]
+    if any(len(c) != 2 or min(c) < 1 for c in clusters):
+        raise ValueError(f"clusters: expected (shards, replicas) pairs of whole numbers of at least 1, got {clusters}")
+    by_cluster = {}
+    for shards, replicas in clusters:
+        srv = served(data, device, want, k, clients, client_processes, seconds, batch_wait_ms, exchanges[0], cpus,
+                     profile, request_formats[0], False, "", layout, cluster=(shards, replicas))
+        key = f"cluster-{shards}x{replicas}"
+        by_cluster[key] = srv
+        log(progress, f"served by `serve cluster` ({shards} shard(s) x {replicas} replica(s) on Ray), {clients} "
+                      f"clients in {client_processes} processes: {srv['requests_per_s']:.1f} requests/s "
+                      f"({srv['requests_per_s'] / inproc['requests_per_s']:.0%} of in process), "
+                      f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
+                      f"batching {srv['batching']}, wrong answers {srv['n_wrong']}")
     srv = max(by_exchange.values(), key=lambda x: x["requests_per_s"])  # the target reads the best way
     ratio = srv["requests_per_s"] / inproc["requests_per_s"]
-    checks_ok = checked["ok"] and all(not s["n_wrong"] for s in by_exchange.values())
+    checks_ok = checked["ok"] and all(not s["n_wrong"] for s in [*by_exchange.values(), *by_cluster.values()])
     met = checks_ok and ratio >= 0.70
     lone = lone_ratio(srv)
     # the target reads the in-process batch of `batch`; the batch as large as the clients can make it
@@ -267,6 +309,7 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
             "in_process_at_clients": runs[-1] if len(runs) > 1 else inproc,
             "served_over_in_process_at_clients": srv["requests_per_s"] / runs[-1]["requests_per_s"],
             "served": srv, "served_by_exchange": by_exchange, "served_over_in_process": ratio,
+            "served_cluster": by_cluster,
             "target": {"value": ratio, "target": ">= 0.70", "met": met,
                        **({} if checks_ok else {"reason": "checks failed"})},
             # one client among `clients`: its p99 while the others load the server, over its p99 alone
@@ -286,6 +329,10 @@ def table(result: dict) -> str:
              f"{'served':<28} {'requests/s':>12} {'of in process':>14} {'p50 ms':>8} {'p99 ms':>8} {'wrong':>6}"]
     for key, srv in result["served_by_exchange"].items():
         lines.append(f"{key:<28} {srv['requests_per_s']:>12,.1f} "
+                     f"{srv['requests_per_s'] / inproc['requests_per_s']:>14.0%} {srv['latency_ms']['p50']:>8.2f} "
+                     f"{srv['latency_ms']['p99']:>8.2f} {srv['n_wrong']:>6}")
+    for key, srv in result.get("served_cluster", {}).items():
+        lines.append(f"{key + ' (serve cluster)':<28} {srv['requests_per_s']:>12,.1f} "
                      f"{srv['requests_per_s'] / inproc['requests_per_s']:>14.0%} {srv['latency_ms']['p50']:>8.2f} "
                      f"{srv['latency_ms']['p99']:>8.2f} {srv['n_wrong']:>6}")
     t = result["target"]
@@ -330,6 +377,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default="1",
                     help="engine processes behind the server's front, comma-separated to run each in turn against "
                          "a fresh server (1: the engine in the server's process)")
+    ap.add_argument("--cluster", default="", metavar="SxR[,SxR...]",
+                    help="also `serve cluster` (Ray) with S shards of R replicas each, e.g. 1x4; comma-separated "
+                         "to run each in turn (the cluster extra must be installed)")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
@@ -347,11 +397,16 @@ def main(argv=None) -> int:
         engines = []
     if not engines or min(engines) < 1:
         ap.error(f"--engines {args.engines}: expected comma-separated whole numbers of at least 1, e.g. 1,2,4")
+    try:
+        clusters = cluster_specs(args.cluster)
+    except ValueError as exc:
+        ap.error(str(exc))
     result = run(args.data, device=args.device, k=args.k, layout=args.layout, batch=args.batch, repeat=args.repeat,
                  clients=args.clients, client_processes=args.client_processes, seconds=args.seconds,
                  batch_wait_ms=args.batch_wait_ms, exchanges=args.exchange.split(","), request_formats=formats,
                  decode_aheads=[a == "on" for a in aheads], switch_intervals=args.switch_interval_ms.split(","),
-                 engines=engines, cpus=server_cpus(args.server_cpus), profile=args.profile, checks=args.checks)
+                 engines=engines, clusters=clusters, cpus=server_cpus(args.server_cpus), profile=args.profile,
+                 checks=args.checks)
     print(table(result))
     if args.out:
         write_result(result, args.out, command=script_command("-m benchmarks.served",

@@ -62,6 +62,10 @@
 #             count, at least 2) against one engine over the whole pool, both after the corpus's 2,000
 #             updates, every request (`scripts/check_sharded.py`; SHARDED_ADS, default 10000000; Ray
 #             carried as for `ray`)
+#   clusterserved  `bench served` against `serve colocated` (CLUSTER_SERVED_ENGINES engines, default 1) and
+#             `serve cluster` (Ray; 1 shard x 1 replica and 1 x 4 sharing the GPU: CLUSTER_SERVED_SPECS,
+#             CLUSTER_SERVED_SPECS2) in one run on the generated 1M fp16 corpus (CLUSTER_SERVED_ADS); Ray's
+#             wheels carried in .whl (scripts/device_wheels.sh) are installed first when Ray is missing
 #   stall     retrieval latency during one 20,000-upsert call, each server, update CPU share 1 and 0.5
 #             (STALL_SHARES, STALL_ARGS: more `bench_update_stall.py` options, e.g. "--servers colocated")
 #   served    32 plain Flight clients (in 1 and in 4 processes) against `serve colocated` on the GPU, against the
@@ -264,6 +268,22 @@ for stage in "${stages[@]}"; do
       RAY_AUTH_MODE=disabled timeout ${SHARDED_TIMEOUT:-500} python3 -W ignore scripts/check_sharded.py --data $data \
         --shards ${SHARDED_SHARDS:-$n} --device gpu --updates $data/updates.jsonl --out "$OUT/sharded_${ads}_gpu.json" \
         2>&1 | grep -v "Warning\|warn(" | tail -6 ;;
+    clusterserved)  # 39.3: `serve cluster` (Ray, replicas sharing the one GPU) beside `serve colocated`, one run
+      if ! python3 -c "import ray" 2>/dev/null; then
+        if ls .whl/*.whl >/dev/null 2>&1; then  # the wheels of scripts/device_wheels.sh, carried along
+          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+          export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PYTHONPATH:/tmp/site
+        fi
+        python3 -c "import ray" 2>/dev/null || { echo "clusterserved: ray not importable; carry .whl (scripts/device_wheels.sh)"; continue; }
+      fi
+      for ads in ${CLUSTER_SERVED_ADS:-1000000}; do
+        if [ "$ads" = 1000000 ]; then data=$(corpus_1m fp16); else data=$(data_corpus $ads); fi
+        RAY_AUTH_MODE=disabled timeout ${CLUSTER_SERVED_TIMEOUT:-400} $A bench served --data $data --device gpu \
+          --engines ${CLUSTER_SERVED_ENGINES:-1} --cluster ${CLUSTER_SERVED_SPECS:-1x1} --cluster ${CLUSTER_SERVED_SPECS2:-1x4} \
+          --clients 32 --client-processes ${SERVED_PROCS:-8} --seconds ${SERVED_SECONDS:-5} --exchange stream --repeat 2 \
+          --out-file "$OUT/served_cluster_$ads.json" > "$OUT/served_cluster_$ads.log" 2>&1
+        echo "cluster served $ads rc=$?"; grep -E "in process, batches of 64|served|target" "$OUT/served_cluster_$ads.log" | tail -8 | cut -c1-260
+      done ;;
     stall)
       timeout ${STALL_TIMEOUT:-300} python3 scripts/bench_update_stall.py --device gpu --cpu-shares ${STALL_SHARES:-1,0.5} ${STALL_ARGS:-} \
         --out "$OUT/update_stall_gpu.json" 2>&1 | grep -E "idle p99|Error" | cut -c1-240 ;;

@@ -101,3 +101,62 @@ def test_the_served_run_starts_its_server_with_the_engines_asked(monkeypatch):
             served.served("DIR", "cpu", [], 10, 2, 1, 1.0, 0.2, engines=n)
         module, args = started.value.args
         assert module == "migration.colocated_server" and args[args.index("--engines") + 1] == str(n)
+
+
+def test_cluster_runs_start_serve_cluster_and_stand_beside_the_target(corpus_dir, monkeypatch):
+    """`--cluster SxR`: each pair against its own `serve cluster`, reported apart; the targets read
+    `serve colocated` alone, however fast the cluster."""
+    assert served.cluster_specs("1x4, 2X2") == [(1, 4), (2, 2)] and served.cluster_specs("") == []
+    for bad in ("4", "1x0", "axb", "1x2x3"):
+        with pytest.raises(ValueError, match=f"--cluster '{bad}'"):
+            served.cluster_specs(bad)
+
+    class Started(Exception):
+        pass
+
+    def fake_process(module, args, **kw):
+        raise Started(module, list(args))
+
+    with monkeypatch.context() as m:
+        m.setattr(served, "ServiceProcess", fake_process)
+        with pytest.raises(Started) as started:
+            served.served("DIR", "gpu", [], 10, 2, 1, 1.0, 0.2, cluster=(2, 3))
+    module, args = started.value.args
+    assert module == "cli" and args[:2] == ["serve", "cluster"]
+    assert args[args.index("--shards") + 1] == "2" and args[args.index("--replicas") + 1] == "3"
+    assert args[args.index("--device") + 1] == "gpu" and args[args.index("--port") + 1] == "0"
+
+    runs = []
+
+    def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
+                    request_format, ahead, switch, layout, engines=1, cluster=None):
+        runs.append(cluster)
+        rate = 100.0 if cluster is None else 500.0 * cluster[1]
+        return {"requests_per_s": rate, "requests": 10, "n_wrong": 0, "engines": engines,
+                "latency_ms": {"p50": 1.0, "p99": 2.0}, "batching": None, "device_ms_per_batch": None,
+                "server_cpu_ms_per_request": None}
+
+    monkeypatch.setattr(served, "served", fake_served)
+    result = served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, clusters=[(1, 2)],
+                        progress=False)
+    assert runs == [None, (1, 2)]
+    assert list(result["served_cluster"]) == ["cluster-1x2"] and result["served"]["requests_per_s"] == 100.0
+    assert result["served_over_in_process"] == 100.0 / result["in_process"]["requests_per_s"]
+    assert "cluster-1x2 (serve cluster)" in served.table(result)
+    with pytest.raises(ValueError, match="clusters"):
+        served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, clusters=[(1, 0)],
+                   progress=False)
+
+
+@pytest.mark.e2e
+def test_bench_served_against_serve_cluster_checks_every_answer(corpus_dir, tmp_path):
+    pytest.importorskip("ray", reason='serve cluster needs Ray: pip install -e ".[test,cluster]"')
+    result = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 4,
+                     "--client-processes", 1, "--seconds", 1, "--repeat", 1, "--checks", 2, "--cluster", "1x2",
+                     "--json", "--quiet")
+    line = json.loads(result.stdout)
+    srv = line["served_cluster"]["cluster-1x2"]
+    assert line["checks_ok"] and srv["requests"] > 0 and srv["n_wrong"] == 0 and srv["server"] == "cluster"
+    assert srv["batching"]["batchers"] == 2 and srv["batching"]["requests"] >= srv["requests"]
+    bad = run_cli("bench", "served", "--data", corpus_dir, "--cluster", "2", code=2)
+    assert "--cluster" in bad.stderr and "SHARDSxREPLICAS" in bad.stderr
