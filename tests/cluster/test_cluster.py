@@ -316,13 +316,17 @@ def test_the_front_batches_concurrent_exchanges_with_one_batch_in_flight_per_rep
         first = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
         for t in first:
             t.start()
-        while len(router.batches) < 2:  # both replicas busy
-            time.sleep(0.001)
+        def wait_for(condition, what):
+            deadline = time.monotonic() + 10
+            while not condition():
+                assert time.monotonic() < deadline, f"{what}: batches so far {router.batches}"
+                time.sleep(0.001)
+
+        wait_for(lambda: len(router.batches) == 2, "both replicas busy")
         rest = [threading.Thread(target=ask, args=(i,)) for i in range(2, 8)]
         for t in rest:
             t.start()
-        while sum(b._queue.qsize() for b in server.batchers) < 6:
-            time.sleep(0.001)  # the six calls queued behind the held batches
+        wait_for(lambda: sum(b._queue.qsize() for b in server.batchers) == 6, "six calls queued behind them")
         router.release.set()
         for t in first + rest:
             t.join(10)
