@@ -914,15 +914,22 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_fil
               help="Engine worker processes behind one front (each loads the corpus and builds its own engine on "
                    "--device, one GPU shared; requests go to the least busy, updates to all): N interpreters for "
                    "the host work of batches instead of one. 1: the engine in the server's process.")
+@click.option("--gpu-turn", is_flag=True, default=False,
+              help="With --engines N: the engines take turns on the device, each gathering its next batch while "
+                   "another runs, instead of sharing it by time slices.")
 @_server_options("colocated")
-def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, engines, quiet,
-                    **options):
+def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, engines, gpu_turn,
+                    quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
     Prints {"service": "colocated", "location": ...} on stdout once listening, and a banner saying how
     to ask it on stderr; SIGTERM or Ctrl-C stops it."""
     from andromeda_nb.devices import resolve
+
+    if gpu_turn and engines == 1:
+        raise click.BadParameter("the turn is shared by several engines: give --engines 2 or more",
+                                 param_hint="--gpu-turn")
 
     def run(settings):
         where = resolve(device)
@@ -934,7 +941,7 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
                       decode_ahead=decode_ahead, layout=layout, say=lambda message: _info(message, quiet),
-                      engines=engines, on_ready=_on_listening("colocated", settings, quiet,
+                      engines=engines, gpu_turn=gpu_turn, on_ready=_on_listening("colocated", settings, quiet,
                                                               lambda srv: _holds(data, srv.health_info(), srv.device)
                                                               + (f"; {engines} engine workers" if engines > 1 else "")))
 

@@ -12,6 +12,7 @@ and selects top-K next to the ads, and only the final candidates leave it.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -49,10 +50,12 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
 
 def make_pooled_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *,
                        engines: int, log=None, limits=None, guard=None, batch_wait_s: float | None = None,
-                       decode_ahead: bool = False, layout: str | None = None, say=None):
+                       decode_ahead: bool = False, layout: str | None = None, say=None, gpu_turn: bool = False):
     """The co-located server over `engines` engine worker processes behind one front
     (`serving.engine_front`): each worker loads the corpus directory the dataset was read from and
-    builds the engine for `device` (`migration.engine_worker`); the same options as `make_server`."""
+    builds the engine for `device` (`migration.engine_worker`); the same options as `make_server`, and
+    `gpu_turn`: the workers take turns on the device (`serving.batcher.GpuTurn`, on a file of this
+    process's private temporary directory, removed when it exits)."""
     import sys
 
     from serving.batcher import DEFAULT_MAX_WAIT_S
@@ -63,9 +66,21 @@ def make_pooled_server(dataset, location: str = "grpc://127.0.0.1:0", device: st
         raise ValueError("a server with several engines serves a corpus directory (each engine worker loads it)")
     config = {"data": str(data_dir), "device": resolve(device), "version": getattr(version, "number", version),
               "layout": layout, "batch_wait_s": DEFAULT_MAX_WAIT_S if batch_wait_s is None else batch_wait_s,
-              "decode_ahead": decode_ahead, "switch_interval_ms": sys.getswitchinterval() * 1e3}
+              "decode_ahead": decode_ahead, "switch_interval_ms": sys.getswitchinterval() * 1e3,
+              "turn": _turn_file() if gpu_turn else None}
     return start_pooled_server(dataset, location, module=WORKER_MODULE, config=config, engines=engines, log=log,
                                limits=limits, guard=guard, say=say)
+
+
+def _turn_file() -> str:
+    """A new file for the engine workers' turn, in a temporary directory removed when this process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="andromeda-turn-")
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    return os.path.join(where, "gpu.turn")
 
 
 class ColocatedRetriever(ServedRetriever):

@@ -3,7 +3,8 @@ N`; the front, `serving.engine_front`, starts it as `python -m migration.engine_
 --parent-pid PID`).
 
 It reads its configuration from the channel (`serving.engine_channel`: the corpus directory, the
-device, the kernel version and layout, the limits, the batch wait), loads the corpus, builds the
+device, the kernel version and layout, the limits, the batch wait, the file of the GPU turn when the
+engines take turns), loads the corpus, builds the
 engine for the device (`migration.architectures.build_engine`: one CUDA context of its own on a
 GPU) and serves the channel (`serving.engine_worker.EngineWorker`). Its start-up steps go to stderr,
 prefixed with its name, when the front says them (`--steps`); it writes nothing to stdout (the
@@ -43,6 +44,7 @@ def serve_channel(conn) -> int:
     from andromeda_nb.devices import resolve
     from andromeda_nb.store import load_dataset
     from serving import engine_channel as ch
+    from serving.batcher import GpuTurn
     from serving.engine_worker import EngineWorker, limits_of
     from serving.hostmem import keep_freed_memory
     from serving.process import set_switch_interval
@@ -65,8 +67,9 @@ def serve_channel(conn) -> int:
         dataset = load_dataset(config["data"], say=say if config.get("steps") else None)
         engine = build_engine(dataset, device, version=config.get("version"), layout=config.get("layout"),
                               say=say if config.get("steps") else None)
+        turn = GpuTurn(config["turn"]) if config.get("turn") else None
         worker = EngineWorker(engine, dataset, conn, limits=limits_of(config), batch_wait_s=config["batch_wait_s"],
-                              decode_ahead=bool(config.get("decode_ahead")), name=name)
+                              decode_ahead=bool(config.get("decode_ahead")), name=name, turn=turn)
     except Exception as exc:  # noqa: BLE001 - the front says why this worker could not start
         say(f"could not start: {type(exc).__name__}: {exc}")
         try:

@@ -33,7 +33,8 @@
 #             ENGINES_MPS=1 runs it with the engine workers' CUDA contexts under an MPS daemon the stage starts
 #             and stops (files tagged _mps)
 #   enginesweep  `python -m benchmarks.served` on the corpus of `datapipe` with SWEEP_ENGINES engines (default
-#             "2,3,4") each with decoding between batches and ahead of them (SWEEP_AHEAD, default "off,on")
+#             "2,3,4") each with decoding between batches and ahead of them (SWEEP_AHEAD, default "off,on"), and
+#             the engines sharing the GPU by time slices or taking turns on it (SWEEP_TURN, default "off"; "off,on")
 #   batchedpeer  `scripts/probe_batched_peer.py` on the corpus of `datapipe`: a batch of PEER_REQUESTS (64)
 #             scored by the shipped kernels and by the batched, eligibility-masked PyTorch peer
 #   compare   `compare` on a generated 1M-ad corpus with 2,000 updates applied: every request against
@@ -195,7 +196,7 @@ for stage in "${stages[@]}"; do
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
       timeout ${SWEEP_TIMEOUT:-440} python3 -m benchmarks.served --data $data --device gpu --engines ${SWEEP_ENGINES:-2,3,4} \
         --clients 32 --client-processes ${SERVED_PROCS:-8} --seconds ${SERVED_SECONDS:-5} --exchange stream \
-        --decode-ahead ${SWEEP_AHEAD:-off,on} --repeat 2 --out "$OUT/served_sweep_$ads.json" > "$OUT/served_sweep_$ads.log" 2>&1
+        --decode-ahead ${SWEEP_AHEAD:-off,on} --gpu-turn ${SWEEP_TURN:-off} --repeat 2 --out "$OUT/served_sweep_$ads.json" > "$OUT/served_sweep_$ads.log" 2>&1
       echo "engine sweep rc=$?"; grep -vE "^\s*$" "$OUT/served_sweep_$ads.log" | tail -16 | cut -c1-220 ;;
     batchedpeer)  # the batched, eligibility-masked PyTorch peer beside the shipped kernels, a batch of the 10M corpus
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)

@@ -29,10 +29,18 @@ that arrive meanwhile are decoded, and the next batch starts with its requests i
 (the default) the worker decodes each call as it takes it, between batches. Around an engine with no
 wait of its own the extra thread costs: the server's ceiling on a 2-core host fell by about a tenth
 with it (docs/BENCHMARKS.md, "The served path").
+
+With a `turn` (an object with `acquire()` and `release()`, such as `GpuTurn`, shared by the batchers
+of several engine processes on one GPU), the worker takes the turn as soon as a batch's first call
+is in hand and before it gathers the rest, and gives it back as soon as the engine has answered,
+before the answers are encoded: while one engine holds the GPU the others' calls wait, their
+requests pile up into larger batches, and their decoding and encoding go on meanwhile in their own
+processes. Without a turn, several engines' small batches share the GPU by time slices.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -94,7 +102,7 @@ class RequestBatcher:
 
     def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
                  name: str = "request-batcher", decode=None, encode=None, encode_many=None, decode_many=None,
-                 decode_ahead: bool = False, count=None):
+                 decode_ahead: bool = False, count=None, turn=None):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
         if max_requests < 1:
@@ -111,6 +119,9 @@ class RequestBatcher:
         # count(payload) -> its number of requests, read without decoding it, or None: with decode_many,
         # the worker decodes a batch's counted calls together when the batch closes
         self.count = count
+        # turn.acquire() / turn.release(): held from a batch's first call to the engine's answer (docstring)
+        self.turn, self._holding = turn, False
+        self.turn_wait_s = 0.0  # waiting for the turn
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
         # queue.Queue, not SimpleQueue: the worker waits for company with a timed get, and CPython's
@@ -197,9 +208,10 @@ class RequestBatcher:
             per = 1e3 / max(1, self.batches)
             return {"batches": self.batches, "calls": self.calls, "requests": self.requests,
                     "max_wait_ms": self.max_wait_s * 1e3, "decode_ahead": self._decoder is not None,
+                    "turn": self.turn is not None,
                     "per_batch_ms": {"run": self.run_s * per, "run_cpu": self.run_cpu_s * per,
                                      "gather": self.gather_s * per, "idle": self.idle_s * per,
-                                     "decode": self.decode_s * per}}
+                                     "decode": self.decode_s * per, "turn_wait": self.turn_wait_s * per}}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop taking calls; the batch in hand finishes, calls still queued get BatcherClosed."""
@@ -280,6 +292,19 @@ class RequestBatcher:
                 return True
         return bool(self._decode_calls([call]))
 
+    def _take_turn(self) -> None:
+        if self.turn is not None and not self._holding:
+            t = time.perf_counter()
+            self.turn.acquire()
+            self._holding = True
+            with self._stats_lock:
+                self.turn_wait_s += time.perf_counter() - t
+
+    def _give_turn(self) -> None:
+        if self._holding:
+            self._holding = False
+            self.turn.release()
+
     @staticmethod
     def _size(call: _Call) -> int:
         return len(call.requests) if call.requests is not None else call.size
@@ -318,11 +343,13 @@ class RequestBatcher:
             if not calls:
                 return
         requests = _joined([c.requests for c in calls])
+        self._take_turn()  # a batch run inside the gathering, after the turn was given back
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             try:
                 answers, tag = self.run(requests, max(k for c in calls for k in c.ks))
             finally:
+                self._give_turn()  # the engine has answered: the next engine may use the GPU while this encodes
                 with self._stats_lock:
                     self.run_s += time.perf_counter() - t0
                     self.run_cpu_s += time.thread_time() - c0
@@ -373,6 +400,7 @@ class RequestBatcher:
             ran = self.run_s
             self._in_hand = [first]
             try:
+                self._take_turn()  # before gathering: the calls that come while it waits join this batch
                 calls = self._gather(first)
                 with self._stats_lock:
                     self.idle_s += t1 - t0
@@ -384,10 +412,33 @@ class RequestBatcher:
                     if not call.done.is_set():
                         call.error = exc
                         call.finish()
+            finally:
+                self._give_turn()  # a batch whose calls all failed to decode never ran
             self._in_hand = []
             if self._closed.is_set():
                 break
         _refuse_waiting(self._queue)
+
+
+class GpuTurn:
+    """A turn on the GPU shared by the processes that open the same `path`: an exclusive `flock` on
+    it, taken by `acquire` (waiting without the interpreter lock) and given back by `release`. The
+    file holds nothing; the first to open it makes it."""
+
+    def __init__(self, path):
+        import fcntl  # POSIX
+
+        self.path, self._flock, self._ex, self._un = str(path), fcntl.flock, fcntl.LOCK_EX, fcntl.LOCK_UN
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def acquire(self) -> None:
+        self._flock(self._fd, self._ex)
+
+    def release(self) -> None:
+        self._flock(self._fd, self._un)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 def _refuse_waiting(calls: queue.Queue) -> None:
@@ -402,4 +453,4 @@ def _refuse_waiting(calls: queue.Queue) -> None:
             call.finish()
 
 
-__all__ = ["BatcherClosed", "DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_WAIT_S", "RequestBatcher"]
+__all__ = ["BatcherClosed", "DEFAULT_MAX_REQUESTS", "DEFAULT_MAX_WAIT_S", "GpuTurn", "RequestBatcher"]

@@ -50,7 +50,8 @@ class EngineWorker:
     module docstring. `name` ("engine worker 2 of 4") is how errors and messages call it."""
 
     def __init__(self, engine, dataset, conn, *, limits: ServiceLimits = DEFAULT_LIMITS,
-                 batch_wait_s: float = DEFAULT_MAX_WAIT_S, decode_ahead: bool = False, name: str = "engine worker"):
+                 batch_wait_s: float = DEFAULT_MAX_WAIT_S, decode_ahead: bool = False, name: str = "engine worker",
+                 turn=None):
         model = dataset.model
         self.engine, self.conn, self.name = engine, conn, name
         self.limits = limits
@@ -67,7 +68,7 @@ class EngineWorker:
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name=f"{name} batcher", decode=self.decode, encode=self.encode,
                                       encode_many=self.encode_many, decode_many=self.decode_many,
-                                      decode_ahead=decode_ahead, count=_columnar_rows)
+                                      decode_ahead=decode_ahead, count=_columnar_rows, turn=turn)
 
     # --- what the batcher runs ---------------------------------------------------------------------
     def _run_batch(self, requests, k):

@@ -61,8 +61,8 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     started = []
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
-                    request_format, ahead, switch, layout, engines):
-        started.append(engines)
+                    request_format, ahead, switch, layout, engines, gpu_turn=False):
+        started.append((engines, gpu_turn) if gpu_turn else engines)
         return {"requests_per_s": 100.0 * engines, "requests": 10, "n_wrong": 0, "engines": engines,
                 "latency_ms": {"p50": 1.0, "p99": 2.0}, "batching": None, "device_ms_per_batch": None,
                 "server_cpu_ms_per_request": None}
@@ -76,6 +76,12 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     assert result["served"]["engines"] == 4  # the target reads the best
     assert "call/engines-2" in served.table(result)
     assert result["lone_target"]["value"] is None and result["lone_target"]["met"] is False  # no idle run: no figure
+    started.clear()  # with and without the GPU turn: one engine has nobody to take turns with
+    result = served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[1, 2],
+                        gpu_turns=[False, True], progress=False)
+    assert started == [1, 2, (2, True)]
+    assert list(result["served_by_exchange"]) == ["call/engines-1/turn-off", "call/engines-2/turn-off",
+                                                  "call/engines-2/turn-on"]
     with pytest.raises(ValueError, match="engines"):
         served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[0], progress=False)
     with pytest.raises(SystemExit):
@@ -101,6 +107,10 @@ def test_the_served_run_starts_its_server_with_the_engines_asked(monkeypatch):
             served.served("DIR", "cpu", [], 10, 2, 1, 1.0, 0.2, engines=n)
         module, args = started.value.args
         assert module == "migration.colocated_server" and args[args.index("--engines") + 1] == str(n)
+        assert "--gpu-turn" not in args
+    with pytest.raises(Started) as started:
+        served.served("DIR", "cpu", [], 10, 2, 1, 1.0, 0.2, engines=2, gpu_turn=True)
+    assert "--gpu-turn" in started.value.args[1]
 
 
 def test_cluster_runs_start_serve_cluster_and_stand_beside_the_target(corpus_dir, monkeypatch):
@@ -129,7 +139,7 @@ def test_cluster_runs_start_serve_cluster_and_stand_beside_the_target(corpus_dir
     runs = []
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
-                    request_format, ahead, switch, layout, engines=1, cluster=None):
+                    request_format, ahead, switch, layout, engines=1, cluster=None, gpu_turn=False):
         runs.append(cluster)
         rate = 100.0 if cluster is None else 500.0 * cluster[1]
         return {"requests_per_s": rate, "requests": 10, "n_wrong": 0, "engines": engines,

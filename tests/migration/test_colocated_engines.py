@@ -30,11 +30,12 @@ K = 20
 CLIENTS = 8
 
 
-def pooled_server(dataset, log=None, engines: int = ENGINES):
+def pooled_server(dataset, log=None, engines: int = ENGINES, gpu_turn: bool = False):
     """The co-located front in this process over `engines` CPU engine workers, on a free loopback port."""
     from migration.colocated import make_pooled_server
 
-    return make_pooled_server(dataset, "grpc://127.0.0.1:0", device="cpu", engines=engines, log=log)
+    return make_pooled_server(dataset, "grpc://127.0.0.1:0", device="cpu", engines=engines, log=log,
+                              gpu_turn=gpu_turn)
 
 
 def worker_pids(server) -> list[int]:
@@ -57,9 +58,11 @@ def _answers(batch, requests):
 
 
 def test_many_clients_get_the_answers_of_one_engine(tmp_path):
+    """Taking turns on the device (`--gpu-turn`, the workers' `serving.batcher.GpuTurn`): the other
+    tests of this file run the workers without it."""
     root, dataset = saved_corpus(tmp_path / "c", seed=5, n_ads=300, n_requests=6)
     one = colocated_server(dataset)
-    front = pooled_server(dataset)
+    front = pooled_server(dataset, gpu_turn=True)
     try:
         health = fl.flight_action(location(front), "health")
         assert health["status"] == "ok", health
@@ -99,6 +102,7 @@ def test_many_clients_get_the_answers_of_one_engine(tmp_path):
         stats = fl.flight_action(location(front), "stats")
         assert stats["engines"] == ENGINES and stats["requests"] == len(got) and stats["errors"] == 0
         assert all(e["requests"] > 0 for e in stats["batching"]["per_engine"]), stats["batching"]  # both served
+        assert all(e["turn"] for e in stats["batching"]["per_engine"]), stats["batching"]
         # a malformed request: the one-engine server's error, and the server keeps serving
         bad = fl.request_batch([json.dumps({"request_id": 7, "user": {"age": "old"}, "context": {}})], K)
         messages = []
@@ -273,6 +277,10 @@ def test_engines_must_be_a_whole_number_of_at_least_one(tmp_path):
     assert done.returncode == 2 and "--engines" in done.stderr and "at least 1" in done.stderr
     result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--engines", "0"])
     assert result.exit_code == 2 and "--engines" in result.output
+    with pytest.raises(ServeError, match="--gpu-turn.*--engines 2"):  # a turn needs someone to take turns with
+        run_colocated(root, engines=1, gpu_turn=True)
+    result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--gpu-turn"])
+    assert result.exit_code == 2 and "--gpu-turn" in result.output and "--engines 2" in result.output
 
 
 def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path):

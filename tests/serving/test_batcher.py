@@ -419,3 +419,93 @@ def test_the_worker_waits_for_company_on_a_queue_whose_timed_get_keeps_its_timeo
                 assert len(done) == 2, f"round {round_}: a call was not answered within 5 s"
         finally:
             batcher.close()
+
+
+def _turn_is_free(path) -> bool:
+    """Whether nobody holds the turn on `path` (a try without waiting, on a descriptor of its own)."""
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing gives back a lock taken here
+    return True
+
+
+def test_with_a_turn_calls_that_wait_for_it_join_one_batch_and_engines_never_overlap(tmp_path):
+    """Batchers sharing a `GpuTurn` (one file, a descriptor each, as engine processes have): calls that
+    arrive while another holds the turn leave as one batch when it comes; two batchers' engine runs
+    never overlap; the turn is given back before the answers are encoded."""
+    from serving.batcher import GpuTurn
+
+    path = tmp_path / "gpu.turn"
+    outside = GpuTurn(path)
+    runs, lock = [], threading.Lock()
+    free_at_encode = []
+
+    def engine(name):
+        def run(requests, k):
+            t0 = time.perf_counter()
+            assert not _turn_is_free(path), "an engine runs without the turn"
+            time.sleep(0.005)
+            with lock:
+                runs.append((name, len(requests), t0, time.perf_counter()))
+            return [(np.array([r], np.int64), np.array([1.0], np.float32)) for r in requests], None
+        return run
+
+    def encode(requests, answers, tag):
+        free_at_encode.append(_turn_is_free(path))
+        return [int(ids[0]) for ids, _ in answers]
+
+    batchers = [RequestBatcher(engine(name), max_wait_s=0.0, turn=GpuTurn(path), name=name,
+                               decode=lambda payload: (payload, [1] * len(payload)), encode=encode)
+                for name in ("a", "b")]
+    got, errors = {}, []
+
+    def ask(batcher, i):
+        try:
+            got[i] = batcher.submit_payload([i])
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            errors.append(exc)
+
+    try:
+        outside.acquire()  # the GPU is someone else's: a's first call waits for it, the rest pile up
+        first = threading.Thread(target=ask, args=(batchers[0], 0))
+        first.start()
+        deadline = time.monotonic() + 10
+        while not batchers[0]._in_hand:  # taken: the worker waits for the turn (or is about to)
+            assert time.monotonic() < deadline, "a's worker never took the first call"
+            time.sleep(0.001)
+        rest = [threading.Thread(target=ask, args=(batchers[0], i)) for i in range(1, 6)]
+        for t in rest:
+            t.start()
+        while batchers[0]._queue.qsize() < 5:
+            assert time.monotonic() < deadline, "the calls did not queue"
+            time.sleep(0.001)
+        outside.release()
+        for t in [first, *rest]:
+            t.join(10)
+        assert runs == [("a", 6, runs[0][2], runs[0][3])], "the six calls leave as one batch"
+        # then both batchers at once, many calls each: their engine runs never overlap
+        many = [threading.Thread(target=ask, args=(batchers[i % 2], 100 + i)) for i in range(40)]
+        for t in many:
+            t.start()
+        for t in many:
+            t.join(10)
+    finally:
+        for b in batchers:
+            b.close()
+        outside.close()
+    assert not errors, errors
+    assert all(got[i] == [i] for i in [*range(6), *range(100, 140)])
+    assert {name for name, *_ in runs} == {"a", "b"}
+    spans = sorted((t0, t1) for _, _, t0, t1 in runs)
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), "two engines ran at once"
+    assert sum(n for _, n, _, _ in runs) == 46
+    assert free_at_encode[:6] == [True] * 6, "the turn held while the first batch's answers were encoded"
+    stats = batchers[0].stats()
+    assert stats["turn"] and stats["per_batch_ms"]["turn_wait"] > 0
