@@ -39,7 +39,7 @@ class ClusterServer(RetrieveServer):
         self.batchers = [RequestBatcher(self._run_batch, max_wait_s=batch_wait_s,
                                         max_requests=self.limits.max_batch_requests, name=f"cluster-batcher-{i}")
                          for i in range(max(1, len(self.router.replicas[0])))]
-        self._turn = itertools.count()
+        self._deal = itertools.count()  # calls dealt to the batchers in turn
 
     def _run_batch(self, requests, k):
         return self.router.retrieve(requests, k), None
@@ -47,7 +47,7 @@ class ClusterServer(RetrieveServer):
     def retrieve(self, requests, ks):
         import pyarrow.flight as flight
 
-        batcher = self.batchers[next(self._turn) % len(self.batchers)]
+        batcher = self.batchers[next(self._deal) % len(self.batchers)]
         try:
             answers, _ = batcher.submit(requests, ks)  # each cut to its own k
         except ShardUnavailable as exc:
