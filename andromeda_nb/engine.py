@@ -96,9 +96,19 @@ def stage_breakdown(engine, requests, k: int, repeat: int = 3) -> dict:
     return out
 
 
+def warm_up(engine, requests, ks) -> None:
+    """Run `engine` once on the first of `requests` at each k of `ks` before a server listens, so every
+    kernel is compiled or loaded from its cache (the top-K paths of the smallest and the largest k
+    differ) and the first client does not wait for it. Under the CUDA simulator nothing is compiled
+    and a kernel launch takes seconds, so there it runs nothing."""
+    if requests and getattr(engine, "device", None) != "sim":
+        for k in sorted(set(ks)):
+            engine.retrieve(requests[:1], k)
+
+
 def no_answer() -> tuple[np.ndarray, np.ndarray]:
     """The answer to a request with no eligible ad: (ad ids int64, scores float32), both empty."""
     return np.empty(0, np.int64), np.empty(0, np.float32)
 
 
-__all__ = ["EngineBase", "no_answer", "stage_breakdown"]
+__all__ = ["EngineBase", "no_answer", "stage_breakdown", "warm_up"]

@@ -12,6 +12,16 @@ every Python file of those packages, so any change to any of them makes every ca
 compile again. CPU caches are covered by `install()`; CUDA caches by `install(cuda=True)`, which
 `gpu.runtime` calls once the device is chosen (numba.cuda must not be imported before that).
 
+numba names a function's cached entries `<function>.1.nbc`, `.2.nbc`, ... by counting the entries of
+its index, and writes the index before the entry (numba issue #4807, "Cache causes Segmentation
+Faults when generated in parallel"): two processes compiling at once (pytest's workers on a clean
+checkout, the engine processes of a server) can give two entries one file, or point a fresh index at
+an entry a stale one left, and a process then loads machine code compiled for another signature or
+another version of the sources, and crashes. `install()` also replaces numba's `save` with one that
+names each entry by a digest of its source stamp and key (so no two entries, and no stale and fresh
+entry, share a file), writes the entry before the index, and updates the index under an exclusive
+lock (`fcntl.flock` on a file beside it), so that concurrent writers keep each other's entries.
+
 Kernels written as source at run time (the scoring kernels) have no file for numba to key a cache
 by. `generated_function` writes such source to a file of its own, named by a digest of the source
 and of the project (`project_digest`), in a cache directory, and defines the function from that file:
@@ -21,6 +31,8 @@ anything the kernel calls gives a new file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -85,6 +97,41 @@ def _stamped(base: type) -> type:
     return ProjectLocator
 
 
+def _save_entry(self, key, data) -> None:
+    """numba's `IndexDataCacheFile.save` (entry `key` -> `data`), safe between processes (above). An
+    entry's file is `<function>.<stamp digest>-<key digest>.nbc`; the files of other stamps go when
+    an index of this one replaces theirs."""
+    prefix = self._data_name_pattern.split("{number:d}")[0]
+    stamp = hashlib.sha256(repr(self._source_stamp).encode()).hexdigest()[:12]
+    name = f"{prefix}{stamp}-{hashlib.sha256(self._dump(key)).hexdigest()[:16]}.nbc"
+    self._save_data(name, data)  # the entry is complete before any index names it
+    with open(self._index_path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        overloads = self._load_index()  # another writer's entries, read under the lock
+        if not overloads:  # no index yet, or one of other sources: their entries' files go
+            folder = os.path.dirname(self._index_path)
+            for other in os.listdir(folder):
+                if other.startswith(prefix) and other.endswith(".nbc") and not other.startswith(prefix + stamp):
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(folder, other))
+        overloads[key] = name
+        self._save_index(overloads)
+
+
+_numba_saves: dict[type, Callable] = {}
+
+
+def _patch_save(cache_file_class: type) -> None:
+    if cache_file_class.save is not _save_entry:
+        _numba_saves[cache_file_class] = cache_file_class.save
+        cache_file_class.save = _save_entry
+
+
+def numba_save(cache_file_class: type) -> Callable:
+    """numba's own `save` of an `IndexDataCacheFile` class, whether or not `install()` replaced it."""
+    return _numba_saves.get(cache_file_class, cache_file_class.save)
+
+
 def _install_into(impl_class: type, bases: Iterable[type]) -> None:
     ours = [_stamped(b) for b in bases]
     impl_class._locator_classes = ours + [c for c in impl_class._locator_classes
@@ -100,19 +147,22 @@ def install(*, cuda: bool = False, extra_roots: Iterable[os.PathLike] = ()) -> N
         if path not in project_roots():
             project_roots().append(path)
             _digest = None
-    if "cpu" not in _installed:
-        from numba.core import caching
+    from numba.core import caching
 
+    if "cpu" not in _installed:
         _install_into(caching.CacheImpl, (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator,
                                           caching.UserWideCacheLocator))
         _installed.add("cpu")
-    if cuda and "cuda" not in _installed:
+    _patch_save(caching.IndexDataCacheFile)
+    if cuda:
         from numba.cuda.core import caching as cuda_caching
 
-        _install_into(cuda_caching.CacheImpl, (cuda_caching._UserProvidedCacheLocator,
-                                               cuda_caching._InTreeCacheLocator,
-                                               cuda_caching._UserWideCacheLocator))
-        _installed.add("cuda")
+        if "cuda" not in _installed:
+            _install_into(cuda_caching.CacheImpl, (cuda_caching._UserProvidedCacheLocator,
+                                                   cuda_caching._InTreeCacheLocator,
+                                                   cuda_caching._UserWideCacheLocator))
+            _installed.add("cuda")
+        _patch_save(cuda_caching.IndexDataCacheFile)
 
 
 GENERATED_ENV = "ANDROMEDA_GENERATED_DIR"
@@ -171,4 +221,4 @@ def generated_function(name: str, src: str, namespace: dict, *, cache: bool = Tr
     return getattr(module, name), True
 
 
-__all__ = ["generated_dir", "generated_function", "install", "project_digest", "project_roots"]
+__all__ = ["generated_dir", "generated_function", "install", "numba_save", "project_digest", "project_roots"]

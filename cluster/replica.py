@@ -17,6 +17,7 @@ import os
 import threading
 import time
 
+from andromeda_nb.engine import warm_up
 from andromeda_nb.updates import IndexLiveIds, apply_updates, read_updates
 
 
@@ -47,8 +48,7 @@ class ShardReplica:
         self.started = time.time()
         self._lock = threading.Lock()
         self._server = None
-        if dataset.requests:  # compile / load every kernel before the first request
-            self.engine.retrieve(dataset.requests[:1], 1)
+        warm_up(self.engine, dataset.requests, (1,))  # every kernel before the first request
 
     def ping(self) -> int:
         """The replica's sequence (and proof that it is alive)."""

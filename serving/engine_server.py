@@ -23,6 +23,7 @@ import threading
 
 from andromeda_nb import rows
 from andromeda_nb.dataset import fingerprint
+from andromeda_nb.engine import warm_up
 
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from .durable import JournaledServer, ReadGate, UpdateJournal
@@ -59,9 +60,7 @@ class EngineServer(JournaledServer, RetrieveServer):
         self.journal = UpdateJournal(self.log, seed=dataset.seed, dim=model.D, formats=model.F, limits=limits,
                                      gate=self.gate)
         self.replayed = self.journal.replay(self._apply, engine.__contains__)  # before anyone can call
-        if dataset.requests:  # compile / load every kernel before the first client: at the smallest and the
-            for k in sorted({1, limits.max_k}):  # largest k, whose top-K paths differ (one segment or many)
-                self.engine.retrieve(dataset.requests[:1], k)
+        warm_up(engine, dataset.requests, (1, limits.max_k))  # every kernel before the first client
         rows.warm_up()  # ... and what the first update needs
         # requests of concurrent exchanges share engine batches (serving.batcher), at most
         # batch_wait_s later than alone, never more than one batch's limit of requests; the batcher

@@ -26,6 +26,7 @@ import time
 import pyarrow as pa
 
 from andromeda_nb import rows
+from andromeda_nb.engine import warm_up
 
 from . import engine_channel as ch
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
@@ -61,9 +62,7 @@ class EngineWorker:
         self._lock = threading.Lock()  # one batch or one slice of updates on the engine at a time
         self._send_lock = threading.Lock()  # the receiver and the batcher's thread both send
         self._schemas: dict[bytes, pa.Schema] = {}
-        if dataset.requests:  # every kernel compiled or loaded before the first request (as EngineServer)
-            for k in sorted({1, limits.max_k}):
-                engine.retrieve(dataset.requests[:1], k)
+        warm_up(engine, dataset.requests, (1, limits.max_k))  # as EngineServer
         rows.warm_up()
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name=f"{name} batcher", decode=self.decode, encode=self.encode,

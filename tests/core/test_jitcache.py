@@ -119,3 +119,65 @@ def test_generated_source_without_a_writable_cache_is_compiled_in_memory(tmp_pat
     assert (fn(4), in_file) == (9, False)
     fn, in_file = jitcache.generated_function("twice", "def twice(x):\n    return 2 * x\n", {}, cache=False)
     assert (fn(4), in_file) == (8, False)
+
+
+def _write_entries(path: str, stamp: str, writer: int, n: int, installed: bool) -> None:
+    """`n` entries of one cache index, each its own key and data, as a process compiling `n`
+    signatures of one function saves them: with the project's `save` or numba's own."""
+    from numba.core import caching
+
+    from andromeda_nb import jitcache
+
+    if installed:
+        jitcache.install()
+    else:
+        caching.IndexDataCacheFile.save = jitcache.numba_save(caching.IndexDataCacheFile)
+    cache = caching.IndexDataCacheFile(path, "fn-1", stamp)
+    for i in range(n):
+        cache.save((writer, i), f"code of writer {writer} entry {i}".encode() * 64)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_concurrent_writers_of_one_index_keep_every_entry_and_share_no_file(tmp_path, installed):
+    """Four processes save 40 entries each into one index at once (numba issue #4807's race): with
+    the project's `save`, every entry loads as its own data afterwards and each has a file of its
+    own. numba's own `save` (run as the control, so that the test shows a real race) loses entries
+    or points two keys at one file."""
+    import multiprocessing
+
+    from numba.core import caching
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_entries, args=(str(tmp_path), "stamp", w, 40, installed)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    cache = caching.IndexDataCacheFile(str(tmp_path), "fn-1", "stamp")
+    index = cache._load_index()
+    intact = [index.get((w, i)) is not None and cache.load((w, i)) == f"code of writer {w} entry {i}".encode() * 64
+              for w in range(4) for i in range(40)]
+    if installed:
+        assert all(intact) and len(set(index.values())) == len(index) == 160
+    else:
+        assert not all(intact), "numba's own save kept every entry: the race this test guards did not occur"
+
+
+def test_an_index_for_other_sources_gives_way_with_its_entries(tmp_path):
+    """An entry saved for new sources never reuses the file of an entry of the old ones (a process
+    that read the new index could otherwise load the old machine code), and the old entries' files go
+    when the new index replaces the old."""
+    from numba.core import caching
+
+    from andromeda_nb import jitcache
+
+    jitcache.install()
+    old = caching.IndexDataCacheFile(str(tmp_path), "fn-1", "old sources")
+    old.save("key", b"old code")
+    [old_file] = [p.name for p in tmp_path.glob("*.nbc")]
+    new = caching.IndexDataCacheFile(str(tmp_path), "fn-1", "new sources")
+    assert new.load("key") is None
+    new.save("key", b"new code")
+    assert new.load("key") == b"new code" and old.load("key") is None
+    assert [p.name for p in tmp_path.glob("*.nbc")] != [old_file] and not (tmp_path / old_file).exists()
