@@ -249,6 +249,7 @@ class MmaSpec:
     chunks: int = WIDE_CHUNKS  # wide: chunks a block walks (fewer: more, shorter blocks for a lone request)
     request_major: bool = False  # grid (R, NB): the requests of a batch walk the same chunks at once (L2 reuse)
     warp_counts: bool = False  # wide: the list's radix select counts a warp's equal digits at once
+    pooled: bool = False  # wide: a round whose listed chunks share a format runs one list over them (_POOLED_ROUND)
 
     @property
     def table_width(self) -> int:
@@ -361,10 +362,11 @@ _COMPACT_SKELETON = _PROLOGUE + """
 # block does not fill are padded with key 0. The block top-K keeps the best `cap` = min(k, out_slots)
 # of at most LIST_CAP entries: exact while the list fits the output block (emit_at + ROUND_SLOTS <=
 # out_slots, as shipped) or k <= out_slots.
-_WIDE_SKELETON = _PROLOGUE + """
+_WIDE_HEAD = _PROLOGUE + """
     lst = cuda.shared.array(({warps}, {chunk}), int32)
     offs = cuda.shared.array({list_cap}, int32)
-    wbase = cuda.shared.array({warps}, uint32)
+    wbase = cuda.shared.array({wbase_n}, uint32)
+{pool_shared}
     slot0 = c0 * {chunk}
     sub0 = b * {subs}
     n_sub = min({subs}, out_key.shape[1] - sub0)
@@ -373,7 +375,9 @@ _WIDE_SKELETON = _PROLOGUE + """
         state[{st_list}] = uint32(0)
 {init}
     cuda.syncthreads()
-""" + _LIST_CHUNK + """        if lane == 0:
+""" + _LIST_CHUNK
+
+_WIDE_ROUND = """        if lane == 0:
             wbase[warp] = cuda.atomic.add(state, {st_list}, uint32(n))
         sync_warp()
         base = int32(wbase[warp])
@@ -381,7 +385,9 @@ _WIDE_SKELETON = _PROLOGUE + """
         for t in range(n_tiles):
 {body}
         sync_warp()
-        cuda.syncthreads()
+"""
+
+_WIDE_TAIL = """        cuda.syncthreads()
         listed = int32(state[{st_list}])
         cuda.syncthreads()
         if listed > {emit_at} or (cw == {cpw} - 1 and listed > 0):
@@ -396,6 +402,61 @@ _WIDE_SKELETON = _PROLOGUE + """
             out_key[r, sub0 + e, j] = uint32(0)
             out_slot[r, sub0 + e, j] = -1
 """
+
+_WIDE_SKELETON = _WIDE_HEAD + _WIDE_ROUND + _WIDE_TAIL
+
+# The pooled round (lab): the wide walk's warps list their chunks as before; when every chunk of the
+# round that lists a slot has the same format (the common case: the layout keeps a format's chunks
+# together), the round's lists are run as one list of `total` entries (pre[j]: where warp j's list
+# starts in it), its 32-row tiles dealt to the warps in turn (tile t to warp t % WARPS), so the
+# round's tiles are ceil(total / 32) instead of the sum over warps of ceil(n / 32): the walk's partial
+# tiles (scripts/probe_batched_work.py counts 0.60x the tile products for lists over 4,096 slots on a
+# generated corpus). A round of mixed formats runs the warps' own lists, as the wide walk does. The
+# entries keep the list's order (warp j's entries at base + pre[j] + their place), so the selection
+# and its ties are the wide walk's.
+_POOLED_ROUND = """        if lane == 0:
+            rcount[warp] = n
+            rfmt[warp] = chunk_format[c] if n > 0 else -1
+        cuda.syncthreads()
+        rf = -1
+        mixed = False
+        total = 0
+        for j in range({warps}):
+            if tid == 0:
+                pre[j] = total
+            total += rcount[j]
+            fj = rfmt[j]
+            if fj >= 0:
+                if rf < 0:
+                    rf = fj
+                elif fj != rf:
+                    mixed = True
+        if tid == 0:
+            wbase[{warps}] = cuda.atomic.add(state, {st_list}, uint32(0 if mixed else total))
+        cuda.syncthreads()
+        if mixed:
+            src = warp
+            if lane == 0:
+                wbase[warp] = cuda.atomic.add(state, {st_list}, uint32(n))
+            sync_warp()
+            base = int32(wbase[warp])
+{tile_count_mixed}
+        else:
+            src = -1
+            if rf >= 0 and rf != cur_f:
+                f = rf
+{load_b_pooled}
+                cur_f = f
+            base = int32(wbase[{warps}])
+            n = total
+{tile_count_pooled}
+        for tt in range(n_tiles):
+            t = tt if src >= 0 else tt * {warps} + warp
+{body}
+        sync_warp()
+"""
+
+_POOLED_SKELETON = _WIDE_HEAD + _POOLED_ROUND + _WIDE_TAIL
 
 # under the simulator a warp's barriers are the block's: every warp runs the block's largest tile count
 _SIM_TILE_COUNT = [
@@ -435,6 +496,17 @@ def _a_registers(spec: MmaSpec, t: int, h: int) -> tuple[list[str], list[str], l
     return lines, ["h0", "h1", "h2", "h3"], ["l0", "l1", "l2", "l3"]
 
 
+def _listed(spec: MmaSpec, out: str) -> list[str]:
+    """Lines setting `out` to the block offset of listed entry i (0 past the list's n entries): the
+    warp's own list, or in a pooled round (src < 0) the entry of the round's list, found in the list
+    of the last warp j whose list starts at or before i (pre[j] <= i)."""
+    if not spec.pooled:
+        return [f"{out} = lst[warp, i] if i < n else 0"]
+    return [f"{out} = 0", "if i < n:", "    if src >= 0:", f"        {out} = lst[src, i]", "    else:",
+            "        jl = 0", f"        for jj in range(1, {WARPS}):", "            if i >= pre[jj]:",
+            "                jl = jj", f"        {out} = lst[jl, i - pre[jl]]"]
+
+
 def _products(spec: MmaSpec) -> list[str]:
     """Both m16 tiles of the warp's 32-slot tile: every load first, then the products, the
     accumulators stored to the warp's rows of `acc` (row = slot in the tile, column = n-tile * 8 +
@@ -447,7 +519,7 @@ def _products(spec: MmaSpec) -> list[str]:
     for h in range(2):
         for R, off in (("ra", 0), ("rb", 8)):
             if spec.compact:  # row 16h + off + g of the tile is listed slot t * 32 + that row (slot0 past the list)
-                lines += [f"i = t * 32 + {16 * h + off} + g", "s = slot0 + (lst[warp, i] if i < n else 0)",
+                lines += [f"i = t * 32 + {16 * h + off} + g", *_listed(spec, "o"), "s = slot0 + o",
                           f"a{h}{R} = (s >> 5) * {V * TILE_WORDS} + (s & 31) * 4"]
             else:
                 lines.append(f"a{h}{R} = tbase + ({16 * h + off} + g) * 4")
@@ -482,7 +554,7 @@ def _epilogue(spec: MmaSpec) -> list[str]:
     E, K = spec.experts, spec.top_e
     X0 = 8 * n_gate_tiles(E)  # first expert column
     if spec.compact:  # lane = listed slot t * 32 + lane (block offset o; slot0 past the list)
-        lines = ["i = t * 32 + lane", "o = lst[warp, i] if i < n else 0", "s = slot0 + o"]
+        lines = ["i = t * 32 + lane", *_listed(spec, "o"), "s = slot0 + o"]
     else:
         lines = ["s = c * 256 + warp * 32 + lane"]
     lines.append("sc = inv * scale[s]" if spec.precision == "int8" else "sc = inv")
@@ -536,10 +608,19 @@ def _source(spec: MmaSpec, name: str) -> str:
         common.update(threads=THREADS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16), body=_indent(body, 12),
                       tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8))
     if spec.wide:
-        return _WIDE_SKELETON.format(**common, keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks,
-                                     cpw=spec.chunks // WARPS, subs=spec.chunks * CHUNK_SLOTS // spec.out_slots,
-                                     st_list=ST_LIST, emit_at=spec.emit_at,
-                                     emit_list="block_topk_emit_list_warp" if spec.warp_counts else "block_topk_emit_list")
+        wide = dict(keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks, cpw=spec.chunks // WARPS,
+                    subs=spec.chunks * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
+                    emit_list="block_topk_emit_list_warp" if spec.warp_counts else "block_topk_emit_list")
+        if not spec.pooled:
+            return _WIDE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS)
+        shared = [f"rcount = cuda.shared.array({WARPS}, int32)", f"rfmt = cuda.shared.array({WARPS}, int32)",
+                  f"pre = cuda.shared.array({WARPS}, int32)"]
+        # a pooled round deals tile t to warp t % WARPS; under the simulator every warp runs the most
+        dealt = (["n_tiles = (((total + 31) >> 5) + " + str(WARPS - 1) + ") // " + str(WARPS)] if sim else
+                 ["n_tiles = max(0, (((total + 31) >> 5) - warp + " + str(WARPS - 1) + ") // " + str(WARPS) + ")"])
+        return _POOLED_SKELETON.format(**common, **wide, pool_shared=_indent(shared, 4), wbase_n=WARPS + 1,
+                                       tile_count_mixed=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 12),
+                                       tile_count_pooled=_indent(dealt, 12), load_b_pooled=_indent(load_b, 16))
     if spec.compact:
         return _COMPACT_SKELETON.format(**common, keys_n=ADS_PER_BLOCK, cpb=CHUNKS_PER_BLOCK,
                                         cpw=CHUNKS_PER_BLOCK // WARPS)
@@ -556,6 +637,7 @@ def _name(spec: MmaSpec) -> str:
         walk += "" if spec.chunks == WIDE_CHUNKS else f"_c{spec.chunks}"
     walk += "_rm" if spec.request_major else ""
     walk += "_wc" if spec.warp_counts else ""
+    walk += "_pool" if spec.pooled else ""
     return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
@@ -656,7 +738,8 @@ def supports(kind: str, precision: str, dim: int, experts: int) -> bool:
 def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str = "exact",
                    max_registers: int | None = None, compact: bool = False, wide: bool = False,
                    emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK,
-                   chunks: int = WIDE_CHUNKS, request_major: bool = False, warp_counts: bool = False) -> MmaScoreKernel:
+                   chunks: int = WIDE_CHUNKS, request_major: bool = False, warp_counts: bool = False,
+                   pooled: bool = False) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
@@ -672,7 +755,8 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
                              f"overflow its list or its output blocks")
     return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
                                   compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots,
-                                  chunks=chunks, request_major=request_major, warp_counts=warp_counts and wide))
+                                  chunks=chunks, request_major=request_major, warp_counts=warp_counts and wide,
+                                  pooled=pooled and wide))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",

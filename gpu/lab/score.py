@@ -148,6 +148,10 @@ VERSIONS = version_table(
             TensorCoreRecipe(80, compact=True, wide=True, request_major=True, warp_counts=True)),
     Version(15, "v15 request-major, 96 registers", "v11 held to 96 registers: two blocks an SM, fewer spills than "
             "at 80", TensorCoreRecipe(96, compact=True, wide=True, request_major=True)),
+    Version(16, "v16 request-major, pooled rounds", "v14 with a round of the walk whose listed chunks share one "
+            "format run as one list, its 32-row tiles dealt to the warps in turn: ceil(total / 32) tiles a round instead "
+            "of a partial tile for every warp's chunk (a mixed round runs the warps' own lists, as v14)",
+            TensorCoreRecipe(128, compact=True, wide=True, request_major=True, pooled=True)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
             "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
             "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),

@@ -280,6 +280,35 @@ def test_request_major_grid_equals_the_reference(number):
            context=f"v{number} request-major wide walk k={k}")
 
 
+def test_pooled_rounds_equal_the_reference():
+    """v16 (lab): a round of the wide walk whose listed chunks share a format runs their lists as one,
+    its tiles dealt to the warps in turn; a round of mixed formats runs each warp's own list. Under
+    the simulator 16 chunks, two rounds: the first of one format with 3 to 40 eligible slots in each
+    chunk (so no chunk's list fills a tile, and the pooled list's tiles cross the warps' lists), the
+    second of two formats (the warps' own lists); k keeps every eligible ad of both requests, so every
+    pooled entry's score is checked. On the GPU 200 chunks of runs of one format, R = 3."""
+    from gpu.fused import FusedScorer
+    from gpu.kernels import score_mma
+    from gpu.lab import score as lab
+
+    n_chunks, R = (200, 3) if ON_GPU else (16, 2)
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(97, "fp16", 64, 6, 2, n_chunks, R, density=0.0)
+    chunk_format[:] = np.repeat(rng.integers(0, 3, -(-n_chunks // 8)), 8)[:n_chunks]  # rounds of one format
+    chunk_format[8:16] = [0, 1, 0, 1, 2, 2, 0, 1]  # ... but the second: mixed
+    bits = np.zeros((R, n_chunks * CHUNK_SLOTS), np.uint8)
+    for r in range(R):
+        for c in range(n_chunks):
+            if c % 8 != 5:  # one chunk a round lists nothing
+                bits[r, c * CHUNK_SLOTS + rng.choice(CHUNK_SLOTS, int(rng.integers(3, 41)), replace=False)] = 1
+    elig = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[16])
+    assert fs.kernel.spec.pooled and fs.kernel.spec.wide and fs.kernel.spec.request_major
+    k = int(bits.sum(axis=1).max()) if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
+           context=f"v16 pooled rounds k={k}")
+    assert "_pool" in score_mma.kernel_source(fs.kernel.spec).split("(")[0]
+
+
 @pytest.mark.parametrize("R", [1] if not ON_GPU else [1, 3])  # R > 1 runs v11, tested above
 def test_lone_walk_equals_the_reference(R):
     """v12: a batch of one request runs the 16-chunk walk (its own kernel, four times the blocks), a
@@ -337,7 +366,8 @@ def test_tensor_core_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT)
     cases = ["fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:128:exact", "int8:128:exact", "fp16:64:fast",
-             "fp16:64:exact:compact", "int8:64:exact:compact", "fp16:64:exact:wide", "fp16:64:exact:wide:rm:wc"]
+             "fp16:64:exact:compact", "int8:64:exact:compact", "fp16:64:exact:wide", "fp16:64:exact:wide:rm:wc",
+             "fp16:64:exact:wide:rm:pool"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "ptx_mma_check.py"), *half],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for half in (cases[0::2], cases[1::2])]
