@@ -60,6 +60,37 @@ def listed_tiles(eligible_slots: list[np.ndarray], slot_format: np.ndarray, span
     return total
 
 
+def round_steps(eligible_slots: list[np.ndarray], slot_format: np.ndarray, warps: int = 8) -> dict:
+    """A round of the wide walk gives each of `warps` warps one chunk: its time is its busiest warp's
+    tiles (max over the warps of ceil(n / 32)). Pooled (lab v16): a round whose listing chunks share a
+    format deals its ceil(sum n / 32) tiles to the warps in turn, ceil(that / warps) a warp; a mixed
+    round as before. Summed over every request's rounds (only rounds with an eligible slot), with the
+    tile products of each."""
+    chunk_format = slot_format[::CHUNK]
+    out = {"rounds": 0, "walk_steps": 0, "pooled_steps": 0, "pooled_rounds": 0, "walk_tiles": 0, "pooled_tiles": 0}
+    for s in eligible_slots:
+        counts = np.bincount(s // CHUNK, minlength=len(chunk_format))
+        pad = -len(counts) % warps
+        n = np.concatenate([counts, np.zeros(pad, np.int64)]).reshape(-1, warps)
+        f = np.concatenate([chunk_format, np.full(pad, -1)]).reshape(-1, warps)
+        busy = n.sum(axis=1) > 0
+        n, f = n[busy], f[busy]
+        tiles = -(-n // TILE)
+        listing = np.where(n > 0, f, -1)
+        first = listing.max(axis=1)  # a listing chunk's format (formats are >= 0)
+        uniform = ((listing == first[:, None]) | (listing < 0)).all(axis=1)
+        pooled_tiles = -(-n.sum(axis=1) // TILE)
+        out["rounds"] += int(len(n))
+        out["pooled_rounds"] += int(uniform.sum())
+        out["walk_steps"] += int(tiles.max(axis=1).sum())
+        out["pooled_steps"] += int(np.where(uniform, -(-pooled_tiles // warps), tiles.max(axis=1)).sum())
+        out["walk_tiles"] += int(tiles.sum())
+        out["pooled_tiles"] += int(np.where(uniform, pooled_tiles, tiles.sum(axis=1)).sum())
+    out["pooled_steps_over_walk"] = round(out["pooled_steps"] / max(1, out["walk_steps"]), 3)
+    out["pooled_tiles_over_walk"] = round(out["pooled_tiles"] / max(1, out["walk_tiles"]), 3)
+    return out
+
+
 def work(eligible_slots: list[np.ndarray], slot_format: np.ndarray, groups: list[int], spans=(4096,)) -> dict:
     """Tile products and row reads of each design for the requests' eligible slots."""
     n_slots = len(slot_format)
@@ -83,6 +114,7 @@ def work(eligible_slots: list[np.ndarray], slot_format: np.ndarray, groups: list
     for span in spans:  # a walk whose lists run over several chunks of one format
         tiles = listed_tiles(eligible_slots, slot_format, span)
         out[f"walk_lists_over_{span}"] = {"tile_products": tiles, "over_walk": round(tiles / walk, 3)}
+    out["rounds_of_8_chunks"] = round_steps(eligible_slots, slot_format)
     out["tiles"] = n_tiles
     return out
 
