@@ -194,6 +194,11 @@ MUTANTS: list[Mutant] = [
       '"            if i >= pre[jj]:"', '"            if i > pre[jj]:"',
       ("tests/gpu/test_score_mma.py::test_pooled_rounds_equal_the_reference",),
       "a pooled round reads the first entry of each warp's list from the list before it"),
+    M("compile-cache-index-unlocked", "compile caches", "andromeda_nb/jitcache.py",
+      "        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes\n",
+      "        pass\n",
+      ("tests/core/test_jitcache.py::test_concurrent_writers_of_one_index_keep_every_entry_and_share_no_file",),
+      "processes compiling one function at once each rewrite its cache index from what they read before the other wrote"),
     # --- updates and logs -----------------------------------------------------------------------------
     M("log-damage-taken-for-torn-tail", "update log", "serving/wal.py",
       "            scan.problem = _damaged(path, n, want, base, why, len(lines) - n, scan.boundary())\n            break",
