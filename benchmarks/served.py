@@ -219,6 +219,13 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
             **({} if cluster is None else {"shards": cluster[0], "replicas": cluster[1]})}
 
 
+def client_bound(srv: dict, clients: int) -> float | None:
+    """The most requests a second `clients` clients with one request each in flight can be served: each
+    waits for its answer, so at best clients / the idle p50 latency (None without an idle run)."""
+    idle = srv.get("idle", {}).get("latency_ms", {}).get("p50")
+    return None if not idle else clients / (idle * 1e-3)
+
+
 def lone_ratio(srv: dict) -> float | None:
     """p99 of one client's requests while the others load the server, over its p99 alone (None when
     either is missing)."""
@@ -304,6 +311,7 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     checks_ok = checked["ok"] and all(not s["n_wrong"] for s in [*by_exchange.values(), *by_cluster.values()])
     met = checks_ok and ratio >= 0.70
     lone = lone_ratio(srv)
+    bound = client_bound(srv, clients)
     # the target reads the in-process batch of `batch`; the batch as large as the clients can make it
     # (one request each in flight) is beside it, for what the batch size alone explains
     return {"kind": "served", "ads": dataset.n_ads, "requests": len(dataset.requests), "k": k, "layout": layout,
@@ -315,6 +323,9 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
             "served_over_in_process_at_clients": srv["requests_per_s"] / runs[-1]["requests_per_s"],
             "served": srv, "served_by_exchange": by_exchange, "served_over_in_process": ratio,
             "served_cluster": by_cluster,
+            # what the clients allow whatever the server (clients / idle p50), and that over the in-process rate
+            "client_bound": None if bound is None else {"requests_per_s": bound,
+                                                        "over_in_process": bound / inproc["requests_per_s"]},
             "target": {"value": ratio, "target": ">= 0.70", "met": met,
                        **({} if checks_ok else {"reason": "checks failed"})},
             # one client among `clients`: its p99 while the others load the server, over its p99 alone
@@ -343,6 +354,11 @@ def table(result: dict) -> str:
     t = result["target"]
     lines.append(f"target served / in process {t['target']}: {t['value']:.0%}, "
                  f"{'met' if t['met'] else 'NOT met'}{' (' + t['reason'] + ')' if 'reason' in t else ''}")
+    bound = result.get("client_bound")
+    if bound:
+        lines.append(f"at most {bound['requests_per_s']:,.0f} requests/s ({bound['over_in_process']:.0%} of in process) "
+                     f"from {result['clients']} clients with one request each in flight: their number over the "
+                     f"idle p50 ({result['served']['idle']['latency_ms']['p50']:.2f} ms)")
     lone = result.get("lone_target")
     if lone and lone["value"] is not None:
         idle = result["served"]["idle"]["latency_ms"]["p99"]

@@ -49,12 +49,16 @@ def test_bench_served_prints_one_checked_result(corpus_dir, tmp_path):
     srv = line["served"]
     assert srv["requests"] > 0 and srv["n_wrong"] == 0 and srv["requests_per_s"] > 0
     assert line["target"]["met"] == (line["served_over_in_process"] >= 0.70)
+    bound = line["client_bound"]  # 3 clients over the lone client's idle p50
+    assert bound["requests_per_s"] == pytest.approx(3 / (srv["idle"]["latency_ms"]["p50"] * 1e-3))
+    assert bound["over_in_process"] == pytest.approx(bound["requests_per_s"] / line["in_process"]["requests_per_s"])
     assert line["provenance"]["command"].startswith("andromeda bench served") or "bench served" in \
         line["provenance"]["command"]
     table = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 2,
                     "--client-processes", 1, "--seconds", 0.5, "--repeat", 1, "--checks", 2, "--quiet").stdout
     assert "in-process answers against the float64 reference: ok" in table and "target served" in table
     assert "over its p99 alone" in table  # the lone client's idle run, against the same server
+    assert "from 2 clients with one request each in flight" in table
 
 
 def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_dir, monkeypatch):
@@ -92,6 +96,14 @@ def test_the_lone_client_target_reads_loaded_over_idle_p99():
     srv = {"latency_ms": {"p50": 3.0, "p99": 9.0}, "idle": {"latency_ms": {"p50": 1.0, "p99": 2.0}}}
     assert served.lone_ratio(srv) == 4.5
     assert served.lone_ratio({"latency_ms": {"p99": 9.0}}) is None
+
+
+def test_the_client_bound_is_the_clients_over_the_idle_p50():
+    """32 clients, each waiting for its answer, idle p50 4 ms: at most 8,000 requests a second."""
+    srv = {"latency_ms": {"p50": 9.0, "p99": 12.0}, "idle": {"latency_ms": {"p50": 4.0, "p99": 5.0}}}
+    assert served.client_bound(srv, 32) == pytest.approx(8000.0)
+    assert served.client_bound(srv, 16) == pytest.approx(4000.0)
+    assert served.client_bound({"latency_ms": {"p50": 9.0}}, 32) is None
 
 
 def test_the_served_run_starts_its_server_with_the_engines_asked(monkeypatch):
