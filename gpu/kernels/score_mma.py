@@ -431,8 +431,8 @@ _POOLED_ROUND = """        if lane == 0:
                     rf = fj
                 elif fj != rf:
                     mixed = True
-        if tid == 0:
-            wbase[{warps}] = cuda.atomic.add(state, {st_list}, uint32(0 if mixed else total))
+        if tid == 0 and not mixed:
+            wbase[{warps}] = cuda.atomic.add(state, {st_list}, uint32(total))
         cuda.syncthreads()
         if mixed:
             src = warp
@@ -604,9 +604,10 @@ def _source(spec: MmaSpec, name: str) -> str:
     common = dict(name=name, b_axis="y" if spec.request_major else "x", r_axis="x" if spec.request_major else "y",
                   hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, chunk=CHUNK_SLOTS, warps=WARPS,
                   acc_stride=8 * 2 * NG + 1, init=_indent(init, 4))
+    own_tiles = _SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"]  # a warp's tiles of its own list
     if spec.compact:  # the listing walks (compacted, and wide)
         common.update(threads=THREADS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16), body=_indent(body, 12),
-                      tile_count=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 8))
+                      tile_count=_indent(own_tiles, 8))
     if spec.wide:
         wide = dict(keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks, cpw=spec.chunks // WARPS,
                     subs=spec.chunks * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
@@ -619,7 +620,7 @@ def _source(spec: MmaSpec, name: str) -> str:
         dealt = (["n_tiles = (((total + 31) >> 5) + " + str(WARPS - 1) + ") // " + str(WARPS)] if sim else
                  ["n_tiles = max(0, (((total + 31) >> 5) - warp + " + str(WARPS - 1) + ") // " + str(WARPS) + ")"])
         return _POOLED_SKELETON.format(**common, **wide, pool_shared=_indent(shared, 4), wbase_n=WARPS + 1,
-                                       tile_count_mixed=_indent(_SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"], 12),
+                                       tile_count_mixed=_indent(own_tiles, 12),
                                        tile_count_pooled=_indent(dealt, 12), load_b_pooled=_indent(load_b, 16))
     if spec.compact:
         return _COMPACT_SKELETON.format(**common, keys_n=ADS_PER_BLOCK, cpb=CHUNKS_PER_BLOCK,
