@@ -114,6 +114,40 @@ def test_tls_and_mutual_tls(corpus, certs):
         stop(server)
 
 
+def test_under_mutual_tls_a_caller_without_a_certificate_never_reaches_the_server(corpus, certs, monkeypatch):
+    """gRPC reads a `DoAction` body whole before the token check runs (docs/RELIABILITY.md, section 4):
+    with tokens alone, a stranger's large action takes the server's memory while it is received.
+    Mutual TLS refuses such a caller at the handshake, before any call exists: the token check never
+    runs for it (it runs, and refuses, for a caller whose certificate the CA signed but who has no
+    token). The memory itself: scripts/probe_unauthenticated_memory.py --mtls."""
+    from serving import hostmem
+
+    refused = []  # the server passes this to the token check as `on_refused` when it is made
+    monkeypatch.setattr(hostmem, "request_give_back", lambda: refused.append(1))
+    _, dataset = corpus
+    server = colocated_server(dataset, guard=ServerGuard.from_files(
+        admin_token=ADMIN, tls_cert=certs["server"], tls_key=certs["server_key"], tls_client_ca=certs["ca"]))
+    loc = f"grpc+tls://127.0.0.1:{server.port}"
+    body = b'{"op":"retire","ad_id":1}\n' * 320_000  # 8 MB
+    try:
+        stranger = fl.connect(loc, _creds(tls_ca=certs["ca"]))
+        try:
+            with pytest.raises(flight.FlightUnavailableError):
+                list(stranger.do_action(flight.Action("update", body), options=flight.FlightCallOptions(timeout=10)))
+        finally:
+            stranger.close()
+        assert refused == [], "a caller without a certificate reached the token check"
+        certified = _creds(tls_ca=certs["ca"], tls_cert=certs["client"], tls_key=certs["client_key"])
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            fl.flight_action(loc, "update", body, credentials=certified)
+        assert refused == [1]
+        admin = _creds(ADMIN, tls_ca=certs["ca"], tls_cert=certs["client"], tls_key=certs["client_key"])
+        assert fl.flight_action(loc, "health", credentials=admin)["guard"] == {"tls": True, "mutual_tls": True,
+                                                                              "tokens": True}
+    finally:
+        stop(server)
+
+
 def test_exposure_without_authentication_is_refused_unless_insecure():
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and not is_loopback("0.0.0.0")
     with pytest.raises(GuardError, match="refusing to listen on 0.0.0.0 without authentication"):

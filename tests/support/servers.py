@@ -6,8 +6,6 @@ or a careless operator would)."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from andromeda_nb.dataset import Dataset
 from andromeda_nb.model import MoeModel, quantize
 from andromeda_nb.reference import ReferenceRetriever
 from andromeda_nb.testing import random_ads, random_requests, random_updates, update_to_json
+from serving.certificates import CertificateToolMissing, make_local_certificates
 
 SEED = 0  # random_requests / random_ads derive with seed 0
 D, F = 16, 8
@@ -85,27 +84,11 @@ def stop(server) -> None:
 
 
 def make_certificates(root: Path) -> dict:
-    """A test CA, a server certificate for 127.0.0.1 / localhost and a client certificate, both signed
-    by it (EC keys, `openssl`). Paths by name: ca, server, server_key, client, client_key, and a
-    second CA (other_ca) that signed nothing here."""
-    if shutil.which("openssl") is None:
+    """`serving.certificates.make_local_certificates`, the test skipped where openssl is missing."""
+    try:
+        return make_local_certificates(root)
+    except CertificateToolMissing:
         pytest.skip("needs the openssl command to make test certificates")
-    root.mkdir(parents=True, exist_ok=True)
-
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True)
-
-    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    for ca in ("ca", "other_ca"):
-        run("req", "-x509", *key, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN={ca}")
-    (root / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    (root / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for name in ("server", "client"):
-        run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
-    return {"ca": root / "ca.pem", "other_ca": root / "other_ca.pem", "server": root / "server.pem",
-            "server_key": root / "server.key", "client": root / "client.pem", "client_key": root / "client.key"}
 
 
 def edit_corpus(root: Path, *, compiled: dict | None = None, ads_column: dict | None = None,
