@@ -369,7 +369,8 @@ def server_options(*, log: bool = True) -> list[ServerOption]:
         ServerOption("--tls-cert", "tls_cert", str, "Server certificate (PEM): TLS.", path=True),
         ServerOption("--tls-key", "tls_key", str, "Its private key (PEM).", path=True),
         ServerOption("--tls-client-ca", "tls_client_ca", str, "Mutual TLS: clients need a certificate this CA (PEM) "
-                     "signed.", path=True),
+                     "signed; a caller without one is refused at the handshake, before any of its bytes "
+                     "are received.", path=True),
         ServerOption("--insecure", "insecure", bool, "Allow a non-loopback --host without authentication, or "
                      "with tokens but without TLS.", default=False),
         *_limit_options(),
