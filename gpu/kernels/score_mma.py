@@ -656,6 +656,15 @@ def _namespace() -> dict:
     }
 
 
+def kernel_signature() -> tuple:
+    """The fused kernel's argument types, for compiling it ahead of a launch (`numba.cuda.compile_ptx`):
+    emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot."""
+    from numba import types as T
+
+    return (T.uint32[::1], T.float32[::1], T.int32[::1], T.uint32[:, ::1], T.float32[:, :, ::1], T.uint32[::1],
+            T.float32[:, ::1], T.int32, T.uint32[:, :, ::1], T.int32[:, :, ::1])
+
+
 def python_function(spec: MmaSpec):
     """The generated kernel as a plain Python function (before `cuda.jit`)."""
     name = _name(spec)

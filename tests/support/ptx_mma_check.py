@@ -21,8 +21,7 @@ dispatcher.get_current_device = lambda: _Hopper()
 from gpu.kernels import score_mma as sm  # noqa: E402
 
 T = types
-KERNEL_SIG = (T.uint32[::1], T.float32[::1], T.int32[::1], T.uint32[:, ::1], T.float32[:, :, ::1], T.uint32[::1],
-              T.float32[:, ::1], T.int32, T.uint32[:, :, ::1], T.int32[:, :, ::1])
+KERNEL_SIG = sm.kernel_signature()
 PREP_SIG = (T.float32[:, :, ::1], T.int32[:, ::1], T.int32, T.int32, T.uint32[::1], T.float32[:, ::1])
 
 

@@ -1,0 +1,161 @@
+"""What the tensor-core scoring kernels cost in registers, spills and shared memory on sm_90, without a
+GPU: each version's generated kernel compiled to PTX by numba-cuda (`numba.cuda.compile_ptx`, libNVVM),
+then assembled by the CUDA toolkit's `ptxas -v` for sm_90 with the register limit the product launches
+it with (`max_registers`, which numba hands the driver's JIT as its register cap, as `-maxrregcount`
+does here). Reports per kernel: registers a thread, spill stores and loads (bytes a thread), stack
+frame, static shared memory, and so how many blocks of 256 threads an H100 SM holds by registers and
+by shared memory (228 KB an SM, 1 KB of it reserved a block).
+
+Counts, not speeds: a spill's cost depends on how often its code runs (Nsight Compute counts the local
+memory requests of a run). The ptxas here may be older or newer than the GPU driver's JIT, so the
+counts are the toolkit's that the JSON names. Needs the `ptxas` command and libNVVM (numba-cuda's
+`cu12`/`cu13` extra, or a CUDA toolkit).
+
+    PYTHONPATH=. python3 scripts/sass_resources.py --versions 11,14,15,16 --precisions fp16,int8 \\
+        --out docs/results/probes/sass_resources_sm90.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from andromeda_nb.measure import log  # noqa: E402
+from andromeda_nb.provenance import finish_probe  # noqa: E402
+
+REGISTERS_PER_SM = 65536  # sm_90: 64K 32-bit registers an SM
+MAX_BLOCKS_PER_SM = 32
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_SHARED = re.compile(r"\.shared\s+\.align\s+\d+\s+\.b8\s+\S+\[(\d+)\]")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+
+
+def parse_ptxas(text: str) -> dict:
+    """The figures of one entry function from `ptxas -v`'s report (its only entry)."""
+    props, used = _PROPS.search(text), _USED.search(text)
+    if props is None or used is None:
+        raise ValueError(f"ptxas -v printed no resource lines: {text.strip()[:300]!r}")
+    return {"registers": int(used.group(1)), "stack_frame_bytes": int(props.group(1)),
+            "spill_store_bytes": int(props.group(2)), "spill_load_bytes": int(props.group(3)),
+            "static_smem_bytes": int(used.group(3) or 0)}
+
+
+SMEM_PER_SM = 233472  # sm_90: 228 KB of shared memory an SM
+SMEM_RESERVED_PER_BLOCK = 1024
+
+
+def blocks_by_shared(smem: int) -> int:
+    return min(MAX_BLOCKS_PER_SM, SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK))
+
+
+def blocks_by_registers(registers: int, threads: int) -> int:
+    """Blocks of `threads` an SM holds by its register file alone (allocation in warps of 256
+    registers-units: registers rounded up to a multiple of 8 a thread)."""
+    per_thread = -(-registers // 8) * 8
+    return min(MAX_BLOCKS_PER_SM, REGISTERS_PER_SM // (per_thread * threads))
+
+
+def mma_specs(versions: list[int], precisions: list[str], dim: int, experts: int, top_e: int):
+    """(version, MmaSpec) for each tensor-core version of the lab's table."""
+    from gpu.kernels.score import TensorCoreRecipe
+    from gpu.kernels.score_mma import MmaSpec
+    from gpu.lab.score import VERSIONS
+
+    for v in versions:
+        if v not in VERSIONS:
+            raise SystemExit(f"--versions: no scoring version {v} (known: {', '.join(map(str, sorted(VERSIONS)))})")
+        recipe = VERSIONS[v].recipe
+        if not isinstance(recipe, TensorCoreRecipe):
+            raise SystemExit(f"--versions: v{v} is not a tensor-core kernel (only those are counted here)")
+        for precision in precisions:
+            yield v, MmaSpec(precision, dim, experts, top_e, "exact", max_registers=recipe.max_registers,
+                             compact=recipe.compact, wide=recipe.wide, chunks=recipe.chunks,
+                             request_major=recipe.request_major, warp_counts=recipe.warp_counts,
+                             pooled=recipe.pooled)
+
+
+def compile_ptx(spec) -> str:
+    """The kernel's PTX for sm_90, with no GPU (device functions are told they run on one)."""
+    import gpu._compat  # noqa: F401
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda
+
+    class _Hopper:
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: _Hopper()
+    from gpu.kernels import score_mma as sm
+
+    ptx, _ = cuda.compile_ptx(sm.python_function(spec), sm.kernel_signature(), cc=(9, 0))
+    return ptx
+
+
+def ptxas_version(ptxas: str) -> str:
+    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return found.group(2) if found else out.strip().splitlines()[-1]
+
+
+def assemble(ptxas: str, ptx: str, max_registers: int | None, work: Path) -> dict:
+    src = work / "kernel.ptx"
+    src.write_text(ptx)
+    # -c (relocatable): a whole program is refused by this ptxas past 48 KB of static shared memory,
+    # which the kernels take and the driver's JIT accepts; the shared memory is counted from the PTX
+    cmd = [ptxas, "-arch=sm_90", "-c", "-v", str(src), "-o", str(work / "kernel.o")]
+    if max_registers:
+        cmd[1:1] = [f"-maxrregcount={max_registers}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"ptxas failed: {done.stderr.strip()[-600:]}")
+    return {**parse_ptxas(done.stdout + done.stderr), "static_smem_bytes": static_shared_bytes(ptx)}
+
+
+def static_shared_bytes(ptx: str) -> int:
+    """The bytes of the PTX's `.shared` arrays (numba declares each `cuda.shared.array` as one)."""
+    return sum(int(n) for n in _SHARED.findall(ptx))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--versions", default="11,14,15,16", help="lab scoring versions (tensor-core ones)")
+    parser.add_argument("--precisions", default="fp16,int8")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--experts", type=int, default=6)
+    parser.add_argument("--top-e", type=int, default=2)
+    parser.add_argument("--ptxas", default=shutil.which("ptxas"), help="the ptxas to run (default: the PATH's)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if not args.ptxas:
+        raise SystemExit("needs the ptxas command (a CUDA toolkit) on the PATH, or --ptxas")
+    from gpu.kernels.score_mma import THREADS
+
+    versions = [int(v) for v in args.versions.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="andromeda-sass-") as tmp:
+        for v, spec in mma_specs(versions, args.precisions.split(","), args.dim, args.experts, args.top_e):
+            counts = assemble(args.ptxas, compile_ptx(spec), spec.max_registers, Path(tmp))
+            row = {"version": v, "precision": spec.precision, "max_registers": spec.max_registers, **counts,
+                   "blocks_per_sm_by_registers": blocks_by_registers(counts["registers"], THREADS),
+                   "blocks_per_sm_by_shared": blocks_by_shared(counts["static_smem_bytes"])}
+            rows.append(row)
+            log(True, f"v{v:<3d} {spec.precision:5s} cap {spec.max_registers or '-':>4}: {counts['registers']} "
+                      f"registers, spills {counts['spill_store_bytes']} B stored / {counts['spill_load_bytes']} B "
+                      f"loaded, stack {counts['stack_frame_bytes']} B, smem {counts['static_smem_bytes']} B, "
+                      f"blocks an SM: {row['blocks_per_sm_by_registers']} by registers, {row['blocks_per_sm_by_shared']} by smem")
+    result = {"target": "sm_90", "threads_per_block": THREADS, "dim": args.dim, "experts": args.experts,
+              "top_e": args.top_e, "ptxas": ptxas_version(args.ptxas), "kernels": rows}
+    finish_probe(result, "sass_resources.py", sys.argv[1:] if argv is None else argv, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
