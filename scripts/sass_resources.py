@@ -99,6 +99,18 @@ def compile_ptx(spec) -> str:
     return ptx
 
 
+def nvvm_package() -> str:
+    """The version of the PyPI package that brought libNVVM (nvidia-nvvm, cu13; nvidia-cuda-nvcc-cu12)."""
+    from importlib import metadata
+
+    for name in ("nvidia-nvvm", "nvidia-cuda-nvcc-cu12"):
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "a CUDA toolkit's (no PyPI package)"
+
+
 def ptxas_version(ptxas: str) -> str:
     out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=False).stdout
     found = re.search(r"release ([\d.]+), V([\d.]+)", out)
@@ -152,7 +164,7 @@ def main(argv=None) -> int:
                       f"loaded, stack {counts['stack_frame_bytes']} B, smem {counts['static_smem_bytes']} B, "
                       f"blocks an SM: {row['blocks_per_sm_by_registers']} by registers, {row['blocks_per_sm_by_shared']} by smem")
     result = {"target": "sm_90", "threads_per_block": THREADS, "dim": args.dim, "experts": args.experts,
-              "top_e": args.top_e, "ptxas": ptxas_version(args.ptxas), "kernels": rows}
+              "top_e": args.top_e, "ptxas": ptxas_version(args.ptxas), "libnvvm": nvvm_package(), "kernels": rows}
     finish_probe(result, "sass_resources.py", sys.argv[1:] if argv is None else argv, args.out)
     return 0
 
