@@ -32,6 +32,13 @@ sys.path.insert(0, str(ROOT))
 from andromeda_nb.measure import log  # noqa: E402
 from andromeda_nb.provenance import finish_probe  # noqa: E402
 
+PTX_TOO_NEW = 3  # the exit status when the PTX is newer than the ptxas reads
+
+
+class PtxTooNew(Exception):
+    """libNVVM wrote a PTX version this ptxas does not read."""
+
+
 REGISTERS_PER_SM = 65536  # sm_90: 64K 32-bit registers an SM
 MAX_BLOCKS_PER_SM = 32
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -126,6 +133,10 @@ def assemble(ptxas: str, ptx: str, max_registers: int | None, work: Path) -> dic
     if max_registers:
         cmd[1:1] = [f"-maxrregcount={max_registers}"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    newer = re.search(r"Unsupported \.version ([\d.]+); current version is '([\d.]+)'", done.stderr)
+    if newer:
+        raise PtxTooNew(f"this ptxas reads PTX up to {newer.group(2)}, libNVVM wrote {newer.group(1)}: install the "
+                        "libNVVM of the ptxas's CUDA release (e.g. nvidia-nvvm==13.0.* for ptxas 13.0), or a newer ptxas")
     if done.returncode != 0:
         raise SystemExit(f"ptxas failed: {done.stderr.strip()[-600:]}")
     return {**parse_ptxas(done.stdout + done.stderr), "static_smem_bytes": static_shared_bytes(ptx)}
@@ -154,7 +165,11 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="andromeda-sass-") as tmp:
         for v, spec in mma_specs(versions, args.precisions.split(","), args.dim, args.experts, args.top_e):
-            counts = assemble(args.ptxas, compile_ptx(spec), spec.max_registers, Path(tmp))
+            try:
+                counts = assemble(args.ptxas, compile_ptx(spec), spec.max_registers, Path(tmp))
+            except PtxTooNew as exc:
+                print(f"sass_resources: {exc}", file=sys.stderr)
+                return PTX_TOO_NEW
             row = {"version": v, "precision": spec.precision, "max_registers": spec.max_registers, **counts,
                    "blocks_per_sm_by_registers": blocks_by_registers(counts["registers"], THREADS),
                    "blocks_per_sm_by_shared": blocks_by_shared(counts["static_smem_bytes"])}

@@ -48,6 +48,14 @@ def test_ptxas_report_is_read(sr):
     assert sr.static_shared_bytes(ptx) == 16484  # the global array is not shared memory
 
 
+def test_a_ptx_newer_than_the_ptxas_is_named(sr, tmp_path):
+    fake = tmp_path / "ptxas"
+    fake.write_text("#!/bin/sh\necho \"ptxas fatal   : Unsupported .version 9.5; current version is '9.0'\" >&2\nexit 255\n")
+    fake.chmod(0o755)
+    with pytest.raises(sr.PtxTooNew, match=r"reads PTX up to 9.0, libNVVM wrote 9.5"):
+        sr.assemble(str(fake), ".version 9.5\n", 128, tmp_path)
+
+
 def test_blocks_an_sm_holds(sr):
     # 65,536 registers an SM, 256 threads a block: 80 registers give 3 blocks, 96 and 128 give 2
     assert [sr.blocks_by_registers(r, 256) for r in (80, 96, 121, 128, 255)] == [3, 2, 2, 2, 1]
@@ -69,6 +77,8 @@ def test_the_shipped_kernel_fits_its_register_cap_without_spilling(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sass_resources.py"), "--versions", f"{SHIPPED},11",
                            "--precisions", "int8", "--out", str(out)], capture_output=True, text=True, env=env,
                           timeout=600, check=False)
+    if done.returncode == 3:  # sass_resources.PTX_TOO_NEW: libNVVM newer than this ptxas
+        pytest.skip(done.stderr.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {row["version"]: row for row in json.loads(out.read_text())["kernels"]}
     cap = VERSIONS[SHIPPED].recipe.max_registers
