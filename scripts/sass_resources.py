@@ -18,7 +18,6 @@ counts are the toolkit's that the JSON names. Needs the `ptxas` command and libN
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -41,6 +40,8 @@ class PtxTooNew(Exception):
 
 REGISTERS_PER_SM = 65536  # sm_90: 64K 32-bit registers an SM
 MAX_BLOCKS_PER_SM = 32
+SMEM_PER_SM = 233472  # sm_90: 228 KB of shared memory an SM
+SMEM_RESERVED_PER_BLOCK = 1024
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _SHARED = re.compile(r"\.shared\s+\.align\s+\d+\s+\.b8\s+\S+\[(\d+)\]")
 _USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
@@ -56,11 +57,9 @@ def parse_ptxas(text: str) -> dict:
             "static_smem_bytes": int(used.group(3) or 0)}
 
 
-SMEM_PER_SM = 233472  # sm_90: 228 KB of shared memory an SM
-SMEM_RESERVED_PER_BLOCK = 1024
-
-
 def blocks_by_shared(smem: int) -> int:
+    """Blocks an SM holds by its shared memory alone (each block's static shared memory and the 1 KB
+    the system reserves a block)."""
     return min(MAX_BLOCKS_PER_SM, SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK))
 
 
