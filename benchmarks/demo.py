@@ -231,7 +231,7 @@ def cpu_explanation(report: dict, kernels: dict, cores: int) -> list[str]:
         f"   Either way the per-ad formula runs at the CPU's scoring rate ({rate(score, 'ads/s')}, step 5), "
         "the same in both designs.",
         "   Co-location pays on a GPU server: there matching and scoring the whole pool run at memory bandwidth, "
-        "billions of pool ads per second (docs/BENCHMARKS.md has the H200 figures), so what is left of a "
+        "billions of pool ads per second (docs/BENCHMARKS.md has the H100 figures), so what is left of a "
         "request's time is the network hop and the candidate list the remote design must ship, which "
         "co-location removes.",
         "   Timings on a shared machine move between runs (another process on the same cores can slow one run "
