@@ -91,17 +91,14 @@ def mma_specs(versions: list[int], precisions: list[str], dim: int, experts: int
 
 def compile_ptx(spec) -> str:
     """The kernel's PTX for sm_90, with no GPU (device functions are told they run on one)."""
-    import gpu._compat  # noqa: F401
-    import numba.cuda.dispatcher as dispatcher
     from numba import cuda
 
-    class _Hopper:
-        compute_capability = (9, 0)
+    from gpu.lab.ptx import SM90, pretend_sm90
 
-    dispatcher.get_current_device = lambda: _Hopper()
+    pretend_sm90()
     from gpu.kernels import score_mma as sm
 
-    ptx, _ = cuda.compile_ptx(sm.python_function(spec), sm.kernel_signature(), cc=(9, 0))
+    ptx, _ = cuda.compile_ptx(sm.python_function(spec), sm.kernel_signature(), cc=SM90)
     return ptx
 
 

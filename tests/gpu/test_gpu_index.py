@@ -471,12 +471,10 @@ def test_bad_arguments():
 # --- compilation for Hopper --------------------------------------------------------------------------
 
 _COMPILE_SCRIPT = textwrap.dedent("""
-    import types
-    import gpu._compat
-    import numba.cuda.dispatcher as dispatcher
+    from gpu.lab.ptx import pretend_sm90
     # device functions called from a kernel are compiled for the current device's compute capability;
     # there is no device here, so name the one compile_ptx targets
-    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
+    pretend_sm90()
     from numba import cuda
     from gpu.lab import match as K
     for name, fn, sig in K.kernel_signatures():
