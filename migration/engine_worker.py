@@ -37,7 +37,7 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def serve_channel(conn) -> int:
+def serve_channel(conn, build=None) -> int:
     """Read the configuration, build, serve; the exit code."""
     import gc
 
@@ -65,8 +65,11 @@ def serve_channel(conn) -> int:
 
         device = resolve(config["device"])
         dataset = load_dataset(config["data"], say=say if config.get("steps") else None)
-        engine = build_engine(dataset, device, version=config.get("version"), layout=config.get("layout"),
-                              say=say if config.get("steps") else None)
+        if build is not None:
+            engine = build(dataset, config, say if config.get("steps") else None)
+        else:
+            engine = build_engine(dataset, device, version=config.get("version"), layout=config.get("layout"),
+                                  say=say if config.get("steps") else None)
         turn = GpuTurn(config["turn"]) if config.get("turn") else None
         worker = EngineWorker(engine, dataset, conn, limits=limits_of(config), batch_wait_s=config["batch_wait_s"],
                               decode_ahead=bool(config.get("decode_ahead")), name=name, turn=turn)
@@ -86,7 +89,7 @@ def serve_channel(conn) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def main(argv=None, build=None) -> int:
     from multiprocessing.connection import Connection
 
     parser = argparse.ArgumentParser(prog="python -m migration.engine_worker", description=__doc__.split("\n")[0])
@@ -95,7 +98,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(args.parent_pid)
-    return serve_channel(Connection(args.channel_fd))
+    return serve_channel(Connection(args.channel_fd), build)
 
 
 if __name__ == "__main__":

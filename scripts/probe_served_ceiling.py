@@ -8,6 +8,11 @@ run in `--client-processes` processes of `--clients / --client-processes` thread
 
 If the ceiling is close to the GPU engine's in-process batch rate, the served path cannot reach it
 whatever the engine does; the fix is then in the server's per-call host work.
+
+With `--engines N` the server is the co-located front with N engine worker processes
+(`serving.engine_front`, as `serve colocated --engines N`), each around its own answer table
+(`benchmarks.table_worker`): the figure is then the front's ceiling, and `front_cpu_ms_per_request`
+its process's CPU a request (the workers' is not in it).
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ def main(argv=None) -> int:
                     help="decode on a thread a stage ahead of the engine, not on the batcher's worker between batches")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="the server interpreter's thread switch interval (sys.setswitchinterval; Python's default 5 ms)")
+    ap.add_argument("--engines", type=int, default=0,
+                    help="the co-located front over this many worker processes, each around an answer table "
+                         "(0: one process, the one-engine server)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.clients % args.client_processes:
@@ -61,22 +69,37 @@ def main(argv=None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     dataset = load_dataset(args.data)
-    server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3, args.engine_calls), dataset,
-                          batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead)
+    if args.engines:
+        from serving.engine_front import start_pooled_server
+
+        config = {"data": args.data, "device": "cpu", "batch_wait_s": args.batch_wait_ms / 1e3,
+                  "decode_ahead": args.decode_ahead, "table_k": args.k, "engine_ms": args.engine_ms}
+        server = start_pooled_server(dataset, "grpc://127.0.0.1:0", module="benchmarks.table_worker", config=config,
+                                     engines=args.engines)
+    else:
+        server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3, args.engine_calls),
+                              dataset, batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead)
     location = f"grpc://127.0.0.1:{server.port}"
     threading.Thread(target=server.serve, daemon=True).start()
-    cpu0 = time.process_time()  # this process is the server: the clients run in their own processes
+    cpu0 = time.process_time()  # this process is the server (or its front): the clients run in their own processes
     result = drive(location, args.data, k=args.k, clients=args.clients, processes=args.client_processes,
                    seconds=args.seconds, exchange=args.exchange, request_format=args.request_format)
     result["server_cpu_ms_per_request"] = 1e3 * (time.process_time() - cpu0) / max(1, result["requests"])
-    stats = server.batcher.stats()
+    if args.engines:
+        result["front_cpu_ms_per_request"] = result.pop("server_cpu_ms_per_request")
+        stats = server.extra_stats()["batching"]
+    else:
+        stats = server.batcher.stats()
     result["call_path"] = server.call_path.snapshot()
     server.shutdown()
-    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, **result, "batching": stats}
+    server.close_resources()
+    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "engines": args.engines, **result,
+           "batching": stats}
     stamp(out, command=script_command("probe_served_ceiling.py", argv if argv is not None else sys.argv[1:]))
     engine = "no engine time" if not args.engine_ms else f"a wait of {args.engine_ms:g} ms a batch"
-    print(f"server ceiling (answers looked up, {engine}): {out['requests_per_s']:.0f} requests/s, "
-          f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request, "
+    cpu = (f"the front's CPU {out['front_cpu_ms_per_request']:.3f} ms a request ({args.engines} workers)"
+           if args.engines else f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request")
+    print(f"server ceiling (answers looked up, {engine}): {out['requests_per_s']:.0f} requests/s, {cpu}, "
           f"p50 {out['latency_ms']['p50']:.2f} ms, p99 {out['latency_ms']['p99']:.2f} ms, "
           f"{args.clients} clients in {args.client_processes} processes, batching {stats}, call path {result['call_path']}")
     if args.out:
