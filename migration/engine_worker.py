@@ -1,6 +1,6 @@
 """An engine worker process of a co-located server with several engines (`serve colocated --engines
 N`; the front, `serving.engine_front`, starts it as `python -m migration.engine_worker --channel-fd FD
---parent-pid PID`).
+--lanes-fd FD --parent-pid PID`).
 
 It reads its configuration from the channel (`serving.engine_channel`: the corpus directory, the
 device, the kernel version and layout, the limits, the batch wait, the file of the GPU turn when the
@@ -37,8 +37,10 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def serve_channel(conn, build=None) -> int:
-    """Read the configuration, build, serve; the exit code."""
+def serve_channel(conn, lanes=None, build=None) -> int:
+    """Read the configuration, build, serve; the exit code. `lanes`: the listening socket of the
+    front's request lanes; `build(dataset, config, say)`: the engine (default: the device's,
+    `migration.architectures.build_engine`)."""
     import gc
 
     from andromeda_nb.devices import resolve
@@ -71,8 +73,9 @@ def serve_channel(conn, build=None) -> int:
             engine = build_engine(dataset, device, version=config.get("version"), layout=config.get("layout"),
                                   say=say if config.get("steps") else None)
         turn = GpuTurn(config["turn"]) if config.get("turn") else None
-        worker = EngineWorker(engine, dataset, conn, limits=limits_of(config), batch_wait_s=config["batch_wait_s"],
-                              decode_ahead=bool(config.get("decode_ahead")), name=name, turn=turn)
+        worker = EngineWorker(engine, dataset, conn, lanes=lanes, limits=limits_of(config),
+                              batch_wait_s=config["batch_wait_s"], decode_ahead=bool(config.get("decode_ahead")),
+                              name=name, turn=turn)
     except Exception as exc:  # noqa: BLE001 - the front says why this worker could not start
         say(f"could not start: {type(exc).__name__}: {exc}")
         try:
@@ -90,15 +93,20 @@ def serve_channel(conn, build=None) -> int:
 
 
 def main(argv=None, build=None) -> int:
+    """The worker's entry point (`build`: as `serve_channel`'s)."""
     from multiprocessing.connection import Connection
 
     parser = argparse.ArgumentParser(prog="python -m migration.engine_worker", description=__doc__.split("\n")[0])
     parser.add_argument("--channel-fd", type=int, required=True, help="the channel to the front (a socket)")
+    parser.add_argument("--lanes-fd", type=int, required=True,
+                        help="the listening socket the front connects its request lanes to")
     parser.add_argument("--parent-pid", type=int, required=True, help="the front: exit when it is gone")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(args.parent_pid)
-    return serve_channel(Connection(args.channel_fd), build)
+    import socket
+
+    return serve_channel(Connection(args.channel_fd), socket.socket(fileno=args.lanes_fd), build)
 
 
 if __name__ == "__main__":

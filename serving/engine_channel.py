@@ -1,42 +1,67 @@
-"""The channel between the front of a co-located server with several engines and each engine
+"""The channels between the front of a co-located server with several engines and each engine
 worker (`serve colocated --engines N`: `serving.engine_front` on one side, `serving.engine_worker`
-on the other): one Unix socket pair per worker, framed messages (`multiprocessing.connection.
-Connection.send_bytes`), no pickle: JSON for what is small and rare, Arrow IPC for batches.
+on the other), framed messages (a 4-byte big-endian length, then the message: the framing of
+`multiprocessing.connection.Connection.send_bytes`), no pickle: JSON for what is small and rare,
+Arrow IPC for batches. Two kinds of channel:
+
+* the control channel, one Unix socket pair per worker, read by the worker in order: its
+  configuration, updates, questions and the stop;
+* request lanes: Unix stream sockets the front connects to a worker's lane socket (created by the
+  front in a directory of its own, mode 0700, and handed to the worker when it starts), one request
+  in flight on a lane at a time. An exchange thread of the front takes a free lane, sends one
+  `REQUEST` and waits on that same socket for its `ANSWER` or `ERROR`, so a request's answer wakes
+  the thread that waits for it and no other (no reader thread between them, no lock handed over:
+  each hop a thread of the front's interpreter makes costs the interpreter lock once more). A lane
+  whose caller gave up (its deadline) is closed, never reused, so a late answer reaches no one.
 
 Every message starts with one byte saying its kind; a message that expects an answer carries a call
 id (uint64, little-endian) right after it, and its answer the same id.
 
-Front to worker (in the order the front sends them, which the worker keeps):
+Front to worker, on the control channel (in the order the front sends them, which the worker keeps):
 
 * `CONFIG` + JSON: the first message, what the worker loads and how it serves (`worker_config`);
-* `REQUEST` + id + schema length (uint32) + the request batch's schema (IPC) + the batch (IPC
-  message): one exchange's request batch, as it arrived;
 * `UPDATE` + id + JSON `[[seq, update object], ...]`: logged updates to apply, in log order;
 * `CONTROL` + id + JSON `{"op": "state"}`: the worker's state (health and stats);
 * `STOP`: finish the batches in hand and exit.
 
-Worker to front:
+Front to worker, on a lane:
+
+* `REQUEST` + id + schema length (uint32) + the request batch's schema (IPC) + the batch (IPC
+  message): one exchange's request batch, as it arrived.
+
+Worker to front, on the control channel:
 
 * `READY` + JSON: built, warmed up, serving (its pid and what its engine holds);
 * `FAILED` + JSON `{"message"}`: it could not start;
+* `REPLY` + id + JSON: the answer to an `UPDATE` (`{"seq": n}`) or a `CONTROL`;
+* `ERROR` + id + JSON `{"type": a pyarrow.flight error class, "message"}`: the call's error as
+  the one-engine server would have raised it (`serving.protocol.to_flight_error`).
+
+Worker to front, on the lane the request came on:
+
 * `ANSWER` + id + seq (int64) + taken and answered (float64, `time.perf_counter()`, one clock
   for all processes of a Linux host) + the answer batch (IPC message of `ANSWER_SCHEMA`);
-* `ERROR` + id + JSON `{"type": a pyarrow.flight error class, "message"}`: the call's error as
-  the one-engine server would have raised it (`serving.protocol.to_flight_error`);
-* `REPLY` + id + JSON: the answer to an `UPDATE` (`{"seq": n}`) or a `CONTROL`.
+* `ERROR` + id + JSON, as above.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import struct
 
 CONFIG, REQUEST, UPDATE, CONTROL, STOP = b"G", b"R", b"U", b"C", b"S"
 READY, FAILED, ANSWER, ERROR, REPLY = b"Y", b"F", b"A", b"E", b"P"
 
+_WAITALL = getattr(socket, "MSG_WAITALL", 0)
+
 CALL_ID = struct.Struct("<Q")
 SCHEMA_LEN = struct.Struct("<I")
 ANSWER_HEAD = struct.Struct("<Qqdd")  # call id, seq, taken, answered
+
+FRAME = struct.Struct("!i")  # a message's length, as `multiprocessing.connection` frames it
+MAX_FRAME = 2**31 - 1
+_SEND_JOINED = 1 << 16  # a message shorter than this goes out with its length in one write
 
 # the Flight errors a worker may report, by name (anything else arrives as FlightInternalError)
 FLIGHT_ERRORS = ("FlightServerError", "FlightInternalError", "FlightTimedOutError", "FlightUnavailableError",
@@ -84,6 +109,49 @@ def split_answer(msg: bytes) -> tuple[int, int, float, float, memoryview]:
     return call_id, seq, taken, answered, memoryview(msg)[1 + ANSWER_HEAD.size :]
 
 
+def send_frame(sock, msg) -> None:
+    """One framed message on a lane (`socket.socket`), whole (OSError when the other end is gone)."""
+    n = len(msg)
+    if n > MAX_FRAME:
+        raise ValueError(f"a message of {n} bytes is over the channel's {MAX_FRAME}")
+    if n < _SEND_JOINED:
+        sock.sendall(FRAME.pack(n) + msg)
+    else:
+        sock.sendall(FRAME.pack(n))
+        sock.sendall(msg)
+
+
+def recv_frame(sock) -> bytes | None:
+    """The next framed message on a lane; None when the other end closed it between two messages.
+    EOFError when it closed inside one; TimeoutError past the socket's timeout."""
+    head = _recv_exactly(sock, FRAME.size)
+    if head is None:
+        return None
+    (n,) = FRAME.unpack(head)
+    if n < 0:
+        raise EOFError(f"a lane's frame says {n} bytes")
+    body = _recv_exactly(sock, n) if n else b""
+    if body is None:
+        raise EOFError("the lane closed inside a message")
+    return body
+
+
+def _recv_exactly(sock, n: int) -> bytes | None:
+    data = sock.recv(n, _WAITALL)
+    if len(data) == n:
+        return data
+    if not data:
+        return None
+    parts, got = [data], len(data)  # a short read (a signal, or a socket with a timeout)
+    while got < n:
+        more = sock.recv(n - got)
+        if not more:
+            raise EOFError("the lane closed inside a message")
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
 def error_body(exc: BaseException) -> dict:
     """An error as the worker reports it: the Flight error the one-engine server would raise."""
     from .protocol import to_flight_error
@@ -103,4 +171,4 @@ def flight_error(body: dict) -> Exception:
 
 __all__ = ["ANSWER", "CONFIG", "CONTROL", "ERROR", "FAILED", "READY", "REPLY", "REQUEST", "STOP", "UPDATE",
            "answer_message", "call_id_of", "error_body", "flight_error", "json_body", "message",
-           "request_message", "split_answer", "split_request"]
+           "recv_frame", "request_message", "send_frame", "split_answer", "split_request"]

@@ -5,10 +5,12 @@ One process keeps the Flight server, the guard, the limits, the update log (`ser
 their own engine on the same device (on a GPU: one CUDA context each, one GPU shared) and batch,
 decode, run and encode the requests they are given (`serving.engine_worker`). The front does as
 little Python per request as it can: it hands each exchange's request batch, as Arrow IPC bytes, to
-the worker with the fewest calls in hand, waits, and writes the answer batch the worker made. So the
-host work of N batches runs in N interpreters at once, instead of one interpreter lock shared with
-every exchange thread (docs/BENCHMARKS.md, "The served path with many clients"); pyarrow's Flight
-server cannot share one port between processes, so the front stays one.
+the worker with the fewest calls in hand, on a request lane of its own (`serving.engine_channel`),
+waits on that lane, and writes the answer batch the worker made. So the host work of N batches runs
+in N interpreters at once, instead of one interpreter lock shared with every exchange thread
+(docs/BENCHMARKS.md, "The served path with many clients"), and a request's way through the front
+wakes one thread of it, not two; pyarrow's Flight server cannot share one port between processes,
+so the front stays one.
 
 * Same answers, protocol and app_metadata (`{"seq": n}`, from the worker that answered) as one
   engine. A request's errors are the ones the one-engine server raises, made in the worker.
@@ -30,10 +32,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -54,6 +58,8 @@ from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
 STOP_WAIT_S = 10.0  # how long a stopping front waits for a worker to finish its batches and exit
 STATE_TIMEOUT_S = 5.0  # how long health and stats wait for a worker's state
+LANE_BACKLOG = 256  # lanes a worker's socket holds before the worker accepts them
+LANE_END_WAIT_S = 5.0  # how long a call whose lane ended waits to hear why the worker ended
 
 
 class LiveIds:
@@ -115,29 +121,46 @@ def _how_it_ended(code: int | None) -> str:
 
 
 class EngineWorkerProcess:
-    """One engine worker as the front sees it: the process (`python -m MODULE --channel-fd FD`), its
-    channel and the calls awaiting an answer on it. `module`: the worker's entry point (it builds the
-    engine: `migration.engine_worker`); `config`: its `CONFIG` message."""
+    """One engine worker as the front sees it: the process (`python -m MODULE --channel-fd FD
+    --lanes-fd FD`), its control channel and the calls awaiting an answer on it, and its request
+    lanes (`request`). `module`: the worker's entry point (it builds the engine:
+    `migration.engine_worker`); `config`: its `CONFIG` message; `lane_dir`: a directory only this
+    user can enter (mode 0700), where its lane socket is made."""
 
-    def __init__(self, module: str, config: dict, index: int, count: int, *, env: dict | None = None):
+    def __init__(self, module: str, config: dict, index: int, count: int, *, env: dict | None = None,
+                 lane_dir: str | None = None):
         self.index, self.count = index, count
         self.name = f"engine worker {index} of {count}"
+        self._own_dir = lane_dir is None
+        self._lane_dir = lane_dir if lane_dir is not None else tempfile.mkdtemp(prefix="andromeda-lanes-")
+        self.lane_path = os.path.join(self._lane_dir, f"worker-{index}.sock")
         front, child = socket.socketpair()
+        lanes = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            lanes.bind(self.lane_path)
+            lanes.listen(LANE_BACKLOG)
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--channel-fd", str(child.fileno()), "--parent-pid", str(os.getpid())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=2, env=env)  # stdout: the front's only
+                [sys.executable, "-m", module, "--channel-fd", str(child.fileno()), "--lanes-fd", str(lanes.fileno()),
+                 "--parent-pid", str(os.getpid())],
+                pass_fds=(child.fileno(), lanes.fileno()), stdin=subprocess.DEVNULL,
+                stdout=2, env=env)  # stdout: the front's only
         except BaseException:
             front.close()
+            self._remove_lane_socket()
             raise
         finally:
             child.close()
+            lanes.close()  # the worker holds it; the front connects by its path
         self.pid = self.proc.pid
         self.name = f"engine worker {index} of {count} (pid {self.pid})"
         self.conn = Connection(front.detach())
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
+        self._lanes_lock = threading.Lock()
+        self._free_lanes: list[socket.socket] = []
+        self._busy = 0  # requests on lanes now
+        self._gone = threading.Event()  # set once `ended` says why the worker is gone
         self.ready = threading.Event()
         self.info: dict | None = None  # what it said when ready
         self.failure: str | None = None  # what it said when it could not start
@@ -148,7 +171,8 @@ class EngineWorkerProcess:
 
     @property
     def in_hand(self) -> int:
-        return len(self._pending)
+        """Its calls not answered yet: requests on its lanes and control calls."""
+        return self._busy + len(self._pending)
 
     @property
     def alive(self) -> bool:
@@ -197,6 +221,73 @@ class EngineWorkerProcess:
             raise waiter.error
         return waiter.msg
 
+    # --- requests, on lanes ----------------------------------------------------------------------------
+    def request(self, schema: bytes, body, timeout_s: float | None, what: str = "request batch") -> bytes:
+        """One request batch (its schema's and its own IPC bytes) on a free lane, and the `ANSWER`
+        message that came back on it; the Flight error the worker reported; FlightUnavailableError
+        when the worker has ended; FlightTimedOutError after `timeout_s` (None: as long as the
+        worker lives), the lane then closed."""
+        if self.ended is not None:
+            raise self.ended_error()
+        lane = self._take_lane()
+        call_id = next(self._ids)
+        kept = False
+        try:
+            lane.settimeout(timeout_s)
+            ch.send_frame(lane, ch.request_message(call_id, schema, body))
+            msg = ch.recv_frame(lane)
+            if msg is None:
+                raise EOFError
+            kind = msg[:1]
+            if ch.call_id_of(msg) != call_id or kind not in (ch.ANSWER, ch.ERROR):
+                raise flight.FlightInternalError(f"{self.name} answered call {ch.call_id_of(msg)} with "
+                                                 f"{bytes(kind)!r} on the lane of call {call_id}")
+            kept = True
+            if kind == ch.ERROR:
+                raise ch.flight_error(ch.json_body(msg))
+            return msg
+        except TimeoutError:
+            raise flight.FlightTimedOutError(f"{self.name} did not answer the {what} within {timeout_s:g} s") \
+                from None
+        except (EOFError, OSError):
+            raise self._lane_lost() from None
+        finally:
+            self._give_lane(lane, kept)
+
+    def _take_lane(self) -> socket.socket:
+        with self._lanes_lock:
+            self._busy += 1
+            if self._free_lanes:
+                return self._free_lanes.pop()
+        lane = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lane.connect(self.lane_path)
+        except OSError:
+            lane.close()
+            with self._lanes_lock:
+                self._busy -= 1
+            raise self._lane_lost() from None
+        return lane
+
+    def _give_lane(self, lane: socket.socket, kept: bool) -> None:
+        """A lane back to the free ones, or closed: one whose call did not end with its answer read
+        (a deadline, a lost worker) may still get that answer, and is never used again."""
+        with self._lanes_lock:
+            self._busy -= 1
+            if kept and self.ended is None:
+                self._free_lanes.append(lane)
+                return
+        lane.close()
+
+    def _lane_lost(self) -> flight.FlightError:
+        """The error of a call whose lane ended: the worker's end, once the control channel's reader
+        says why (a lane ends with its process), else a lane that ended alone."""
+        self._gone.wait(LANE_END_WAIT_S)
+        if self.ended is not None:
+            return self.ended_error()
+        return flight.FlightUnavailableError(f"{self.name} closed the request lane before answering; the call was "
+                                             "not answered")
+
     # --- the reader ------------------------------------------------------------------------------------
     def _read(self) -> None:
         while True:
@@ -229,7 +320,13 @@ class EngineWorkerProcess:
         except subprocess.TimeoutExpired:
             code = None
         self.ended = _how_it_ended(code) + (f": {self.failure}" if self.failure else "")
+        self._gone.set()
         self.ready.set()
+        with self._lanes_lock:
+            free, self._free_lanes = self._free_lanes, []
+        for lane in free:
+            lane.close()
+        self._remove_lane_socket()
         for call_id in list(self._pending):
             waiter = self._pending.pop(call_id, None)
             if waiter is not None:
@@ -254,7 +351,19 @@ class EngineWorkerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._reader.join(5.0)
+        self._remove_lane_socket()
         return self.proc.returncode
+
+    def _remove_lane_socket(self) -> None:
+        try:
+            os.unlink(self.lane_path)
+        except OSError:
+            pass
+        if self._own_dir:
+            try:
+                os.rmdir(self._lane_dir)
+            except OSError:
+                pass
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -278,10 +387,11 @@ class EnginePool:
         self.workers: list[EngineWorkerProcess] = []
         self._turn = itertools.count()
         self._started = time.perf_counter()
+        self.lane_dir = tempfile.mkdtemp(prefix="andromeda-lanes-")  # mode 0700: this user's processes only
         try:
             for i in range(count):
                 self.workers.append(EngineWorkerProcess(module, {**config, "steps": say is not None}, i + 1, count,
-                                                        env=env))
+                                                        env=env, lane_dir=self.lane_dir))
         except BaseException:
             self.close(wait_s=1.0)
             raise
@@ -311,8 +421,8 @@ class EnginePool:
         best, least = None, None
         for j in range(n):
             worker = workers[(start + j) % n]
-            if worker.ended is None and (least is None or len(worker._pending) < least):
-                best, least = worker, len(worker._pending)
+            if worker.ended is None and (least is None or worker._busy < least):
+                best, least = worker, worker._busy
         if best is None:
             raise flight.FlightUnavailableError(f"every engine worker of this server has ended ({self.why_ended()}); "
                                                 "restart the server")
@@ -380,6 +490,7 @@ class EnginePool:
             thread.start()
         for thread in threads:
             thread.join()
+        shutil.rmtree(self.lane_dir, ignore_errors=True)
 
     def kill(self) -> None:
         for worker in self.workers:
@@ -459,8 +570,8 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
             worker = self.engines.pick()
             if times is not None:
                 times["queued"] = time.perf_counter()
-            msg = worker.call(lambda call_id: ch.request_message(call_id, schema, body), self.limits.deadline_s,
-                              "request batch (the server's deadline, --deadline)")
+            msg = worker.request(schema, body, self.limits.deadline_s,
+                                 "request batch (the server's deadline, --deadline)")
         except BaseException:
             self.stats.add(bytes_in=size)
             raise

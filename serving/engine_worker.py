@@ -1,11 +1,12 @@
 """One engine of a co-located server with several (`serve colocated --engines N`), in a process of its
-own: it reads its channel from the front (`serving.engine_channel`) in order, and
+own: one thread reads its control channel from the front (`serving.engine_channel`) in order, and
+its request lanes as requests arrive on them, and
 
 * hands each request batch, as it arrived, to its own `serving.batcher.RequestBatcher` (without
   waiting: `submit_payload_async`), which gathers the requests of the calls that arrive together,
   decodes them, runs the engine and encodes the answers, as the one-engine server does
-  (`serving.engine_server`); each call's answer batch goes back as Arrow IPC bytes with the sequence
-  number of the last update it reflects;
+  (`serving.engine_server`); each call's answer batch goes back, on the lane the request came on, as
+  Arrow IPC bytes with the sequence number of the last update it reflects;
 * applies each slice of logged updates before it reads the next message, under the engine's lock
   (between two batches), and answers with its sequence number: the front acknowledges an update call
   once every worker holds it, so a request the front sends afterwards is read after it here and
@@ -50,11 +51,12 @@ class EngineWorker:
     """Serves one engine over one channel (`conn`: a `multiprocessing.connection.Connection`); see the
     module docstring. `name` ("engine worker 2 of 4") is how errors and messages call it."""
 
-    def __init__(self, engine, dataset, conn, *, limits: ServiceLimits = DEFAULT_LIMITS,
+    def __init__(self, engine, dataset, conn, *, lanes=None, limits: ServiceLimits = DEFAULT_LIMITS,
                  batch_wait_s: float = DEFAULT_MAX_WAIT_S, decode_ahead: bool = False, name: str = "engine worker",
                  turn=None):
+        """`lanes`: the listening socket the front connects its request lanes to (None: none)."""
         model = dataset.model
-        self.engine, self.conn, self.name = engine, conn, name
+        self.engine, self.conn, self.lanes, self.name = engine, conn, lanes, name
         self.limits = limits
         self.seed, self.experts, self.width = dataset.seed, model.E, model.S
         self.dim, self.formats = model.D, model.F
@@ -106,25 +108,68 @@ class EngineWorker:
             self.conn.send_bytes(msg)
 
     def serve(self) -> None:
-        """Say READY, then serve the channel's messages in order until STOP or the channel's end."""
+        """Say READY, then serve the control channel's messages in order, and each lane's requests as
+        they come, until STOP or the channel's end."""
+        import selectors
+
         self.send(ch.message(ch.READY, body={"name": self.name, **self.state()}))
+        events = selectors.DefaultSelector()
+        events.register(self.conn.fileno(), selectors.EVENT_READ, None)
+        if self.lanes is not None:
+            events.register(self.lanes, selectors.EVENT_READ, self.lanes)
         try:
             while True:
-                try:
-                    msg = self.conn.recv_bytes()
-                except (EOFError, OSError):  # the front is gone
-                    break
-                kind = msg[:1]
-                if kind == ch.REQUEST:
-                    self._request(msg)
-                elif kind == ch.UPDATE:
-                    self._update(msg)
-                elif kind == ch.CONTROL:
-                    self._reply(ch.call_id_of(msg), self.state)
-                elif kind == ch.STOP:
-                    break
+                for key, _ in events.select():
+                    if key.data is None:
+                        if not self._control():
+                            return
+                    elif key.data is self.lanes:
+                        try:
+                            lane, _ = self.lanes.accept()
+                        except OSError:
+                            continue
+                        lane.setblocking(True)
+                        events.register(lane, selectors.EVENT_READ, lane)
+                    elif not self._lane(key.data):
+                        events.unregister(key.data)
+                        key.data.close()
         finally:
+            events.close()
             self.batcher.close()  # the batch in hand finishes; calls still queued hear the server is stopping
+
+    def _control(self) -> bool:
+        """The control channel's next message, served; False at STOP or the channel's end."""
+        try:
+            msg = self.conn.recv_bytes()
+        except (EOFError, OSError):  # the front is gone
+            return False
+        kind = msg[:1]
+        if kind == ch.UPDATE:
+            self._update(msg)
+        elif kind == ch.CONTROL:
+            self._reply(ch.call_id_of(msg), self.state)
+        elif kind == ch.STOP:
+            return False
+        elif kind == ch.REQUEST:  # requests come on lanes: this one hears so rather than waiting
+            self._error(ch.call_id_of(msg), RuntimeError("a request batch came on the control channel; "
+                                                         "requests come on a lane"))
+        return True
+
+    def _lane(self, lane) -> bool:
+        """A request that came on `lane`, handed to the batcher; False when the front closed the lane."""
+        try:
+            msg = ch.recv_frame(lane)
+        except (EOFError, OSError):
+            return False
+        if msg is None:
+            return False
+        send = lambda out: ch.send_frame(lane, out)  # noqa: E731 - one request in flight on a lane
+        if msg[:1] != ch.REQUEST:
+            self._error(ch.call_id_of(msg) if len(msg) >= 9 else 0,
+                        RuntimeError(f"a lane carries request batches, not {bytes(msg[:1])!r}"), send)
+            return True
+        self._request(msg, send)
+        return True
 
     def _reply(self, call_id: int, work) -> None:
         try:
@@ -134,13 +179,15 @@ class EngineWorker:
             return
         self.send(ch.message(ch.REPLY, call_id, body))
 
-    def _error(self, call_id: int, exc: BaseException) -> None:
+    def _error(self, call_id: int, exc: BaseException, send=None) -> None:
         try:
-            self.send(ch.message(ch.ERROR, call_id, ch.error_body(exc)))
+            (send or self.send)(ch.message(ch.ERROR, call_id, ch.error_body(exc)))
         except OSError:
-            pass  # the front is gone
+            pass  # the front is gone, or gave up on this call
 
-    def _request(self, msg: bytes) -> None:
+    def _request(self, msg: bytes, send) -> None:
+        """One request batch: answered with `send` (its lane's), at once when it holds no request,
+        else once the batcher has run it."""
         call_id, schema_bytes, body = ch.split_request(msg)
         try:
             schema = self._schemas.get(schema_bytes)
@@ -151,24 +198,25 @@ class EngineWorker:
                 self.decode(batch)
                 out, seq = self.encode([], [], None)
                 now = time.perf_counter()
-                self.send(ch.answer_message(call_id, seq, now, now, out))
+                send(ch.answer_message(call_id, seq, now, now, out))
                 return
             times: dict = {}
 
             def done(answers, error):
                 if error is not None:
-                    self._error(call_id, error)
+                    self._error(call_id, error, send)
                     return
                 out, seq = answers
                 try:
-                    self.send(ch.answer_message(call_id, seq, times.get("taken", 0.0), times.get("answered", 0.0),
-                                                out))
+                    send(ch.answer_message(call_id, seq, times.get("taken", 0.0), times.get("answered", 0.0), out))
                 except OSError:
-                    pass  # the front is gone: the receiver sees the channel's end and the worker exits
+                    pass  # the front gave up on this call (its lane is closed), or is gone
 
             self.batcher.submit_payload_async(batch, done, times)
+        except OSError:
+            pass  # the lane closed while answering at once
         except Exception as exc:  # noqa: BLE001 - this call's caller hears of it
-            self._error(call_id, exc)
+            self._error(call_id, exc, send)
 
     def _update(self, msg: bytes) -> None:
         """Apply a slice of logged updates, whole, between two batches; reply with the seq held."""

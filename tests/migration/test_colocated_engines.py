@@ -48,7 +48,7 @@ def ask_worker(worker, request_batch, timeout_s: float = 30.0):
 
     schema = request_batch.schema.serialize().to_pybytes()
     body = request_batch.serialize()
-    msg = worker.call(lambda call_id: ch.request_message(call_id, schema, body), timeout_s)
+    msg = worker.request(schema, body, timeout_s)
     _, seq, _, _, data = ch.split_answer(msg)
     return pa.ipc.read_record_batch(pa.py_buffer(data), fl.ANSWER_SCHEMA), seq
 
@@ -226,6 +226,38 @@ def test_a_killed_worker_fails_its_calls_by_name_and_never_hangs(tmp_path):
         assert fl.flight_action(location(front), "health")["status"] == "degraded"
     finally:
         stop(front)
+
+
+def test_a_call_past_its_deadline_closes_its_lane_and_the_late_answer_reaches_no_one(tmp_path):
+    """A request lane (`serving.engine_channel`) whose caller gave up is never used again: the worker's
+    late answer must not become the answer of the next call; the lanes' socket is this user's only
+    and is gone with the server."""
+    import stat
+
+    root, dataset = saved_corpus(tmp_path / "c", seed=13, n_ads=200, n_requests=4)
+    front = pooled_server(dataset, engines=1)
+    (worker,) = front.engines.workers
+    lane_dir = os.path.dirname(worker.lane_path)
+    try:
+        assert stat.S_IMODE(os.stat(lane_dir).st_mode) == 0o700
+        first, second = fl.request_batch(dataset.requests[:1], K), fl.request_batch(dataset.requests[1:3], K)
+        want, _ = ask_worker(worker, second)
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(flight.FlightTimedOutError, match=r"engine worker 1 of 1 .* within 0.5 s"):
+                ask_worker(worker, first, timeout_s=0.5)
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        assert worker.in_hand == 0
+        for _ in range(3):  # the late answer (to `first`) is on a closed lane, not the next call's
+            got, _ = ask_worker(worker, second)
+            assert got.equals(want)
+        served = fl.retrieve_over_flight(location(front), dataset.requests, K)
+        assert [len(ids) for ids, _ in served] == [len(ids) for ids, _ in _answers(
+            ask_worker(worker, fl.request_batch(dataset.requests, K))[0], dataset.requests)]
+    finally:
+        stop(front)
+    assert not os.path.exists(lane_dir)
 
 
 def _serve(root, *extra) -> ServiceProcess:

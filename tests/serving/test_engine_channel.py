@@ -1,15 +1,17 @@
 """The channel between a co-located front and its engine workers (`serving.engine_channel`): every
-message kind reads back as written, a worker's error reaches the front as the Flight error the
-one-engine server raises; and the front's set of live ids (`serving.engine_front.LiveIds`) follows
+message kind reads back as written, a lane's frames read back whole and a cut one is told from a
+clean end, a worker's error reaches the front as the Flight error the one-engine server raises; and the front's set of live ids (`serving.engine_front.LiveIds`) follows
 updates as an engine does."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
+import pytest
 
 from serving import engine_channel as ch
 from serving import protocol as fl
@@ -56,3 +58,26 @@ def test_live_ids_follow_upserts_and_retires():
     live.add(20)  # an id may come back
     live.remove(40)
     assert 20 in live and 40 not in live and len(live) == 3
+
+
+def test_a_lane_carries_whole_frames_and_tells_a_clean_end_from_a_cut_one():
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        small, large = ch.message(ch.READY, body={"x": 1}), bytes(range(256)) * 1024  # one write, then two
+        sender = threading.Thread(target=lambda: [ch.send_frame(a, msg) for msg in (small, large, b"")])
+        sender.start()  # the large one is more than the socket holds: read while it is sent
+        assert [ch.recv_frame(b) for _ in range(3)] == [small, large, b""]
+        sender.join(10)
+        a.sendall(ch.FRAME.pack(10) + b"12345")  # the sender ends inside a message
+        a.close()
+        with pytest.raises(EOFError):
+            ch.recv_frame(b)
+    finally:
+        a.close()
+        b.close()
+    a, b = socket.socketpair()
+    a.close()  # between two messages: a clean end
+    assert ch.recv_frame(b) is None
+    b.close()
