@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", type=int, default=0,
                     help="the co-located front over this many worker processes, each around an answer table "
                          "(0: one process, the one-engine server)")
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="leave what was built in the garbage collector's sight (a serving process freezes it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.clients % args.client_processes:
@@ -80,6 +82,11 @@ def main(argv=None) -> int:
         server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3, args.engine_calls),
                               dataset, batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead)
     location = f"grpc://127.0.0.1:{server.port}"
+    if not args.no_freeze:
+        import gc
+
+        gc.collect()
+        gc.freeze()  # as a serving process does before it serves (serving.process.serve_until_stopped)
     threading.Thread(target=server.serve, daemon=True).start()
     cpu0 = time.process_time()  # this process is the server (or its front): the clients run in their own processes
     result = drive(location, args.data, k=args.k, clients=args.clients, processes=args.client_processes,

@@ -62,6 +62,7 @@ ANSWER_HEAD = struct.Struct("<Qqdd")  # call id, seq, taken, answered
 FRAME = struct.Struct("!i")  # a message's length, as `multiprocessing.connection` frames it
 MAX_FRAME = 2**31 - 1
 _SEND_JOINED = 1 << 16  # a message shorter than this goes out with its length in one write
+_FIRST_READ = 1 << 16  # what a lane's first read of a message takes at most
 
 # the Flight errors a worker may report, by name (anything else arrives as FlightInternalError)
 FLIGHT_ERRORS = ("FlightServerError", "FlightInternalError", "FlightTimedOutError", "FlightUnavailableError",
@@ -123,25 +124,32 @@ def send_frame(sock, msg) -> None:
 
 def recv_frame(sock) -> bytes | None:
     """The next framed message on a lane; None when the other end closed it between two messages.
-    EOFError when it closed inside one; TimeoutError past the socket's timeout."""
-    head = _recv_exactly(sock, FRAME.size)
-    if head is None:
+    EOFError when it closed inside one; TimeoutError past the socket's timeout. A lane carries one
+    message at a time each way, so its first read takes whatever has come, up to `_FIRST_READ`
+    bytes: a message that arrived whole (an answer, a request) costs one read, and one wait for
+    the interpreter lock after it, not two."""
+    data = sock.recv(_FIRST_READ)
+    if not data:
         return None
-    (n,) = FRAME.unpack(head)
-    if n < 0:
-        raise EOFError(f"a lane's frame says {n} bytes")
-    body = _recv_exactly(sock, n) if n else b""
-    if body is None:
-        raise EOFError("the lane closed inside a message")
+    if len(data) < FRAME.size:
+        data += _recv_exactly(sock, FRAME.size - len(data))
+    (n,) = FRAME.unpack_from(data)
+    have = len(data) - FRAME.size
+    if n < 0 or have > n:
+        raise EOFError(f"a lane's frame says {n} bytes, and {have} came with it")
+    body = data[FRAME.size :]
+    if have < n:
+        body += _recv_exactly(sock, n - have)
     return body
 
 
-def _recv_exactly(sock, n: int) -> bytes | None:
+def _recv_exactly(sock, n: int) -> bytes:
+    """The next `n` bytes of a message; EOFError when the lane closes first."""
     data = sock.recv(n, _WAITALL)
     if len(data) == n:
         return data
     if not data:
-        return None
+        raise EOFError("the lane closed inside a message")
     parts, got = [data], len(data)  # a short read (a signal, or a socket with a timeout)
     while got < n:
         more = sock.recv(n - got)

@@ -60,6 +60,7 @@ STOP_WAIT_S = 10.0  # how long a stopping front waits for a worker to finish its
 STATE_TIMEOUT_S = 5.0  # how long health and stats wait for a worker's state
 LANE_BACKLOG = 256  # lanes a worker's socket holds before the worker accepts them
 LANE_END_WAIT_S = 5.0  # how long a call whose lane ended waits to hear why the worker ended
+ANSWER_ROW_BYTES = 20  # request id, ad id (int64), score (float32): an answer batch's `nbytes`, without its cost
 
 
 class LiveIds:
@@ -579,7 +580,7 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         out = pa.ipc.read_record_batch(pa.py_buffer(data), ANSWER_SCHEMA)
         if times is not None:
             times["taken"], times["answered"], times["woke"] = taken, answered, time.perf_counter()
-        self.stats.add(bytes_in=size, requests=batch.num_rows, batches=1, bytes_out=out.nbytes)
+        self.stats.add(bytes_in=size, requests=batch.num_rows, batches=1, bytes_out=out.num_rows * ANSWER_ROW_BYTES)
         meta = self._meta
         if meta[0] != seq:  # one metadata buffer per update state, not one per answer
             meta = self._meta = (seq, answer_metadata(seq))
