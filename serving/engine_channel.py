@@ -127,7 +127,8 @@ def recv_frame(sock) -> bytes | None:
     EOFError when it closed inside one; TimeoutError past the socket's timeout. A lane carries one
     message at a time each way, so its first read takes whatever has come, up to `_FIRST_READ`
     bytes: a message that arrived whole (an answer, a request) costs one read, and one wait for
-    the interpreter lock after it, not two."""
+    the interpreter lock after it, not two; bytes past the message (a second one sent before the
+    first was answered) break that rule and are refused with EOFError."""
     data = sock.recv(_FIRST_READ)
     if not data:
         return None

@@ -66,10 +66,20 @@ def test_a_lane_carries_whole_frames_and_tells_a_clean_end_from_a_cut_one():
     a, b = socket.socketpair()
     try:
         small, large = ch.message(ch.READY, body={"x": 1}), bytes(range(256)) * 1024  # one write, then two
-        sender = threading.Thread(target=lambda: [ch.send_frame(a, msg) for msg in (small, large, b"")])
-        sender.start()  # the large one is more than the socket holds: read while it is sent
-        assert [ch.recv_frame(b) for _ in range(3)] == [small, large, b""]
-        sender.join(10)
+        for msg in (small, large, b""):  # one message at a time, as on a lane
+            sender = threading.Thread(target=ch.send_frame, args=(a, msg))
+            sender.start()  # the large one is more than the socket holds: read while it is sent
+            assert ch.recv_frame(b) == msg
+            sender.join(10)
+        ch.send_frame(a, small)
+        ch.send_frame(a, small)  # two at once break the lane's rule: refused, not misread
+        with pytest.raises(EOFError, match="came with it"):
+            ch.recv_frame(b)
+    finally:
+        a.close()
+        b.close()
+    a, b = socket.socketpair()
+    try:
         a.sendall(ch.FRAME.pack(10) + b"12345")  # the sender ends inside a message
         a.close()
         with pytest.raises(EOFError):
