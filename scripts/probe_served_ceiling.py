@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-ahead", action="store_true",
                     help="decode on a thread a stage ahead of the engine, not on the batcher's worker between batches")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
-                    help="the server interpreter's thread switch interval (sys.setswitchinterval; Python's default 5 ms)")
+                    help="the server interpreter's thread switch interval (sys.setswitchinterval); default: a "
+                         "serving process's (serving.process.SWITCH_INTERVAL_MS) with --engines, else Python's 5 ms")
     ap.add_argument("--engines", type=int, default=0,
                     help="the co-located front over this many worker processes, each around an answer table "
                          "(0: one process, the one-engine server)")
@@ -68,6 +69,10 @@ def main(argv=None) -> int:
     from andromeda_nb.store import load_dataset
     from benchmarks.clients import AnswerTable, drive
 
+    if args.switch_interval_ms is None and args.engines:
+        from serving.process import SWITCH_INTERVAL_MS
+
+        args.switch_interval_ms = SWITCH_INTERVAL_MS  # as `serve colocated` runs its front
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     dataset = load_dataset(args.data)
@@ -100,7 +105,8 @@ def main(argv=None) -> int:
     result["call_path"] = server.call_path.snapshot()
     server.shutdown()
     server.close_resources()
-    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "engines": args.engines, **result,
+    out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "engines": args.engines,
+           "switch_interval_ms": args.switch_interval_ms, **result,
            "batching": stats}
     stamp(out, command=script_command("probe_served_ceiling.py", argv if argv is not None else sys.argv[1:]))
     engine = "no engine time" if not args.engine_ms else f"a wait of {args.engine_ms:g} ms a batch"
