@@ -18,9 +18,7 @@ counts are the toolkit's that the JSON names. Needs the `ptxas` command and libN
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,31 +28,14 @@ sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.measure import log  # noqa: E402
 from andromeda_nb.provenance import finish_probe  # noqa: E402
+from gpu.lab.ptx import (PtxTooNew, assemble, parse_ptxas, ptxas_version,  # noqa: E402,F401 - the tests read them here
+                         static_shared_bytes)
 
 PTX_TOO_NEW = 3  # the exit status when the PTX is newer than the ptxas reads
-
-
-class PtxTooNew(Exception):
-    """libNVVM wrote a PTX version this ptxas does not read."""
-
-
 REGISTERS_PER_SM = 65536  # sm_90: 64K 32-bit registers an SM
 MAX_BLOCKS_PER_SM = 32
 SMEM_PER_SM = 233472  # sm_90: 228 KB of shared memory an SM
 SMEM_RESERVED_PER_BLOCK = 1024
-_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_SHARED = re.compile(r"\.shared\s+\.align\s+\d+\s+\.b8\s+\S+\[(\d+)\]")
-_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
-
-
-def parse_ptxas(text: str) -> dict:
-    """The figures of one entry function from `ptxas -v`'s report (its only entry)."""
-    props, used = _PROPS.search(text), _USED.search(text)
-    if props is None or used is None:
-        raise ValueError(f"ptxas -v printed no resource lines: {text.strip()[:300]!r}")
-    return {"registers": int(used.group(1)), "stack_frame_bytes": int(props.group(1)),
-            "spill_store_bytes": int(props.group(2)), "spill_load_bytes": int(props.group(3)),
-            "static_smem_bytes": int(used.group(3) or 0)}
 
 
 def blocks_by_shared(smem: int) -> int:
@@ -114,35 +95,6 @@ def nvvm_package() -> str:
     return "a CUDA toolkit's (no PyPI package)"
 
 
-def ptxas_version(ptxas: str) -> str:
-    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=False).stdout
-    found = re.search(r"release ([\d.]+), V([\d.]+)", out)
-    return found.group(2) if found else out.strip().splitlines()[-1]
-
-
-def assemble(ptxas: str, ptx: str, max_registers: int | None, work: Path) -> dict:
-    src = work / "kernel.ptx"
-    src.write_text(ptx)
-    # -c (relocatable): a whole program is refused by this ptxas past 48 KB of static shared memory,
-    # which the kernels take and the driver's JIT accepts; the shared memory is counted from the PTX
-    cmd = [ptxas, "-arch=sm_90", "-c", "-v", str(src), "-o", str(work / "kernel.o")]
-    if max_registers:
-        cmd[1:1] = [f"-maxrregcount={max_registers}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    newer = re.search(r"Unsupported \.version ([\d.]+); current version is '([\d.]+)'", done.stderr)
-    if newer:
-        raise PtxTooNew(f"this ptxas reads PTX up to {newer.group(2)}, libNVVM wrote {newer.group(1)}: install the "
-                        "libNVVM of the ptxas's CUDA release (e.g. nvidia-nvvm==13.0.* for ptxas 13.0), or a newer ptxas")
-    if done.returncode != 0:
-        raise SystemExit(f"ptxas failed: {done.stderr.strip()[-600:]}")
-    return {**parse_ptxas(done.stdout + done.stderr), "static_smem_bytes": static_shared_bytes(ptx)}
-
-
-def static_shared_bytes(ptx: str) -> int:
-    """The bytes of the PTX's `.shared` arrays (numba declares each `cuda.shared.array` as one)."""
-    return sum(int(n) for n in _SHARED.findall(ptx))
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--versions", default="11,14,15,16", help="lab scoring versions (tensor-core ones)")
@@ -166,6 +118,9 @@ def main(argv=None) -> int:
             except PtxTooNew as exc:
                 print(f"sass_resources: {exc}", file=sys.stderr)
                 return PTX_TOO_NEW
+            except RuntimeError as exc:  # ptxas refused the kernel: its message
+                print(f"sass_resources: v{v} {spec.precision}: {exc}", file=sys.stderr)
+                return 1
             row = {"version": v, "precision": spec.precision, "max_registers": spec.max_registers, **counts,
                    "blocks_per_sm_by_registers": blocks_by_registers(counts["registers"], THREADS),
                    "blocks_per_sm_by_shared": blocks_by_shared(counts["static_smem_bytes"])}

@@ -5,22 +5,21 @@ SELECT warp or block). Prints one JSON
 line per kernel: the number of mma.sync instructions and the number expected, float64 use, local
 memory, and, where `ptxas` is on PATH, what it reports for sm_90 (registers, spill bytes, shared
 memory). An older ptxas than the PTX ISA numba's NVVM writes refuses the `.version` line alone; the
-kernels use no instruction newer than PTX 8.0, so the line is lowered to what that ptxas names.
-ptxas refuses static shared memory past 48 KiB ("too much shared data", its errors are listed) where
-the driver's JIT of the same PTX has loaded the shipped wide walk's 65 KiB on the H100 and H200 runs:
-the registers and spills it reports are read either way."""
+kernels use no instruction newer than PTX 8.0, so the line is lowered to what that ptxas names
+(`gpu.lab.ptx.assemble`, which assembles relocatable code: a whole program is refused past 48 KiB of
+static shared memory, which the driver's JIT of the same PTX loads, the shipped wide walk's 65 KiB on
+the H100 and H200 runs)."""
 
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from numba import cuda, types
 
-from gpu.lab.ptx import pretend_sm90
+from gpu.lab.ptx import assemble, pretend_sm90, static_shared_bytes
 
 pretend_sm90()  # device functions ask the current device for its compute capability: there is none
 
@@ -33,29 +32,19 @@ KERNEL_SIG = (T.uint32[::1], T.float32[::1], T.int32[::1], T.uint32[:, ::1], T.f
 
 
 def ptxas_report(ptx: str, max_registers: int | None = None) -> dict | None:
-    """ptxas -v for sm_90 on `ptx` (with -maxrregcount as the kernel's `max_registers` option asks):
-    {registers, spill_bytes, shared_bytes, errors}; None without ptxas."""
+    """ptxas -v for sm_90 on `ptx` (`gpu.lab.ptx.assemble`, its `.version` lowered to what the ptxas
+    reads): {registers, spill_bytes, shared_bytes, errors}; None without ptxas."""
     exe = shutil.which("ptxas")
     if exe is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.ptx"
-        path.write_text(ptx)
-        cmd = [exe, "-arch=sm_90", "-v", str(path), "-o", str(Path(tmp) / "k.cubin")]
-        if max_registers:
-            cmd[1:1] = ["-maxrregcount", str(max_registers)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        newest = re.search(r"current version is '(\d+\.\d+)'", proc.stderr)
-        if proc.returncode and newest:
-            path.write_text(re.sub(r"^\.version \S+", f".version {newest.group(1)}", ptx, count=1, flags=re.M))
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-    text = proc.stderr
-    regs = re.search(r"Used (\d+) registers", text)
-    smem = re.search(r"(\d+) bytes smem", text)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", text)]
-    errors = [ln.split(":", 1)[1].strip()[-160:] for ln in text.splitlines() if ln.startswith("ptxas error")]
-    return {"registers": int(regs.group(1)) if regs else None, "spill_bytes": sum(spills),
-            "shared_bytes": int(smem.group(1)) if smem else 0, "errors": errors}
+        try:
+            got = assemble(exe, ptx, max_registers, Path(tmp), lower_version=True)
+        except RuntimeError as exc:
+            return {"registers": None, "spill_bytes": 0, "shared_bytes": static_shared_bytes(ptx),
+                    "errors": [str(exc)[-160:]]}
+    return {"registers": got["registers"], "spill_bytes": got["spill_store_bytes"] + got["spill_load_bytes"],
+            "shared_bytes": got["static_smem_bytes"], "errors": []}
 
 
 def main(cases):
