@@ -167,3 +167,28 @@ def test_spy_summary_reads_nested_processes_and_command_lines_with_semicolons():
     assert second["process"].startswith("11 ") and second["thread"] == "Thread (client)" and second["samples"] == 40
     assert dict(second["self"]) == {"retrieve (c.py:82)": 30, "split (f.py:9)": 10}
     assert dict(second["inclusive"])["run"] == 40
+
+
+def test_the_front_over_answer_table_workers_serves_the_tables_answers(tmp_path):
+    """`scripts/probe_served_ceiling.py --engines N`'s server: the co-located front over worker
+    processes whose engine is an answer table (`benchmarks.table_worker`); clients get the CPU
+    engine's answers, and every worker serves some."""
+    from serving.engine_front import start_pooled_server
+
+    generate_corpus(tmp_path / "corpus", 150, 6, 5)
+    dataset = load_dataset(tmp_path / "corpus")
+    right = [AnswerTable.computed(dataset, 10).answers[r.request_id] for r in dataset.requests]
+    config = {"data": str(tmp_path / "corpus"), "device": "cpu", "batch_wait_s": 0.0002, "table_k": 10}
+    server = start_pooled_server(dataset, "grpc://127.0.0.1:0", module="benchmarks.table_worker", config=config,
+                                 engines=2)
+    threading.Thread(target=server.serve, daemon=True).start()
+    try:
+        got = drive(f"grpc://127.0.0.1:{server.port}", str(tmp_path / "corpus"), k=10, clients=4, processes=2,
+                    seconds=1.0, want=[(ids[:10], s[:10]) for ids, s in right], exchange="stream")
+        assert got["requests"] > 8 and got["n_wrong"] == 0, got
+        per_engine = server.extra_stats()["batching"]["per_engine"]
+        assert len(per_engine) == 2 and all(e["requests"] > 0 for e in per_engine), per_engine
+        assert all(s["engine"]["engine"] == "answer table (computed beforehand)" for s in server.engines.states())
+    finally:
+        server.shutdown()
+        server.close_resources()
