@@ -18,6 +18,7 @@ import multiprocessing as mp
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -110,7 +111,7 @@ class KeptExchange:
         self.writer = self.reader = None
 
 
-def _process(location: str, data: str, k: int, threads: int, first: int, stride: int, seconds: float,
+def _process(locations: list[str], data: str, k: int, threads: int, first: int, stride: int, seconds: float,
              want, out, exchange: str = "call", ready=None, go=None, request_format: str = "json") -> None:
     from serving import protocol as fl
     from serving.guard import connect
@@ -128,9 +129,10 @@ def _process(location: str, data: str, k: int, threads: int, first: int, stride:
     stop = time.perf_counter() + seconds
 
     def client(t: int) -> None:
+        i, mine = first + t * stride, []
+        location = locations[i % len(locations)]  # clients spread evenly over the servers
         conn = connect(location)
         stream = KeptExchange(conn) if exchange == "stream" else None
-        i, mine = first + t * stride, []
         try:
             while time.perf_counter() < stop:
                 r = requests[i % len(requests)]
@@ -159,9 +161,10 @@ def _process(location: str, data: str, k: int, threads: int, first: int, stride:
     out.put((latencies, wrong))
 
 
-def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1, seconds: float = 20.0,
-          want=None, exchange: str = "call", request_format: str = "json") -> dict:
+def drive(location: str | Sequence[str], data: str, *, k: int, clients: int, processes: int = 1,
+          seconds: float = 20.0, want=None, exchange: str = "call", request_format: str = "json") -> dict:
     """Run the clients (module docstring); returns requests/s, latency p50/p99 and the wrong answers.
+    `location`: a server's, or several: client i talks to the (i mod n)-th.
     `exchange`: 'call' opens an exchange for every request; 'stream' keeps one open per client and
     sends each request as the next batch on it (requests encoded beforehand). `request_format`: the
     request batches' kind, 'json' or 'columns' (`serving.protocol.REQUEST_FORMATS`)."""
@@ -173,7 +176,8 @@ def drive(location: str, data: str, *, k: int, clients: int, processes: int = 1,
     ctx = mp.get_context("spawn")
     out, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     per = clients // processes
-    procs = [ctx.Process(target=_process, args=(location, data, k, per, p, processes, seconds, want, out, exchange,
+    locations = [location] if isinstance(location, str) else list(location)
+    procs = [ctx.Process(target=_process, args=(locations, data, k, per, p, processes, seconds, want, out, exchange,
                                                 ready, go, request_format))
              for p in range(processes)]
     for p in procs:

@@ -192,3 +192,25 @@ def test_the_front_over_answer_table_workers_serves_the_tables_answers(tmp_path)
     finally:
         server.shutdown()
         server.close_resources()
+
+
+def test_clients_spread_evenly_over_several_servers(tmp_path):
+    """`drive` with several locations (`scripts/probe_served_spread.py`): client i talks to server
+    i mod n, so each of two servers answers half the clients."""
+    generate_corpus(tmp_path / "corpus", 120, 6, 6)
+    dataset = load_dataset(tmp_path / "corpus")
+    table = AnswerTable.computed(dataset, 10)
+    servers = [EngineServer(AnswerTable(table.answers), dataset) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve, daemon=True).start()
+    try:
+        right = [table.answers[r.request_id] for r in dataset.requests]
+        got = drive([f"grpc://127.0.0.1:{s.port}" for s in servers], str(tmp_path / "corpus"), k=10, clients=4,
+                    processes=2, seconds=1.0, want=right, exchange="stream")
+        assert got["n_wrong"] == 0 and got["requests"] > 8, got
+        served = [s.stats.snapshot()["requests"] for s in servers]
+        assert all(n > 0 for n in served) and sum(served) >= got["requests"], served
+        assert min(served) > 0.25 * max(served), served  # two clients each, in step
+    finally:
+        for server in servers:
+            server.shutdown()
