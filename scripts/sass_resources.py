@@ -28,8 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from andromeda_nb.measure import log  # noqa: E402
 from andromeda_nb.provenance import finish_probe  # noqa: E402
-from gpu.lab.ptx import (PtxTooNew, assemble, parse_ptxas, ptxas_version,  # noqa: E402,F401 - the tests read them here
-                         static_shared_bytes)
+from gpu.lab.ptx import PtxTooNew, assemble, ptxas_version  # noqa: E402
 
 PTX_TOO_NEW = 3  # the exit status when the PTX is newer than the ptxas reads
 REGISTERS_PER_SM = 65536  # sm_90: 64K 32-bit registers an SM

@@ -128,13 +128,10 @@ class EngineWorkerProcess:
     `migration.engine_worker`); `config`: its `CONFIG` message; `lane_dir`: a directory only this
     user can enter (mode 0700), where its lane socket is made."""
 
-    def __init__(self, module: str, config: dict, index: int, count: int, *, env: dict | None = None,
-                 lane_dir: str | None = None):
+    def __init__(self, module: str, config: dict, index: int, count: int, *, lane_dir: str, env: dict | None = None):
         self.index, self.count = index, count
         self.name = f"engine worker {index} of {count}"
-        self._own_dir = lane_dir is None
-        self._lane_dir = lane_dir if lane_dir is not None else tempfile.mkdtemp(prefix="andromeda-lanes-")
-        self.lane_path = os.path.join(self._lane_dir, f"worker-{index}.sock")
+        self.lane_path = os.path.join(lane_dir, f"worker-{index}.sock")
         front, child = socket.socketpair()
         lanes = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -189,15 +186,9 @@ class EngineWorkerProcess:
                                              "the server's health names it (restart the server to serve with it "
                                              "again)")
 
-    def call(self, make, timeout_s: float | None, what: str = "call") -> bytes:
-        """Send the message `make(call_id)` and wait for its answer; the answer message, or the Flight
-        error the worker reported, or FlightUnavailableError when the worker has ended, or
-        FlightTimedOutError after `timeout_s` (None: wait as long as the worker lives)."""
-        return self.wait(self.start(make), timeout_s, what)
-
     def start(self, make) -> tuple[int, _Waiter]:
-        """Send the message `make(call_id)`; what `wait` takes (`call` in two halves, so that one message
-        can go to every worker before any answer is waited for)."""
+        """Send the message `make(call_id)` on the control channel; what `wait` takes (a call in two
+        halves, so that one message can go to every worker before any answer is waited for)."""
         if self.ended is not None:
             raise self.ended_error()
         call_id = next(self._ids)
@@ -297,7 +288,7 @@ class EngineWorkerProcess:
             except (EOFError, OSError):
                 break
             kind = msg[:1]
-            if kind in (ch.ANSWER, ch.REPLY, ch.ERROR):
+            if kind in (ch.REPLY, ch.ERROR):  # answers to requests come on their lanes
                 waiter = self._pending.pop(ch.call_id_of(msg), None)
                 if waiter is None:
                     continue  # its caller gave up (deadline)
@@ -360,11 +351,6 @@ class EngineWorkerProcess:
             os.unlink(self.lane_path)
         except OSError:
             pass
-        if self._own_dir:
-            try:
-                os.rmdir(self._lane_dir)
-            except OSError:
-                pass
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -392,7 +378,7 @@ class EnginePool:
         try:
             for i in range(count):
                 self.workers.append(EngineWorkerProcess(module, {**config, "steps": say is not None}, i + 1, count,
-                                                        env=env, lane_dir=self.lane_dir))
+                                                        lane_dir=self.lane_dir, env=env))
         except BaseException:
             self.close(wait_s=1.0)
             raise

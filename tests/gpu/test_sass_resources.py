@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu.lab import ptx as lab_ptx
 from tests.support.ptx import needs_nvrtc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,21 +40,21 @@ def sr():
 
 
 def test_ptxas_report_is_read(sr):
-    assert sr.parse_ptxas(REPORT) == {"registers": 80, "stack_frame_bytes": 176, "spill_store_bytes": 324,
+    assert lab_ptx.parse_ptxas(REPORT) == {"registers": 80, "stack_frame_bytes": 176, "spill_store_bytes": 324,
                                       "spill_load_bytes": 252, "static_smem_bytes": 0}
     with pytest.raises(ValueError, match="no resource lines"):
-        sr.parse_ptxas("ptxas fatal   : Unsupported .version 9.5")
+        lab_ptx.parse_ptxas("ptxas fatal   : Unsupported .version 9.5")
     ptx = (".visible .shared .align 4 .b8 _cudapy_smem_1[16384];\n.shared .align 8 .b8 s2[100];\n"
            ".visible .global .align 4 .b8 g[4096];\n")
-    assert sr.static_shared_bytes(ptx) == 16484  # the global array is not shared memory
+    assert lab_ptx.static_shared_bytes(ptx) == 16484  # the global array is not shared memory
 
 
 def test_a_ptx_newer_than_the_ptxas_is_named(sr, tmp_path):
     fake = tmp_path / "ptxas"
     fake.write_text("#!/bin/sh\necho \"ptxas fatal   : Unsupported .version 9.5; current version is '9.0'\" >&2\nexit 255\n")
     fake.chmod(0o755)
-    with pytest.raises(sr.PtxTooNew, match=r"reads PTX up to 9.0, libNVVM wrote 9.5"):
-        sr.assemble(str(fake), ".version 9.5\n", 128, tmp_path)
+    with pytest.raises(lab_ptx.PtxTooNew, match=r"reads PTX up to 9.0, libNVVM wrote 9.5"):
+        lab_ptx.assemble(str(fake), ".version 9.5\n", 128, tmp_path)
 
 
 def test_blocks_an_sm_holds(sr):
