@@ -25,12 +25,25 @@ import time
 PARENT_POLL_S = 0.25
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _leave_lanes(lane_path: str | None) -> None:
+    """Remove this worker's lane socket and, once the last worker's is gone, the front's lane
+    directory: a front that was killed cannot remove them itself."""
+    if not lane_path:
+        return
+    for remove in (os.unlink, lambda path: os.rmdir(os.path.dirname(path))):
+        try:
+            remove(lane_path)
+        except OSError:  # gone already, or another worker's socket is still there
+            pass
+
+
+def _watch_parent(parent_pid: int, lane_path: str | None = None) -> None:
     """Exit at once when the front is gone, even while the engine is still being built."""
 
     def watch():
         while True:
             if os.getppid() != parent_pid:
+                _leave_lanes(lane_path)
                 os._exit(0)
             time.sleep(PARENT_POLL_S)
 
@@ -103,10 +116,15 @@ def main(argv=None, build=None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True, help="the front: exit when it is gone")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(args.parent_pid)
     import socket
 
-    return serve_channel(Connection(args.channel_fd), socket.socket(fileno=args.lanes_fd), build)
+    lanes = socket.socket(fileno=args.lanes_fd)
+    lane_path = lanes.getsockname() or None
+    _watch_parent(args.parent_pid, lane_path)
+    try:
+        return serve_channel(Connection(args.channel_fd), lanes, build)
+    finally:
+        _leave_lanes(lane_path)
 
 
 if __name__ == "__main__":

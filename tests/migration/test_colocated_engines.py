@@ -260,9 +260,9 @@ def test_a_call_past_its_deadline_closes_its_lane_and_the_late_answer_reaches_no
     assert not os.path.exists(lane_dir)
 
 
-def _serve(root, *extra) -> ServiceProcess:
+def _serve(root, *extra, env=None) -> ServiceProcess:
     return ServiceProcess("migration.colocated_server", ["--data", str(root), "--device", "cpu", "--log", "off",
-                                                          "--engines", str(ENGINES), *extra], name="front")
+                                                          "--engines", str(ENGINES), *extra], name="front", env=env)
 
 
 def test_sigterm_ends_the_front_and_every_worker(tmp_path):
@@ -278,16 +278,21 @@ def test_sigterm_ends_the_front_and_every_worker(tmp_path):
     assert ends_within(pids, 30) == []
 
 
-def test_workers_end_when_the_front_is_killed(tmp_path):
+def test_workers_end_when_the_front_is_killed_and_leave_no_lane_sockets(tmp_path):
     root, _ = saved_corpus(tmp_path / "c", seed=10, n_ads=150, n_requests=3)
-    proc = _serve(root)
+    scratch = tmp_path / "tmp"  # the front makes its lane directory here
+    scratch.mkdir()
+    proc = _serve(root, env={"TMPDIR": str(scratch)})
     try:
         pids = [e["pid"] for e in fl.flight_action(proc.location, "health")["engines"]]
+        lanes = list(scratch.glob("andromeda-lanes-*"))
+        assert len(lanes) == 1 and len(list(lanes[0].glob("worker-*.sock"))) == ENGINES
         proc.proc.send_signal(signal.SIGKILL)
         proc.proc.wait(30)
     finally:
         proc.stop()
     assert ends_within(pids, 30) == []
+    assert list(scratch.iterdir()) == [], "the workers of a killed front left their lane sockets behind"
 
 
 def test_engines_must_be_a_whole_number_of_at_least_one(tmp_path):
