@@ -47,6 +47,7 @@ function; the skip pays where the slot order clusters ads by geography (`rank`, 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -686,23 +687,45 @@ class CircleLookup:
         self.circles = np.ascontiguousarray(circles, np.float64).reshape(-1, 3)
         self.count = len(self.circles)
         self.grid = _circle_grid(self.circles)
-        self._room = 4096  # entries the next search expects (grows to the largest batch seen)
+        self._room = 4096  # entries a part of the next search expects (grows to the largest seen)
+        self._per_request = 0.0  # entries a request found in the last search
 
     def entries(self, lat: np.ndarray, lon: np.ndarray, group: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """(word int64[E], bits uint64[E]): for every request r (at lat[r], lon[r], degrees; NaN:
         nowhere) inside circle q, the word (r // group) * width + q of a circle table `width` words
-        wide and the bit 1 << (r % group). A word may be named by several entries (OR them)."""
+        wide and the bit 1 << (r % group), in request order. A word may be named by several entries
+        (OR them). A batch whose search is large (as many entries as the last batch's requests found
+        each, times its requests, past SEARCH_PART_ENTRIES) is split into runs of requests searched at
+        once on `search_threads()` threads (the compiled search lets go of the interpreter lock)."""
         lat = np.ascontiguousarray(lat, np.float64)
         lon = np.ascontiguousarray(lon, np.float64)
-        if self.count == 0 or len(lat) == 0:
+        n = len(lat)
+        if self.count == 0 or n == 0:
             return np.empty(0, np.int64), np.empty(0, np.uint64)
+        parts = min(n, search_threads() + 1, max(1, int(n * self._per_request // SEARCH_PART_ENTRIES)))
+        if parts == 1:
+            word, bits = self._search(lat, lon, 0, group, width)
+        else:
+            cuts = np.linspace(0, n, parts + 1).astype(np.int64)
+            pool = _search_pool()
+            later = [pool.submit(self._search, lat[a:b], lon[a:b], int(a), group, width)
+                     for a, b in zip(cuts[1:-1], cuts[2:])]
+            found = [self._search(lat[:cuts[1]], lon[:cuts[1]], 0, group, width)] + [f.result() for f in later]
+            word = np.concatenate([w for w, _ in found])
+            bits = np.concatenate([b for _, b in found])
+        self._per_request = len(word) / n
+        return word, bits
+
+    def _search(self, lat, lon, first: int, group: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """`entries` of the requests first, first + 1, ... at lat, lon (one run of a batch)."""
         while True:
-            word = np.empty(self._room, np.int64)
-            bits = np.empty(self._room, np.uint64)
-            n = _circle_entries(*self.grid, self.circles, lat, lon, group, width, word, bits)
-            if n <= self._room:
+            room = self._room
+            word = np.empty(room, np.int64)
+            bits = np.empty(room, np.uint64)
+            n = _circle_entries(*self.grid, self.circles, lat, lon, first, group, width, word, bits)
+            if n <= room:
                 return word[:n], bits[:n]
-            self._room = 2 * n
+            self._room = max(self._room, 2 * n)
 
     def fill(self, lat: np.ndarray, lon: np.ndarray, group: int, table: np.ndarray) -> None:
         """table uint64[G, max(1, Q)] := bit r % group of [r // group, q] set when request r is inside
@@ -710,6 +733,28 @@ class CircleLookup:
         table[:] = 0
         word, bits = self.entries(lat, lon, group, table.shape[1])
         np.bitwise_or.at(table.reshape(-1), word, bits)
+
+
+SEARCH_PART_ENTRIES = 6000  # entries (about 0.1 ms of search) below which a batch is searched in one run
+MAX_SEARCH_THREADS = 3  # threads beside the caller's that search runs of a large batch
+
+
+@lru_cache(maxsize=None)
+def search_threads() -> int:
+    """Threads beside the caller's for a large batch's custom-location search: one fewer than the
+    CPUs this process may use, at most MAX_SEARCH_THREADS (0 on one CPU: always one run)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(0, min(MAX_SEARCH_THREADS, cpus - 1))
+
+
+@lru_cache(maxsize=None)
+def _search_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=max(1, search_threads()), thread_name_prefix="circle-search")
 
 
 def _circle_grid(circles: np.ndarray) -> tuple:
@@ -768,11 +813,13 @@ def _row_range(row_lon, a, b):
 
 @njit(cache=True, nogil=True)
 def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, s_lon, s_vec, lo, hi, circles,
-                    lat, lon, group, width, word, bits):
-    """`CircleLookup.entries` on `_circle_grid`'s arrays: writes up to len(word) entries and returns how
-    many there are (more than len(word): call again with room for them). Serial on purpose: on the
-    2-core development machine a parallel region cost milliseconds of CPU where a batch's search takes
-    tens of microseconds (docs/results/probes/host_prepare_cpu.json)."""
+                    lat, lon, first, group, width, word, bits):
+    """`CircleLookup.entries` on `_circle_grid`'s arrays for requests first, first + 1, ... at lat,
+    lon: writes up to len(word) entries and returns how many there are (more than len(word): call
+    again with room for them). Serial on purpose, and without the interpreter lock: on the 2-core
+    development machine a numba parallel region cost milliseconds of CPU where a batch's search takes
+    tens of microseconds (docs/results/probes/host_prepare_cpu.json); a large batch is split into runs
+    of requests on Python threads instead (`CircleLookup.entries`)."""
     n = 0
     room = word.shape[0]
     for r in range(lat.shape[0]):
@@ -780,8 +827,8 @@ def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, 
         lo_r = lon[r]
         if la != la or lo_r != lo_r:
             continue
-        g = r // group
-        bit = np.uint64(1) << np.uint64(r % group)
+        g = (first + r) // group
+        bit = np.uint64(1) << np.uint64((first + r) % group)
         cos_lat = math.cos(math.radians(la))
         # the user's unit vector (libm here, numpy's for the circles: an ulp apart at most, far inside
         # the chord band's margin)

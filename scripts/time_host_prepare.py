@@ -47,6 +47,7 @@ def main(argv=None) -> int:
 
     resolve("sim")
     from benchmarks.match import BASE_ADS, build_tiled_index, host_prepare
+    from gpu.index import search_threads
     from andromeda_nb.compiled import EncodedBatch, encode_requests
     from gpu.lab import match as lab
 
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
               "data": args.data, "base_ads": None if args.data else len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
-              "repeat": args.repeat, "load_average": os.getloadavg(), "figures": figures}
+              "repeat": args.repeat, "load_average": os.getloadavg(), "search_threads": search_threads(),
+              "figures": figures}
     report_probe(result, "time_host_prepare.py", argv, args.out)
     return 0
 

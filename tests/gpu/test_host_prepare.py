@@ -196,6 +196,34 @@ def test_circle_table_equals_haversine_on_every_pair(seed, n_circles, n_points, 
     assert np.array_equal(table, want), f"seed={seed} circles={n_circles} points={n_points} group={group}"
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n_points=st.integers(6, 140), group=st.sampled_from([32, 64]),
+       threads=st.integers(1, 5))
+def test_a_large_search_split_over_threads_gives_the_entries_of_one_run(seed, n_points, group, threads):
+    """A batch whose search is large is split into runs of requests searched on threads: the same
+    entries, in the same order, as one run, wherever the cuts fall against the request groups."""
+    import gpu.index as gi
+
+    rng = np.random.default_rng(seed)
+    circles, lat, lon = _boundary_case(rng, 300, n_points)
+    circles[:, 2] = np.maximum(circles[:, 2], 40.0)  # wide circles: many entries
+    lat[5:] = rng.uniform(-1.0, 1.0, n_points - 5)  # users and circles crowded in one place
+    lon[5:] = rng.uniform(-1.0, 1.0, n_points - 5)
+    circles[4:, 0] = rng.uniform(-1.0, 1.0, 296)
+    circles[4:, 1] = rng.uniform(-1.0, 1.0, 296)
+    one = CircleLookup(circles)
+    want_word, want_bits = one.entries(lat, lon, group, 300)
+    split = CircleLookup(circles)
+    split._room = 8  # every run outgrows its first room
+    split._per_request = float(gi.SEARCH_PART_ENTRIES)  # as if the last batch's requests each found so many
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gi, "search_threads", lambda: threads)
+        word, bits = split.entries(lat, lon, group, 300)
+    assert np.array_equal(word, want_word) and np.array_equal(bits, want_bits), f"seed={seed} threads={threads}"
+    assert len(want_word) > n_points, "the case should be a large search"
+    assert split._per_request == len(word) / n_points
+
+
 def test_circle_table_boundaries_counted():
     """The boundary case above puts users on radius boundaries: inside exactly at the radius, outside
     one float64 step beyond it (the radius one step below the distance)."""
