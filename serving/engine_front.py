@@ -56,6 +56,7 @@ from .process import ServeError
 from .protocol import ANSWER_SCHEMA, RetrieveServer, answer_metadata, batch_bytes
 from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
+UNIX_PATH_BYTES = 107  # the longest path a Unix socket binds to on Linux (sun_path less its NUL)
 STOP_WAIT_S = 10.0  # how long a stopping front waits for a worker to finish its batches and exit
 STATE_TIMEOUT_S = 5.0  # how long health and stats wait for a worker's state
 LANE_BACKLOG = 256  # lanes a worker's socket holds before the worker accepts them
@@ -357,6 +358,24 @@ class EngineWorkerProcess:
             self.proc.kill()
 
 
+def lane_directory(count: int, fallback: str = "/tmp") -> str:
+    """A new directory, mode 0700 (this user's processes only), for the lane sockets of `count`
+    workers: under the temporary directory (TMPDIR), or under `fallback` where that one's path is too
+    long for a Unix socket; ServeError saying so where neither will do."""
+    name = f"worker-{count}.sock"
+    tried = []
+    for base in (None, fallback):
+        if base is not None and (not os.path.isdir(base) or os.path.realpath(base) == os.path.realpath(tempfile.gettempdir())):
+            continue
+        path = tempfile.mkdtemp(prefix="andromeda-lanes-", dir=base)
+        if len(os.fsencode(os.path.join(path, name))) <= UNIX_PATH_BYTES:
+            return path
+        os.rmdir(path)
+        tried.append(path)
+    raise ServeError(f"engine workers: no directory for their request sockets ({', '.join(tried)}: longer than the "
+                     f"{UNIX_PATH_BYTES} bytes a Unix socket path may take); set TMPDIR to a shorter directory")
+
+
 class EnginePool:
     """N engine workers started side by side (`EngineWorkerProcess`), each with the same `config`;
     requests go to the live one with the fewest calls in hand, updates to every live one."""
@@ -374,7 +393,7 @@ class EnginePool:
         self.workers: list[EngineWorkerProcess] = []
         self._turn = itertools.count()
         self._started = time.perf_counter()
-        self.lane_dir = tempfile.mkdtemp(prefix="andromeda-lanes-")  # mode 0700: this user's processes only
+        self.lane_dir = lane_directory(count)
         try:
             for i in range(count):
                 self.workers.append(EngineWorkerProcess(module, {**config, "steps": say is not None}, i + 1, count,

@@ -279,9 +279,11 @@ def test_sigterm_ends_the_front_and_every_worker(tmp_path):
 
 
 def test_workers_end_when_the_front_is_killed_and_leave_no_lane_sockets(tmp_path):
+    import tempfile
+    from pathlib import Path
+
     root, _ = saved_corpus(tmp_path / "c", seed=10, n_ads=150, n_requests=3)
-    scratch = tmp_path / "tmp"  # the front makes its lane directory here
-    scratch.mkdir()
+    scratch = Path(tempfile.mkdtemp(prefix="t-", dir="/tmp"))  # the front makes its lane directory here
     proc = _serve(root, env={"TMPDIR": str(scratch)})
     try:
         pids = [e["pid"] for e in fl.flight_action(proc.location, "health")["engines"]]
@@ -292,7 +294,32 @@ def test_workers_end_when_the_front_is_killed_and_leave_no_lane_sockets(tmp_path
     finally:
         proc.stop()
     assert ends_within(pids, 30) == []
-    assert list(scratch.iterdir()) == [], "the workers of a killed front left their lane sockets behind"
+    left = list(scratch.iterdir())
+    scratch.rmdir() if not left else None
+    assert left == [], "the workers of a killed front left their lane sockets behind"
+
+
+def test_the_lane_directory_leaves_a_temporary_directory_too_long_for_a_socket(tmp_path, monkeypatch):
+    import tempfile
+
+    from serving.engine_front import UNIX_PATH_BYTES, lane_directory
+    from serving.process import ServeError
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    path = lane_directory(4)
+    try:
+        assert path.startswith("/tmp/andromeda-lanes-") and len(path + "/worker-4.sock") <= UNIX_PATH_BYTES
+        assert os.stat(path).st_mode & 0o777 == 0o700
+    finally:
+        os.rmdir(path)
+    assert list(deep.iterdir()) == []  # the one it tried there is gone
+    other = tmp_path / ("f" * 100)
+    other.mkdir()
+    with pytest.raises(ServeError, match="TMPDIR to a shorter directory"):
+        lane_directory(4, fallback=str(other))
+    assert list(deep.iterdir()) == [] and list(other.iterdir()) == []
 
 
 def test_engines_must_be_a_whole_number_of_at_least_one(tmp_path):
