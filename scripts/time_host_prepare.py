@@ -12,6 +12,11 @@ CPU time (other processes on a busy machine inflate the first, not the second):
     PYTHONPATH=. python3 scripts/time_host_prepare.py --base out/bench_match_base.parquet \\
         --out docs/results/probes/host_prepare_cpu.json
     PYTHONPATH=. python3 scripts/time_host_prepare.py --data out/corpus_1m --versions 8
+    PYTHONPATH=. python3 scripts/time_host_prepare.py --data DIR --batches 64 --versions 8 \\
+        --search-threads 0,auto --rounds 2
+
+`--search-threads` times a large custom-location search in one run (0) and split over threads
+(`gpu.index.CircleLookup.entries`) in turn, on the one built index.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ def main(argv=None) -> int:
     parser.add_argument("--versions", default="6,8", help="match kernel versions whose preparation is timed")
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per figure (after a warm-up)")
     parser.add_argument("--out", default=None, help="write the JSON result here too")
+    parser.add_argument("--search-threads", default="auto", help="threads beside the caller's for a large "
+                        "custom-location search, comma-separated, each timed in turn (auto: the machine's, "
+                        "gpu.index.search_threads; 0: one run)")
+    parser.add_argument("--rounds", type=int, default=1, help="times the --search-threads list is timed, in turn")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -64,46 +73,52 @@ def main(argv=None) -> int:
         base = load_or_generate_base(args.base, BASE_ADS, 256, 7, progress=True)
         index = build_tiled_index(base.compiled, max(1, args.pool // len(base.ads)), device="sim")
     print(f"pool {len(index):,} ads built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    import gpu.index as gi
+
+    machine_threads = search_threads()
     figures = []
-    for b in (int(x) for x in args.batches.split(",")):
-        if args.data and b > len(base.requests):
-            raise SystemExit(f"--data {args.data}: {len(base.requests)} requests, fewer than a batch of {b}")
-        requests = [base.requests[i % len(base.requests)] for i in range(b)]
-        for v in (int(x) for x in args.versions.split(",")):
-            version = lab.VERSIONS[v]
+    for rnd in range(args.rounds):
+        for threads in (machine_threads if t == "auto" else int(t) for t in args.search_threads.split(",")):
+            gi.search_threads = lambda threads=threads: threads  # read by CircleLookup.entries at each call
+            for b in (int(x) for x in args.batches.split(",")):
+                if args.data and b > len(base.requests):
+                    raise SystemExit(f"--data {args.data}: {len(base.requests)} requests, fewer than a batch of {b}")
+                requests = [base.requests[i % len(base.requests)] for i in range(b)]
+                for v in (int(x) for x in args.versions.split(",")):
+                    version = lab.VERSIONS[v]
 
-            def prepare():
-                return host_prepare(index, requests, version)
+                    def prepare():
+                        return host_prepare(index, requests, version)
 
-            row = {"batch": b, "version": v}
-            for name, clock in (("wall", time.perf_counter), ("cpu", time.process_time)):
-                runs = np.asarray(timed_runs(prepare, args.repeat, clock=clock, warmup=2)) * 1e3
-                row[f"{name}_ms"] = {"median": float(np.median(runs)), "min": float(runs.min()),
-                                     "max": float(runs.max())}
-            row["us_per_request"] = 1e3 * row["wall_ms"]["median"] / b
-            # the parts: the requests encoded, and the custom-location search alone (its entries: the
-            # (request group, circle) words the batch sends)
-            encoded = encode_requests(requests)
-            row["encode_ms"] = float(np.median(timed_runs(lambda: encode_requests(requests), args.repeat,
-                                                          warmup=2))) * 1e3
-            if version.recipe.circle_table:
-                batch = EncodedBatch.of(encoded)
-                lookup = index._circles()
-                width = max(1, lookup.count)
-                row["circle_search_ms"] = float(np.median(timed_runs(
-                    lambda: lookup.entries(batch.latitude, batch.longitude, version.recipe.group, width),
-                    args.repeat, warmup=2))) * 1e3
-                row["circle_entries"] = int(len(lookup.entries(batch.latitude, batch.longitude,
-                                                               version.recipe.group, width)[0]))
-            figures.append(row)
-            print(f"batch {b:4d} v{v}: {row['wall_ms']['median']:8.3f} ms wall, {row['cpu_ms']['median']:8.3f} ms cpu"
-                  f" (encoding {row['encode_ms']:.3f} ms"
-                  + (f", custom-location search {row['circle_search_ms']:.3f} ms for {row['circle_entries']:,} entries"
-                     if "circle_search_ms" in row else "") + ")", file=sys.stderr)
+                    row = {"batch": b, "version": v, "search_threads": threads, "round": rnd}
+                    for name, clock in (("wall", time.perf_counter), ("cpu", time.process_time)):
+                        runs = np.asarray(timed_runs(prepare, args.repeat, clock=clock, warmup=2)) * 1e3
+                        row[f"{name}_ms"] = {"median": float(np.median(runs)), "min": float(runs.min()),
+                                             "max": float(runs.max())}
+                    row["us_per_request"] = 1e3 * row["wall_ms"]["median"] / b
+                    # the parts: the requests encoded, and the custom-location search alone (its entries: the
+                    # (request group, circle) words the batch sends)
+                    encoded = encode_requests(requests)
+                    row["encode_ms"] = float(np.median(timed_runs(lambda: encode_requests(requests), args.repeat,
+                                                                  warmup=2))) * 1e3
+                    if version.recipe.circle_table:
+                        batch = EncodedBatch.of(encoded)
+                        lookup = index._circles()
+                        width = max(1, lookup.count)
+                        row["circle_search_ms"] = float(np.median(timed_runs(
+                            lambda: lookup.entries(batch.latitude, batch.longitude, version.recipe.group, width),
+                            args.repeat, warmup=2))) * 1e3
+                        row["circle_entries"] = int(len(lookup.entries(batch.latitude, batch.longitude,
+                                                                       version.recipe.group, width)[0]))
+                    figures.append(row)
+                    print(f"batch {b:4d} v{v} threads {threads}: {row['wall_ms']['median']:8.3f} ms wall, "
+                          f"{row['cpu_ms']['median']:8.3f} ms cpu (encoding {row['encode_ms']:.3f} ms"
+                          + (f", custom-location search {row['circle_search_ms']:.3f} ms for {row['circle_entries']:,} entries"
+                             if "circle_search_ms" in row else "") + ")", file=sys.stderr)
     argv = sys.argv[1:] if argv is None else argv
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
               "data": args.data, "base_ads": None if args.data else len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
-              "repeat": args.repeat, "load_average": os.getloadavg(), "search_threads": search_threads(),
+              "repeat": args.repeat, "load_average": os.getloadavg(), "machine_search_threads": machine_threads,
               "figures": figures}
     report_probe(result, "time_host_prepare.py", argv, args.out)
     return 0
