@@ -47,7 +47,6 @@ function; the skip pays where the slot order clusters ads by geography (`rank`, 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -694,15 +693,17 @@ class CircleLookup:
         """(word int64[E], bits uint64[E]): for every request r (at lat[r], lon[r], degrees; NaN:
         nowhere) inside circle q, the word (r // group) * width + q of a circle table `width` words
         wide and the bit 1 << (r % group), in request order. A word may be named by several entries
-        (OR them). A batch whose search is large (as many entries as the last batch's requests found
-        each, times its requests, past SEARCH_PART_ENTRIES) is split into runs of requests searched at
-        once on `search_threads()` threads (the compiled search lets go of the interpreter lock)."""
+        (OR them). With SEARCH_THREADS above 0, a batch whose search is large (as many entries as the last
+        batch's requests found each, times its requests, past SEARCH_PART_ENTRIES) is split into runs of
+        requests searched at once on that many threads beside the caller's (the compiled search lets go
+        of the interpreter lock)."""
         lat = np.ascontiguousarray(lat, np.float64)
         lon = np.ascontiguousarray(lon, np.float64)
         n = len(lat)
         if self.count == 0 or n == 0:
             return np.empty(0, np.int64), np.empty(0, np.uint64)
-        parts = min(n, search_threads() + 1, max(1, int(n * self._per_request // SEARCH_PART_ENTRIES)))
+        threads = max(0, min(SEARCH_THREADS, MAX_SEARCH_THREADS))
+        parts = min(n, threads + 1, max(1, int(n * self._per_request // SEARCH_PART_ENTRIES)))
         if parts == 1:
             word, bits = self._search(lat, lon, 0, group, width)
         else:
@@ -736,25 +737,19 @@ class CircleLookup:
 
 
 SEARCH_PART_ENTRIES = 6000  # entries (about 0.1 ms of search) below which a batch is searched in one run
-MAX_SEARCH_THREADS = 3  # threads beside the caller's that search runs of a large batch
-
-
-@lru_cache(maxsize=None)
-def search_threads() -> int:
-    """Threads beside the caller's for a large batch's custom-location search: one fewer than the
-    CPUs this process may use, at most MAX_SEARCH_THREADS (0 on one CPU: always one run)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(0, min(MAX_SEARCH_THREADS, cpus - 1))
+MAX_SEARCH_THREADS = 3  # threads beside the caller's that may search runs of a large batch
+# Threads beside the caller's for a large batch's custom-location search (0: always one run, the
+# default). On the 2-core development machine splitting the 10M corpus's batch of 64 over two threads
+# made the search 0.51 -> 0.32 to 0.47 ms but the whole preparation no faster (the hand-over costs what
+# it saves); `scripts/time_host_prepare.py --search-threads 0,3` times it on a machine with more cores.
+SEARCH_THREADS = 0
 
 
 @lru_cache(maxsize=None)
 def _search_pool():
     from concurrent.futures import ThreadPoolExecutor
 
-    return ThreadPoolExecutor(max_workers=max(1, search_threads()), thread_name_prefix="circle-search")
+    return ThreadPoolExecutor(max_workers=MAX_SEARCH_THREADS, thread_name_prefix="circle-search")
 
 
 def _circle_grid(circles: np.ndarray) -> tuple:

@@ -13,10 +13,10 @@ CPU time (other processes on a busy machine inflate the first, not the second):
         --out docs/results/probes/host_prepare_cpu.json
     PYTHONPATH=. python3 scripts/time_host_prepare.py --data out/corpus_1m --versions 8
     PYTHONPATH=. python3 scripts/time_host_prepare.py --data DIR --batches 64 --versions 8 \\
-        --search-threads 0,auto --rounds 2
+        --search-threads 0,3 --rounds 2
 
 `--search-threads` times a large custom-location search in one run (0) and split over threads
-(`gpu.index.CircleLookup.entries`) in turn, on the one built index.
+(`gpu.index.CircleLookup.entries`, `SEARCH_THREADS`) in turn, on the one built index.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def main(argv=None) -> int:
     parser.add_argument("--versions", default="6,8", help="match kernel versions whose preparation is timed")
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per figure (after a warm-up)")
     parser.add_argument("--out", default=None, help="write the JSON result here too")
-    parser.add_argument("--search-threads", default="auto", help="threads beside the caller's for a large "
-                        "custom-location search, comma-separated, each timed in turn (auto: the machine's, "
-                        "gpu.index.search_threads; 0: one run)")
+    parser.add_argument("--search-threads", default="0", help="threads beside the caller's for a large "
+                        "custom-location search (gpu.index.SEARCH_THREADS, at most MAX_SEARCH_THREADS), "
+                        "comma-separated, each timed in turn (0: one run, the default)")
     parser.add_argument("--rounds", type=int, default=1, help="times the --search-threads list is timed, in turn")
     args = parser.parse_args(argv)
 
@@ -56,7 +56,6 @@ def main(argv=None) -> int:
 
     resolve("sim")
     from benchmarks.match import BASE_ADS, build_tiled_index, host_prepare
-    from gpu.index import search_threads
     from andromeda_nb.compiled import EncodedBatch, encode_requests
     from gpu.lab import match as lab
 
@@ -75,11 +74,10 @@ def main(argv=None) -> int:
     print(f"pool {len(index):,} ads built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     import gpu.index as gi
 
-    machine_threads = search_threads()
     figures = []
     for rnd in range(args.rounds):
-        for threads in (machine_threads if t == "auto" else int(t) for t in args.search_threads.split(",")):
-            gi.search_threads = lambda threads=threads: threads  # read by CircleLookup.entries at each call
+        for threads in (int(t) for t in args.search_threads.split(",")):
+            gi.SEARCH_THREADS = threads  # read by CircleLookup.entries at each call
             for b in (int(x) for x in args.batches.split(",")):
                 if args.data and b > len(base.requests):
                     raise SystemExit(f"--data {args.data}: {len(base.requests)} requests, fewer than a batch of {b}")
@@ -118,7 +116,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     result = {"kind": "host_prepare", "pool_ads": len(index), "capacity": index.capacity,
               "data": args.data, "base_ads": None if args.data else len(base.ads), "circles": int(len(index.circles_h)), "vocabulary_terms": int(len(index.vocab)),
-              "repeat": args.repeat, "load_average": os.getloadavg(), "machine_search_threads": machine_threads,
+              "repeat": args.repeat, "load_average": os.getloadavg(),
               "figures": figures}
     report_probe(result, "time_host_prepare.py", argv, args.out)
     return 0
