@@ -3,6 +3,7 @@ server on 127.0.0.1, the first pass of answers checked against what each request
 
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -114,7 +115,6 @@ def test_bench_served_confines_every_thread_of_the_server_to_its_cpus():
     may not use is refused."""
     import subprocess
     import sys
-    import time
 
     from benchmarks import served as bench
 
@@ -214,3 +214,27 @@ def test_clients_spread_evenly_over_several_servers(tmp_path):
     finally:
         for server in servers:
             server.shutdown()
+
+
+def test_the_spread_probe_measures_its_servers_against_the_engine_in_process(tmp_path):
+    """`scripts/probe_served_spread.py` end to end on the CPU: the engine in process checked against
+    the float64 reference and timed, two one-engine servers checked against it, the clients spread
+    over them, and the ratio `bench served`'s target reads in its result."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("probe_served_spread_under_test",
+                                                  Path(__file__).resolve().parents[2] / "scripts" / "probe_served_spread.py")
+    probe_served_spread = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe_served_spread)
+
+    generate_corpus(tmp_path / "corpus", 150, 6, 7)
+    out = tmp_path / "spread.json"
+    code = probe_served_spread.main(["--data", str(tmp_path / "corpus"), "--device", "cpu", "--servers", "2",
+                                     "--clients", "2", "--client-processes", "1", "--seconds", "1", "--k", "10",
+                                     "--repeat", "1", "--checks", "4", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["n_wrong"] == 0 and result["reference_check"]["ok"], result
+    assert result["reference_check"]["requests"] == 4 and result["in_process"]["batch"] == 64
+    assert result["served_over_in_process"] == result["requests_per_s"] / result["in_process"]["requests_per_s"]
+    assert len(result["per_server"]) == 2 and all(s["requests"] > 0 for s in result["per_server"]), result["per_server"]
