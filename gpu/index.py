@@ -813,8 +813,8 @@ def _circle_entries(delta, sin_delta, height, first_row, nrows, row_ptr, order, 
     lon: writes up to len(word) entries and returns how many there are (more than len(word): call
     again with room for them). Serial on purpose, and without the interpreter lock: on the 2-core
     development machine a numba parallel region cost milliseconds of CPU where a batch's search takes
-    tens of microseconds (docs/results/probes/host_prepare_cpu.json); a large batch is split into runs
-    of requests on Python threads instead (`CircleLookup.entries`)."""
+    tens of microseconds (docs/results/probes/host_prepare_cpu.json); a large batch may be split into
+    runs of requests on Python threads instead (`CircleLookup.entries`, SEARCH_THREADS)."""
     n = 0
     room = word.shape[0]
     for r in range(lat.shape[0]):
