@@ -385,6 +385,7 @@ class TensorCoreRecipe:
     request_major: bool = False  # grid (R, NB): a batch's requests walk the same chunks at once
     warp_counts: bool = False  # wide: the block top-K's radix select counts a warp's equal digits at once
     pooled: bool = False  # wide: a round of one format runs its warps' lists as one (score_mma._POOLED_ROUND)
+    free_at: int = 0  # wide: a block with at most this many eligible ads walks without barriers (score_mma._FREE_TAIL)
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -394,7 +395,8 @@ class TensorCoreRecipe:
             raise ValueError(f"the tensor-core scorer serves the MoE only, not {spec.kind!r}")
         return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
                               compact=self.compact, wide=self.wide, chunks=self.chunks,
-                              request_major=self.request_major, warp_counts=self.warp_counts, pooled=self.pooled)
+                              request_major=self.request_major, warp_counts=self.warp_counts, pooled=self.pooled,
+                              free_at=self.free_at)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,

@@ -84,6 +84,7 @@ WIDE_CHUNKS = 64  # chunks per block of the wide walk (16,384 slots): one block 
 LIST_CAP = 4096  # (key, offset) entries a wide block holds before it must select
 ROUND_SLOTS = WARPS * CHUNK_SLOTS  # slots a round of the wide walk covers (one chunk per warp)
 ST_LIST = STATE_WORDS - 2  # shared state word (past the radix select's own) counting a wide block's list
+ST_COUNT = STATE_WORDS - 1  # the free walk's: the block's eligible ads
 K_STEP = 16  # dimensions per m16n8k16 product
 N_TILE = 8  # columns per n-tile
 MODES = ("exact", "fast")
@@ -250,6 +251,7 @@ class MmaSpec:
     request_major: bool = False  # grid (R, NB): the requests of a batch walk the same chunks at once (L2 reuse)
     warp_counts: bool = False  # wide: the list's radix select counts a warp's equal digits at once
     pooled: bool = False  # wide: a round whose listed chunks share a format runs one list over them (_POOLED_ROUND)
+    free_at: int = 0  # wide: a block with at most this many eligible ads walks without the rounds' barriers (_FREE_TAIL)
 
     @property
     def table_width(self) -> int:
@@ -404,6 +406,55 @@ _WIDE_TAIL = """        cuda.syncthreads()
 """
 
 _WIDE_SKELETON = _WIDE_HEAD + _WIDE_ROUND + _WIDE_TAIL
+
+# The free walk (lab): the wide walk's block first counts its eligible ads (the popcounts of its
+# chunks' eligibility words). When they fit its list at once (at most `free_at`, LIST_CAP, and the
+# output block's slots where the caller wants that many), no list can need selecting mid-walk, so the
+# warps walk their chunks without the two block barriers a round (a warp waits for no other; a block
+# lasts as long as its busiest warp's whole walk, not the sum of every round's busiest) and the list
+# is selected once, at the end. A block with more runs the wide walk's rounds as before. `free` is the
+# same in every thread, so the barriers of either branch are reached by all of the block.
+_FREE_COUNT = """    seen = 0
+    for j in range(tid, {cpb} * {wpc}, {threads}):
+        if c0 * {wpc} + j < n_chunks * {wpc}:
+            seen += int32(cuda.popc(elig[r, c0 * {wpc} + j]))
+    if seen > 0:
+        cuda.atomic.add(state, {st_count}, uint32(seen))
+    cuda.syncthreads()
+    free = int32(state[{st_count}]) <= ({free_big} if cap < {out_slots} else {free_small})
+"""
+
+_FREE_TAIL = """        if not free:
+            cuda.syncthreads()
+            listed = int32(state[{st_list}])
+            cuda.syncthreads()
+            if listed > {emit_at} or (cw == {cpw} - 1 and listed > 0):
+                {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0 + emitted, slot0)
+                emitted += 1
+                cuda.syncthreads()
+                if tid == 0:
+                    state[{st_list}] = uint32(0)
+                cuda.syncthreads()
+    if free:
+        cuda.syncthreads()
+        listed = int32(state[{st_list}])
+        if listed > 0:
+            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0, slot0)
+            emitted = 1
+    for e in range(emitted, n_sub):
+        for j in range(tid, cap, {threads}):
+            out_key[r, sub0 + e, j] = uint32(0)
+            out_slot[r, sub0 + e, j] = -1
+"""
+
+_FREE_SKELETON = (_WIDE_HEAD.replace("""        state[{st_list}] = uint32(0)
+{init}
+    cuda.syncthreads()
+""", """        state[{st_list}] = uint32(0)
+        state[{st_count}] = uint32(0)
+{init}
+    cuda.syncthreads()
+""" + _FREE_COUNT) + _WIDE_ROUND + _FREE_TAIL)
 
 # The pooled round (lab): the wide walk's warps list their chunks as before; when every chunk of the
 # round that lists a slot has the same format (the common case: the layout keeps a format's chunks
@@ -612,6 +663,10 @@ def _source(spec: MmaSpec, name: str) -> str:
         wide = dict(keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks, cpw=spec.chunks // WARPS,
                     subs=spec.chunks * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
                     emit_list="block_topk_emit_list_warp" if spec.warp_counts else "block_topk_emit_list")
+        if spec.free_at:
+            return _FREE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS, st_count=ST_COUNT,
+                                         out_slots=spec.out_slots, free_big=min(spec.free_at, LIST_CAP),
+                                         free_small=min(spec.free_at, LIST_CAP, spec.out_slots))
         if not spec.pooled:
             return _WIDE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS)
         shared = [f"rcount = cuda.shared.array({WARPS}, int32)", f"rfmt = cuda.shared.array({WARPS}, int32)",
@@ -639,6 +694,7 @@ def _name(spec: MmaSpec) -> str:
     walk += "_rm" if spec.request_major else ""
     walk += "_wc" if spec.warp_counts else ""
     walk += "_pool" if spec.pooled else ""
+    walk += f"_free{spec.free_at}" if spec.free_at else ""
     return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
@@ -749,7 +805,7 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
                    max_registers: int | None = None, compact: bool = False, wide: bool = False,
                    emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK,
                    chunks: int = WIDE_CHUNKS, request_major: bool = False, warp_counts: bool = False,
-                   pooled: bool = False) -> MmaScoreKernel:
+                   pooled: bool = False, free_at: int = 0) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
@@ -766,7 +822,7 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
     return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
                                   compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots,
                                   chunks=chunks, request_major=request_major, warp_counts=warp_counts and wide,
-                                  pooled=pooled and wide))
+                                  pooled=pooled and wide, free_at=free_at if wide and not pooled else 0))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",

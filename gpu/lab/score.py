@@ -152,6 +152,10 @@ VERSIONS = version_table(
             "format run as one list, its 32-row tiles dealt to the warps in turn: ceil(total / 32) tiles a round instead "
             "of a partial tile for every warp's chunk (a mixed round runs the warps' own lists, as v14)",
             TensorCoreRecipe(128, compact=True, wide=True, request_major=True, pooled=True)),
+    Version(17, "v17 request-major, free walk", "v14 with the block's eligible ads counted first: a block whose "
+            "eligible ads fit its list at once walks its chunks without the two block barriers a round (each warp "
+            "through its own chunks, waiting for no other) and selects its list once; a block with more runs v14's "
+            "rounds", TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
             "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
             "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),

@@ -309,6 +309,42 @@ def test_pooled_rounds_equal_the_reference():
     assert "_pool" in score_mma.kernel_source(fs.kernel.spec).split("(")[0]
 
 
+def test_free_walk_equals_the_reference():
+    """v17 (lab): a block that counts no more eligible ads than its list holds walks without the
+    rounds' barriers and selects once; one with more runs the wide walk's rounds. First v17 as built
+    (every block free under the simulator: 9 chunks, two requests); then the same walk free only up to
+    16 ads, selecting after every round that passes 16 (out_slots one round): request 0 lists 10 ads
+    over both rounds (free), request 1 about 50 a round (the rounds), in one launch. On the GPU 200
+    chunks, R = 3, densities on both sides of the list."""
+    from gpu.fused import FusedScorer
+    from gpu.kernels import score_mma
+    from gpu.lab import score as lab
+
+    n_chunks, R = (200, 3) if ON_GPU else (9, 2)
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(99, "fp16", 64, 6, 2, n_chunks, R,
+                                                                    density=0.5 if ON_GPU else 0.05)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[17])
+    assert fs.kernel.spec.free_at == score_mma.LIST_CAP and fs.kernel.spec.request_major
+    k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    fmt_slot = np.repeat(chunk_format, CHUNK_SLOTS)
+    _check(fs.topk(elig, tabs, k), sides, table, fmt_slot, ids, elig, k, "moe", context=f"v17 free walk k={k}")
+
+    bits = np.zeros((R, n_chunks * CHUNK_SLOTS), np.uint8)
+    for r in range(R):
+        for c in ([0, 8] if not ON_GPU else range(n_chunks)):
+            many = r % 2 == 1 or ON_GPU and c % 3 == 0
+            pick = rng.choice(CHUNK_SLOTS, int(rng.integers(40, 60)) if many else 5, replace=False)
+            bits[r, c * CHUNK_SLOTS + pick] = 1
+    elig = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[17])
+    fs.kernel = score_mma.get_mma_kernel("fp16", 64, 6, 2, max_registers=128, wide=True, emit_at=16,
+                                         out_slots=score_mma.ROUND_SLOTS, request_major=True, free_at=16)
+    assert "_free16" in score_mma.kernel_source(fs.kernel.spec).split("(")[0]
+    k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    _check(fs.topk(elig, tabs, k), sides, table, fmt_slot, ids, elig, k, "moe",
+           context=f"v17's walk free up to 16 ads k={k}")
+
+
 @pytest.mark.parametrize("R", [1] if not ON_GPU else [1, 3])  # R > 1 runs v11, tested above
 def test_lone_walk_equals_the_reference(R):
     """v12: a batch of one request runs the 16-chunk walk (its own kernel, four times the blocks), a
@@ -367,7 +403,7 @@ def test_tensor_core_kernels_compile_for_sm90():
     env["PYTHONPATH"] = str(ROOT)
     cases = ["fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:128:exact", "int8:128:exact", "fp16:64:fast",
              "fp16:64:exact:compact", "int8:64:exact:compact", "fp16:64:exact:wide", "fp16:64:exact:wide:rm:wc",
-             "fp16:64:exact:wide:rm:pool"]
+             "fp16:64:exact:wide:rm:pool", "fp16:64:exact:wide:rm:free"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "ptx_mma_check.py"), *half],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for half in (cases[0::2], cases[1::2])]

@@ -1,6 +1,6 @@
 """Compile tensor-core scoring kernels for sm_90 with numba.cuda.compile_ptx, with no GPU and without
 the simulator (run as a subprocess by tests/gpu/test_score_mma.py). Arguments: PRECISION:D:MODE cases
-(E = 6, top 2), a fourth part "compact" for the compacted walk, "wide" for the wide one (then "rm", "wc", "pool": request-major, warp counts, pooled rounds). Prints one JSON line per kernel, and one for the fragment preparation kernel:
+(E = 6, top 2), a fourth part "compact" for the compacted walk, "wide" for the wide one (then "rm", "wc", "pool", "free": request-major, warp counts, pooled rounds, the free walk). Prints one JSON line per kernel, and one for the fragment preparation kernel:
 the number of mma.sync instructions and the number expected, float64 use and local memory."""
 
 import json
@@ -29,7 +29,8 @@ def main(cases):
     for case in cases:
         precision, dim, mode, *walk = case.split(":")
         spec = sm.MmaSpec(precision, int(dim), 6, 2, mode, compact=bool(walk), wide=walk[:1] == ["wide"],
-                          request_major="rm" in walk, warp_counts="wc" in walk, pooled="pool" in walk)
+                          request_major="rm" in walk, warp_counts="wc" in walk, pooled="pool" in walk,
+                          free_at=sm.LIST_CAP if "free" in walk else 0)
         ptx, _ = cuda.compile_ptx(sm.python_function(spec), KERNEL_SIG, cc=(9, 0))
         per_product = 1 if mode == "fast" else (3 if precision == "fp32" else 2)
         expected = 2 * (int(dim) // sm.K_STEP) * 2 * sm.n_gate_tiles(6) * per_product  # 2 m-tiles
