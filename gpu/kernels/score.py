@@ -2,7 +2,7 @@
 per-block top-K, in one pass over the stored embeddings (DESIGN section 3).
 
 The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBACK` (`version()`):
-    v14 wide, request-major, 128 registers  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
+    v17 wide, request-major, free walk  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
                   request's tables carried as fp16 hi + lo pairs (float32 accuracy), over each chunk's
                   eligible slots only (a warp lists them in shared memory and gathers their rows into
                   the tiles, so the bytes read follow the eligible ads, not the pool), one ad per lane
@@ -13,10 +13,14 @@ The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBAC
                   requests over one range of slots are resident together and an ad eligible for
                   several of them comes from L2 after its first read (v8, the same walk on a
                   (blocks, requests) grid, ran one request's blocks after another's and read each
-                  eligible row from DRAM once per request); held to 128 registers a thread (two blocks an
-                  SM), where v11, the same kernel at 80 (three blocks), spills to local memory; shipped
-                  for the MoE at fp16 and int8 with D = 64, where it was measured faster
-                  (docs/BENCHMARKS.md, the co-located pipeline)
+                  eligible row from DRAM once per request); a block counts its eligible ads first and,
+                  when they fit its list at once (as a match's 2% to 14% always do), its warps walk
+                  their chunks without a block barrier between rounds, each waiting for no other
+                  (v14, the same with the rounds' two barriers in every block, spent a third of a
+                  warp's cycles at them); held to 128 registers a thread (two blocks an SM), where
+                  v11, the same walk at 80 (three blocks), spills to local memory; shipped for the
+                  MoE at fp16 and int8 with D = 64, where it was measured faster (docs/BENCHMARKS.md,
+                  the co-located pipeline)
     v4 tiled x4   four ads per thread (64-thread blocks); embeddings tile-interleaved as 32-bit words
                   (below) read with 16-byte loads; the block's format table in shared memory, d-major
                   (2E floats per dimension: gate keys then expert vectors, FiLM folded in), read with
@@ -29,7 +33,8 @@ The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBAC
 Both run under the CUDA simulator too (the tensor-core kernel through `gpu.kernels.mma`'s emulation).
 The versions before them (v1 naive, v2 and v3 with one and two ads per thread, v5 the tensor-core
 kernel without a register limit, v6 its full walk over every slot at 80 registers, v7 the compacted walk
-with a block top-K every 4096 slots, v8 the shipped walk on a (blocks, requests) grid) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
+with a block top-K every 4096 slots, v8 the shipped walk on a (blocks, requests) grid, v14 the shipped walk with
+the rounds' barriers in every block) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
 score` times and the tests check. A version is one entry of `VERSIONS`: a number, a name, and a
 recipe with `layout` ('rows' | 'tiles') and `build(spec)`; the tiled versions share the generator
 `tiled(ads_per_thread)`, the tensor-core ones `TensorCoreRecipe` (the
@@ -51,7 +56,7 @@ first use by `get_kernel`). Every kernel has the same arguments:
     out_slot     int32[R, NB, >= cap]   and their slots; key 0 = no candidate (padding)
 
 Launch: grid (NB, R) with NB = ceil(S / ADS_PER_BLOCK), block (threads of the version,) (the
-tensor-core kernels: their own block of slots, and grid (R, NB) when request-major, as v14 is). Each block
+tensor-core kernels: their own block of slots, and grid (R, NB) when request-major, as v17 is). Each block
 covers CHUNKS_PER_BLOCK chunks (ADS_PER_BLOCK = 2048 ads), scores its eligible ads, keeps the keys in
 shared memory and selects its top `cap` by the block-wide radix select of `gpu.kernels.radix` (per-warp
 shared histograms); only those are written. Nothing else per ad reaches device memory.
@@ -408,18 +413,19 @@ class TensorCoreRecipe:
 VERSIONS = version_table(
     Version(4, "v4 tiled x4", "16-byte loads of tiled words, shared d-major format table, four ads per thread",
             tiled(4)),
-    Version(14, "v14 request-major, 128 registers", "v8 (the compacted walk over 16,384 slots a block, its eligible "
-            "ads' keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's "
-            "requests over the same slots run side by side, so an ad eligible for several requests is read from DRAM "
-            "once and then from L2; 128 registers a thread, two blocks an SM, where v11 (the same at 80, three "
-            "blocks) spills (score_mma.py; MoE only)",
-            TensorCoreRecipe(128, compact=True, wide=True, request_major=True)),
+    Version(17, "v17 request-major, free walk", "v14 (the compacted walk over 16,384 slots a block on a (requests, "
+            "blocks) grid, its eligible ads' keys kept as a list, 128 registers) with the block's eligible ads counted "
+            "first: a block whose eligible ads fit its list at once walks its chunks without the two block barriers a "
+            "round (each warp through its own chunks, waiting for no other) and selects its list once; a block with "
+            "more runs v14's rounds (score_mma.py; MoE only)",
+            TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096)),
 )
-# docs/BENCHMARKS.md, the co-located pipeline (one H100 run beside v11 and v15, commit e47b661, the generated
-# 10M-ad corpus of distinct ads): one request p50 0.89 ms against v11's 0.97 (scoring kernel 0.19 against
-# 0.27 ms), batches of 64 78.8 G pool ads/s against 79.3 G. v11 against v8 (bb33939): batches of 64 78.0 G
-# against 56.6 G, its request-major grid reading a batch's eligible rows from L2 after the first.
-SHIPPED = 14
+# docs/BENCHMARKS.md, the co-located pipeline (H100, the generated 10M-ad corpus of distinct ads, v14 then v17
+# in one lease, commit f27486f): the scoring kernel of a batch of 64 5.34 ms against v14's 6.06 (5.33 against
+# 5.96 in two other leases), batches of 64 79.1 G pool ads/s against 77.8 G, one request p50 0.94 ms against
+# 0.96, p99 1.22 against 1.28; with every ad of a 32Mi pool eligible (no block fits its list) 2.47 ms against
+# 2.42. v14 against v11 (e47b661): one request p50 0.89 ms against 0.97, batches of 64 78.8 G against 79.3 G.
+SHIPPED = 17
 FALLBACK = 4  # for the shapes SHIPPED does not serve best: dot kernels, fp32 storage, D = 128
 
 

@@ -55,6 +55,7 @@ under the simulator in the tests, on tiny pools.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -424,28 +425,15 @@ _FREE_COUNT = """    seen = 0
     free = int32(state[{st_count}]) <= ({free_big} if cap < {out_slots} else {free_small})
 """
 
-_FREE_TAIL = """        if not free:
-            cuda.syncthreads()
-            listed = int32(state[{st_list}])
-            cuda.syncthreads()
-            if listed > {emit_at} or (cw == {cpw} - 1 and listed > 0):
-                {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0 + emitted, slot0)
-                emitted += 1
-                cuda.syncthreads()
-                if tid == 0:
-                    state[{st_list}] = uint32(0)
-                cuda.syncthreads()
-    if free:
+_PAD_OUTPUT = "    for e in range(emitted, n_sub):\n"
+_ROUND_SELECT, _PAD_REST = _WIDE_TAIL.split(_PAD_OUTPUT)
+_FREE_TAIL = ("        if not free:\n" + textwrap.indent(_ROUND_SELECT, "    ") + """    if free:
         cuda.syncthreads()
         listed = int32(state[{st_list}])
         if listed > 0:
             {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0, slot0)
             emitted = 1
-    for e in range(emitted, n_sub):
-        for j in range(tid, cap, {threads}):
-            out_key[r, sub0 + e, j] = uint32(0)
-            out_slot[r, sub0 + e, j] = -1
-"""
+""" + _PAD_OUTPUT + _PAD_REST)
 
 _FREE_SKELETON = (_WIDE_HEAD.replace("""        state[{st_list}] = uint32(0)
 {init}

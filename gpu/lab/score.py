@@ -48,7 +48,8 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   of the kernel's loads hitting L2, 37% occupancy, an instruction issued every 2.5 cycles).
                   Measured in one run beside v11 (H100, the generated 10M corpus): one request p50 0.89
                   (v14) and 0.91 ms (v15) against 0.97, the lone scoring kernel 0.19 and 0.21 against
-                  0.27 ms; batches of 64 78.8 and 76.8 G against 79.3 G. v14 is shipped
+                  0.27 ms; batches of 64 78.8 and 76.8 G against 79.3 G. v14 was shipped until v17
+    v17           v14 with its free walk: the shipped kernel (`gpu/kernels/score.py`)
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -152,10 +153,12 @@ VERSIONS = version_table(
             "format run as one list, its 32-row tiles dealt to the warps in turn: ceil(total / 32) tiles a round instead "
             "of a partial tile for every warp's chunk (a mixed round runs the warps' own lists, as v14)",
             TensorCoreRecipe(128, compact=True, wide=True, request_major=True, pooled=True)),
-    Version(17, "v17 request-major, free walk", "v14 with the block's eligible ads counted first: a block whose "
-            "eligible ads fit its list at once walks its chunks without the two block barriers a round (each warp "
-            "through its own chunks, waiting for no other) and selects its list once; a block with more runs v14's "
-            "rounds", TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096)),
+    Version(14, "v14 request-major, 128 registers", "v8 (the compacted walk over 16,384 slots a block, its eligible "
+            "ads' keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's "
+            "requests over the same slots run side by side, so an ad eligible for several requests is read from DRAM "
+            "once and then from L2; 128 registers a thread, two blocks an SM, where v11 (the same at 80, three "
+            "blocks) spills (score_mma.py; MoE only)",
+            TensorCoreRecipe(128, compact=True, wide=True, request_major=True)),
     Version(10, "v10 wide, 16 chunks", "v8 over 4,096 slots a block (one output block each): four times the "
             "blocks, for a lone request, whose 611 blocks of v8 over a 10M pool fill about one and a half waves "
             "of an H100", TensorCoreRecipe(80, compact=True, wide=True, chunks=16)),

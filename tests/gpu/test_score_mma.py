@@ -259,13 +259,13 @@ def test_wide_walk_over_fewer_chunks_equals_the_reference(version, chunks):
         score_mma.get_mma_kernel("fp16", 64, 6, 2, wide=True, chunks=12)
 
 
-@pytest.mark.parametrize("number", [lab_case(11), lab_case(13), 14])  # v14 is v11's code at 128 registers
+@pytest.mark.parametrize("number", [lab_case(11), lab_case(13), lab_case(14)])  # v14: v11 at 128 registers
 def test_request_major_grid_equals_the_reference(number):
     """v11, v8 with the grid's axes swapped (blockIdx.x the request, blockIdx.y the block of slots):
     the same output blocks, every request's answers equal to the reference. Two requests under the
     simulator, so a request read from the wrong axis leaves one of them unanswered; on the GPU 200
     chunks (four blocks of slots) and R = 3. v13 is v11 with the block top-K counting a warp's equal
-    digits at once; v14 (shipped) is v11 at 128 registers."""
+    digits at once; v14 is v11 at 128 registers (v17, shipped, is tested below)."""
     from gpu.fused import FusedScorer
     from gpu.lab import score as lab
 
@@ -309,10 +309,11 @@ def test_pooled_rounds_equal_the_reference():
     assert "_pool" in score_mma.kernel_source(fs.kernel.spec).split("(")[0]
 
 
-def test_free_walk_equals_the_reference():
-    """v17 (lab): a block that counts no more eligible ads than its list holds walks without the
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_free_walk_equals_the_reference(precision):
+    """v17 (shipped): a block that counts no more eligible ads than its list holds walks without the
     rounds' barriers and selects once; one with more runs the wide walk's rounds. First v17 as built
-    (every block free under the simulator: 9 chunks, two requests); then the same walk free only up to
+    (every block free under the simulator: 9 chunks, two requests); then (fp16) the same walk free only up to
     16 ads, selecting after every round that passes 16 (out_slots one round): request 0 lists 10 ads
     over both rounds (free), request 1 about 50 a round (the rounds), in one launch. On the GPU 200
     chunks, R = 3, densities on both sides of the list."""
@@ -321,13 +322,16 @@ def test_free_walk_equals_the_reference():
     from gpu.lab import score as lab
 
     n_chunks, R = (200, 3) if ON_GPU else (9, 2)
-    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(99, "fp16", 64, 6, 2, n_chunks, R,
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(99, precision, 64, 6, 2, n_chunks, R,
                                                                     density=0.5 if ON_GPU else 0.05)
     fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[17])
     assert fs.kernel.spec.free_at == score_mma.LIST_CAP and fs.kernel.spec.request_major
     k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
     fmt_slot = np.repeat(chunk_format, CHUNK_SLOTS)
-    _check(fs.topk(elig, tabs, k), sides, table, fmt_slot, ids, elig, k, "moe", context=f"v17 free walk k={k}")
+    _check(fs.topk(elig, tabs, k), sides, table, fmt_slot, ids, elig, k, "moe",
+           context=f"v17 free walk {precision} k={k}")
+    if precision != "fp16":
+        return
 
     bits = np.zeros((R, n_chunks * CHUNK_SLOTS), np.uint8)
     for r in range(R):
@@ -422,7 +426,7 @@ def test_the_tensor_core_kernel_ships_only_where_the_device_has_tensor_cores(mon
     from gpu import runtime
     from gpu.kernels import score as sk
 
-    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 14
+    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 17
     for shape in (("moe", "fp32", 64), ("moe", "fp16", 128), ("dot", "fp16", 64)):
         assert sk.version(None, *shape).number == sk.FALLBACK, shape
     monkeypatch.setattr(runtime, "has_tensor_cores", lambda: False)  # a device before compute capability 8.0
