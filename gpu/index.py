@@ -741,7 +741,9 @@ MAX_SEARCH_THREADS = 3  # threads beside the caller's that may search runs of a 
 # Threads beside the caller's for a large batch's custom-location search (0: always one run, the
 # default). On the 2-core development machine splitting the 10M corpus's batch of 64 over two threads
 # made the search 0.51 -> 0.32 to 0.47 ms but the whole preparation no faster (the hand-over costs what
-# it saves); `scripts/time_host_prepare.py --search-threads 0,3` times it on a machine with more cores.
+# it saves); on the H100's 16-core host (f27486f) no clear gain either: the batch 3.05 and 2.77 ms over
+# three threads against 3.08 and 3.01 in one run (docs/BENCHMARKS.md; `scripts/time_host_prepare.py
+# --search-threads 0,3`).
 SEARCH_THREADS = 0
 
 
