@@ -255,6 +255,14 @@ _CONTEXT_FIELDS = (("publisher_platform", PUBLISHER_PLATFORMS), ("device_platfor
                    ("user_os", USER_OS))
 
 
+# a context vector's groups (publisher, device, os, hour bucket) as column bounds: 0, 4, 7, 13, 17
+_GROUP_BOUNDS = tuple(int(b) for b in np.cumsum([0, *(len(u) for _, u in _CONTEXT_FIELDS), HOUR_BUCKETS]))
+N_CONTEXTS = int(np.prod(np.diff(_GROUP_BOUNDS)))  # one-hot contexts: 4 x 3 x 6 x 4 = 288
+# column j of a context vector, set, adds its value within its group times the group's place value
+_CONTEXT_PLACE = np.concatenate([np.arange(hi - lo) * int(np.prod(np.diff(_GROUP_BOUNDS)[g + 1:]))
+                                 for g, (lo, hi) in enumerate(zip(_GROUP_BOUNDS, _GROUP_BOUNDS[1:]))]).astype(np.float64)
+
+
 def context_vectors(publisher, device, os, time) -> np.ndarray:
     """float64 (n, 17): `context_vector` of n contexts given as arrays (indexes into the constants'
     tuples, and times)."""
@@ -361,9 +369,45 @@ def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.nd
     # (E, R, S) @ (E, S, D) -> (E, R, D), then requests first
     U = np.tanh(np.matmul(x.transpose(1, 0, 2), W.transpose(0, 2, 1)).transpose(1, 0, 2) + b)
     Q = np.matmul(U.transpose(1, 0, 2), K.transpose(0, 2, 1)).transpose(1, 0, 2)
+    which = _context_numbers(c)
+    if which is not None:  # FiLM depends on the context alone: looked up, not computed again
+        gamma_all, beta_all = _film_tables(model)
+        return U, Q, gamma_all[which], beta_all[which]
     gamma = 1.0 + np.tanh((c @ A.reshape(F * D, -1).T).reshape(R, F, D))
     beta = (c @ B.reshape(F * D, -1).T).reshape(R, F, D)
     return U, Q, gamma, beta
+
+
+def _context_numbers(c: np.ndarray) -> np.ndarray | None:
+    """int64 (R,): the number of each row's context among the N_CONTEXTS one-hot contexts (publisher,
+    device, os, hour bucket, mixed radix in that order), or None when a row is not one-hot in every
+    group (then the caller computes its FiLM tables)."""
+    if not (np.all((c == 0.0) | (c == 1.0)) and np.all(np.add.reduceat(c, _GROUP_BOUNDS[:-1], axis=1) == 1.0)):
+        return None
+    return (c @ _CONTEXT_PLACE).astype(np.int64)  # exact: a sum of four small integers
+
+
+def _film_tables(model: "MoeModel") -> tuple[np.ndarray, np.ndarray]:
+    """float64 (N_CONTEXTS, F, D) twice: gamma and beta of DESIGN section 3 for every one-hot context,
+    in `_context_numbers`' order, made once per model by the batch's own formula (a row of the matrix
+    product is its four columns of A or B summed) and kept on it with the arrays they came from: a
+    model given new A or B arrays makes them again (the weights are never changed in place)."""
+    kept = getattr(model, "_film", None)
+    if kept is not None and kept[0] is model.A and kept[1] is model.B:
+        return kept[2], kept[3]
+    A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
+    F, D = A.shape[0], A.shape[1]
+    sizes = np.diff(_GROUP_BOUNDS)
+    codes = np.indices(tuple(sizes)).reshape(len(sizes), -1)  # every context, the last group fastest
+    c = np.zeros((codes.shape[1], CONTEXT_WIDTH), np.float64)
+    rows = np.arange(codes.shape[1])
+    for lo, code in zip(_GROUP_BOUNDS, codes):
+        c[rows, lo + code] = 1.0
+    n = len(c)
+    gamma = 1.0 + np.tanh((c @ A.reshape(F * D, -1).T).reshape(n, F, D))
+    beta = (c @ B.reshape(F * D, -1).T).reshape(n, F, D)
+    object.__setattr__(model, "_film", (model.A, model.B, gamma, beta))
+    return gamma, beta
 
 
 def _batch_signals(model: MoeModel, requests) -> np.ndarray:

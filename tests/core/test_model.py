@@ -15,6 +15,7 @@ from andromeda_nb.model import (
     ModelError,
     MoeModel,
     context_vector,
+    context_vectors,
     hour_bucket,
     quantize,
     two_tower_vector,
@@ -150,6 +151,58 @@ def test_user_side_matches_a_plain_loop_on_random_weights():
         bt = [sum(B[f, d, i] * c[i] for i in range(17)) for d in range(8)]
         assert us.gamma[f] == pytest.approx(g, abs=1e-12)
         assert us.beta[f] == pytest.approx(bt, abs=1e-12)
+
+
+class _Inputs(list):
+    """Requests with their model inputs given whole, as the columnar request batch gives them."""
+
+    def __init__(self, x, c):
+        super().__init__(range(len(x)))
+        self._x, self._c = x, c
+
+    def model_inputs(self):
+        return self._x, self._c
+
+
+def test_film_looked_up_by_context_equals_the_formula_for_every_context():
+    """FiLM depends on the context alone: `user_sides` looks gamma and beta up in a table of every
+    one-hot context (4 x 3 x 6 x 4), made once per model. Every one of the 288 contexts, each in a
+    batch of its own and all in one, gives the formula's values (the batch formula, and `user_side`'s
+    for a sample); a model given a new A makes the table again; a context vector that is not one-hot
+    in every group (two publishers) is computed by the formula instead of looked up."""
+    from andromeda_nb import model as M
+
+    model = MoeModel.init(SEED, D=8, E=4, F=3, S=5)
+    rng = np.random.default_rng(SEED)
+    codes = np.indices((len(PUBLISHER_PLATFORMS), len(DEVICE_PLATFORMS), len(USER_OS), 4)).reshape(4, -1)
+    assert codes.shape[1] == M.N_CONTEXTS == 288
+    c = context_vectors(codes[0], codes[1], codes[2], codes[3] * 6 * 3600 + 17)
+    x = rng.standard_normal((len(c), 4, 5))
+    A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
+    want_gamma = 1.0 + np.tanh(np.einsum("fdc,rc->rfd", A, c))
+    want_beta = np.einsum("fdc,rc->rfd", B, c)
+    _, _, gamma, beta = user_sides(model, _Inputs(x, c))
+    np.testing.assert_allclose(gamma, want_gamma, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(beta, want_beta, rtol=1e-13, atol=1e-14)
+    for i in rng.choice(len(c), 5, replace=False):
+        _, _, g1, b1 = user_sides(model, _Inputs(x[i : i + 1], c[i : i + 1]))
+        assert np.array_equal(g1[0], gamma[i]) and np.array_equal(b1[0], beta[i])
+        req = Request(int(i), User(age=30), Context(PUBLISHER_PLATFORMS[codes[0, i]], DEVICE_PLATFORMS[codes[1, i]],
+                                                    USER_OS[codes[2, i]], int(codes[3, i]) * 6 * 3600 + 17),
+                      x[i].astype(np.float32))
+        np.testing.assert_allclose(user_side(model, req).gamma, gamma[i], rtol=1e-13, atol=1e-14)
+
+    model.A = (np.asarray(model.A) * 2.0).astype(np.float32)  # new weights: a new table
+    _, _, gamma2, _ = user_sides(model, _Inputs(x, c))
+    np.testing.assert_allclose(gamma2, 1.0 + np.tanh(2.0 * np.einsum("fdc,rc->rfd", A, c)), rtol=1e-13, atol=1e-14)
+
+    two = c[:2].copy()
+    two[0, 1] = 1.0  # row 0 holds two publishers: not a context of the table
+    assert M._context_numbers(two) is None and M._context_numbers(c[:2]) is not None
+    _, _, g2, b2 = user_sides(model, _Inputs(x[:2], two))
+    A2 = np.asarray(model.A, np.float64)
+    np.testing.assert_allclose(g2, 1.0 + np.tanh(np.einsum("fdc,rc->rfd", A2, two)), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(b2, np.einsum("fdc,rc->rfd", B, two), rtol=1e-13, atol=1e-14)
 
 
 def test_user_sides_of_a_batch_equal_user_side_request_by_request():
