@@ -50,6 +50,8 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   (v14) and 0.91 ms (v15) against 0.97, the lone scoring kernel 0.19 and 0.21 against
                   0.27 ms; batches of 64 78.8 and 76.8 G against 79.3 G. v14 was shipped until v17
     v17           v14 with its free walk: the shipped kernel (`gpu/kernels/score.py`)
+    v18           v17 over 128 chunks a block for batches (half the selections), 64 for a lone request
+                  (`LoneWalkRecipe`): to be measured
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -113,7 +115,7 @@ class LoneWalkRecipe(TensorCoreRecipe):
         batch = super().build(spec)
         s = batch.spec
         lone = get_mma_kernel(s.precision, s.dim, s.experts, s.top_e, s.mode, s.max_registers, s.compact, s.wide,
-                              s.emit_at, s.out_slots, self.lone_chunks, s.request_major)
+                              s.emit_at, s.out_slots, self.lone_chunks, s.request_major, free_at=s.free_at)
         return LoneWalkKernel(batch, lone)
 
 
@@ -153,6 +155,11 @@ VERSIONS = version_table(
             "format run as one list, its 32-row tiles dealt to the warps in turn: ceil(total / 32) tiles a round instead "
             "of a partial tile for every warp's chunk (a mixed round runs the warps' own lists, as v14)",
             TensorCoreRecipe(128, compact=True, wide=True, request_major=True, pooled=True)),
+    Version(18, "v18 free walk, 128 chunks a block for batches", "v17 walking 128 chunks (32,768 slots) a block "
+            "for a batch, so a request's list is selected half as often (a match's 2% to 14% of 32,768 slots mostly "
+            "still fit the list at once), and v17's 64 for a lone request, whose 611 blocks over a 10M pool would "
+            "otherwise be 306 (1.2 waves of an H100); the same output blocks either way",
+            LoneWalkRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, chunks=128, lone_chunks=64)),
     Version(14, "v14 request-major, 128 registers", "v8 (the compacted walk over 16,384 slots a block, its eligible "
             "ads' keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's "
             "requests over the same slots run side by side, so an ad eligible for several requests is read from DRAM "

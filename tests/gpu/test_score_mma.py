@@ -349,6 +349,27 @@ def test_free_walk_equals_the_reference(precision):
            context=f"v17's walk free up to 16 ads k={k}")
 
 
+@pytest.mark.parametrize("R", [2] if not ON_GPU else [1, 3])
+def test_wide_free_walk_over_128_chunks_equals_the_reference(R):
+    """v18 (lab): a batch walks 128 chunks a block with v17's free walk, a lone request v17's 64; the
+    same output blocks, the answers equal to the reference. 17 chunks under the simulator (one block
+    of the batch's walk); on the GPU 300 chunks, R = 1 (the lone walk) and 3, densities on both sides
+    of the list."""
+    from gpu.fused import FusedScorer
+    from gpu.lab import score as lab
+
+    n_chunks = 300 if ON_GPU else 17
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(95 + R, "fp16", 64, 6, 2, n_chunks, R,
+                                                                    density=0.15 if ON_GPU else 0.05)
+    fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2, version=lab.VERSIONS[18])
+    walk = fs.kernel.lone if R == 1 else fs.kernel.batch
+    assert walk.spec.chunks == (64 if R == 1 else 128) and walk.spec.free_at == 4096
+    assert walk.grid(fs.n_slots, R) == (R, -(-n_chunks // walk.spec.chunks))
+    k = 10 if not ON_GPU else int(rng.choice([5, 100, 3000]))
+    _check(fs.topk(elig, tabs, k), sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe",
+           context=f"v18 R={R} k={k}")
+
+
 @pytest.mark.parametrize("R", [1] if not ON_GPU else [1, 3])  # R > 1 runs v11, tested above
 def test_lone_walk_equals_the_reference(R):
     """v12: a batch of one request runs the 16-chunk walk (its own kernel, four times the blocks), a
