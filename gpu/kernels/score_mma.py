@@ -408,7 +408,7 @@ _WIDE_TAIL = """        cuda.syncthreads()
 
 _WIDE_SKELETON = _WIDE_HEAD + _WIDE_ROUND + _WIDE_TAIL
 
-# The free walk (lab): the wide walk's block first counts its eligible ads (the popcounts of its
+# The free walk (v17, shipped): the wide walk's block first counts its eligible ads (the popcounts of its
 # chunks' eligibility words). When they fit its list at once (at most `free_at`, LIST_CAP, and the
 # output block's slots where the caller wants that many), no list can need selecting mid-walk, so the
 # warps walk their chunks without the two block barriers a round (a warp waits for no other; a block
