@@ -353,9 +353,8 @@ def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.nd
     if inputs is None:
         requests = list(requests)
     W, b, K = (np.asarray(a, np.float64) for a in (model.W, model.b, model.K))
-    A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
     E, D = b.shape
-    F = A.shape[0]
+    F = model.A.shape[0]
     if not requests:
         return np.zeros((0, E, D)), np.zeros((0, E, D)), np.zeros((0, F, D)), np.zeros((0, F, D))
     if inputs is not None:
@@ -365,17 +364,24 @@ def user_sides(model: MoeModel, requests) -> tuple[np.ndarray, np.ndarray, np.nd
     else:
         x = _batch_signals(model, requests)
         c = context_vectors(*_contexts_as_arrays([r.context for r in requests]))
-    R = len(requests)
     # (E, R, S) @ (E, S, D) -> (E, R, D), then requests first
     U = np.tanh(np.matmul(x.transpose(1, 0, 2), W.transpose(0, 2, 1)).transpose(1, 0, 2) + b)
     Q = np.matmul(U.transpose(1, 0, 2), K.transpose(0, 2, 1)).transpose(1, 0, 2)
     which = _context_numbers(c)
-    if which is not None:  # FiLM depends on the context alone: looked up, not computed again
-        gamma_all, beta_all = _film_tables(model)
-        return U, Q, gamma_all[which], beta_all[which]
-    gamma = 1.0 + np.tanh((c @ A.reshape(F * D, -1).T).reshape(R, F, D))
-    beta = (c @ B.reshape(F * D, -1).T).reshape(R, F, D)
-    return U, Q, gamma, beta
+    if which is None:  # a context vector that is not one-hot: its FiLM computed
+        return U, Q, *_film(model, c)
+    gamma_all, beta_all = _film_tables(model)  # FiLM depends on the context alone: looked up
+    return U, Q, gamma_all[which], beta_all[which]
+
+
+def _film(model: "MoeModel", c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (R, F, D) twice: gamma and beta of DESIGN section 3 for context vectors c (R, C), as
+    one matrix product each."""
+    A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
+    F, D = A.shape[0], A.shape[1]
+    gamma = 1.0 + np.tanh((c @ A.reshape(F * D, -1).T).reshape(len(c), F, D))
+    beta = (c @ B.reshape(F * D, -1).T).reshape(len(c), F, D)
+    return gamma, beta
 
 
 def _context_numbers(c: np.ndarray) -> np.ndarray | None:
@@ -395,17 +401,9 @@ def _film_tables(model: "MoeModel") -> tuple[np.ndarray, np.ndarray]:
     kept = getattr(model, "_film", None)
     if kept is not None and kept[0] is model.A and kept[1] is model.B:
         return kept[2], kept[3]
-    A, B = np.asarray(model.A, np.float64), np.asarray(model.B, np.float64)
-    F, D = A.shape[0], A.shape[1]
-    sizes = np.diff(_GROUP_BOUNDS)
-    codes = np.indices(tuple(sizes)).reshape(len(sizes), -1)  # every context, the last group fastest
-    c = np.zeros((codes.shape[1], CONTEXT_WIDTH), np.float64)
-    rows = np.arange(codes.shape[1])
-    for lo, code in zip(_GROUP_BOUNDS, codes):
-        c[rows, lo + code] = 1.0
-    n = len(c)
-    gamma = 1.0 + np.tanh((c @ A.reshape(F * D, -1).T).reshape(n, F, D))
-    beta = (c @ B.reshape(F * D, -1).T).reshape(n, F, D)
+    # every context, the last group fastest; an hour bucket h as a time in it (h * 6 hours)
+    publisher, device, os, hour = np.indices(tuple(np.diff(_GROUP_BOUNDS))).reshape(len(_GROUP_BOUNDS) - 1, -1)
+    gamma, beta = _film(model, context_vectors(publisher, device, os, hour * (6 * 3600)))
     object.__setattr__(model, "_film", (model.A, model.B, gamma, beta))
     return gamma, beta
 

@@ -376,9 +376,9 @@ _WIDE_HEAD = _PROLOGUE + """
     emitted = 0
     if tid == 0:
         state[{st_list}] = uint32(0)
-{init}
+{count_init}{init}
     cuda.syncthreads()
-""" + _LIST_CHUNK
+{count_walk}""" + _LIST_CHUNK
 
 _WIDE_ROUND = """        if lane == 0:
             wbase[warp] = cuda.atomic.add(state, {st_list}, uint32(n))
@@ -414,7 +414,8 @@ _WIDE_SKELETON = _WIDE_HEAD + _WIDE_ROUND + _WIDE_TAIL
 # warps walk their chunks without the two block barriers a round (a warp waits for no other; a block
 # lasts as long as its busiest warp's whole walk, not the sum of every round's busiest) and the list
 # is selected once, at the end. A block with more runs the wide walk's rounds as before. `free` is the
-# same in every thread, so the barriers of either branch are reached by all of the block.
+# same in every thread, so the barriers of either branch are reached by all of the block. The count
+# fills the wide head's {count_walk} (its state word zeroed by {count_init}); both are empty elsewhere.
 _FREE_COUNT = """    seen = 0
     for j in range(tid, {cpb} * {wpc}, {threads}):
         if c0 * {wpc} + j < n_chunks * {wpc}:
@@ -435,14 +436,7 @@ _FREE_TAIL = ("        if not free:\n" + textwrap.indent(_ROUND_SELECT, "    ") 
             emitted = 1
 """ + _PAD_OUTPUT + _PAD_REST)
 
-_FREE_SKELETON = (_WIDE_HEAD.replace("""        state[{st_list}] = uint32(0)
-{init}
-    cuda.syncthreads()
-""", """        state[{st_list}] = uint32(0)
-        state[{st_count}] = uint32(0)
-{init}
-    cuda.syncthreads()
-""" + _FREE_COUNT) + _WIDE_ROUND + _FREE_TAIL)
+_FREE_SKELETON = _WIDE_HEAD + _WIDE_ROUND + _FREE_TAIL
 
 # The pooled round (lab): the wide walk's warps list their chunks as before; when every chunk of the
 # round that lists a slot has the same format (the common case: the layout keeps a format's chunks
@@ -652,9 +646,12 @@ def _source(spec: MmaSpec, name: str) -> str:
                     subs=spec.chunks * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
                     emit_list="block_topk_emit_list_warp" if spec.warp_counts else "block_topk_emit_list")
         if spec.free_at:
-            return _FREE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS, st_count=ST_COUNT,
-                                         out_slots=spec.out_slots, free_big=min(spec.free_at, LIST_CAP),
-                                         free_small=min(spec.free_at, LIST_CAP, spec.out_slots))
+            count = _FREE_COUNT.format(**common, **wide, st_count=ST_COUNT, out_slots=spec.out_slots,
+                                       free_big=min(spec.free_at, LIST_CAP),
+                                       free_small=min(spec.free_at, LIST_CAP, spec.out_slots))
+            return _FREE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS,
+                                         count_init=f"        state[{ST_COUNT}] = uint32(0)\n", count_walk=count)
+        wide.update(count_init="", count_walk="")  # the wide walk's rounds from the start
         if not spec.pooled:
             return _WIDE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS)
         shared = [f"rcount = cuda.shared.array({WARPS}, int32)", f"rfmt = cuda.shared.array({WARPS}, int32)",
