@@ -7,7 +7,8 @@ from __future__ import annotations
 from andromeda_nb.templates import specialize
 
 from .. import runtime
-from .radix import HIST_BINS, ST_N_EQUAL, ST_N_GREATER, ST_TOTAL, STATE_WORDS, radix_select_row, radix_select_row_warp
+from .radix import (HIST_BINS, ST_EMIT_ALL, ST_N_EQUAL, ST_N_GREATER, ST_PREFIX, ST_TOTAL, STATE_WORDS, radix_select_row,
+                    radix_select_row_warp)
 
 cuda = runtime.cuda()
 from numba import int32, uint32  # noqa: E402  (after the device choice)
@@ -72,6 +73,18 @@ block_topk_emit_list_warp = _emit("block_topk_emit_list_warp", slot_listed, radi
 
 
 @cuda.jit(device=True)
+def block_topk_emit_list_floor(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot, floor, whole):
+    """`block_topk_emit_list`, then request r's running floor (`floor[r]`, device memory shared by the
+    kernel's blocks) raised to the key of the `cap`-th entry kept, when `cap` is the whole k the
+    caller wants (`whole`) and more than `cap` keys were there (the select found that key: its
+    prefix after the last round). The final answer then holds k keys at or above the floor, so a key
+    below it can never be in it: a later block may leave such a key out. The floor only rises."""
+    block_topk_emit_list(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
+    if whole and cuda.threadIdx.x == 0 and state[ST_EMIT_ALL] == 0:
+        cuda.atomic.max(floor, r, state[ST_PREFIX])
+
+
+@cuda.jit(device=True)
 def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot):
     """Keep the `cap` largest nonzero keys of shared `keys[:n]` (slot = first_slot + index) in
     out_key[r, b, :cap] / out_slot[r, b, :cap]; pad with key 0 when fewer are nonzero."""
@@ -79,4 +92,4 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
 
 
 __all__ = ["HIST_BINS", "HIST_COPIES", "STATE_WORDS", "block_topk_emit", "block_topk_emit_list",
-           "block_topk_emit_list_warp"]
+           "block_topk_emit_list_floor", "block_topk_emit_list_warp"]

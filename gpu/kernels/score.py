@@ -391,6 +391,7 @@ class TensorCoreRecipe:
     warp_counts: bool = False  # wide: the block top-K's radix select counts a warp's equal digits at once
     pooled: bool = False  # wide: a round of one format runs its warps' lists as one (score_mma._POOLED_ROUND)
     free_at: int = 0  # wide: a block with at most this many eligible ads walks without barriers (score_mma._FREE_TAIL)
+    floor: bool = False  # wide: a running floor per request, ads scored below it not kept (score_mma MmaSpec.floor)
     layout: str = "tiles"
 
     def build(self, spec: KernelSpec):
@@ -401,7 +402,7 @@ class TensorCoreRecipe:
         return get_mma_kernel(spec.precision, spec.dim, spec.experts, spec.top_e, max_registers=self.max_registers,
                               compact=self.compact, wide=self.wide, chunks=self.chunks,
                               request_major=self.request_major, warp_counts=self.warp_counts, pooled=self.pooled,
-                              free_at=self.free_at)
+                              free_at=self.free_at, floor=self.floor)
 
     def prefers(self, kind: str, precision: str, dim: int) -> bool:
         """Where it was measured faster than the CUDA-core kernel (docs/results/score_mma_runs.md,

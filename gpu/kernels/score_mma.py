@@ -71,7 +71,7 @@ from . import _bits, mma, warp
 from andromeda_nb.constants import PRECISION_BYTES as BYTES
 
 from .block_topk import (HIST_BINS, HIST_COPIES, STATE_WORDS, block_topk_emit, block_topk_emit_list,
-                         block_topk_emit_list_warp)
+                         block_topk_emit_list_floor, block_topk_emit_list_warp)
 from .tiles import QUAD_WORDS, words_per_ad
 
 cuda = runtime.cuda()
@@ -253,6 +253,7 @@ class MmaSpec:
     warp_counts: bool = False  # wide: the list's radix select counts a warp's equal digits at once
     pooled: bool = False  # wide: a round whose listed chunks share a format runs one list over them (_POOLED_ROUND)
     free_at: int = 0  # wide: a block with at most this many eligible ads walks without the rounds' barriers (_FREE_TAIL)
+    floor: bool = False  # wide: a running floor per request; an ad scored below it is not kept (_FLOOR_RAISE)
 
     @property
     def table_width(self) -> int:
@@ -261,7 +262,7 @@ class MmaSpec:
 
 # the opening both walks share: the block's shared arrays, who this thread is, which chunks it covers
 _PROLOGUE = """
-def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot):
+def {name}(emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot{floor_arg}):
     keys = cuda.shared.array({keys_n}, uint32)
     hist = cuda.shared.array({hist_n}, uint32)
     part = cuda.shared.array(16, uint32)
@@ -394,7 +395,7 @@ _WIDE_TAIL = """        cuda.syncthreads()
         listed = int32(state[{st_list}])
         cuda.syncthreads()
         if listed > {emit_at} or (cw == {cpw} - 1 and listed > 0):
-            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0 + emitted, slot0)
+            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0 + emitted, slot0{floor_pass})
             emitted += 1
             cuda.syncthreads()
             if tid == 0:
@@ -432,7 +433,7 @@ _FREE_TAIL = ("        if not free:\n" + textwrap.indent(_ROUND_SELECT, "    ") 
         cuda.syncthreads()
         listed = int32(state[{st_list}])
         if listed > 0:
-            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0, slot0)
+            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0, slot0{floor_pass})
             emitted = 1
 """ + _PAD_OUTPUT + _PAD_REST)
 
@@ -604,7 +605,12 @@ def _epilogue(spec: MmaSpec) -> list[str]:
         lines.append(f"w{j} = " + ("float32(1.0)" if j == 0 else f"float32(math.exp(gv{j} - gv0))"))
     num = " + ".join(f"w{j} * xv{j}" for j in range(K))
     den = " + ".join(f"w{j}" for j in range(K))
-    if spec.wide:
+    if spec.wide and spec.floor:  # a key below the request's running floor is listed as 0 (never kept)
+        lines.append("if i < n:")
+        lines.append(f"    kk = f32_to_key(({num}) / ({den}))")
+        lines.append("    keys[base + i] = kk if kk >= floor[r] else uint32(0)")
+        lines.append("    offs[base + i] = o")
+    elif spec.wide:
         lines.append("if i < n:")
         lines.append(f"    keys[base + i] = f32_to_key(({num}) / ({den}))")
         lines.append("    offs[base + i] = o")
@@ -635,6 +641,7 @@ def _source(spec: MmaSpec, name: str) -> str:
     sim = runtime.simulator_enabled()
     # what every skeleton reads; each walk adds its own below
     common = dict(name=name, b_axis="y" if spec.request_major else "x", r_axis="x" if spec.request_major else "y",
+                  floor_arg=", floor" if spec.floor else "",
                   hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, chunk=CHUNK_SLOTS, warps=WARPS,
                   acc_stride=8 * 2 * NG + 1, init=_indent(init, 4))
     own_tiles = _SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"]  # a warp's tiles of its own list
@@ -642,9 +649,11 @@ def _source(spec: MmaSpec, name: str) -> str:
         common.update(threads=THREADS, wpc=CHUNK_SLOTS // 32, load_b=_indent(load_b, 16), body=_indent(body, 12),
                       tile_count=_indent(own_tiles, 8))
     if spec.wide:
+        emit_list = "block_topk_emit_list_warp" if spec.warp_counts else "block_topk_emit_list"
         wide = dict(keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks, cpw=spec.chunks // WARPS,
                     subs=spec.chunks * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
-                    emit_list="block_topk_emit_list_warp" if spec.warp_counts else "block_topk_emit_list")
+                    emit_list="block_topk_emit_list_floor" if spec.floor else emit_list,
+                    floor_pass=f", floor, cap < {spec.out_slots}" if spec.floor else "")
         if spec.free_at:
             count = _FREE_COUNT.format(**common, **wide, st_count=ST_COUNT, out_slots=spec.out_slots,
                                        free_big=min(spec.free_at, LIST_CAP),
@@ -680,6 +689,7 @@ def _name(spec: MmaSpec) -> str:
     walk += "_wc" if spec.warp_counts else ""
     walk += "_pool" if spec.pooled else ""
     walk += f"_free{spec.free_at}" if spec.free_at else ""
+    walk += "_floor" if spec.floor else ""
     return f"score_mma_{spec.kind}_{spec.precision}_d{spec.dim}_e{spec.experts}_k{spec.top_e}_{spec.mode}{regs}{walk}"
 
 
@@ -691,19 +701,29 @@ def _namespace() -> dict:
     return {
         "cuda": cuda, "math": math, "float32": float32, "int32": int32, "uint32": uint32,
         "block_topk_emit": block_topk_emit, "block_topk_emit_list": block_topk_emit_list,
-        "block_topk_emit_list_warp": block_topk_emit_list_warp, "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
+        "block_topk_emit_list_warp": block_topk_emit_list_warp, "block_topk_emit_list_floor": block_topk_emit_list_floor,
+        "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
         "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16, "split_f16x2": mma.split_f16x2,
         "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": warp.sync_warp,
     }
 
 
-def kernel_signature() -> tuple:
+def kernel_signature(floor: bool = False) -> tuple:
     """The fused kernel's argument types, for compiling it ahead of a launch (`numba.cuda.compile_ptx`):
-    emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot."""
+    emb, scale, chunk_format, elig, tabs, frag, fscale, cap, out_key, out_slot (and with a running
+    floor, `floor`)."""
     from numba import types as T
 
     return (T.uint32[::1], T.float32[::1], T.int32[::1], T.uint32[:, ::1], T.float32[:, :, ::1], T.uint32[::1],
-            T.float32[:, ::1], T.int32, T.uint32[:, :, ::1], T.int32[:, :, ::1])
+            T.float32[:, ::1], T.int32, T.uint32[:, :, ::1], T.int32[:, :, ::1]) + ((T.uint32[::1],) if floor else ())
+
+
+@cuda.jit
+def reset_floor(floor):
+    """Every request's running floor back to 0 (nothing known yet), before a launch of a floor kernel."""
+    i = cuda.grid(1)
+    if i < floor.shape[0]:
+        floor[i] = uint32(0)
 
 
 def python_function(spec: MmaSpec):
@@ -764,11 +784,29 @@ class MmaScoreKernel:
         return [step], frag, fscale
 
     def plan(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot) -> list:
-        """Table preparation and scoring as a `gpu.graphs` plan (`tabs` on the device)."""
+        """Table preparation and scoring as a `gpu.graphs` plan (`tabs` on the device); with a running
+        floor, its reset first (one word a request, kept with the fragments' buffers)."""
         steps, frag, fscale = self.prepare_plan(tabs)
         n_slots = chunk_format.shape[0] * CHUNK_SLOTS
-        return steps + [Launch(self.kernel, self.grid(n_slots, elig.shape[0]), THREADS,
-                               (emb, scale, chunk_format, elig, tabs, frag, fscale, np.int32(cap), out_key, out_slot))]
+        R = elig.shape[0]
+        args = (emb, scale, chunk_format, elig, tabs, frag, fscale, np.int32(cap), out_key, out_slot)
+        if self.spec.floor:
+            floor = self._floor(R)
+            steps = steps + [Launch(reset_floor, (-(-R // 128),), 128, (floor,))]
+            args += (floor,)
+        return steps + [Launch(self.kernel, self.grid(n_slots, R), THREADS, args)]
+
+    def _floor(self, R: int):
+        """The first R words of the kept floor buffer (one for the largest batch seen, a power of two)."""
+        full = self._bufs.get("floor")
+        if full is None or full.shape[0] < R:
+            full = self._bufs["floor"] = cuda.device_array(runtime.kept_rows(R, 0 if full is None else full.shape[0]),
+                                                           np.uint32)
+            self._bufs["floor_views"] = {}
+        views = self._bufs["floor_views"]
+        if R not in views:
+            views[R] = full[:R]
+        return views[R]
 
     def launch(self, emb, scale, chunk_format, elig, tabs, cap, out_key, out_slot, stream=0):
         if isinstance(tabs, np.ndarray):
@@ -790,7 +828,7 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
                    max_registers: int | None = None, compact: bool = False, wide: bool = False,
                    emit_at: int = LIST_CAP - ROUND_SLOTS, out_slots: int = ADS_PER_BLOCK,
                    chunks: int = WIDE_CHUNKS, request_major: bool = False, warp_counts: bool = False,
-                   pooled: bool = False, free_at: int = 0) -> MmaScoreKernel:
+                   pooled: bool = False, free_at: int = 0, floor: bool = False) -> MmaScoreKernel:
     if mode not in MODES:
         raise ValueError(f"unknown tensor-core mode {mode!r}; choose from {', '.join(MODES)}")
     if not supports("moe", precision, dim, experts):
@@ -807,7 +845,8 @@ def get_mma_kernel(precision: str, dim: int, experts: int, top_e: int, mode: str
     return MmaScoreKernel(MmaSpec(precision, dim, experts, top_e, mode, max_registers=max_registers,
                                   compact=compact or wide, wide=wide, emit_at=emit_at, out_slots=out_slots,
                                   chunks=chunks, request_major=request_major, warp_counts=warp_counts and wide,
-                                  pooled=pooled and wide, free_at=free_at if wide and not pooled else 0))
+                                  pooled=pooled and wide, free_at=free_at if wide and not pooled else 0,
+                                  floor=floor and wide and not pooled and not warp_counts))
 
 
 __all__ = ["MODES", "MmaScoreKernel", "MmaSpec", "dim_map", "fragment_tables_host", "get_mma_kernel",

@@ -52,6 +52,9 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
     v17           v14 with its free walk: the shipped kernel (`gpu/kernels/score.py`)
     v18           v17 over 128 chunks a block for batches (half the selections), 64 for a lone request
                   (`LoneWalkRecipe`): to be measured
+    v19           v17 with a running floor per request (an atomic max of the k-th key each block keeps);
+                  an ad scored below it is not kept, so most blocks' lists hold at most k keys: to be measured
+    v20           v18 with v19's running floor: to be measured
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
@@ -115,7 +118,8 @@ class LoneWalkRecipe(TensorCoreRecipe):
         batch = super().build(spec)
         s = batch.spec
         lone = get_mma_kernel(s.precision, s.dim, s.experts, s.top_e, s.mode, s.max_registers, s.compact, s.wide,
-                              s.emit_at, s.out_slots, self.lone_chunks, s.request_major, free_at=s.free_at)
+                              s.emit_at, s.out_slots, self.lone_chunks, s.request_major, free_at=s.free_at,
+                              floor=s.floor)
         return LoneWalkKernel(batch, lone)
 
 
@@ -160,6 +164,15 @@ VERSIONS = version_table(
             "still fit the list at once), and v17's 64 for a lone request, whose 611 blocks over a 10M pool would "
             "otherwise be 306 (1.2 waves of an H100); the same output blocks either way",
             LoneWalkRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, chunks=128, lone_chunks=64)),
+    Version(19, "v19 free walk, running floor", "v17 with a running floor per request in device memory: a block "
+            "that keeps k ads raises its request's floor to the k-th key it kept (an atomic max), and a later block "
+            "lists an ad scored below the floor as key 0, never kept: its select counts only the ads that can still "
+            "be in the answer, and most of its lists come out within k (selected in one round, not four)",
+            TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, floor=True)),
+    Version(20, "v20 v18 with the running floor", "v18 (128 chunks a block for batches, 64 for a lone request) "
+            "with v19's running floor",
+            LoneWalkRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, chunks=128, lone_chunks=64,
+                           floor=True)),
     Version(14, "v14 request-major, 128 registers", "v8 (the compacted walk over 16,384 slots a block, its eligible "
             "ads' keys kept as a list) with the grid's axes swapped, (requests, blocks): the blocks of a batch's "
             "requests over the same slots run side by side, so an ad eligible for several requests is read from DRAM "

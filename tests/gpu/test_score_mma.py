@@ -370,6 +370,96 @@ def test_wide_free_walk_over_128_chunks_equals_the_reference(R):
            context=f"v18 R={R} k={k}")
 
 
+def _floor_kernels(n_chunks):
+    """A free walk with and without the running floor: the lab's v17 and v19 on the GPU; under the
+    simulator the same walks over 8 chunks a block (one output block of a round's slots), so a
+    request's few chunks make three blocks, run in order (request 0's blocks before request 1's)."""
+    from gpu.kernels import score_mma
+    from gpu.lab import score as lab
+
+    if ON_GPU:
+        return lab.VERSIONS[17], lab.VERSIONS[19]
+    shape = dict(max_registers=128, wide=True, chunks=8, out_slots=score_mma.ROUND_SLOTS, request_major=True,
+                 free_at=score_mma.LIST_CAP)
+    return (score_mma.get_mma_kernel("fp16", 64, 6, 2, **shape),
+            score_mma.get_mma_kernel("fp16", 64, 6, 2, **shape, floor=True))
+
+
+def _floor_scorers(n_chunks, table, chunk_format, ids):
+    from gpu.fused import FusedScorer
+    from gpu.lab import score as lab
+
+    plain, floored = _floor_kernels(n_chunks)
+    out = []
+    for kernel in (plain, floored):
+        fs = FusedScorer(table.values, table.scale, chunk_format, ids, experts=6, top_e=2,
+                         version=kernel if ON_GPU else lab.VERSIONS[17])
+        if not ON_GPU:
+            fs.kernel = kernel
+        out.append(fs)
+    assert not out[0].kernel.spec.floor and out[1].kernel.spec.floor
+    return out
+
+
+def _same_answers(a, b, context):
+    for r, ((ia, sa), (ib, sb)) in enumerate(zip(a, b)):
+        assert np.array_equal(ia, ib) and np.array_equal(sa, sb), f"{context} request {r}: {ia[:12]} vs {ib[:12]}"
+
+
+def test_running_floor_equals_the_reference_and_the_walk_without_it():
+    """v19 (lab): a block that keeps k ads raises its request's floor to the k-th key it kept, and later
+    blocks list the ads scored below it as key 0. The answers equal the reference and, ids and scores
+    bit for bit, the same walk without the floor; the floor rose (read back after the launch). On the
+    GPU 200 chunks, R = 3 (64 chunks a block)."""
+    n_chunks, R = (200, 3) if ON_GPU else (24, 2)
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(91, "fp16", 64, 6, 2, n_chunks, R,
+                                                                    density=0.3 if ON_GPU else 0.04)
+    plain, floored = _floor_scorers(n_chunks, table, chunk_format, ids)
+    k = 10 if not ON_GPU else int(rng.choice([5, 100]))
+    got = floored.topk(elig, tabs, k)
+    _check(got, sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe", context=f"v19 k={k}")
+    _same_answers(plain.topk(elig, tabs, k), got, f"v19 against v17 k={k}")
+    floor = floored.kernel._bufs["floor"].copy_to_host()[:R]
+    assert (floor > 0).all(), f"the floor never rose: {floor}"
+
+
+def test_running_floor_keeps_a_tie_at_the_floor():
+    """An ad whose key equals the floor may still be in the answer (ties go to the lower ad id), so the
+    floor leaves out only keys below it: the second block lists 60 ads and raises the floor to its k-th
+    key; the third block holds one copy of that ad (its row, its chunk's format), with a lower id, and
+    scored after the floor rose. The two tie for the answer's last place: it has the copy, as the walk
+    without the floor answers."""
+    from tests.gpu.test_score_kernels import reference64
+
+    n_chunks, k = 24, 10
+    rng, chunk_format, table, ids, sides, _, tabs = _scored_case(93, "fp16", 64, 6, 2, n_chunks, 1)
+    per_block = (64 if ON_GPU else 8) * CHUNK_SLOTS
+    if ON_GPU:  # blocks of 64 chunks: the same three blocks over 192 chunks
+        n_chunks = 192
+        rng, chunk_format, table, ids, sides, _, tabs = _scored_case(93, "fp16", 64, 6, 2, n_chunks, 1)
+    bits = np.zeros(n_chunks * CHUNK_SLOTS, np.uint8)
+    listed = per_block + rng.choice(per_block, 60, replace=False)
+    bits[listed] = 1
+    ref = reference64(sides[0], table.values[listed], table.scale[listed],
+                      np.repeat(chunk_format, CHUNK_SLOTS)[listed])[0]
+    order = np.argsort(-ref)
+    gaps = np.abs(np.diff(ref[order]))
+    kk = next(j for j in range(k - 1, 40) if gaps[j - 1] > 1e-3 and gaps[j] > 1e-3)  # the k-th, well apart
+    src = int(listed[order[kk]])
+    dst = 2 * per_block + 5 * CHUNK_SLOTS + 17
+    table.values[dst], table.scale[dst] = table.values[src], table.scale[src]
+    chunk_format[dst // CHUNK_SLOTS] = chunk_format[src // CHUNK_SLOTS]
+    if ids[dst] > ids[src]:
+        ids[dst], ids[src] = ids[src], ids[dst]
+    bits[dst] = 1
+    elig = np.packbits(bits[None], axis=1, bitorder="little").view(np.uint32)
+    plain, floored = _floor_scorers(n_chunks, table, chunk_format, ids)
+    want = plain.topk(elig, tabs, kk + 1)  # the copies tie for the last place: the lower id takes it
+    assert ids[dst] in want[0][0] and ids[src] not in want[0][0]
+    _same_answers(want, floored.topk(elig, tabs, kk + 1), "v19 tie at the floor")
+    _check(want, sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, kk + 1, "moe", context="v17 tie")
+
+
 @pytest.mark.parametrize("R", [1] if not ON_GPU else [1, 3])  # R > 1 runs v11, tested above
 def test_lone_walk_equals_the_reference(R):
     """v12: a batch of one request runs the 16-chunk walk (its own kernel, four times the blocks), a
