@@ -73,14 +73,38 @@ block_topk_emit_list_warp = _emit("block_topk_emit_list_warp", slot_listed, radi
 
 
 @cuda.jit(device=True)
-def block_topk_emit_list_floor(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot, floor, whole):
-    """`block_topk_emit_list`, then request r's running floor (`floor[r]`, device memory shared by the
-    kernel's blocks) raised to the key of the `cap`-th entry kept, when `cap` is the whole k the
-    caller wants (`whole`) and more than `cap` keys were there (the select found that key: its
-    prefix after the last round). The final answer then holds k keys at or above the floor, so a key
-    below it can never be in it: a later block may leave such a key out. The floor only rises."""
+def block_topk_emit_list_floor(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot, floor, whole,
+                               kept_word):
+    """`block_topk_emit_list` for a list whose keys below request r's running floor (`floor[r]`, device
+    memory shared by the kernel's blocks) were listed as 0, `state[kept_word]` counting the others
+    (reset here). When at most `cap` were kept, every one goes out with no select (in list order: the
+    same set the select would keep). Otherwise the select keeps `cap`, and when `cap` is the whole k
+    the caller wants (`whole`) the floor is raised to the key of the `cap`-th (the select's prefix after
+    its last round): the answer then holds k keys at or above it, so a key below it can never be in
+    the answer and a later block may leave it out. The floor only rises."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    kept = int32(state[kept_word])
+    cuda.syncthreads()  # every thread has read the count before thread 0 resets it
+    if kept <= cap:
+        if tid == 0:
+            state[kept_word] = 0
+            state[ST_N_GREATER] = 0
+        cuda.syncthreads()
+        for i in range(tid, n, nt):
+            key = keys[i]
+            if key != 0:
+                p = cuda.atomic.add(state, ST_N_GREATER, uint32(1))
+                out_key[r, b, p] = key
+                out_slot[r, b, p] = first_slot + offs[i]
+        for j in range(kept + tid, cap, nt):
+            out_key[r, b, j] = uint32(0)
+            out_slot[r, b, j] = -1
+        return
+    if tid == 0:
+        state[kept_word] = 0
     block_topk_emit_list(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
-    if whole and cuda.threadIdx.x == 0 and state[ST_EMIT_ALL] == 0:
+    if whole and tid == 0 and state[ST_EMIT_ALL] == 0:
         cuda.atomic.max(floor, r, state[ST_PREFIX])
 
 

@@ -86,6 +86,7 @@ LIST_CAP = 4096  # (key, offset) entries a wide block holds before it must selec
 ROUND_SLOTS = WARPS * CHUNK_SLOTS  # slots a round of the wide walk covers (one chunk per warp)
 ST_LIST = STATE_WORDS - 2  # shared state word (past the radix select's own) counting a wide block's list
 ST_COUNT = STATE_WORDS - 1  # the free walk's: the block's eligible ads
+ST_KEPT = STATE_WORDS  # the running floor's: the list's keys at or above the floor (a word past the others)
 K_STEP = 16  # dimensions per m16n8k16 product
 N_TILE = 8  # columns per n-tile
 MODES = ("exact", "fast")
@@ -606,10 +607,14 @@ def _epilogue(spec: MmaSpec) -> list[str]:
     num = " + ".join(f"w{j} * xv{j}" for j in range(K))
     den = " + ".join(f"w{j}" for j in range(K))
     if spec.wide and spec.floor:  # a key below the request's running floor is listed as 0 (never kept)
+        lines.append(f"kk = f32_to_key(({num}) / ({den}))")
+        lines.append("keep = i < n and kk >= floor[r]")
         lines.append("if i < n:")
-        lines.append(f"    kk = f32_to_key(({num}) / ({den}))")
-        lines.append("    keys[base + i] = kk if kk >= floor[r] else uint32(0)")
+        lines.append("    keys[base + i] = kk if keep else uint32(0)")
         lines.append("    offs[base + i] = o")
+        lines.append("votes = ballot(keep)")  # the warp's kept keys, counted with one shared atomic
+        lines.append("if lane == 0 and votes != uint32(0):")
+        lines.append(f"    cuda.atomic.add(state, {ST_KEPT}, uint32(cuda.popc(votes)))")
     elif spec.wide:
         lines.append("if i < n:")
         lines.append(f"    keys[base + i] = f32_to_key(({num}) / ({den}))")
@@ -641,8 +646,8 @@ def _source(spec: MmaSpec, name: str) -> str:
     sim = runtime.simulator_enabled()
     # what every skeleton reads; each walk adds its own below
     common = dict(name=name, b_axis="y" if spec.request_major else "x", r_axis="x" if spec.request_major else "y",
-                  floor_arg=", floor" if spec.floor else "",
-                  hist_n=HIST_COPIES * HIST_BINS, state_n=STATE_WORDS, chunk=CHUNK_SLOTS, warps=WARPS,
+                  floor_arg=", floor" if spec.floor else "", state_n=STATE_WORDS + (1 if spec.floor else 0),
+                  hist_n=HIST_COPIES * HIST_BINS, chunk=CHUNK_SLOTS, warps=WARPS,
                   acc_stride=8 * 2 * NG + 1, init=_indent(init, 4))
     own_tiles = _SIM_TILE_COUNT if sim else ["n_tiles = (n + 31) >> 5"]  # a warp's tiles of its own list
     if spec.compact:  # the listing walks (compacted, and wide)
@@ -653,14 +658,16 @@ def _source(spec: MmaSpec, name: str) -> str:
         wide = dict(keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks, cpw=spec.chunks // WARPS,
                     subs=spec.chunks * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
                     emit_list="block_topk_emit_list_floor" if spec.floor else emit_list,
-                    floor_pass=f", floor, cap < {spec.out_slots}" if spec.floor else "")
+                    floor_pass=f", floor, cap < {spec.out_slots}, {ST_KEPT}" if spec.floor else "")
+        kept_init = f"        state[{ST_KEPT}] = uint32(0)\n" if spec.floor else ""
         if spec.free_at:
             count = _FREE_COUNT.format(**common, **wide, st_count=ST_COUNT, out_slots=spec.out_slots,
                                        free_big=min(spec.free_at, LIST_CAP),
                                        free_small=min(spec.free_at, LIST_CAP, spec.out_slots))
             return _FREE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS,
-                                         count_init=f"        state[{ST_COUNT}] = uint32(0)\n", count_walk=count)
-        wide.update(count_init="", count_walk="")  # the wide walk's rounds from the start
+                                         count_init=f"        state[{ST_COUNT}] = uint32(0)\n" + kept_init,
+                                         count_walk=count)
+        wide.update(count_init=kept_init, count_walk="")  # the wide walk's rounds from the start
         if not spec.pooled:
             return _WIDE_SKELETON.format(**common, **wide, pool_shared="", wbase_n=WARPS)
         shared = [f"rcount = cuda.shared.array({WARPS}, int32)", f"rfmt = cuda.shared.array({WARPS}, int32)",
@@ -704,7 +711,7 @@ def _namespace() -> dict:
         "block_topk_emit_list_warp": block_topk_emit_list_warp, "block_topk_emit_list_floor": block_topk_emit_list_floor,
         "load_u32x4": _bits.load_u32x4, "u32_as_f32": _bits.u32_as_f32,
         "f32_to_key": _bits.f32_to_key, "mma_f16": mma.mma_f16, "split_f16x2": mma.split_f16x2,
-        "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": warp.sync_warp,
+        "i8x2_to_f16x2": mma.i8x2_to_f16x2, "sync_warp": warp.sync_warp, "ballot": warp.ballot,
     }
 
 

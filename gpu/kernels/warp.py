@@ -4,8 +4,10 @@
     sync_warp()             a barrier for the lanes of the warp (`bar.warp.sync`)
     match_any_i32(x)        the lanes of the warp whose int32 `x` equals this lane's, as a uint32 mask
                             (`match.any.sync`)
+    ballot(p)               the lanes of the warp whose `p` is true, as a uint32 mask (`vote.ballot.sync`)
 
-On the GPU they are numba's own `cuda.shfl_xor_sync`, `cuda.syncwarp` and `cuda.match_any_sync`. The simulator has neither
+On the GPU they are numba's own `cuda.shfl_xor_sync`, `cuda.syncwarp`, `cuda.match_any_sync` and
+`cuda.ballot_sync`. The simulator has neither
 warp shuffles nor a warp barrier: there the lanes' values meet in a shared scratch array between two
 block-wide barriers (`syncthreads`), so every thread of the block must reach each call (block-uniform
 control flow around it). The shipped match kernel's shuffle transpose and the tensor-core scorer's
@@ -56,6 +58,20 @@ if runtime.simulator_enabled():
         cuda.syncthreads()
         return np.uint32(peers)
 
+    @cuda.jit(device=True)
+    def ballot(p):
+        buf = cuda.shared.array(SCRATCH_THREADS, np.int64)
+        t = int(cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z))
+        buf[t] = 1 if p else 0
+        cuda.syncthreads()
+        first = t - t % WARP
+        votes = 0
+        for lane in range(WARP):
+            if buf[first + lane]:
+                votes |= 1 << lane
+        cuda.syncthreads()
+        return np.uint32(votes)
+
 else:
     from numba import int32
 
@@ -71,5 +87,9 @@ else:
     def match_any_i32(x):
         return cuda.match_any_sync(FULL_MASK, int32(x))
 
+    @cuda.jit(device=True, inline=True)
+    def ballot(p):
+        return cuda.ballot_sync(FULL_MASK, p)
 
-__all__ = ["match_any_i32", "shfl_xor_i32", "sync_warp"]
+
+__all__ = ["ballot", "match_any_i32", "shfl_xor_i32", "sync_warp"]
