@@ -518,7 +518,7 @@ def test_tensor_core_kernels_compile_for_sm90():
     env["PYTHONPATH"] = str(ROOT)
     cases = ["fp16:64:exact", "int8:64:exact", "fp32:64:exact", "fp16:128:exact", "int8:128:exact", "fp16:64:fast",
              "fp16:64:exact:compact", "int8:64:exact:compact", "fp16:64:exact:wide", "fp16:64:exact:wide:rm:wc",
-             "fp16:64:exact:wide:rm:pool", "fp16:64:exact:wide:rm:free"]
+             "fp16:64:exact:wide:rm:pool", "fp16:64:exact:wide:rm:free", "fp16:64:exact:wide:rm:free:floor"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "ptx_mma_check.py"), *half],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for half in (cases[0::2], cases[1::2])]
