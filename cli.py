@@ -917,9 +917,13 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_fil
 @click.option("--gpu-turn", is_flag=True, default=False,
               help="With --engines N: the engines take turns on the device, each gathering its next batch while "
                    "another runs, instead of sharing it by time slices.")
+@click.option("--endpoints", is_flag=True, default=False,
+              help="With --engines N: each engine worker also serves the retrieve exchange on a port of its own "
+                   "(same host, guard and limits), listed by the server's GetFlightInfo; `andromeda query` and "
+                   "serving.client follow them, so requests skip the front. Updates still go to the front.")
 @_server_options("colocated")
 def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, engines, gpu_turn,
-                    quiet, **options):
+                    endpoints, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
@@ -930,6 +934,9 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
     if gpu_turn and engines == 1:
         raise click.BadParameter("the turn is shared by several engines: give --engines 2 or more",
                                  param_hint="--gpu-turn")
+    if endpoints and engines == 1:
+        raise click.BadParameter("the endpoints are the engine workers' own servers: give --engines 2 or more",
+                                 param_hint="--endpoints")
 
     def run(settings):
         where = resolve(device)
@@ -941,9 +948,12 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
                       decode_ahead=decode_ahead, layout=layout, say=lambda message: _info(message, quiet),
-                      engines=engines, gpu_turn=gpu_turn, on_ready=_on_listening("colocated", settings, quiet,
-                                                              lambda srv: _holds(data, srv.health_info(), srv.device)
-                                                              + (f"; {engines} engine workers" if engines > 1 else "")))
+                      engines=engines, gpu_turn=gpu_turn, endpoints=endpoints,
+                      on_ready=_on_listening("colocated", settings, quiet,
+                                             lambda srv: _holds(data, srv.health_info(), srv.device)
+                                             + (f"; {engines} engine workers" if engines > 1 else "")
+                                             + (f", each also at {', '.join(srv.retrieve_endpoints())}"
+                                                if endpoints else "")))
 
     _serve(run, **options)
 
@@ -1095,10 +1105,13 @@ def _credentials(token, tls_ca, tls_cert, tls_key):
 @renamed("--requests", "--requests-file", now="--requests-file (a JSON Lines file) or --data (a corpus directory)",
          pick=lambda value: "--data" if os.path.isdir(value) else "--requests-file")
 @k_option()
+@click.option("--follow-endpoints/--no-follow-endpoints", default=True, show_default=True,
+              help="Where the server lists other locations of its retrieve exchange (serve colocated --endpoints: "
+                   "its engine workers' own), ask one of them instead, and the server once it is gone.")
 @_credential_options
 @_JSON_OPTION
 @_QUIET_OPTION
-def query(server, requests_file, data, k, token, tls_ca, tls_cert, tls_key, as_json, quiet):
+def query(server, requests_file, data, k, follow_endpoints, token, tls_ca, tls_cert, tls_key, as_json, quiet):
     """Top-K eligible ads per request from a running server of either architecture (`andromeda serve
     colocated` or `remote`), printed as `retrieve` prints them: a table, or with --json one line per
     request {"request_id": .., "ads": [..], "scores": [..]}.
@@ -1116,7 +1129,8 @@ def query(server, requests_file, data, k, token, tls_ca, tls_cert, tls_key, as_j
     try:
         requests, unreadable = read_requests(requests_path)
         _info(f"asking {server} for the top {k} of {len(requests)} request(s)", quiet)
-        result = ask(server, requests, k, credentials=_credentials(token, tls_ca, tls_cert, tls_key))
+        result = ask(server, requests, k, credentials=_credentials(token, tls_ca, tls_cert, tls_key),
+                     follow_endpoints=follow_endpoints)
     except (ValueError, ServerUnreachable) as exc:
         raise click.ClickException(str(exc)) from None
     except flight.FlightError as exc:  # refused as a whole: no token, a wrong one, a limit
@@ -1390,6 +1404,10 @@ def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim,
 @int_list_option("--engines", default="1",
                  help="Engine processes behind the server's front (serve colocated --engines), each count against "
                       "a fresh server: 1,2,4 compares them in one run.")
+@click.option("--via", "vias", type=click.Choice(["front", "workers"]), multiple=True, default=("front",),
+              show_default=True,
+              help="What the clients reach with --engines N (N > 1): the server's front, or the engine workers' own "
+                   "endpoints (serve colocated --endpoints), which the clients follow; repeat for both.")
 @click.option("--cluster", "clusters", multiple=True, metavar="SxR",
               help="Also `serve cluster` (Ray) with S shards of R replicas each, e.g. 1x4 (R replicas sharing one "
                    "GPU), each against a fresh server; repeat for several. Needs the cluster extra.")
@@ -1397,7 +1415,7 @@ def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim,
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,
-                 repeat, checks, engines, clusters, out, as_json, quiet):
+                 repeat, checks, engines, vias, clusters, out, as_json, quiet):
     """The served path against the engine in process: `serve colocated` started on loopback, many plain
     Flight clients each with one request in flight, requests per second and latency against the
     in-process rate in batches of --batch (target: 70%). The in-process answers are checked against the
@@ -1412,13 +1430,16 @@ def bench_served(data, device, k, layout, clients, client_processes, seconds, ex
         pairs = served.cluster_specs(",".join(clusters))
     except ValueError as exc:
         raise click.BadParameter(str(exc).removeprefix("--cluster "), param_hint="--cluster") from None
+    if "workers" in vias and max(engines) < 2:
+        raise click.BadParameter("the clients reach the engine workers only where there are several: give "
+                                 "--engines 2 or more", param_hint="--via")
     if pairs:
         _require_ray()
     try:
         result = served.run(data, device=device, k=k, layout=layout, batch=batch, repeat=repeat, clients=clients,
                             client_processes=client_processes, seconds=seconds, exchanges=exchange,
-                            request_formats=request_format, engines=engines, clusters=pairs, checks=checks,
-                            progress=lambda m: _info(m, quiet))
+                            request_formats=request_format, engines=engines, vias=vias, clusters=pairs,
+                            checks=checks, progress=lambda m: _info(m, quiet))
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.ClickException(f"bench served: {exc}") from None
     _stamp(result, None)

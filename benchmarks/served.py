@@ -47,6 +47,7 @@ from serving import protocol as fl
 from serving.services import ServiceProcess
 
 CHECKS = 16  # requests of the corpus whose in-process answers are checked against the reference
+VIAS = ("front", "workers")  # what the clients reach: the server's front, or its engine workers' own endpoints
 
 
 def in_process(dataset, device: str, k: int, batches: list[int], repeat: int, layout: str | None = None):
@@ -161,16 +162,22 @@ def spy(server_pid: int, seconds: float, out_dir: str, tag: str) -> threading.Th
 def served(data: str, device: str, want, k: int, clients: int, processes: int, seconds: float, wait_ms: float,
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
            request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None,
-           engines: int = 1, cluster: tuple[int, int] | None = None, gpu_turn: bool = False):
+           engines: int = 1, cluster: tuple[int, int] | None = None, gpu_turn: bool = False,
+           via: str = "front"):
     """One served run against a fresh server: `serve colocated`, or with `cluster` (shards, replicas)
-    `serve cluster` (Ray, started by the server; its replicas share the machine's GPUs)."""
+    `serve cluster` (Ray, started by the server; its replicas share the machine's GPUs). `via`
+    "workers": the server's engine workers serve on endpoints of their own (`--endpoints`) and the
+    clients follow them (client i to the (i mod n)-th), so no request passes the front."""
     from benchmarks.clients import drive
 
+    if via not in VIAS or (via == "workers" and (engines < 2 or cluster is not None)):
+        raise ValueError(f"via {via!r}: the clients reach the front, or (with engines of 2 or more) the workers")
     if cluster is None:
         proc = ServiceProcess("migration.colocated_server", ["--data", data, "--device", device, "--log", "off",
                                                   "--batch-wait-ms", str(wait_ms), "--engines", str(engines),
                                                   *(["--decode-ahead"] if decode_ahead else []),
                                                   *(["--gpu-turn"] if gpu_turn else []),
+                                                  *(["--endpoints"] if via == "workers" else []),
                                                   *(["--switch-interval-ms", switch_ms] if switch_ms else []),
                                                   *(["--layout", layout] if layout else [])],
                               name="the co-located server")
@@ -186,13 +193,17 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
         tag = (f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}"
                f"{'-si' + switch_ms if switch_ms else ''}{f'-engines{engines}' if engines > 1 else ''}"
                f"{'' if cluster is None else '-cluster%dx%d' % cluster}{'-turn' if gpu_turn else ''}")
+        tag += "-via-workers" if via == "workers" else ""
         spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
-        result = drive(proc.location, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
+        locations = fl.retrieve_endpoints(proc.location) if via == "workers" else [proc.location]
+        if len(locations) != (engines if via == "workers" else 1):
+            raise RuntimeError(f"the server at {proc.location} lists {locations} for {engines} engine workers")
+        result = drive(locations, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
         cpu1, front1 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
         # the same server with one client alone: the lone client's idle latency, against which the
         # latency of any one of the clients above, while the others load the server, is read
-        idle = drive(proc.location, data, k=k, clients=1, processes=1, seconds=max(1.0, seconds / 2), want=want,
+        idle = drive(locations, data, k=k, clients=1, processes=1, seconds=max(1.0, seconds / 2), want=want,
                      exchange=exchange, request_format=request_format)
         result["idle"] = {"latency_ms": idle["latency_ms"], "requests": idle["requests"], "n_wrong": idle["n_wrong"]}
         result["n_wrong"] += idle["n_wrong"]
@@ -214,7 +225,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
                                               else 1e3 * (front1 - front0) / result["requests"])
     finally:
         proc.stop()
-    return {**result, "batch_wait_ms": wait_ms, "engines": engines, "gpu_turn": gpu_turn,
+    return {**result, "batch_wait_ms": wait_ms, "engines": engines, "gpu_turn": gpu_turn, "via": via,
             "server": "colocated" if cluster is None else "cluster",
             **({} if cluster is None else {"shards": cluster[0], "replicas": cluster[1]})}
 
@@ -236,13 +247,14 @@ def lone_ratio(srv: dict) -> float | None:
 def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = None, batch: int = 64,
         repeat: int = 3, clients: int = 32, client_processes: int = 1, seconds: float = 20.0,
         batch_wait_ms: float = 0.2, exchanges=("call",), request_formats=("json",), decode_aheads=(False,),
-        switch_intervals=("",), engines=(1,), gpu_turns=(False,), clusters=(), cpus: list[int] | None = None, profile: str | None = None,
-        checks: int = CHECKS, progress=True) -> dict:
+        switch_intervals=("",), engines=(1,), gpu_turns=(False,), vias=("front",), clusters=(),
+        cpus: list[int] | None = None, profile: str | None = None, checks: int = CHECKS, progress=True) -> dict:
     """The whole measurement (the module docstring): the in-process engine checked against the
     reference, timed in batches of `batch` and of `clients`; then one served run per combination of
     `exchanges`, `request_formats`, `decode_aheads`, `switch_intervals`, `engines` (engine
-    processes behind the server's front; 1: the engine in its process) and `gpu_turns` (the engines
-    taking turns on the device or not; a turn only where there are several), each against its own
+    processes behind the server's front; 1: the engine in its process), `gpu_turns` (the engines
+    taking turns on the device or not; a turn only where there are several) and `vias` (the clients
+    reach the front, or the engine workers' own endpoints: only where there are several), each against its own
     server, every answer of its first pass checked against the in-process engine's; then one run
     against `serve cluster` for each (shards, replicas) of `clusters`, its clients as the first way of
     sending (`served_cluster`, each beside the in-process rate; the targets read `serve colocated`).
@@ -269,12 +281,14 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     if not engines or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in engines):
         raise ValueError(f"engines: expected whole numbers of at least 1, got {engines}")
     by_exchange = {}
-    for exchange, request_format, ahead, switch, n_engines, turn in itertools.product(
-            exchanges, request_formats, decode_aheads, switch_intervals, engines, gpu_turns):
-        if turn and n_engines == 1:
-            continue  # one engine has nobody to take turns with
+    if any(v not in VIAS for v in vias):
+        raise ValueError(f"vias: expected some of {', '.join(VIAS)}, got {list(vias)}")
+    for exchange, request_format, ahead, switch, n_engines, turn, via in itertools.product(
+            exchanges, request_formats, decode_aheads, switch_intervals, engines, gpu_turns, vias):
+        if (turn or via == "workers") and n_engines == 1:
+            continue  # one engine has nobody to take turns with, and no workers
         srv = served(data, device, want, k, clients, client_processes, seconds, batch_wait_ms, exchange, cpus,
-                     profile, request_format, ahead, switch, layout, n_engines, gpu_turn=turn)
+                     profile, request_format, ahead, switch, layout, n_engines, gpu_turn=turn, via=via)
         srv["server_cpus"] = cpus
         srv["decode_ahead"] = ahead
         srv["switch_interval_ms"] = float(switch) if switch else None
@@ -283,7 +297,8 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
                        + ([f"decode-ahead-{'on' if ahead else 'off'}"] if len(decode_aheads) > 1 else [])
                        + ([f"switch-{switch or 'default'}ms"] if len(switch_intervals) > 1 else [])
                        + ([f"engines-{n_engines}"] if len(engines) > 1 else [])
-                       + ([f"turn-{'on' if turn else 'off'}"] if len(gpu_turns) > 1 else []))
+                       + ([f"turn-{'on' if turn else 'off'}"] if len(gpu_turns) > 1 else [])
+                       + ([f"via-{via}"] if len(vias) > 1 else []))
         by_exchange[key] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]
         log(progress, f"served, {clients} clients in {client_processes} processes, {key}: "
@@ -404,6 +419,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-turn", default="off",
                     help="with several engines: 'on' (they take turns on the device), 'off' (time slices), or "
                          "'off,on' to run both in turn")
+    ap.add_argument("--via", default="front",
+                    help="with several engines: 'front' (every request through the server's front), 'workers' (the "
+                         "engine workers serve on endpoints of their own, --endpoints, and the clients follow them), "
+                         "or 'front,workers' to run both in turn")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
@@ -413,8 +432,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSON file to write")
     args = ap.parse_args(argv)
     formats, aheads, turns = args.request_format.split(","), args.decode_ahead.split(","), args.gpu_turn.split(",")
+    vias = args.via.split(",")
     if not set(formats) <= {"json", "columns"} or not set(aheads) <= {"on", "off"} or not set(turns) <= {"on", "off"}:
         ap.error("--request-format takes json and columns, --decode-ahead and --gpu-turn on and off")
+    if not set(vias) <= set(VIAS):
+        ap.error(f"--via {args.via}: takes {' and '.join(VIAS)}")
     try:
         engines = [int(n) for n in args.engines.split(",")]
     except ValueError:
@@ -429,7 +451,8 @@ def main(argv=None) -> int:
                  clients=args.clients, client_processes=args.client_processes, seconds=args.seconds,
                  batch_wait_ms=args.batch_wait_ms, exchanges=args.exchange.split(","), request_formats=formats,
                  decode_aheads=[a == "on" for a in aheads], switch_intervals=args.switch_interval_ms.split(","),
-                 engines=engines, gpu_turns=[t == "on" for t in turns], clusters=clusters, cpus=server_cpus(args.server_cpus), profile=args.profile,
+                 engines=engines, gpu_turns=[t == "on" for t in turns], vias=vias, clusters=clusters,
+                 cpus=server_cpus(args.server_cpus), profile=args.profile,
                  checks=args.checks)
     print(table(result))
     if args.out:

@@ -26,13 +26,16 @@ from serving.services import announce, open_corpus
 
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
                   on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
-                  layout: str | None = None, say=None, engines: int = 1, gpu_turn: bool = False) -> None:
+                  layout: str | None = None, say=None, engines: int = 1, gpu_turn: bool = False,
+                  endpoints: bool = False) -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
     (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order (None:
     its default); `say` (`andromeda_nb.progress.Say`): told each step of the start-up (the corpus's
     loading, the engine's construction) as it ends, with its seconds; `engines`: engine worker
     processes behind one front (1: the engine in this process, as always); `gpu_turn`: with several, the
-    engines take turns on the device (`serving.batcher.GpuTurn`) instead of sharing it by time slices."""
+    engines take turns on the device (`serving.batcher.GpuTurn`) instead of sharing it by time slices;
+    `endpoints`: with several, each also serves the retrieve exchange on a port of its own, listed by the
+    front's GetFlightInfo."""
     from .colocated import make_pooled_server, make_server
 
     check_engines(engines)
@@ -40,6 +43,10 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
         from serving.process import ServeError
 
         raise ServeError("--gpu-turn: the turn is shared by several engines; give --engines 2 or more")
+    if endpoints and engines == 1:
+        from serving.process import ServeError
+
+        raise ServeError("--endpoints: the endpoints are the engine workers' own servers; give --engines 2 or more")
     settings = settings or ServerSettings()
     preflight(settings.host, settings.port, settings.guard)
     dataset, log = open_corpus(data, settings.log, say=say)
@@ -51,7 +58,7 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
                             settings.guard)
         else:
             server = listen(lambda location: make_pooled_server(dataset, location, engines=engines,
-                                                                gpu_turn=gpu_turn, **options),
+                                                                gpu_turn=gpu_turn, endpoints=endpoints, **options),
                             settings.host, settings.port, settings.guard)
     except BaseException:
         if log is not None:
@@ -104,6 +111,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-turn", action="store_true",
                         help="with --engines N: the engines take turns on the GPU, a batch gathered while the others "
                              "run (default: they share it by time slices)")
+    parser.add_argument("--endpoints", action="store_true",
+                        help="with --engines N: each engine worker also serves the retrieve exchange on a port of its "
+                             "own, listed by the front's GetFlightInfo (clients that follow it skip the front)")
     parser.add_argument("--steps", action="store_true",
                         help="say each step of the start-up on stderr (the corpus's load, the engine's build)")
     parser.add_argument("--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS,
@@ -116,7 +126,8 @@ def main(argv=None) -> int:
         run_colocated(args.data, settings, device=args.device, version=args.version,
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
                       decode_ahead=args.decode_ahead, layout=args.layout,
-                      say=to_stderr if args.steps else None, engines=args.engines, gpu_turn=args.gpu_turn)
+                      say=to_stderr if args.steps else None, engines=args.engines, gpu_turn=args.gpu_turn,
+                      endpoints=args.endpoints)
     return 0
 
 

@@ -4,7 +4,8 @@ N`; the front, `serving.engine_front`, starts it as `python -m migration.engine_
 
 It reads its configuration from the channel (`serving.engine_channel`: the corpus directory, the
 device, the kernel version and layout, the limits, the batch wait, the file of the GPU turn when the
-engines take turns), loads the corpus, builds the
+engines take turns, and with `--endpoints` the host and guard of its own Flight server), loads the
+corpus, builds the
 engine for the device (`migration.architectures.build_engine`: one CUDA context of its own on a
 GPU) and serves the channel (`serving.engine_worker.EngineWorker`). Its start-up steps go to stderr,
 prefixed with its name, when the front says them (`--steps`); it writes nothing to stdout (the
@@ -89,6 +90,12 @@ def serve_channel(conn, lanes=None, build=None) -> int:
         worker = EngineWorker(engine, dataset, conn, lanes=lanes, limits=limits_of(config),
                               batch_wait_s=config["batch_wait_s"], decode_ahead=bool(config.get("decode_ahead")),
                               name=name, turn=turn)
+        if config.get("endpoint"):  # its own Flight server, listed by the front (`--endpoints`)
+            from serving.engine_worker import WorkerEndpoint
+            from serving.guard import ServerGuard
+
+            spec = config["endpoint"]
+            worker.endpoint = WorkerEndpoint(worker, spec["host"], guard=ServerGuard.from_json(spec["guard"]))
     except Exception as exc:  # noqa: BLE001 - the front says why this worker could not start
         say(f"could not start: {type(exc).__name__}: {exc}")
         try:

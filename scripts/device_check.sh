@@ -31,6 +31,8 @@
 #             against `serve colocated` on the generated 1M fp16 corpus and the 10M corpus of `datapipe`
 #             (ENGINES_ADS, default "1000000 10000000"): the served rate and the lone client's p99; the clients'
 #             request batches in each of SERVED_FORMATS (default "json"; "json columns": both, in turn);
+#             the clients reaching each of SERVED_VIAS (default "front"; "front workers": also the engine
+#             workers' own endpoints, `serve colocated --endpoints`, in turn);
 #             ENGINES_MPS=1 runs it with the engine workers' CUDA contexts under an MPS daemon the stage starts
 #             and stops (files tagged _mps)
 #   enginesweep  `python -m benchmarks.served` on the corpus of `datapipe` with SWEEP_ENGINES engines (default
@@ -187,6 +189,7 @@ for stage in "${stages[@]}"; do
       for ads in ${ENGINES_ADS:-1000000 10000000}; do
         if [ "$ads" = 1000000 ]; then data=$(corpus_1m fp16); else data=$(data_corpus $ads); fi
         formats=""; for f in ${SERVED_FORMATS:-json}; do formats="$formats --request-format $f"; done
+        for v in ${SERVED_VIAS:-front}; do formats="$formats --via $v"; done
         timeout ${ENGINES_TIMEOUT:-280} $A bench served --data $data --device gpu --engines ${ENGINES:-1,4} --clients 32 \
           --client-processes ${SERVED_PROCS:-8} --seconds ${SERVED_SECONDS:-5} --exchange stream --repeat ${SERVED_REPEAT:-2} $formats \
           --out-file "$OUT/served_engines_$ads$tag.json" > "$OUT/served_engines_$ads$tag.log" 2>&1

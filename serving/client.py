@@ -26,7 +26,7 @@ from andromeda_nb import jsontext
 from andromeda_nb.batching import in_batches
 
 from .guard import ClientCredentials, connect
-from .protocol import DEFAULT_CLIENT_BATCH, flight_action, location_of, retrieve_over_flight
+from .protocol import DEFAULT_CLIENT_BATCH, flight_action, location_of, retrieve_endpoints, retrieve_over_flight
 
 
 class ServerUnreachable(RuntimeError):
@@ -103,10 +103,14 @@ def _invalid(exc: Exception) -> str | None:
 
 
 def query(location, requests: Sequence[dict], k: int, *, batch_size: int = DEFAULT_CLIENT_BATCH,
-          timeout: float | None = 60.0, credentials: ClientCredentials | None = None) -> QueryResult:
+          timeout: float | None = 60.0, credentials: ClientCredentials | None = None,
+          follow_endpoints: bool = True) -> QueryResult:
     """Top-K of each request from the server at `location` (either architecture). A batch refused as
     invalid is asked again one request at a time: each refused request goes to `rejected` with the
-    server's reason, the others are answered."""
+    server's reason, the others are answered. With `follow_endpoints`, when the server lists other
+    locations for its retrieve exchange (`serve colocated --engines N --endpoints`: its engine workers'
+    own servers), one of them is asked instead (chosen by this process's id, so many clients spread
+    over them), and the server itself once that one is gone."""
     import pyarrow.flight as flight
 
     location = location_of(location)
@@ -115,8 +119,23 @@ def query(location, requests: Sequence[dict], k: int, *, batch_size: int = DEFAU
         client = connect(location, credentials)
     except flight.FlightError as exc:
         raise _unreachable(location, exc) from None
+    try:
+        asked = _endpoint_client(location, client, credentials, timeout) if follow_endpoints else None
+    except flight.FlightUnavailableError as exc:
+        client.close()
+        raise _unreachable(location, exc) from None
+    except BaseException:  # refused (no token, a wrong one): the caller says so
+        client.close()
+        raise
 
     def ask(part: Sequence[dict]) -> list:
+        nonlocal asked
+        if asked is not None:
+            try:
+                return retrieve_over_flight(asked[0], part, k, timeout=timeout, batch_size=len(part), client=asked[1])
+            except flight.FlightUnavailableError:  # the worker behind the endpoint ended: the server answers
+                asked[1].close()
+                asked = None
         return retrieve_over_flight(location, part, k, timeout=timeout, batch_size=len(part), client=client)
 
     try:
@@ -146,7 +165,26 @@ def query(location, requests: Sequence[dict], k: int, *, batch_size: int = DEFAU
                 result.answers.append(answer)
     finally:
         client.close()
+        if asked is not None:
+            asked[1].close()
     return result
+
+
+def _endpoint_client(location: str, client, credentials, timeout):
+    """(endpoint, its client) for `query` when the server at `location` lists endpoints of its retrieve
+    exchange, else None (one picked by this process's id; one that does not connect: the server)."""
+    import os
+
+    import pyarrow.flight as flight
+
+    endpoints = retrieve_endpoints(location, client=client, timeout=timeout)
+    if not endpoints:
+        return None
+    endpoint = endpoints[os.getpid() % len(endpoints)]
+    try:
+        return endpoint, connect(endpoint, credentials)
+    except flight.FlightError:
+        return None
 
 
 def health(location, timeout: float = 10.0, credentials: ClientCredentials | None = None) -> dict:

@@ -107,7 +107,7 @@ def _check_decided(root: Path, tmp: Path) -> None:
 
     def refuse(reason: str):
         where = (f"some of its files were already moved into {root}: restore the corpus directory from a copy"
-                 if moved_some else f"nothing of it was moved: remove it to start from the current snapshot "
+                 if moved_some else "nothing of it was moved: remove it to start from the current snapshot "
                                     "and its log")
         raise CompactionError(f"{tmp}: marked {COMPLETE} but it does not hold the compacted snapshot it decided "
                               f"({reason}); {where}")

@@ -25,6 +25,12 @@ so the front stays one.
   within the call's deadline fails that call with `FlightTimedOutError` naming it: nothing hangs.
 * Stopping (SIGTERM) stops the workers after the batches in flight; a worker ends by itself when
   the front is gone (its channel ends, and it watches its parent).
+* With `endpoints` in the workers' configuration (`serve colocated --engines N --endpoints`), each
+  worker also serves the `["retrieve"]` exchange on a Flight server of its own, with the front's
+  guard and limits, on the front's host (`serving.engine_worker.WorkerEndpoint`), and the front's
+  GetFlightInfo of `["retrieve"]` lists the live ones: a client that follows them
+  (`serving.protocol.retrieve_endpoints`) sends its requests with no front in the way, and falls back
+  to the front when its worker has ended. Updates, health and stats stay the front's.
 """
 
 from __future__ import annotations
@@ -555,6 +561,10 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
 
     def current_seq(self) -> int:
         return self.seq
+
+    def retrieve_endpoints(self) -> list[str]:
+        """The live workers' own servers (`--endpoints`), in worker order; none without them."""
+        return [w.info["endpoint"] for w in self.engines.live() if w.info and w.info.get("endpoint")]
 
     # --- requests --------------------------------------------------------------------------------------
     def _schema_of(self, batch: pa.RecordBatch) -> bytes:

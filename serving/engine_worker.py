@@ -15,6 +15,14 @@ its request lanes as requests arrive on them, and
 * ends when the front says so (`STOP`, after the batches in hand) or when the channel ends (the
   front is gone).
 
+With `--endpoints` it also serves the `["retrieve"]` exchange on a Flight server of its own
+(`WorkerEndpoint`, the front's guard and limits, on the front's host): the front lists these
+servers in GetFlightInfo, so clients that follow them reach a worker with no front in the way (no
+interpreter lock shared with every other client's exchange). Their requests join the same batcher
+as the lanes'; updates, compaction and the log stay the front's, which acknowledges an update only
+once every worker applied it, so what a client reads from a worker after the acknowledgement
+includes it.
+
 The process itself (loading the corpus, building the engine for the device, the parent watch) is
 `migration.engine_worker`'s; this module knows only an engine.
 """
@@ -32,7 +40,8 @@ from andromeda_nb.engine import warm_up
 from . import engine_channel as ch
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from .limits import DEFAULT_LIMITS, ServiceLimits
-from .protocol import answer_batch, decode_request_batch, decode_request_batches, request_ids
+from .protocol import (ANSWER_SCHEMA, RetrieveServer, answer_batch, answer_metadata, batch_bytes, decode_request_batch,
+                       decode_request_batches, request_ids)
 from .wal import snapshot_seq
 
 
@@ -135,6 +144,7 @@ class EngineWorker:
                         key.data.close()
         finally:
             events.close()
+            self.close_endpoint()  # its calls in flight finish on the batcher, which still runs
             self.batcher.close()  # the batch in hand finishes; calls still queued hear the server is stopping
 
     def _control(self) -> bool:
@@ -250,12 +260,80 @@ class EngineWorker:
 
     def state(self) -> dict:
         """What the front's health and stats read: the engine's description, the seq it holds, its
-        batching counters and device seconds."""
+        batching counters and device seconds, and its own endpoint's location (when it has one)."""
         import os
 
+        endpoint = getattr(self, "endpoint", None)
         return {"pid": os.getpid(), "seq": self.seq, "engine": self.engine.describe(),
                 "batching": self.batcher.stats() if hasattr(self, "batcher") else None,
-                "device_seconds": getattr(self.engine, "device_seconds", None)}
+                "device_seconds": getattr(self.engine, "device_seconds", None),
+                **({} if endpoint is None else {"endpoint": endpoint.advertised,
+                                                "endpoint_requests": endpoint.stats.snapshot().get("requests", 0)})}
+
+    def close_endpoint(self) -> None:
+        """Stop the worker's own Flight server, after the calls on it finish (the batcher still runs)."""
+        endpoint = getattr(self, "endpoint", None)
+        if endpoint is not None:
+            endpoint.stop()
+            endpoint.shutdown()
+            self.endpoint = None
 
 
-__all__ = ["EngineWorker", "limits_of"]
+class WorkerEndpoint(RetrieveServer):
+    """An engine worker's own `["retrieve"]` exchange (module docstring): each request batch goes to
+    the worker's batcher, as a lane's does, and comes back with the seq of the last update it
+    reflects. Health answers for this worker; updates and compaction are refused: the front takes
+    them. `advertised`: the location the front lists (`host`, the port bound)."""
+
+    name = "colocated engine worker"
+
+    def __init__(self, worker: EngineWorker, host: str, *, guard=None):
+        self.worker = worker
+        super().__init__(f"grpc://{host}:0", seed=worker.seed, experts=worker.experts, width=worker.width,
+                         limits=worker.limits, guard=guard)
+        self.advertised = self.guard.location(advertised_host(host), self.port)
+
+    def current_seq(self) -> int:
+        return self.worker.seq
+
+    def serve_batch(self, batch, times=None):
+        size = batch_bytes(batch)
+        if batch.num_rows == 0:  # nothing for the engine: checked and answered here, at the current seq
+            self.worker.decode(batch)
+            self.stats.add(bytes_in=size, batches=1)
+            return answer_batch([], []), answer_metadata(self.worker.seq)
+        try:
+            data, seq = self.worker.batcher.submit_payload(batch, times)
+        finally:
+            self.stats.add(bytes_in=size)
+        out = pa.ipc.read_record_batch(pa.py_buffer(data), ANSWER_SCHEMA)
+        self.stats.add(requests=batch.num_rows, batches=1, bytes_out=out.nbytes)
+        return out, answer_metadata(seq)
+
+    def apply_updates(self, body: bytes, started: float) -> dict:
+        from .inputs import InvalidInput
+
+        raise InvalidInput(f"{self.worker.name} answers requests only: send updates to the server that listed it "
+                           "(its front, where GetFlightInfo was asked)")
+
+    def compact(self) -> dict:
+        from .inputs import InvalidInput
+
+        raise InvalidInput(f"{self.worker.name} answers requests only: ask the server that listed it to compact")
+
+    def health_info(self) -> dict:
+        return {"worker": self.worker.name, "engine": self.worker.engine.describe()}
+
+    def extra_stats(self) -> dict:
+        return {"batching": self.worker.batcher.stats()}
+
+
+def advertised_host(host: str) -> str:
+    """The host a client is told to reach a server bound to `host` at: itself, or for a wildcard
+    address (all interfaces) this machine's name."""
+    import socket
+
+    return socket.getfqdn() if host in ("", "0.0.0.0", "::", "[::]") else host
+
+
+__all__ = ["EngineWorker", "WorkerEndpoint", "advertised_host", "limits_of"]

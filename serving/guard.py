@@ -170,6 +170,17 @@ class ServerGuard:
                    client_ca=None if tls_client_ca is None else _read(tls_client_ca, "client CA"),
                    insecure=insecure)
 
+    def to_json(self) -> dict:
+        """Every field, JSON-ready (PEM as text): how a front hands its guard to its engine workers'
+        own servers (`from_json`), over their private channel."""
+        return {name: value.decode() if isinstance(value, bytes) else value for name, value in vars(self).items()}
+
+    @classmethod
+    def from_json(cls, fields: dict) -> "ServerGuard":
+        pem = ("tls_cert", "tls_key", "client_ca")
+        return cls(**{name: value.encode() if name in pem and value is not None else value
+                      for name, value in fields.items()})
+
     @property
     def tokens(self) -> bool:
         return self.reader_token is not None or self.admin_token is not None

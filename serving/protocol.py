@@ -659,6 +659,24 @@ class RetrieveServer(flight.FlightServerBase):
     def extra_stats(self) -> dict:
         return {}
 
+    def retrieve_endpoints(self) -> list[str]:
+        """Where else the `["retrieve"]` exchange is served, with the same answers (`get_flight_info`):
+        none here, so a client asks this server."""
+        return []
+
+    def get_flight_info(self, context, descriptor):
+        """GetFlightInfo of `["retrieve"]`: one endpoint a location that serves the exchange with this
+        server's answers, the guard, limits and updates (docs/PROTOCOL.md section 1); none when only this
+        server does. A client spreads its exchanges over them (`retrieve_endpoints`)."""
+        self.guard.require(context, READER, "flight info")
+        path = tuple(p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or ())) \
+            if descriptor.descriptor_type == flight.DescriptorType.PATH else None
+        if path != RETRIEVE_PATH:
+            raise flight.FlightServerError(f"no flight info for {clip(str(descriptor))}; this server describes "
+                                           f"the path {list(RETRIEVE_PATH)}")
+        endpoints = [flight.FlightEndpoint(b"", [loc]) for loc in self.retrieve_endpoints()]
+        return flight.FlightInfo(ANSWER_SCHEMA, descriptor, endpoints, -1, -1)
+
     def action_names(self) -> list[str]:
         return list(ACTIONS)
 
@@ -714,6 +732,24 @@ def flight_action(location, name: str, body: bytes | str = b"", *, timeout: floa
     finally:
         if own:
             client.close()
+
+
+def retrieve_endpoints(location, *, timeout: float | None = 10.0, client: flight.FlightClient | None = None,
+                       credentials: ClientCredentials | None = None) -> list[str]:
+    """The locations a server lists for its `["retrieve"]` exchange (GetFlightInfo: `serve colocated
+    --engines N --endpoints` lists its engine workers' own servers); [] when it lists none, or is a
+    server that does not describe the exchange (ask the server itself)."""
+    own = client is None
+    client = client or connect(location_of(location), credentials)
+    try:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path(*RETRIEVE_PATH), options=_options(timeout))
+    except (flight.FlightServerError, pa.ArrowNotImplementedError):  # a server that does not describe it
+        return []
+    finally:
+        if own:
+            client.close()
+    return [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
+            for endpoint in info.endpoints for loc in endpoint.locations]
 
 
 def send_update_stream(client: flight.FlightClient, body: bytes | str, *, timeout: float | None = 60.0,
@@ -869,6 +905,7 @@ __all__ = [
     "request_ids",
     "request_text",
     "retrieve_encoded",
+    "retrieve_endpoints",
     "retrieve_over_flight",
     "serve_until_stopped",
     "to_flight_error",

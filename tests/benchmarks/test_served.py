@@ -65,8 +65,8 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     started = []
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
-                    request_format, ahead, switch, layout, engines, gpu_turn=False):
-        started.append((engines, gpu_turn) if gpu_turn else engines)
+                    request_format, ahead, switch, layout, engines, gpu_turn=False, via="front"):
+        started.append((engines, gpu_turn) if gpu_turn else (engines, via) if via != "front" else engines)
         return {"requests_per_s": 100.0 * engines, "requests": 10, "n_wrong": 0, "engines": engines,
                 "latency_ms": {"p50": 1.0, "p99": 2.0}, "batching": None, "device_ms_per_batch": None,
                 "server_cpu_ms_per_request": None}
@@ -86,10 +86,34 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     assert started == [1, 2, (2, True)]
     assert list(result["served_by_exchange"]) == ["call/engines-1/turn-off", "call/engines-2/turn-off",
                                                   "call/engines-2/turn-on"]
+    started.clear()  # the front and the workers' endpoints: one engine has no workers
+    result = served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[1, 2],
+                        vias=["front", "workers"], progress=False)
+    assert started == [1, 2, (2, "workers")]
+    assert list(result["served_by_exchange"]) == ["call/engines-1/via-front", "call/engines-2/via-front",
+                                                  "call/engines-2/via-workers"]
+    with pytest.raises(ValueError, match="vias"):
+        served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[2], vias=["side"],
+                   progress=False)
     with pytest.raises(ValueError, match="engines"):
         served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[0], progress=False)
     with pytest.raises(SystemExit):
         served.main(["--data", str(corpus_dir), "--engines", "0"])
+
+
+@pytest.mark.e2e
+def test_bench_served_with_the_clients_on_the_workers_endpoints(corpus_dir):
+    """`--engines 2 --via workers`: the server started with `--endpoints`, the clients spread over the two
+    workers' endpoints, every answer of their first pass checked; the front relays nothing."""
+    line = json.loads(run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 4,
+                              "--client-processes", 1, "--seconds", 1, "--repeat", 1, "--checks", 2, "--engines", 2,
+                              "--via", "workers", "--json", "--quiet").stdout)
+    srv = line["served"]
+    assert line["checks_ok"] and srv["via"] == "workers" and srv["engines"] == 2
+    assert srv["requests"] > 0 and srv["n_wrong"] == 0
+    assert srv["batching"]["calls"] >= srv["requests"]  # every request reached a worker's batcher
+    bad = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--via", "workers", code=2)
+    assert "--engines 2 or more" in bad.stderr
 
 
 def test_the_lone_client_target_reads_loaded_over_idle_p99():
@@ -151,7 +175,7 @@ def test_cluster_runs_start_serve_cluster_and_stand_beside_the_target(corpus_dir
     runs = []
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
-                    request_format, ahead, switch, layout, engines=1, cluster=None, gpu_turn=False):
+                    request_format, ahead, switch, layout, engines=1, cluster=None, gpu_turn=False, via="front"):
         runs.append(cluster)
         rate = 100.0 if cluster is None else 500.0 * cluster[1]
         return {"requests_per_s": rate, "requests": 10, "n_wrong": 0, "engines": engines,

@@ -30,12 +30,13 @@ K = 20
 CLIENTS = 8
 
 
-def pooled_server(dataset, log=None, engines: int = ENGINES, gpu_turn: bool = False):
+def pooled_server(dataset, log=None, engines: int = ENGINES, gpu_turn: bool = False, endpoints: bool = False,
+                  guard=None):
     """The co-located front in this process over `engines` CPU engine workers, on a free loopback port."""
     from migration.colocated import make_pooled_server
 
     return make_pooled_server(dataset, "grpc://127.0.0.1:0", device="cpu", engines=engines, log=log,
-                              gpu_turn=gpu_turn)
+                              gpu_turn=gpu_turn, endpoints=endpoints, guard=guard)
 
 
 def worker_pids(server) -> list[int]:
@@ -148,6 +149,101 @@ def test_an_acknowledged_update_is_seen_by_every_worker(tmp_path):
         assert ack2["applied"] == 0 and ack2["rejected"] and ack2["seq"] == ack["seq"]
     finally:
         stop(front)
+
+
+def test_the_workers_own_endpoints_answer_as_the_front_and_after_its_acknowledgements(tmp_path):
+    """`--endpoints`: the front's GetFlightInfo of ["retrieve"] lists one location a worker (its own
+    Flight server on the front's host); each answers the front's answers, and after an update call the
+    front acknowledged, the update's answers with its seq. Updates sent to a worker's endpoint are
+    refused, naming the front; its health names the worker. The client (`serving.client.query`)
+    follows an endpoint, and the front once that worker is gone; a one-engine server lists none."""
+    from serving.client import query
+
+    root, dataset = saved_corpus(tmp_path / "c", seed=9, n_ads=300, n_requests=6)
+    one = colocated_server(dataset)
+    front = pooled_server(dataset, endpoints=True)
+    try:
+        assert fl.retrieve_endpoints(location(one)) == []
+        endpoints = fl.retrieve_endpoints(location(front))
+        assert len(set(endpoints)) == ENGINES and location(front) not in endpoints
+        assert all(e.startswith("grpc://127.0.0.1:") for e in endpoints), endpoints
+        health = fl.flight_action(location(front), "health")
+        assert [e["endpoint"] for e in health["engines"]] == endpoints
+        want = fl.retrieve_over_flight(location(one), dataset.requests, K)
+        for endpoint in endpoints:
+            got = fl.retrieve_over_flight(endpoint, dataset.requests, K)
+            assert all(np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1]) for g, w in zip(got, want)), endpoint
+            ep_health = fl.flight_action(endpoint, "health")
+            assert ep_health["status"] == "ok" and ep_health["server"] == "colocated engine worker"
+            assert ep_health["worker"].startswith("engine worker ")
+        updates = update_stream(dataset, 80, seed=9)
+        ack = fl.send_updates(location(front), lines_of(updates))
+        assert ack["applied"] == 80, ack
+        reference = reference_at(dataset, updates)
+        for endpoint in endpoints:  # read at once after the acknowledgement: every worker holds it
+            seqs: list = []
+            answers = fl.retrieve_over_flight(endpoint, dataset.requests, K, seqs=seqs)
+            assert seqs == [ack["seq"]], endpoint
+            assert_equals_reference(reference, dataset.requests, answers, K, f"{endpoint} after the update call")
+            with pytest.raises(flight.FlightServerError, match="send updates to the server that listed it"):
+                fl.send_updates(endpoint, lines_of(update_stream(dataset, 2, seed=10)))
+        assert fl.flight_action(location(front), "health")["seq"] == ack["seq"]  # nothing came in by the workers
+        requests = _request_dicts(dataset)
+        result = query(location(front), requests, K)
+        assert result.request_ids == [r.request_id for r in dataset.requests]
+        assert_equals_reference(reference, dataset.requests, result.answers, K, "query following an endpoint")
+        served = [fl.flight_action(e, "stats")["requests"] for e in endpoints]
+        assert sum(served) >= 2 * len(dataset.requests) + len(dataset.requests), served  # the query came by one
+        first, second = front.engines.workers
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while first.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fl.retrieve_endpoints(location(front)) == [endpoints[1]]
+        for _ in range(3):  # whichever endpoint a process picks, the answers come (the front's, when it is gone)
+            result = query(location(front), requests, K)
+            assert_equals_reference(reference, dataset.requests, result.answers, K, "query with a worker gone")
+    finally:
+        stop(front)
+        stop(one)
+
+
+def test_a_guarded_front_guards_its_workers_endpoints(tmp_path):
+    """The workers' endpoints take the front's guard, TLS and tokens: listed as grpc+tls locations;
+    without the token refused, with it answered over TLS the front's answers."""
+    from serving.guard import ClientCredentials, ServerGuard
+    from tests.support.servers import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    root, dataset = saved_corpus(tmp_path / "c", seed=11, n_ads=200, n_requests=4)
+    token = "reader-token-" + "x" * 24
+    guard = ServerGuard.from_files(token=token, tls_cert=certs["server"], tls_key=certs["server_key"])
+    front = pooled_server(dataset, endpoints=True, guard=guard)
+    try:
+        here = location(front, "grpc+tls")
+        creds = ClientCredentials.from_files(token=token, tls_ca=certs["ca"])
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            fl.retrieve_endpoints(here, credentials=ClientCredentials.from_files(tls_ca=certs["ca"]))
+        endpoints = fl.retrieve_endpoints(here, credentials=creds)
+        assert len(endpoints) == ENGINES and all(e.startswith("grpc+tls://127.0.0.1:") for e in endpoints), endpoints
+        want = fl.retrieve_over_flight(here, dataset.requests, K, credentials=creds)
+        for endpoint in endpoints:
+            with pytest.raises(flight.FlightUnauthenticatedError):
+                fl.retrieve_over_flight(endpoint, dataset.requests, K,
+                                        credentials=ClientCredentials.from_files(tls_ca=certs["ca"]))
+            got = fl.retrieve_over_flight(endpoint, dataset.requests, K, credentials=creds)
+            assert all(np.array_equal(g[0], w[0]) for g, w in zip(got, want))
+    finally:
+        stop(front)
+
+
+def _request_dicts(dataset) -> list[dict]:
+    """The corpus's requests as JSON-ready dicts, as `serving.client.read_requests` gives them."""
+    from serving.client import read_requests
+
+    requests, unreadable = read_requests(dataset.source_dir)
+    assert not unreadable
+    return requests
 
 
 def test_a_restart_replays_the_log_into_every_worker(tmp_path):
