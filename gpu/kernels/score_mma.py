@@ -606,19 +606,17 @@ def _epilogue(spec: MmaSpec) -> list[str]:
         lines.append(f"w{j} = " + ("float32(1.0)" if j == 0 else f"float32(math.exp(gv{j} - gv0))"))
     num = " + ".join(f"w{j} * xv{j}" for j in range(K))
     den = " + ".join(f"w{j}" for j in range(K))
-    if spec.wide and spec.floor:  # a key below the request's running floor is listed as 0 (never kept)
-        lines.append(f"kk = f32_to_key(({num}) / ({den}))")
-        lines.append("keep = i < n and kk >= floor[r]")
+    if spec.wide:
+        key = f"f32_to_key(({num}) / ({den}))"
+        if spec.floor:  # a key below the request's running floor is listed as 0 (never kept)
+            lines += [f"kk = {key}", "keep = i < n and kk >= floor[r]"]
+            key = "kk if keep else uint32(0)"
         lines.append("if i < n:")
-        lines.append("    keys[base + i] = kk if keep else uint32(0)")
+        lines.append(f"    keys[base + i] = {key}")
         lines.append("    offs[base + i] = o")
-        lines.append("votes = ballot(keep)")  # the warp's kept keys, counted with one shared atomic
-        lines.append("if lane == 0 and votes != uint32(0):")
-        lines.append(f"    cuda.atomic.add(state, {ST_KEPT}, uint32(cuda.popc(votes)))")
-    elif spec.wide:
-        lines.append("if i < n:")
-        lines.append(f"    keys[base + i] = f32_to_key(({num}) / ({den}))")
-        lines.append("    offs[base + i] = o")
+        if spec.floor:  # the warp's kept keys, counted with one shared atomic
+            lines += ["votes = ballot(keep)", "if lane == 0 and votes != uint32(0):",
+                      f"    cuda.atomic.add(state, {ST_KEPT}, uint32(cuda.popc(votes)))"]
     elif spec.compact:
         lines.append("if i < n:")
         lines.append(f"    keys[o] = f32_to_key(({num}) / ({den}))")
