@@ -22,6 +22,7 @@
 #             to the first answer with the compile caches as the machine has them, then warm
 #   lone      where a lone request's time goes on the corpus of `datapipe` (`scripts/probe_engine_batch.py
 #             --batches 1,64`), then `ncu` (speed of light, launch statistics) of the kernels of lone requests
+#             (LONE_NCU_BATCH=64: of batches of 64 instead; LONE_NCU_SKIP, LONE_NCU_COUNT: which launches)
 #   lonelab   a lone request's scoring kernel and top-K, variants: `scripts/probe_topk_segments.py` (top-K versions
 #             TOPK_VERSIONS, default "2,3", and segment lengths TOPK_SEGMENT_LENS, default "16384,4096";
 #             LONELAB_TOPK=0 leaves it out),
@@ -175,7 +176,7 @@ for stage in "${stages[@]}"; do
       timeout ${LONE_NCU_TIMEOUT:-240} ncu -k "regex:match_v|score_|topk|prep_tables|table_bits" --launch-skip ${LONE_NCU_SKIP:-42} \
         --launch-count ${LONE_NCU_COUNT:-14} \
         --section SpeedOfLight --section LaunchStats --section Occupancy \
-        python3 scripts/probe_engine_batch.py --data $data --batches 1 --repeat 5 > "$OUT/lone_ncu_$ads.txt" 2>&1
+        python3 scripts/probe_engine_batch.py --data $data --batches ${LONE_NCU_BATCH:-1} --repeat 5 > "$OUT/lone_ncu_$ads.txt" 2>&1
       echo "lone ncu rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Grid Size|Block Size" \
         "$OUT/lone_ncu_$ads.txt" | head -80 ;;
     engines)  # ENGINES_MPS=1: the engine workers share the GPU through an MPS daemon this stage starts and stops

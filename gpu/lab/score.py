@@ -53,7 +53,11 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
     v18           v17 over 128 chunks a block for batches (half the selections), 64 for a lone request
                   (`LoneWalkRecipe`): to be measured
     v19           v17 with a running floor per request (an atomic max of the k-th key each block keeps);
-                  an ad scored below it is not kept, so most blocks' lists hold at most k keys: to be measured
+                  an ad scored below it is not kept, so most blocks' lists hold at most k keys and go out
+                  with no select. Measured once beside v17 on the generated 10M corpus (H100, one lease;
+                  docs/BENCHMARKS.md "To be re-run", row 27: the tree was not clean): the scoring kernel of
+                  a batch of 64 3.87 ms against 5.33, batches of 64 106 G pool ads/s against 83 G, one
+                  request p50 0.93 ms against 0.91: to ship once a clean run confirms it
     v20           v18 with v19's running floor: to be measured
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
