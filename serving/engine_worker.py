@@ -70,6 +70,7 @@ class EngineWorker:
         self.seed, self.experts, self.width = dataset.seed, model.E, model.S
         self.dim, self.formats = model.D, model.F
         self.seq = snapshot_seq(dataset)
+        self.endpoint: WorkerEndpoint | None = None  # its own Flight server, with --endpoints (set by its process)
         self._lock = threading.Lock()  # one batch or one slice of updates on the engine at a time
         self._send_lock = threading.Lock()  # the receiver and the batcher's thread both send
         self._schemas: dict[bytes, pa.Schema] = {}
@@ -263,7 +264,7 @@ class EngineWorker:
         batching counters and device seconds, and its own endpoint's location (when it has one)."""
         import os
 
-        endpoint = getattr(self, "endpoint", None)
+        endpoint = self.endpoint
         return {"pid": os.getpid(), "seq": self.seq, "engine": self.engine.describe(),
                 "batching": self.batcher.stats() if hasattr(self, "batcher") else None,
                 "device_seconds": getattr(self.engine, "device_seconds", None),
@@ -272,7 +273,7 @@ class EngineWorker:
 
     def close_endpoint(self) -> None:
         """Stop the worker's own Flight server, after the calls on it finish (the batcher still runs)."""
-        endpoint = getattr(self, "endpoint", None)
+        endpoint = self.endpoint
         if endpoint is not None:
             endpoint.stop()
             endpoint.shutdown()
@@ -289,7 +290,8 @@ class WorkerEndpoint(RetrieveServer):
 
     def __init__(self, worker: EngineWorker, host: str, *, guard=None):
         self.worker = worker
-        super().__init__(f"grpc://{host}:0", seed=worker.seed, experts=worker.experts, width=worker.width,
+        bind = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address
+        super().__init__(f"grpc://{bind}:0", seed=worker.seed, experts=worker.experts, width=worker.width,
                          limits=worker.limits, guard=guard)
         self.advertised = self.guard.location(advertised_host(host), self.port)
 
