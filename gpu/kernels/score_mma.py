@@ -254,7 +254,7 @@ class MmaSpec:
     warp_counts: bool = False  # wide: the list's radix select counts a warp's equal digits at once
     pooled: bool = False  # wide: a round whose listed chunks share a format runs one list over them (_POOLED_ROUND)
     free_at: int = 0  # wide: a block with at most this many eligible ads walks without the rounds' barriers (_FREE_TAIL)
-    floor: bool = False  # wide: a running floor per request; an ad scored below it is not kept (_FLOOR_RAISE)
+    floor: bool = False  # wide: a running floor per request; an ad scored below it is not kept (block_topk_emit_list_floor)
 
     @property
     def table_width(self) -> int:
