@@ -14,6 +14,7 @@ cuda = runtime.cuda()
 from numba import int32, uint32  # noqa: E402  (after the device choice)
 
 HIST_COPIES = 8  # per-warp histograms (warp % HIST_COPIES), fewer atomic collisions
+ST_KEPT = STATE_WORDS  # the running floor's count of a list's kept keys: a word past the select's own
 
 
 slot_at = None  # bound per form below: the slot of entry i of a block's keys
@@ -73,38 +74,40 @@ block_topk_emit_list_warp = _emit("block_topk_emit_list_warp", slot_listed, radi
 
 
 @cuda.jit(device=True)
-def block_topk_emit_list_floor(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot, floor, whole,
-                               kept_word):
-    """`block_topk_emit_list` for a list whose keys below request r's running floor (`floor[r]`, device
-    memory shared by the kernel's blocks) were listed as 0, `state[kept_word]` counting the others
-    (reset here). When at most `cap` were kept, every one goes out with no select (in list order: the
-    same set the select would keep). Otherwise the select keeps `cap`, and when `cap` is the whole k
-    the caller wants (`whole`) the floor is raised to the key of the `cap`-th (the select's prefix after
-    its last round): the answer then holds k keys at or above it, so a key below it can never be in
-    the answer and a later block may leave it out. The floor only rises."""
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    kept = int32(state[kept_word])
+def radix_select_row_kept(keys, r, width, lo, hi, k, hist, part, state, copies):
+    """`radix_select_row` over a list whose keys at or above the running floor a tile counted into
+    `state[ST_KEPT]` (reset here): when at most k were kept every nonzero key is wanted (emit_all,
+    `state[ST_TOTAL]` = the count) and no round runs."""
+    kept = state[ST_KEPT]
     cuda.syncthreads()  # every thread has read the count before thread 0 resets it
-    if kept <= cap:
-        if tid == 0:
-            state[kept_word] = 0
-            state[ST_N_GREATER] = 0
-        cuda.syncthreads()
-        for i in range(tid, n, nt):
-            key = keys[i]
-            if key != 0:
-                p = cuda.atomic.add(state, ST_N_GREATER, uint32(1))
-                out_key[r, b, p] = key
-                out_slot[r, b, p] = first_slot + offs[i]
-        for j in range(kept + tid, cap, nt):
-            out_key[r, b, j] = uint32(0)
-            out_slot[r, b, j] = -1
-        return
-    if tid == 0:
-        state[kept_word] = 0
-    block_topk_emit_list(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
-    if whole and tid == 0 and state[ST_EMIT_ALL] == 0:
+    if kept > uint32(k):
+        if cuda.threadIdx.x == 0:
+            state[ST_KEPT] = 0
+        return radix_select_row(keys, r, width, lo, hi, k, hist, part, state, copies)
+    if cuda.threadIdx.x == 0:
+        state[ST_KEPT] = 0
+        state[ST_TOTAL] = kept
+        state[ST_EMIT_ALL] = 1
+        state[ST_N_GREATER] = 0
+        state[ST_N_EQUAL] = 0
+    cuda.syncthreads()
+    return uint32(0), uint32(0), True
+
+
+_emit_list_kept = _emit("block_topk_emit_list_kept", slot_listed, radix_select_row_kept)
+
+
+@cuda.jit(device=True)
+def block_topk_emit_list_floor(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot, floor, whole):
+    """`block_topk_emit_list` for a list whose keys below request r's running floor (`floor[r]`, device
+    memory shared by the kernel's blocks) were listed as 0, `state[ST_KEPT]` counting the others. When
+    at most `cap` were kept every one goes out with no select (`radix_select_row_kept`: the same set
+    the select would keep). Otherwise the select keeps `cap`, and when `cap` is the whole k the caller
+    wants (`whole`) the floor is raised to the key of the `cap`-th (the select's prefix after its last
+    round): the answer then holds k keys at or above it, so a key below it can never be in the answer
+    and a later block may leave it out. The floor only rises."""
+    _emit_list_kept(keys, offs, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
+    if whole and cuda.threadIdx.x == 0 and state[ST_EMIT_ALL] == 0:
         cuda.atomic.max(floor, r, state[ST_PREFIX])
 
 
@@ -115,5 +118,5 @@ def block_topk_emit(keys, n, cap, hist, part, state, out_key, out_slot, r, b, fi
     _emit_dense(keys, keys, n, cap, hist, part, state, out_key, out_slot, r, b, first_slot)
 
 
-__all__ = ["HIST_BINS", "HIST_COPIES", "STATE_WORDS", "block_topk_emit", "block_topk_emit_list",
+__all__ = ["HIST_BINS", "HIST_COPIES", "ST_KEPT", "STATE_WORDS", "block_topk_emit", "block_topk_emit_list",
            "block_topk_emit_list_floor", "block_topk_emit_list_warp"]

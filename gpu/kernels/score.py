@@ -2,7 +2,7 @@
 per-block top-K, in one pass over the stored embeddings (DESIGN section 3).
 
 The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBACK` (`version()`):
-    v17 wide, request-major, free walk  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
+    v19 wide, request-major, free walk, running floor  the 2E per-ad dots as mma.sync m16n8k16 tiles on the tensor cores, the
                   request's tables carried as fp16 hi + lo pairs (float32 accuracy), over each chunk's
                   eligible slots only (a warp lists them in shared memory and gathers their rows into
                   the tiles, so the bytes read follow the eligible ads, not the pool), one ad per lane
@@ -18,7 +18,11 @@ The product runs `SHIPPED` where its recipe serves the shape best, else `FALLBAC
                   their chunks without a block barrier between rounds, each waiting for no other
                   (v14, the same with the rounds' two barriers in every block, spent a third of a
                   warp's cycles at them); held to 128 registers a thread (two blocks an SM), where
-                  v11, the same walk at 80 (three blocks), spills to local memory; shipped for the
+                  v11, the same walk at 80 (three blocks), spills to local memory; and each request
+                  keeps a running floor in device memory: a block whose select keeps k ads raises it
+                  (an atomic max) to the key of the k-th, and a later block lists an ad scored below it
+                  as key 0, never kept, so most lists hold at most k keys and go out with no select
+                  (v17, the same without the floor, ran every block's four select rounds); shipped for the
                   MoE at fp16 and int8 with D = 64, where it was measured faster (docs/BENCHMARKS.md,
                   the co-located pipeline)
     v4 tiled x4   four ads per thread (64-thread blocks); embeddings tile-interleaved as 32-bit words
@@ -34,7 +38,7 @@ Both run under the CUDA simulator too (the tensor-core kernel through `gpu.kerne
 The versions before them (v1 naive, v2 and v3 with one and two ads per thread, v5 the tensor-core
 kernel without a register limit, v6 its full walk over every slot at 80 registers, v7 the compacted walk
 with a block top-K every 4096 slots, v8 the shipped walk on a (blocks, requests) grid, v14 the shipped walk with
-the rounds' barriers in every block) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
+the rounds' barriers in every block, v17 the shipped walk without the running floor) are in the kernel lab, `gpu/lab/score.py`, which `andromeda bench
 score` times and the tests check. A version is one entry of `VERSIONS`: a number, a name, and a
 recipe with `layout` ('rows' | 'tiles') and `build(spec)`; the tiled versions share the generator
 `tiled(ads_per_thread)`, the tensor-core ones `TensorCoreRecipe` (the
@@ -56,7 +60,7 @@ first use by `get_kernel`). Every kernel has the same arguments:
     out_slot     int32[R, NB, >= cap]   and their slots; key 0 = no candidate (padding)
 
 Launch: grid (NB, R) with NB = ceil(S / ADS_PER_BLOCK), block (threads of the version,) (the
-tensor-core kernels: their own block of slots, and grid (R, NB) when request-major, as v17 is). Each block
+tensor-core kernels: their own block of slots, and grid (R, NB) when request-major, as v19 is). Each block
 covers CHUNKS_PER_BLOCK chunks (ADS_PER_BLOCK = 2048 ads), scores its eligible ads, keeps the keys in
 shared memory and selects its top `cap` by the block-wide radix select of `gpu.kernels.radix` (per-warp
 shared histograms); only those are written. Nothing else per ad reaches device memory.
@@ -414,19 +418,17 @@ class TensorCoreRecipe:
 VERSIONS = version_table(
     Version(4, "v4 tiled x4", "16-byte loads of tiled words, shared d-major format table, four ads per thread",
             tiled(4)),
-    Version(17, "v17 request-major, free walk", "v14 (the compacted walk over 16,384 slots a block on a (requests, "
-            "blocks) grid, its eligible ads' keys kept as a list, 128 registers) with the block's eligible ads counted "
-            "first: a block whose eligible ads fit its list at once walks its chunks without the two block barriers a "
-            "round (each warp through its own chunks, waiting for no other) and selects its list once; a block with "
-            "more runs v14's rounds (score_mma.py; MoE only)",
-            TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096)),
+    Version(19, "v19 free walk, running floor", "v17 (the free walk over 16,384 slots a block on a (requests, "
+            "blocks) grid, its eligible ads' keys kept as a list, 128 registers) with a running floor per request in "
+            "device memory: a block that keeps k ads raises its request's floor to the k-th key it kept (an atomic "
+            "max), and a later block lists an ad scored below the floor as key 0, never kept: its select counts only "
+            "the ads that can still be in the answer, and most of its lists come out within k with no select "
+            "(score_mma.py; MoE only)",
+            TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, floor=True)),
 )
-# docs/BENCHMARKS.md, the co-located pipeline (H100, the generated 10M-ad corpus of distinct ads, v14 then v17
-# in one lease, commit f27486f): the scoring kernel of a batch of 64 5.34 ms against v14's 6.06 (5.33 against
-# 5.96 in two other leases), batches of 64 79.1 G pool ads/s against 77.8 G, one request p50 0.94 ms against
-# 0.96, p99 1.22 against 1.28; with every ad of a 32Mi pool eligible (no block fits its list) 2.47 ms against
-# 2.42. v14 against v11 (e47b661): one request p50 0.89 ms against 0.97, batches of 64 78.8 G against 79.3 G.
-SHIPPED = 17
+# docs/BENCHMARKS.md, the co-located pipeline (H100, the generated 10M-ad corpus of distinct ads, v17 then v19
+# in one lease): MEASURE
+SHIPPED = 19
 FALLBACK = 4  # for the shapes SHIPPED does not serve best: dot kernels, fp32 storage, D = 128
 
 

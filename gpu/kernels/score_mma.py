@@ -70,7 +70,7 @@ from ..graphs import Launch, run_plan
 from . import _bits, mma, warp
 from andromeda_nb.constants import PRECISION_BYTES as BYTES
 
-from .block_topk import (HIST_BINS, HIST_COPIES, STATE_WORDS, block_topk_emit, block_topk_emit_list,
+from .block_topk import (HIST_BINS, HIST_COPIES, ST_KEPT, STATE_WORDS, block_topk_emit, block_topk_emit_list,
                          block_topk_emit_list_floor, block_topk_emit_list_warp)
 from .tiles import QUAD_WORDS, words_per_ad
 
@@ -86,7 +86,6 @@ LIST_CAP = 4096  # (key, offset) entries a wide block holds before it must selec
 ROUND_SLOTS = WARPS * CHUNK_SLOTS  # slots a round of the wide walk covers (one chunk per warp)
 ST_LIST = STATE_WORDS - 2  # shared state word (past the radix select's own) counting a wide block's list
 ST_COUNT = STATE_WORDS - 1  # the free walk's: the block's eligible ads
-ST_KEPT = STATE_WORDS  # the running floor's: the list's keys at or above the floor (a word past the others)
 K_STEP = 16  # dimensions per m16n8k16 product
 N_TILE = 8  # columns per n-tile
 MODES = ("exact", "fast")
@@ -410,7 +409,7 @@ _WIDE_TAIL = """        cuda.syncthreads()
 
 _WIDE_SKELETON = _WIDE_HEAD + _WIDE_ROUND + _WIDE_TAIL
 
-# The free walk (v17, shipped): the wide walk's block first counts its eligible ads (the popcounts of its
+# The free walk (v17; the shipped v19 is it with the running floor): the wide walk's block first counts its eligible ads (the popcounts of its
 # chunks' eligibility words). When they fit its list at once (at most `free_at`, LIST_CAP, and the
 # output block's slots where the caller wants that many), no list can need selecting mid-walk, so the
 # warps walk their chunks without the two block barriers a round (a warp waits for no other; a block
@@ -656,7 +655,7 @@ def _source(spec: MmaSpec, name: str) -> str:
         wide = dict(keys_n=LIST_CAP, list_cap=LIST_CAP, cpb=spec.chunks, cpw=spec.chunks // WARPS,
                     subs=spec.chunks * CHUNK_SLOTS // spec.out_slots, st_list=ST_LIST, emit_at=spec.emit_at,
                     emit_list="block_topk_emit_list_floor" if spec.floor else emit_list,
-                    floor_pass=f", floor, cap < {spec.out_slots}, {ST_KEPT}" if spec.floor else "")
+                    floor_pass=f", floor, cap < {spec.out_slots}" if spec.floor else "")
         kept_init = f"        state[{ST_KEPT}] = uint32(0)\n" if spec.floor else ""
         if spec.free_at:
             count = _FREE_COUNT.format(**common, **wide, st_count=ST_COUNT, out_slots=spec.out_slots,

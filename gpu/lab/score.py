@@ -49,15 +49,15 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
                   Measured in one run beside v11 (H100, the generated 10M corpus): one request p50 0.89
                   (v14) and 0.91 ms (v15) against 0.97, the lone scoring kernel 0.19 and 0.21 against
                   0.27 ms; batches of 64 78.8 and 76.8 G against 79.3 G. v14 was shipped until v17
-    v17           v14 with its free walk: the shipped kernel (`gpu/kernels/score.py`)
+    v17           v14 with its free walk (the block's eligible ads counted first; a block whose ads fit
+                  its list walks with no block barrier between rounds). Measured beside v14 on the
+                  generated 10M corpus (H100, one lease, commit f27486f): the scoring kernel of a batch
+                  of 64 5.34 ms against 6.06, batches of 64 79.1 G against 77.8 G, one request p50 0.94 ms
+                  against 0.96; with every ad of a 32Mi pool eligible 2.47 ms against 2.42. Shipped
+                  until v19
     v18           v17 over 128 chunks a block for batches (half the selections), 64 for a lone request
                   (`LoneWalkRecipe`): to be measured
-    v19           v17 with a running floor per request (an atomic max of the k-th key each block keeps);
-                  an ad scored below it is not kept, so most blocks' lists hold at most k keys and go out
-                  with no select. Measured once beside v17 on the generated 10M corpus (H100, one lease;
-                  docs/BENCHMARKS.md "To be re-run", row 27: the tree was not clean): the scoring kernel of
-                  a batch of 64 3.87 ms against 5.33, batches of 64 106 G pool ads/s against 83 G, one
-                  request p50 0.93 ms against 0.91: to ship once a clean run confirms it
+    v19           v17 with a running floor per request: the shipped kernel (`gpu/kernels/score.py`)
     v20           v18 with v19's running floor: to be measured
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
@@ -168,11 +168,12 @@ VERSIONS = version_table(
             "still fit the list at once), and v17's 64 for a lone request, whose 611 blocks over a 10M pool would "
             "otherwise be 306 (1.2 waves of an H100); the same output blocks either way",
             LoneWalkRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, chunks=128, lone_chunks=64)),
-    Version(19, "v19 free walk, running floor", "v17 with a running floor per request in device memory: a block "
-            "that keeps k ads raises its request's floor to the k-th key it kept (an atomic max), and a later block "
-            "lists an ad scored below the floor as key 0, never kept: its select counts only the ads that can still "
-            "be in the answer, and most of its lists come out within k (selected in one round, not four)",
-            TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, floor=True)),
+    Version(17, "v17 request-major, free walk", "v14 (the compacted walk over 16,384 slots a block on a (requests, "
+            "blocks) grid, its eligible ads' keys kept as a list, 128 registers) with the block's eligible ads counted "
+            "first: a block whose eligible ads fit its list at once walks its chunks without the two block barriers a "
+            "round (each warp through its own chunks, waiting for no other) and selects its list once; a block with "
+            "more runs v14's rounds (score_mma.py; MoE only)",
+            TensorCoreRecipe(128, compact=True, wide=True, request_major=True, free_at=4096)),
     Version(20, "v20 v18 with the running floor", "v18 (128 chunks a block for batches, 64 for a lone request) "
             "with v19's running floor",
             LoneWalkRecipe(128, compact=True, wide=True, request_major=True, free_at=4096, chunks=128, lone_chunks=64,

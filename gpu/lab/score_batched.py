@@ -12,7 +12,7 @@ group's columns and keep the epilogue to the eligible (ad, request) pairs.
 The kernel shipped when it was written (`gpu/kernels/score_mma.py`, v8) ran grid (blocks, requests):
 each request walks its own eligible ads, so a batch of R requests read an ad's row from device memory
 once per request that can see it (in a generated corpus 42% of 32-slot tiles hold an ad eligible for
-a request at a 6% share; v11, v14 and v17 (shipped), since, run the same walk on grid (requests, blocks), so those
+a request at a 6% share; v11, v14, v17 and v19 (shipped), since, run the same walk on grid (requests, blocks), so those
 reads after the first come from L2). Here a
 block takes a slot range and a group of up to RG requests and reads every tile of the range once:
 

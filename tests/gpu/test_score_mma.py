@@ -265,7 +265,7 @@ def test_request_major_grid_equals_the_reference(number):
     the same output blocks, every request's answers equal to the reference. Two requests under the
     simulator, so a request read from the wrong axis leaves one of them unanswered; on the GPU 200
     chunks (four blocks of slots) and R = 3. v13 is v11 with the block top-K counting a warp's equal
-    digits at once; v14 is v11 at 128 registers (v17, shipped, is tested below)."""
+    digits at once; v14 is v11 at 128 registers (v17 and the shipped v19 are tested below)."""
     from gpu.fused import FusedScorer
     from gpu.lab import score as lab
 
@@ -311,7 +311,7 @@ def test_pooled_rounds_equal_the_reference():
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_free_walk_equals_the_reference(precision):
-    """v17 (shipped): a block that counts no more eligible ads than its list holds walks without the
+    """v17 (the shipped v19 without its running floor): a block that counts no more eligible ads than its list holds walks without the
     rounds' barriers and selects once; one with more runs the wide walk's rounds. First v17 as built
     (every block free under the simulator: 9 chunks, two requests); then (fp16) the same walk free only up to
     16 ads, selecting after every round that passes 16 (out_slots one round): request 0 lists 10 ads
@@ -406,18 +406,19 @@ def _same_answers(a, b, context):
         assert np.array_equal(ia, ib) and np.array_equal(sa, sb), f"{context} request {r}: {ia[:12]} vs {ib[:12]}"
 
 
-def test_running_floor_equals_the_reference_and_the_walk_without_it():
-    """v19 (lab): a block that keeps k ads raises its request's floor to the k-th key it kept, and later
+@pytest.mark.parametrize("precision", ["fp16"] if not ON_GPU else ["fp16", "int8"])
+def test_running_floor_equals_the_reference_and_the_walk_without_it(precision):
+    """v19 (shipped): a block that keeps k ads raises its request's floor to the k-th key it kept, and later
     blocks list the ads scored below it as key 0. The answers equal the reference and (on the GPU) ids
     and scores bit for bit the same walk's without the floor; the floor rose for every request (read
     back after the launch). On the GPU 200 chunks, R = 3 (64 chunks a block)."""
     n_chunks, R = (200, 3) if ON_GPU else (17, 2)
-    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(91, "fp16", 64, 6, 2, n_chunks, R,
+    rng, chunk_format, table, ids, sides, elig, tabs = _scored_case(91, precision, 64, 6, 2, n_chunks, R,
                                                                     density=0.3 if ON_GPU else 0.03)
     plain, floored = _floor_scorers(n_chunks, table, chunk_format, ids)
     k = 10 if not ON_GPU else int(rng.choice([5, 100]))
     got = floored.topk(elig, tabs, k)
-    _check(got, sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe", context=f"v19 k={k}")
+    _check(got, sides, table, np.repeat(chunk_format, CHUNK_SLOTS), ids, elig, k, "moe", context=f"v19 {precision} k={k}")
     if ON_GPU:  # under the simulator the tie case below compares the two walks bit for bit
         _same_answers(plain.topk(elig, tabs, k), got, f"v19 against v17 k={k}")
     floor = floored.kernel._bufs["floor"].copy_to_host()[:R]
@@ -538,7 +539,7 @@ def test_the_tensor_core_kernel_ships_only_where_the_device_has_tensor_cores(mon
     from gpu import runtime
     from gpu.kernels import score as sk
 
-    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 17
+    assert sk.version(None, "moe", "fp16", 64).number == sk.SHIPPED == 19
     for shape in (("moe", "fp32", 64), ("moe", "fp16", 128), ("dot", "fp16", 64)):
         assert sk.version(None, *shape).number == sk.FALLBACK, shape
     monkeypatch.setattr(runtime, "has_tensor_cores", lambda: False)  # a device before compute capability 8.0
