@@ -32,6 +32,7 @@ targets are met only when every check passed (`checks`, `checks_ok`).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from typing import Sequence
@@ -764,7 +765,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     `launches`: how each batch's plan is enqueued (`gpu.pipeline`): 'graph' (replayed from a CUDA
     graph, as the engine does) and 'direct' (step by step), each measured in turn on the same pool
     and requests (`launch_modes`); the first is the one the latency, throughput and targets report.
-    `reps`: timed batches per batch size (default max(3, 64 / batch)). `device` sim: the CUDA
+    `reps`: timed batches per batch size (default max(8, 128 / batch)). `device` sim: the CUDA
     simulator (tiny pools; its figures are host-clock readings of a simulation). `data`: a corpus
     directory in place of the tiled pool (`data_pool`: its distinct ads, as the engine serves them,
     and its own requests; `pool`, `base_ads`, `n_requests`, `precision`, `dim` and `seed` unused).
@@ -862,6 +863,11 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     for r in requests[:WARM_CALLS]:
         for p in pipes.values():
             run([r], p)
+    # what was built lives as long as the engine: out of the collector's sight before anything is timed,
+    # as a serving process does before it serves (serving.process.serve_until_stopped); a full collection
+    # walking the corpus's objects otherwise paused one timed call of a run in tens of milliseconds
+    gc.collect()
+    gc.freeze()
     lat: dict[str, list] = {mode: [] for mode in launches}
     timed_captures = 0  # graphs captured inside a timed loop: none, when the warm-ups did their work
 
@@ -953,7 +959,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
     result["throughput"] = []
     marks = [cuda.event() for _ in range(4)]  # timing events (the default)
     for B in batches:
-        n_reps = reps or max(3, 64 // B)
+        n_reps = reps or max(8, 128 // B)  # a pipelined figure is one loop's total: eight batches at least
 
         def window(j, B=B):  # the request keys of the j-th batch of size B: the requests in turn
             return [(j * B + i) % n_req for i in range(B)]
@@ -1021,6 +1027,7 @@ def bench_pipeline(*, pool: int = 10_000_000, base_ads: int = 8192, n_requests: 
         row.update({"stages_ms": stages_b, "host_ms": sum(v for n, v in stages_b.items() if n.endswith("host")),
                     "device_ms": sum(v for n, v in stages_b.items() if n.endswith("kernel"))})
         result["throughput"].append(row)
+    gc.unfreeze()  # the timing is over: a later pool in this process may collect this one's cycles
     result["graphs_captured_while_timed"] = timed_captures
     if timed_captures:
         log(progress, f"warning: {timed_captures} CUDA graphs were captured inside timed loops; the graph "

@@ -58,7 +58,11 @@ Versions (`VERSIONS`, every one; the product runs `gpu.kernels.score.SHIPPED`):
     v18           v17 over 128 chunks a block for batches (half the selections), 64 for a lone request
                   (`LoneWalkRecipe`): to be measured
     v19           v17 with a running floor per request: the shipped kernel (`gpu/kernels/score.py`)
-    v20           v18 with v19's running floor: to be measured
+    v20           v18 with v19's running floor. Measured beside v17 and v19 (H100, the generated 10M
+                  corpus, one lease, commit 9294f81): the scoring kernel of a batch of 64 3.69 ms
+                  against v19's 3.80, batches of 64 106.6 G against 107.5, of 256 118.0 G against
+                  116.9, one request p50 0.87 ms against 0.89 and 0.92: no faster, two kernels; not
+                  shipped
 (v9 is the batched kernel of `gpu/lab/score_batched.py`.)
 
 (A gate-first variant, holding the whole ad in D registers and computing only the k routed expert
