@@ -921,9 +921,13 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_fil
               help="With --engines N: each engine worker also serves the retrieve exchange on a port of its own "
                    "(same host, guard and limits), listed by the server's GetFlightInfo; `andromeda query` and "
                    "serving.client follow them, so requests skip the front. Updates still go to the front.")
+@click.option("--overlap-batches", is_flag=True, default=False,
+              help="Prepare the next engine batch on the host (encoding, user side, staging) while the GPU answers "
+                   "the one before, instead of one batch after another; no gain on the CPU engine, which runs a "
+                   "batch in one piece. Not with --gpu-turn.")
 @_server_options("colocated")
 def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, engines, gpu_turn,
-                    endpoints, quiet, **options):
+                    endpoints, overlap_batches, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
@@ -937,6 +941,9 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
     if endpoints and engines == 1:
         raise click.BadParameter("the endpoints are the engine workers' own servers: give --engines 2 or more",
                                  param_hint="--endpoints")
+    if overlap_batches and gpu_turn:
+        raise click.BadParameter("an engine holding the GPU's turn has no batch to overlap: give one of the two",
+                                 param_hint="--overlap-batches")
 
     def run(settings):
         where = resolve(device)
@@ -948,7 +955,7 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         _info(f"loading {data}", quiet)
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
                       decode_ahead=decode_ahead, layout=layout, say=lambda message: _info(message, quiet),
-                      engines=engines, gpu_turn=gpu_turn, endpoints=endpoints,
+                      engines=engines, gpu_turn=gpu_turn, endpoints=endpoints, overlap=overlap_batches,
                       on_ready=_on_listening("colocated", settings, quiet,
                                              lambda srv: _holds(data, srv.health_info(), srv.device)
                                              + (f"; {engines} engine workers" if engines > 1 else "")
@@ -1408,6 +1415,10 @@ def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim,
               show_default=True,
               help="What the clients reach with --engines N (N > 1): the server's front, or the engine workers' own "
                    "endpoints (serve colocated --endpoints), which the clients follow; repeat for both.")
+@click.option("--overlap", "overlaps", type=click.Choice(["off", "on"]), multiple=True, default=("off",),
+              show_default=True,
+              help="on: the server's engines prepare each batch on the host while the GPU answers the one before "
+                   "(serve colocated --overlap-batches); repeat for both, each against a fresh server.")
 @click.option("--cluster", "clusters", multiple=True, metavar="SxR",
               help="Also `serve cluster` (Ray) with S shards of R replicas each, e.g. 1x4 (R replicas sharing one "
                    "GPU), each against a fresh server; repeat for several. Needs the cluster extra.")
@@ -1415,7 +1426,7 @@ def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim,
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,
-                 repeat, checks, engines, vias, clusters, out, as_json, quiet):
+                 repeat, checks, engines, vias, overlaps, clusters, out, as_json, quiet):
     """The served path against the engine in process: `serve colocated` started on loopback, many plain
     Flight clients each with one request in flight, requests per second and latency against the
     in-process rate in batches of --batch (target: 70%). The in-process answers are checked against the
@@ -1438,7 +1449,8 @@ def bench_served(data, device, k, layout, clients, client_processes, seconds, ex
     try:
         result = served.run(data, device=device, k=k, layout=layout, batch=batch, repeat=repeat, clients=clients,
                             client_processes=client_processes, seconds=seconds, exchanges=exchange,
-                            request_formats=request_format, engines=engines, vias=vias, clusters=pairs,
+                            request_formats=request_format, engines=engines, vias=vias,
+                            overlaps=[o == "on" for o in dict.fromkeys(overlaps)], clusters=pairs,
                             checks=checks, progress=lambda m: _info(m, quiet))
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.ClickException(f"bench served: {exc}") from None

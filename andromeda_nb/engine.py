@@ -66,6 +66,27 @@ class EngineBase:
         """Whether `ad_id` is live (so a server checks an update stream against the engine itself)."""
         return ad_id in self.index
 
+    # --- a batch in steps (serving.overlap): here the whole batch runs at `fetch`, so an engine with no
+    # device of its own overlaps nothing; `gpu.engine.GpuEngine` splits the host's work from the device's
+    max_batch = 1 << 30  # the most requests `begin` takes
+
+    def begin(self, requests, alone: bool = False):
+        """The host's share of a batch (here: the requests kept for `fetch`)."""
+        return requests if hasattr(requests, "encoded") else list(requests)
+
+    def launch(self, begun, k: int):
+        """A batch from `begin` started (here: nothing runs yet)."""
+        return begun, k
+
+    def ready(self, launched) -> bool:
+        """Whether `fetch` would not wait for the device (here: always; the work is done at `fetch`)."""
+        return True
+
+    def fetch(self, launched) -> list:
+        """The answers of a batch from `launch` (here: the whole batch, `retrieve`)."""
+        requests, k = launched
+        return self.retrieve(requests, k)
+
     def close(self) -> None:
         close = getattr(self.index, "close", None)
         if close is not None:

@@ -163,11 +163,13 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
            request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None,
            engines: int = 1, cluster: tuple[int, int] | None = None, gpu_turn: bool = False,
-           via: str = "front"):
+           via: str = "front", overlap: bool = False):
     """One served run against a fresh server: `serve colocated`, or with `cluster` (shards, replicas)
     `serve cluster` (Ray, started by the server; its replicas share the machine's GPUs). `via`
     "workers": the server's engine workers serve on endpoints of their own (`--endpoints`) and the
-    clients follow them (client i to the (i mod n)-th), so no request passes the front."""
+    clients follow them (client i to the (i mod n)-th), so no request passes the front. `overlap`: the
+    server's engines prepare each batch on the host while the device answers the one before
+    (`--overlap-batches`)."""
     from benchmarks.clients import drive
 
     if via not in VIAS or (via == "workers" and (engines < 2 or cluster is not None)):
@@ -177,6 +179,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
                                                   "--batch-wait-ms", str(wait_ms), "--engines", str(engines),
                                                   *(["--decode-ahead"] if decode_ahead else []),
                                                   *(["--gpu-turn"] if gpu_turn else []),
+                                                  *(["--overlap-batches"] if overlap else []),
                                                   *(["--endpoints"] if via == "workers" else []),
                                                   *(["--switch-interval-ms", switch_ms] if switch_ms else []),
                                                   *(["--layout", layout] if layout else [])],
@@ -193,7 +196,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
         tag = (f"{exchange}-{request_format}-{'ahead' if decode_ahead else 'inline'}"
                f"{'-si' + switch_ms if switch_ms else ''}{f'-engines{engines}' if engines > 1 else ''}"
                f"{'' if cluster is None else '-cluster%dx%d' % cluster}{'-turn' if gpu_turn else ''}")
-        tag += "-via-workers" if via == "workers" else ""
+        tag += ("-via-workers" if via == "workers" else "") + ("-overlap" if overlap else "")
         spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
         locations = fl.retrieve_endpoints(proc.location) if via == "workers" else [proc.location]
         if len(locations) != (engines if via == "workers" else 1):
@@ -225,7 +228,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
                                               else 1e3 * (front1 - front0) / result["requests"])
     finally:
         proc.stop()
-    return {**result, "batch_wait_ms": wait_ms, "engines": engines, "gpu_turn": gpu_turn, "via": via,
+    return {**result, "batch_wait_ms": wait_ms, "engines": engines, "gpu_turn": gpu_turn, "via": via, "overlap": overlap,
             "server": "colocated" if cluster is None else "cluster",
             **({} if cluster is None else {"shards": cluster[0], "replicas": cluster[1]})}
 
@@ -247,14 +250,16 @@ def lone_ratio(srv: dict) -> float | None:
 def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = None, batch: int = 64,
         repeat: int = 3, clients: int = 32, client_processes: int = 1, seconds: float = 20.0,
         batch_wait_ms: float = 0.2, exchanges=("call",), request_formats=("json",), decode_aheads=(False,),
-        switch_intervals=("",), engines=(1,), gpu_turns=(False,), vias=("front",), clusters=(),
+        switch_intervals=("",), engines=(1,), gpu_turns=(False,), vias=("front",), overlaps=(False,), clusters=(),
         cpus: list[int] | None = None, profile: str | None = None, checks: int = CHECKS, progress=True) -> dict:
     """The whole measurement (the module docstring): the in-process engine checked against the
     reference, timed in batches of `batch` and of `clients`; then one served run per combination of
     `exchanges`, `request_formats`, `decode_aheads`, `switch_intervals`, `engines` (engine
     processes behind the server's front; 1: the engine in its process), `gpu_turns` (the engines
     taking turns on the device or not; a turn only where there are several) and `vias` (the clients
-    reach the front, or the engine workers' own endpoints: only where there are several), each against its own
+    reach the front, or the engine workers' own endpoints: only where there are several) and `overlaps`
+    (the engines preparing each batch while the device answers the one before, or not; never with a
+    turn), each against its own
     server, every answer of its first pass checked against the in-process engine's; then one run
     against `serve cluster` for each (shards, replicas) of `clusters`, its clients as the first way of
     sending (`served_cluster`, each beside the in-process rate; the targets read `serve colocated`).
@@ -283,12 +288,13 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     by_exchange = {}
     if any(v not in VIAS for v in vias):
         raise ValueError(f"vias: expected some of {', '.join(VIAS)}, got {list(vias)}")
-    for exchange, request_format, ahead, switch, n_engines, turn, via in itertools.product(
-            exchanges, request_formats, decode_aheads, switch_intervals, engines, gpu_turns, vias):
-        if (turn or via == "workers") and n_engines == 1:
-            continue  # one engine has nobody to take turns with, and no workers
+    for exchange, request_format, ahead, switch, n_engines, turn, via, overlap in itertools.product(
+            exchanges, request_formats, decode_aheads, switch_intervals, engines, gpu_turns, vias, overlaps):
+        if (turn or via == "workers") and n_engines == 1 or turn and overlap:
+            continue  # one engine has nobody to take turns with, and no workers; a turn overlaps nothing
         srv = served(data, device, want, k, clients, client_processes, seconds, batch_wait_ms, exchange, cpus,
-                     profile, request_format, ahead, switch, layout, n_engines, gpu_turn=turn, via=via)
+                     profile, request_format, ahead, switch, layout, n_engines, gpu_turn=turn, via=via,
+                     overlap=overlap)
         srv["server_cpus"] = cpus
         srv["decode_ahead"] = ahead
         srv["switch_interval_ms"] = float(switch) if switch else None
@@ -298,7 +304,8 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
                        + ([f"switch-{switch or 'default'}ms"] if len(switch_intervals) > 1 else [])
                        + ([f"engines-{n_engines}"] if len(engines) > 1 else [])
                        + ([f"turn-{'on' if turn else 'off'}"] if len(gpu_turns) > 1 else [])
-                       + ([f"via-{via}"] if len(vias) > 1 else []))
+                       + ([f"via-{via}"] if len(vias) > 1 else [])
+                       + ([f"overlap-{'on' if overlap else 'off'}"] if len(overlaps) > 1 else []))
         by_exchange[key] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]
         log(progress, f"served, {clients} clients in {client_processes} processes, {key}: "
@@ -423,6 +430,9 @@ def main(argv=None) -> int:
                     help="with several engines: 'front' (every request through the server's front), 'workers' (the "
                          "engine workers serve on endpoints of their own, --endpoints, and the clients follow them), "
                          "or 'front,workers' to run both in turn")
+    ap.add_argument("--overlap", default="off",
+                    help="'on' (the engines prepare each batch while the device answers the one before: "
+                         "--overlap-batches), 'off', or 'off,on' to run both in turn")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
@@ -432,7 +442,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSON file to write")
     args = ap.parse_args(argv)
     formats, aheads, turns = args.request_format.split(","), args.decode_ahead.split(","), args.gpu_turn.split(",")
-    vias = args.via.split(",")
+    vias, overlaps = args.via.split(","), args.overlap.split(",")
+    if not set(overlaps) <= {"on", "off"}:
+        ap.error("--overlap takes on and off")
     if not set(formats) <= {"json", "columns"} or not set(aheads) <= {"on", "off"} or not set(turns) <= {"on", "off"}:
         ap.error("--request-format takes json and columns, --decode-ahead and --gpu-turn on and off")
     if not set(vias) <= set(VIAS):
@@ -451,7 +463,8 @@ def main(argv=None) -> int:
                  clients=args.clients, client_processes=args.client_processes, seconds=args.seconds,
                  batch_wait_ms=args.batch_wait_ms, exchanges=args.exchange.split(","), request_formats=formats,
                  decode_aheads=[a == "on" for a in aheads], switch_intervals=args.switch_interval_ms.split(","),
-                 engines=engines, gpu_turns=[t == "on" for t in turns], vias=vias, clusters=clusters,
+                 engines=engines, gpu_turns=[t == "on" for t in turns], vias=vias,
+                 overlaps=[o == "on" for o in overlaps], clusters=clusters,
                  cpus=server_cpus(args.server_cpus), profile=args.profile,
                  checks=args.checks)
     print(table(result))

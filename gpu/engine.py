@@ -37,6 +37,20 @@ from andromeda_nb.types import Request, Update, Upsert
 MAX_BATCH = BATCH_REQUESTS  # requests per device launch (andromeda_nb.batching)
 
 
+class _Answered:
+    """A batch in steps whose answers need no launch (`GpuEngine.begin`)."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+
+class _Alone:
+    """A batch in steps with nothing ahead of it on the device: its host work done at its launch."""
+
+    def __init__(self, requests):
+        self.requests = requests
+
+
 class GpuEngine(EngineBase):
     """`device` 'gpu' or 'sim' ('auto': the GPU when usable, else `devices.NoKernelDevice`); `version`: the scoring
     kernel (a number of gpu.kernels.score's table or a `Version` of the kernel lab; default: shipped);
@@ -109,6 +123,50 @@ class GpuEngine(EngineBase):
             self.clock.settle()
             if prepared is not None:
                 launched = self._launch(prepared, k)
+        return out
+
+    # --- a batch in steps, for a server that overlaps its batches (serving.overlap) ---------------------
+    max_batch = MAX_BATCH  # the most requests `begin` takes: one launch
+
+    def begin(self, requests, alone: bool = False):
+        """The host's share of one batch of at most `max_batch` requests (encoding, user side, staging
+        buffer), what may run while the device answers the batch before it; `launch` puts it on the
+        device, `fetch` waits for its answers. Between a batch's `begin` and its `fetch` only the batch
+        before it may be fetched (two staging buffers), and no update may be applied. `alone`: nothing
+        is on the device ahead of it, so the host work waits for `launch`, which enqueues the match
+        first and computes the user side while the device matches (as `retrieve` runs a lone batch)."""
+        if not hasattr(requests, "encoded"):
+            requests = list(requests)
+        if len(requests) > self.max_batch:
+            raise ValueError(f"a batch in steps holds at most {self.max_batch} requests, got {len(requests)}")
+        self._follow_slots()
+        if self.index.capacity == 0 or len(requests) == 0:  # nothing to launch over, or nothing asked
+            return _Answered([no_answer() for _ in range(len(requests))])
+        return _Alone(requests) if alone else self._prepare(requests)
+
+    def launch(self, begun, k: int):
+        """A batch from `begin` onto the device (asynchronous)."""
+        if isinstance(begun, _Answered):
+            return begun
+        if isinstance(begun, _Alone):
+            requests = begun.requests
+            self.clock.start(self.index.stream)
+            launched = self.pipeline.launch_split(encode_requests(requests), lambda: self.tables(requests),
+                                                  self.table_shape, k)
+            self.clock.stop(self.index.stream)
+            return launched
+        return self._launch(begun, k)
+
+    def ready(self, launched) -> bool:
+        """Whether a batch from `launch` has its answers on the host already (`fetch` would not wait)."""
+        return isinstance(launched, _Answered) or self.clock.done()
+
+    def fetch(self, launched) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The answers of a batch from `launch`, in request order (one synchronization)."""
+        if isinstance(launched, _Answered):
+            return launched.answers
+        out = self.pipeline.fetch(launched)
+        self.clock.settle()
         return out
 
     @property

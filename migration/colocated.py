@@ -31,17 +31,19 @@ WORKER_MODULE = "migration.engine_worker"
 
 def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *, log=None,
                 limits=None, guard=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
-                layout: str | None = None, say=None):
+                layout: str | None = None, say=None, overlap: bool = False):
     """The co-located server over the engine for `device`, listening at `location` (`log`: its
     write-ahead log, replayed before it listens; `limits`, `guard`: `serving.limits`, `.guard`;
     `layout`: the GPU engine's slot order, None for its default; `say`: told each step of the
-    engine's construction as it ends, `build_engine`)."""
+    engine's construction as it ends, `build_engine`); `overlap`: the next batch's host work while the
+    device answers the one before (`serving.overlap`)."""
     from serving.engine_server import EngineServer  # pyarrow.flight loads only when serving
 
     engine = build_engine(dataset, device, version=version, layout=layout, say=say)
     try:
-        options = {"decode_ahead": decode_ahead} if batch_wait_s is None else {
-            "batch_wait_s": batch_wait_s, "decode_ahead": decode_ahead}
+        options = {"decode_ahead": decode_ahead, "overlap": overlap}
+        if batch_wait_s is not None:
+            options["batch_wait_s"] = batch_wait_s
         return EngineServer(engine, dataset, location, log=log, limits=limits, guard=guard, **options)
     except BaseException:
         engine.close()
@@ -51,7 +53,7 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
 def make_pooled_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *,
                        engines: int, log=None, limits=None, guard=None, batch_wait_s: float | None = None,
                        decode_ahead: bool = False, layout: str | None = None, say=None, gpu_turn: bool = False,
-                       endpoints: bool = False):
+                       endpoints: bool = False, overlap: bool = False):
     """The co-located server over `engines` engine worker processes behind one front
     (`serving.engine_front`): each worker loads the corpus directory the dataset was read from and
     builds the engine for `device` (`migration.engine_worker`); the same options as `make_server`, and
@@ -73,7 +75,7 @@ def make_pooled_server(dataset, location: str = "grpc://127.0.0.1:0", device: st
     config = {"data": str(data_dir), "device": resolve(device), "version": getattr(version, "number", version),
               "layout": layout, "batch_wait_s": DEFAULT_MAX_WAIT_S if batch_wait_s is None else batch_wait_s,
               "decode_ahead": decode_ahead, "switch_interval_ms": sys.getswitchinterval() * 1e3,
-              "turn": _turn_file() if gpu_turn else None}
+              "turn": _turn_file() if gpu_turn else None, "overlap": overlap}
     if endpoints:
         config["endpoint"] = {"host": urlsplit(location).hostname or "127.0.0.1", "guard": (guard or OPEN).to_json()}
     return start_pooled_server(dataset, location, module=WORKER_MODULE, config=config, engines=engines, log=log,

@@ -27,7 +27,7 @@ from serving.services import announce, open_corpus
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
                   on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
                   layout: str | None = None, say=None, engines: int = 1, gpu_turn: bool = False,
-                  endpoints: bool = False) -> None:
+                  endpoints: bool = False, overlap: bool = False) -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
     (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order (None:
     its default); `say` (`andromeda_nb.progress.Say`): told each step of the start-up (the corpus's
@@ -35,10 +35,15 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
     processes behind one front (1: the engine in this process, as always); `gpu_turn`: with several, the
     engines take turns on the device (`serving.batcher.GpuTurn`) instead of sharing it by time slices;
     `endpoints`: with several, each also serves the retrieve exchange on a port of its own, listed by the
-    front's GetFlightInfo."""
+    front's GetFlightInfo; `overlap`: each engine prepares its next batch on the host while the device
+    answers the one before (`serving.overlap`)."""
     from .colocated import make_pooled_server, make_server
 
     check_engines(engines)
+    if overlap and gpu_turn:
+        from serving.process import ServeError
+
+        raise ServeError("--overlap-batches and --gpu-turn: an engine holding the GPU's turn has no batch to overlap; give one")
     if gpu_turn and engines == 1:
         from serving.process import ServeError
 
@@ -51,7 +56,7 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
     preflight(settings.host, settings.port, settings.guard)
     dataset, log = open_corpus(data, settings.log, say=say)
     options = dict(device=device, version=version, log=log, limits=settings.limits, guard=settings.guard,
-                   batch_wait_s=batch_wait_s, decode_ahead=decode_ahead, layout=layout, say=say)
+                   batch_wait_s=batch_wait_s, decode_ahead=decode_ahead, layout=layout, say=say, overlap=overlap)
     try:
         if engines == 1:
             server = listen(lambda location: make_server(dataset, location, **options), settings.host, settings.port,
@@ -106,6 +111,9 @@ def main(argv=None) -> int:
                         help="longest wait of a request for others to share its engine batch (default 0.2)")
     parser.add_argument("--decode-ahead", action="store_true",
                         help="decode requests on a thread a stage ahead of the engine, not between batches")
+    parser.add_argument("--overlap-batches", action="store_true",
+                        help="prepare the next engine batch on the host while the GPU answers the one before "
+                             "(no gain on the CPU engine, which runs a batch in one piece)")
     parser.add_argument("--engines", type=_engines_arg, default=1,
                         help="engine worker processes behind one front (default 1: the engine in this process)")
     parser.add_argument("--gpu-turn", action="store_true",
@@ -127,7 +135,7 @@ def main(argv=None) -> int:
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
                       decode_ahead=args.decode_ahead, layout=args.layout,
                       say=to_stderr if args.steps else None, engines=args.engines, gpu_turn=args.gpu_turn,
-                      endpoints=args.endpoints)
+                      endpoints=args.endpoints, overlap=args.overlap_batches)
     return 0
 
 

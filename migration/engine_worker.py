@@ -89,7 +89,7 @@ def serve_channel(conn, lanes=None, build=None) -> int:
         turn = GpuTurn(config["turn"]) if config.get("turn") else None
         worker = EngineWorker(engine, dataset, conn, lanes=lanes, limits=limits_of(config),
                               batch_wait_s=config["batch_wait_s"], decode_ahead=bool(config.get("decode_ahead")),
-                              name=name, turn=turn)
+                              name=name, turn=turn, overlap=bool(config.get("overlap")))
         if config.get("endpoint"):  # its own Flight server, listed by the front (`--endpoints`)
             from serving.engine_worker import WorkerEndpoint
             from serving.guard import ServerGuard

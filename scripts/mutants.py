@@ -196,6 +196,12 @@ MUTANTS: list[Mutant] = [
       "    if kept is not None:",
       ("tests/core/test_model.py::test_film_looked_up_by_context_equals_the_formula_for_every_context",),
       "a model given new FiLM weights keeps answering from the table of the old ones"),
+    M("overlap-lets-go-in-flight", "overlapped batches", "serving/batcher.py",
+      "        if self._flight is None:\n            ov.release()\n        if landed is not None:",
+      "        ov.release()\n        if landed is not None:",
+      ("tests/serving/test_overlap.py::test_no_update_lands_between_a_batchs_launch_and_its_answers_and_updates_get_the_engine",),
+      "the engine lock let go while a batch is on the device: an update lands between its launch and its answers, "
+      "which then name the wrong update"),
     M("free-walk-never-selects", "wide eligible-slot walk", "gpu/kernels/score_mma.py",
       "        if listed > 0:\n            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0, slot0{floor_pass})",
       "        if listed < 0:\n            {emit_list}(keys, offs, listed, cap, hist, part, state, out_key, out_slot, r, sub0, slot0{floor_pass})",
@@ -282,7 +288,7 @@ MUTANTS: list[Mutant] = [
       "    return True",
       ("tests/serving/test_hostmem.py",), "the allocator setting reports success without setting anything"),
     M("batcher-fault-kills-worker", "request batcher", "serving/batcher.py",
-      "                for call in self._in_hand:  # the worker goes on (a dead worker would leave every caller waiting)\n"
+      "                for call in self._in_hand + (flight[0] if flight else []):\n"
       "                    if not call.done.is_set():\n                        call.error = exc\n"
       "                        call.finish()",
       "                raise",

@@ -30,6 +30,16 @@ that arrive meanwhile are decoded, and the next batch starts with its requests i
 wait of its own the extra thread costs: the server's ceiling on a 2-core host fell by about a tenth
 with it (docs/BENCHMARKS.md, "The served path").
 
+With `overlap` (an engine that runs a batch in steps: `serving.overlap.OverlappedBatches`), a batch's
+host work runs while the device answers the batch before it: while batch i is on the device the
+worker waits for calls, looking every FLIGHT_POLL_S whether the device is done; a call that comes
+first starts batch i + 1 (gathered, decoded and prepared on the host: encoding, the user side, the
+staging buffer), then the worker waits for batch i's answers, launches batch i + 1 and encodes batch
+i's answers while the device works on it. A batch whose device work is done with no call waiting
+lands at once (its callers wait for nothing that has not arrived). A batch the engine cannot take in
+steps (more requests than one launch holds), or one that comes while the engine is wanted elsewhere
+(an update waiting), runs after the one in flight has landed, as without `overlap`.
+
 With a `turn` (an object with `acquire()` and `release()`, such as `GpuTurn`, shared by the batchers
 of several engine processes on one GPU), the worker takes the turn as soon as a batch's first call
 is in hand and before it gathers the rest, and gives it back as soon as the engine has answered,
@@ -50,6 +60,7 @@ from typing import Callable
 
 DEFAULT_MAX_WAIT_S = 0.0002
 DEFAULT_MAX_REQUESTS = 1024
+FLIGHT_POLL_S = 0.0001  # with overlap: how often the worker looks whether the batch in flight is done
 
 
 @dataclass
@@ -102,7 +113,9 @@ class RequestBatcher:
 
     def __init__(self, run, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, max_requests: int = DEFAULT_MAX_REQUESTS,
                  name: str = "request-batcher", decode=None, encode=None, encode_many=None, decode_many=None,
-                 decode_ahead: bool = False, count=None, turn=None):
+                 decode_ahead: bool = False, count=None, turn=None, overlap=None):
+        if overlap is not None and turn is not None:
+            raise ValueError("a batcher takes a GPU turn or overlaps its batches, not both")
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must not be negative, got {max_wait_s}")
         if max_requests < 1:
@@ -121,6 +134,10 @@ class RequestBatcher:
         self.count = count
         # turn.acquire() / turn.release(): held from a batch's first call to the engine's answer (docstring)
         self.turn, self._holding = turn, False
+        # overlap: prepare(requests, alone) -> begun, launch(begun, k) -> (launched, tag), fetch(launched) ->
+        # answers, release(), takes(n) and wanted() (serving.overlap.OverlappedBatches; docstring)
+        self.overlap = overlap
+        self._flight = None  # with overlap: (calls, launched, tag, requests) of the batch on the device
         self.turn_wait_s = 0.0  # waiting for the turn
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
@@ -208,7 +225,7 @@ class RequestBatcher:
             per = 1e3 / max(1, self.batches)
             return {"batches": self.batches, "calls": self.calls, "requests": self.requests,
                     "max_wait_ms": self.max_wait_s * 1e3, "decode_ahead": self._decoder is not None,
-                    "turn": self.turn is not None,
+                    "turn": self.turn is not None, "overlap": self.overlap is not None,
                     "per_batch_ms": {"run": self.run_s * per, "run_cpu": self.run_cpu_s * per,
                                      "gather": self.gather_s * per, "idle": self.idle_s * per,
                                      "decode": self.decode_s * per, "turn_wait": self.turn_wait_s * per}}
@@ -343,23 +360,93 @@ class RequestBatcher:
             if not calls:
                 return
         requests = _joined([c.requests for c in calls])
+        k = max(k for c in calls for k in c.ks)
+        if self.overlap is not None:
+            if self.overlap.takes(len(requests)) and not self.overlap.wanted():
+                self._run_overlapped(calls, requests, k)
+                return
+            self._land()  # the engine in one piece: the batch in flight first
         self._take_turn()  # a batch run inside the gathering, after the turn was given back
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             try:
-                answers, tag = self.run(requests, max(k for c in calls for k in c.ks))
+                answers, tag = self.run(requests, k)
             finally:
                 self._give_turn()  # the engine has answered: the next engine may use the GPU while this encodes
-                with self._stats_lock:
-                    self.run_s += time.perf_counter() - t0
-                    self.run_cpu_s += time.thread_time() - c0
+                self._count_run(t0, c0)
             if len(answers) != len(requests):
                 raise RuntimeError(f"the engine answered {len(answers)} of {len(requests)} requests")
         except BaseException as exc:  # every caller of the batch hears of it
-            for c in calls:
-                c.error = exc
-                c.finish()
+            self._fail(calls, exc)
             return
+        self._answer(calls, answers, tag)
+
+    def _run_overlapped(self, calls: list[_Call], requests, k: int) -> None:
+        """Batch i + 1 (`calls`) prepared on the host, then batch i (in flight) fetched, then batch i + 1
+        launched, then batch i's answers encoded while the device works on batch i + 1."""
+        ov = self.overlap
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            begun = ov.prepare(requests, alone=self._flight is None)
+        except BaseException as exc:  # this batch's callers hear of it; the batch in flight goes on
+            self._count_run(t0, c0)
+            self._fail(calls, exc)
+            if self._flight is None:
+                ov.release()
+            return
+        landed = self._fetch_flight()
+        try:
+            launched, tag = ov.launch(begun, k)
+            self._flight = (calls, launched, tag, len(requests))
+        except BaseException as exc:
+            self._fail(calls, exc)
+        finally:
+            self._count_run(t0, c0)
+        if self._flight is None:
+            ov.release()
+        if landed is not None:
+            self._answer(*landed)
+
+    def _fetch_flight(self):
+        """The batch in flight's (calls, answers, tag), waited for; None when there is none or it failed
+        (its callers told)."""
+        if self._flight is None:
+            return None
+        calls, launched, tag, n = self._flight
+        self._flight = None
+        try:
+            answers = self.overlap.fetch(launched)
+            if len(answers) != n:
+                raise RuntimeError(f"the engine answered {len(answers)} of {n} requests")
+        except BaseException as exc:
+            self._fail(calls, exc)
+            return None
+        return calls, answers, tag
+
+    def _land(self) -> None:
+        """The batch in flight answered, and the engine let go (with overlap; else nothing)."""
+        if self.overlap is None:
+            return
+        t0, c0 = time.perf_counter(), time.thread_time()
+        landed = self._fetch_flight()
+        self.overlap.release()
+        if landed is not None:
+            self._count_run(t0, c0)
+            self._answer(*landed)
+
+    def _count_run(self, t0: float, c0: float) -> None:
+        with self._stats_lock:
+            self.run_s += time.perf_counter() - t0
+            self.run_cpu_s += time.thread_time() - c0
+
+    @staticmethod
+    def _fail(calls: list[_Call], exc: BaseException) -> None:
+        for c in calls:
+            c.error = exc
+            c.finish()
+
+    def _answer(self, calls: list[_Call], answers, tag) -> None:
+        """Every call its own answers cut to its k, encoded when it came as a payload, and woken."""
         at, cuts = 0, []
         for c in calls:
             part = answers[at : at + len(c.requests)]
@@ -388,14 +475,23 @@ class RequestBatcher:
         with self._stats_lock:
             self.batches += 1
             self.calls += len(calls)
-            self.requests += len(requests)
+            self.requests += sum(len(c.requests) for c in calls)
 
     def _serve(self) -> None:
         while True:
             t0 = time.perf_counter()
-            first = self._queue.get()
+            if self._flight is not None:  # a batch on the device: the next call's host work beside it, or
+                try:  # the batch landed as soon as it is done (looked at every FLIGHT_POLL_S)
+                    first = self._queue.get(timeout=FLIGHT_POLL_S)
+                except queue.Empty:
+                    if self.overlap.ready(self._flight[1]):
+                        self._land()
+                    continue
+            else:
+                first = self._queue.get()
             t1 = time.perf_counter()
             if first is None:
+                self._land()
                 break
             ran = self.run_s
             self._in_hand = [first]
@@ -407,11 +503,15 @@ class RequestBatcher:
                     self.gather_s += time.perf_counter() - t1 - (self.run_s - ran)  # a full batch may run inside
                 if calls:
                     self._run(calls)
-            except BaseException as exc:  # a fault of the batcher's own: the callers in hand hear of it, and
-                for call in self._in_hand:  # the worker goes on (a dead worker would leave every caller waiting)
+            except BaseException as exc:  # a fault of the batcher's own: the callers in hand (and in flight)
+                # hear of it, and the worker goes on (a dead worker would leave every caller waiting)
+                flight, self._flight = self._flight, None
+                for call in self._in_hand + (flight[0] if flight else []):
                     if not call.done.is_set():
                         call.error = exc
                         call.finish()
+                if self.overlap is not None:
+                    self.overlap.release()
             finally:
                 self._give_turn()  # a batch whose calls all failed to decode never ran
             self._in_hand = []

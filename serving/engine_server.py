@@ -28,6 +28,7 @@ from andromeda_nb.engine import warm_up
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from .durable import JournaledServer, ReadGate, UpdateJournal
 from .limits import DEFAULT_LIMITS
+from .overlap import OverlappedBatches, UpdatesLock
 from .protocol import RetrieveServer, batch_bytes
 from .wal import WriteAheadLog, corpus_lineage, snapshot_seq
 
@@ -45,7 +46,7 @@ class EngineServer(JournaledServer, RetrieveServer):
 
     def __init__(self, engine, dataset, location: str = "grpc://127.0.0.1:0", *, log: WriteAheadLog | None = None,
                  limits=None, guard=None, data_dir=None, batch_wait_s: float = DEFAULT_MAX_WAIT_S,
-                 decode_ahead: bool = False):
+                 decode_ahead: bool = False, overlap: bool = False):
         model = dataset.model
         limits = limits or DEFAULT_LIMITS
         self.engine = engine
@@ -54,6 +55,10 @@ class EngineServer(JournaledServer, RetrieveServer):
         self.lineage = corpus_lineage(dataset)
         self.data_dir = data_dir if data_dir is not None else getattr(dataset, "source_dir", None)
         self._lock = threading.Lock()  # one batch on the engine at a time; update slices between batches
+        # `overlap`: the next batch's host work while the device answers the one before (serving.overlap);
+        # the lock then stays with the batcher while a batch is in flight, and updates say they wait for it
+        self.overlap = OverlappedBatches(engine, self._lock, lambda: self.seq) if overlap else None
+        self._updates_lock = UpdatesLock(self._lock, self.overlap)
         self.gate = ReadGate()
         self.log = log if log is not None else WriteAheadLog.memory(self.lineage, snapshot_seq(dataset))
         self.seq = snapshot_seq(dataset)
@@ -69,7 +74,7 @@ class EngineServer(JournaledServer, RetrieveServer):
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name="colocated-batcher", decode=self.decode, encode=self.encode,
                                       encode_many=self.encode_many, decode_many=self.decode_many,
-                                      decode_ahead=decode_ahead, count=_columnar_rows)
+                                      decode_ahead=decode_ahead, count=_columnar_rows, overlap=self.overlap)
         super().__init__(location, seed=dataset.seed, experts=model.E, width=model.S, limits=limits, guard=guard)
 
     @property
@@ -84,7 +89,7 @@ class EngineServer(JournaledServer, RetrieveServer):
         (`apply_many` without `apply_run`: the GPU engine's one upload). Returns how many."""
         apply_many = getattr(self.engine, "apply_many", None)
         run = getattr(self.engine, "apply_run", None) if apply_many is not None else 1
-        with self._lock:
+        with self._updates_lock:
             done = 0
             try:
                 if run is None:  # one piece for the slice, so the slice goes whole

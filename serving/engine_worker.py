@@ -40,6 +40,7 @@ from andromeda_nb.engine import warm_up
 from . import engine_channel as ch
 from .batcher import DEFAULT_MAX_WAIT_S, RequestBatcher
 from .limits import DEFAULT_LIMITS, ServiceLimits
+from .overlap import OverlappedBatches, UpdatesLock
 from .protocol import (ANSWER_SCHEMA, RetrieveServer, answer_batch, answer_metadata, batch_bytes, decode_request_batch,
                        decode_request_batches, request_ids)
 from .wal import snapshot_seq
@@ -62,7 +63,7 @@ class EngineWorker:
 
     def __init__(self, engine, dataset, conn, *, lanes=None, limits: ServiceLimits = DEFAULT_LIMITS,
                  batch_wait_s: float = DEFAULT_MAX_WAIT_S, decode_ahead: bool = False, name: str = "engine worker",
-                 turn=None):
+                 turn=None, overlap: bool = False):
         """`lanes`: the listening socket the front connects its request lanes to (None: none)."""
         model = dataset.model
         self.engine, self.conn, self.lanes, self.name = engine, conn, lanes, name
@@ -72,6 +73,9 @@ class EngineWorker:
         self.seq = snapshot_seq(dataset)
         self.endpoint: WorkerEndpoint | None = None  # its own Flight server, with --endpoints (set by its process)
         self._lock = threading.Lock()  # one batch or one slice of updates on the engine at a time
+        # `overlap`: as EngineServer's (serving.overlap)
+        self.overlap = OverlappedBatches(engine, self._lock, lambda: self.seq) if overlap else None
+        self._updates_lock = UpdatesLock(self._lock, self.overlap)
         self._send_lock = threading.Lock()  # the receiver and the batcher's thread both send
         self._schemas: dict[bytes, pa.Schema] = {}
         warm_up(engine, dataset.requests, (1, limits.max_k))  # as EngineServer
@@ -79,7 +83,8 @@ class EngineWorker:
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name=f"{name} batcher", decode=self.decode, encode=self.encode,
                                       encode_many=self.encode_many, decode_many=self.decode_many,
-                                      decode_ahead=decode_ahead, count=_columnar_rows, turn=turn)
+                                      decode_ahead=decode_ahead, count=_columnar_rows, turn=turn,
+                                      overlap=self.overlap)
 
     # --- what the batcher runs ---------------------------------------------------------------------
     def _run_batch(self, requests, k):
@@ -242,7 +247,7 @@ class EngineWorker:
         if not items:
             return {"seq": self.seq}
         apply_many = getattr(self.engine, "apply_many", None)
-        with self._lock:
+        with self._updates_lock:
             done = 0
             try:
                 if apply_many is not None:  # the slice in one piece (GPU: one upload; CPU: runs of upserts)

@@ -65,8 +65,9 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     started = []
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
-                    request_format, ahead, switch, layout, engines, gpu_turn=False, via="front"):
-        started.append((engines, gpu_turn) if gpu_turn else (engines, via) if via != "front" else engines)
+                    request_format, ahead, switch, layout, engines, gpu_turn=False, via="front", overlap=False):
+        started.append((engines, gpu_turn) if gpu_turn else (engines, via) if via != "front" else
+                       (engines, "overlap") if overlap else engines)
         return {"requests_per_s": 100.0 * engines, "requests": 10, "n_wrong": 0, "engines": engines,
                 "latency_ms": {"p50": 1.0, "p99": 2.0}, "batching": None, "device_ms_per_batch": None,
                 "server_cpu_ms_per_request": None}
@@ -92,6 +93,12 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     assert started == [1, 2, (2, "workers")]
     assert list(result["served_by_exchange"]) == ["call/engines-1/via-front", "call/engines-2/via-front",
                                                   "call/engines-2/via-workers"]
+    started.clear()  # overlapped batches or not, never with a turn (a turn's holder has nothing to overlap)
+    result = served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[2],
+                        gpu_turns=[False, True], overlaps=[False, True], progress=False)
+    assert started == [2, (2, "overlap"), (2, True)]
+    assert list(result["served_by_exchange"]) == ["call/turn-off/overlap-off", "call/turn-off/overlap-on",
+                                                  "call/turn-on/overlap-off"]
     with pytest.raises(ValueError, match="vias"):
         served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[2], vias=["side"],
                    progress=False)
@@ -104,12 +111,14 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
 @pytest.mark.e2e
 def test_bench_served_with_the_clients_on_the_workers_endpoints(corpus_dir):
     """`--engines 2 --via workers`: the server started with `--endpoints`, the clients spread over the two
-    workers' endpoints, every answer of their first pass checked; the front relays nothing."""
+    workers' endpoints, every answer of their first pass checked; the front relays nothing. With
+    `--overlap on`: each worker's batcher overlaps its batches (serving.overlap)."""
     line = json.loads(run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 4,
                               "--client-processes", 1, "--seconds", 1, "--repeat", 1, "--checks", 2, "--engines", 2,
-                              "--via", "workers", "--json", "--quiet").stdout)
+                              "--via", "workers", "--overlap", "on", "--json", "--quiet").stdout)
     srv = line["served"]
-    assert line["checks_ok"] and srv["via"] == "workers" and srv["engines"] == 2
+    assert line["checks_ok"] and srv["via"] == "workers" and srv["engines"] == 2 and srv["overlap"] is True
+    assert [e["overlap"] for e in srv["batching"]["per_engine"]] == [True, True], srv["batching"]
     assert srv["requests"] > 0 and srv["n_wrong"] == 0
     assert srv["batching"]["calls"] >= srv["requests"]  # every request reached a worker's batcher
     bad = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--via", "workers", code=2)
@@ -146,7 +155,10 @@ def test_the_served_run_starts_its_server_with_the_engines_asked(monkeypatch):
         assert "--gpu-turn" not in args
     with pytest.raises(Started) as started:
         served.served("DIR", "cpu", [], 10, 2, 1, 1.0, 0.2, engines=2, gpu_turn=True)
-    assert "--gpu-turn" in started.value.args[1]
+    assert "--gpu-turn" in started.value.args[1] and "--overlap-batches" not in started.value.args[1]
+    with pytest.raises(Started) as started:
+        served.served("DIR", "cpu", [], 10, 2, 1, 1.0, 0.2, engines=1, overlap=True)
+    assert "--overlap-batches" in started.value.args[1]
 
 
 def test_cluster_runs_start_serve_cluster_and_stand_beside_the_target(corpus_dir, monkeypatch):
@@ -175,7 +187,8 @@ def test_cluster_runs_start_serve_cluster_and_stand_beside_the_target(corpus_dir
     runs = []
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
-                    request_format, ahead, switch, layout, engines=1, cluster=None, gpu_turn=False, via="front"):
+                    request_format, ahead, switch, layout, engines=1, cluster=None, gpu_turn=False, via="front",
+                    overlap=False):
         runs.append(cluster)
         rate = 100.0 if cluster is None else 500.0 * cluster[1]
         return {"requests_per_s": rate, "requests": 10, "n_wrong": 0, "engines": engines,

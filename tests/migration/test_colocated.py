@@ -117,7 +117,10 @@ def server():
     from migration.colocated import make_server
 
     dataset, rng = make_dataset(41, precision="int8", n_requests=6)
-    srv = make_server(dataset, "grpc://127.0.0.1:0", device="cpu")
+    # its batches overlapped (serving.overlap): the tests below run that path, with updates and bad input;
+    # the rest of the suite runs batches one after another
+    srv = make_server(dataset, "grpc://127.0.0.1:0", device="cpu", overlap=True)
+    assert srv.batcher.overlap is not None
     yield srv, f"grpc://127.0.0.1:{srv.port}", dataset, rng
     srv.shutdown()
     srv.close_resources()
@@ -205,15 +208,17 @@ def test_updates_while_serving(server):
     assert ack["applied"] == 0 and "does not exist" in ack["rejected"][0]["error"]
 
 
-def test_concurrent_plain_clients_share_engine_batches_and_get_their_own_answers():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_concurrent_plain_clients_share_engine_batches_and_get_their_own_answers(overlap):
     """Sixteen plain Flight clients at once, one request each: every answer equals the reference at
-    its own k, and the server ran fewer engine batches than it took calls (serving.batcher)."""
+    its own k, and the server ran fewer engine batches than it took calls (serving.batcher); also with
+    its batches overlapped (serving.overlap: here the CPU engine's batch in one piece at its fetch)."""
     import threading
 
     from migration.colocated import make_server
 
     dataset, _ = make_dataset(43, precision="fp16", n_requests=16)
-    srv = make_server(dataset, "grpc://127.0.0.1:0", device="cpu", batch_wait_s=0.05)
+    srv = make_server(dataset, "grpc://127.0.0.1:0", device="cpu", batch_wait_s=0.05, overlap=overlap)
     location = f"grpc://127.0.0.1:{srv.port}"
     reference = ReferenceRetriever.build(dataset)
     got, errors = {}, []
@@ -236,7 +241,7 @@ def test_concurrent_plain_clients_share_engine_batches_and_get_their_own_answers
             assert_equal_reference(reference, [r], [got[i]], 3 + i, f"client {i}")
         batching = fl.flight_action(location, "stats")["batching"]
         assert batching["calls"] == 16 and batching["requests"] == 16
-        assert batching["batches"] < 16, batching
+        assert batching["batches"] < 16 and batching["overlap"] is overlap, batching
     finally:
         srv.shutdown()
         srv.close_resources()

@@ -441,6 +441,11 @@ def test_engines_must_be_a_whole_number_of_at_least_one(tmp_path):
         run_colocated(root, engines=1, gpu_turn=True)
     result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--gpu-turn"])
     assert result.exit_code == 2 and "--gpu-turn" in result.output and "--engines 2" in result.output
+    with pytest.raises(ServeError, match="--overlap-batches and --gpu-turn"):  # a turn holder has nothing to overlap
+        run_colocated(root, engines=2, gpu_turn=True, overlap=True)
+    result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--engines", "2",
+                                       "--gpu-turn", "--overlap-batches"])
+    assert result.exit_code == 2 and "--overlap-batches" in result.output and "one of the two" in result.output
 
 
 def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path):
