@@ -29,8 +29,12 @@ class AnswerTable:
 
     device = "table"
 
-    def __init__(self, answers: dict, wait_s: float = 0.0, calls: int = 1):
+    max_batch = 1 << 30  # a batch in steps (serving.overlap) of any size
+
+    def __init__(self, answers: dict, wait_s: float = 0.0, calls: int = 1, host_s: float = 0.0):
         self.answers = answers
+        # host work per batch holding the interpreter lock, as an engine's host share (encoding, user side)
+        self.host_s = float(host_s)
         # a wait per batch without the interpreter lock, as a device's: the server's host work can
         # overlap it (a probe of the pipeline, not of any engine); in `calls` foreign calls, each of
         # which lets go of the lock and takes it back, as a GPU batch's driver calls through ctypes do
@@ -38,28 +42,55 @@ class AnswerTable:
         self.calls = max(1, int(calls))
 
     @classmethod
-    def computed(cls, dataset, k: int, wait_s: float = 0.0, calls: int = 1) -> "AnswerTable":
+    def computed(cls, dataset, k: int, wait_s: float = 0.0, calls: int = 1, host_s: float = 0.0) -> "AnswerTable":
         """The answers to every request of `dataset` at `k`, computed once by the CPU engine."""
         from migration.architectures import build_engine
 
         engine = build_engine(dataset, "cpu")
         try:
             return cls({r.request_id: a for r, a in zip(dataset.requests, engine.retrieve(dataset.requests, k))},
-                       wait_s, calls)
+                       wait_s, calls, host_s)
         finally:
             engine.close()
 
     def retrieve(self, requests, k):
-        if self.wait_s:
+        self._host_work()
+        self._wait(self.wait_s)
+        return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
+
+    # a batch in steps (serving.overlap): the host work at `begin`, the wait from `launch` to `fetch`
+    def begin(self, requests, alone: bool = False):
+        self._host_work()
+        return list(requests)
+
+    def launch(self, begun, k: int):
+        return begun, k, time.perf_counter() + self.wait_s
+
+    def ready(self, launched) -> bool:
+        return time.perf_counter() >= launched[2]
+
+    def fetch(self, launched):
+        requests, k, done_at = launched
+        self._wait(done_at - time.perf_counter())
+        return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
+
+    def _host_work(self) -> None:
+        """`host_s` of work holding the interpreter lock (a loop of Python steps)."""
+        end = time.perf_counter() + self.host_s
+        while time.perf_counter() < end:
+            pass
+
+    def _wait(self, wait_s: float) -> None:
+        """A wait without the interpreter lock, as a device's."""
+        if wait_s > 0:
             if self.calls == 1:
-                time.sleep(self.wait_s)
+                time.sleep(wait_s)
             else:
                 import ctypes
 
                 usleep = ctypes.CDLL(None).usleep
                 for _ in range(self.calls):
-                    usleep(int(1e6 * self.wait_s / self.calls))
-        return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
+                    usleep(int(1e6 * wait_s / self.calls))
 
     def apply(self, update):
         raise RuntimeError("an answer table takes no updates")

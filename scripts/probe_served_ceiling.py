@@ -50,6 +50,12 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-calls", type=int, default=1,
                     help="the --engine-ms wait made as this many foreign calls (ctypes), each letting go of the "
                          "interpreter lock and taking it back, as a GPU batch's driver calls do")
+    ap.add_argument("--engine-host-ms", type=float, default=0.0,
+                    help="host work per engine batch holding the interpreter lock, as an engine's host share "
+                         "(encoding, the user side; 0: none)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="the batcher overlaps its batches (serve colocated --overlap-batches): a batch's host work "
+                         "while the wait of the one before runs (one-process server only)")
     ap.add_argument("--decode-ahead", action="store_true",
                     help="decode on a thread a stage ahead of the engine, not on the batcher's worker between batches")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
@@ -76,6 +82,8 @@ def main(argv=None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     dataset = load_dataset(args.data)
+    if args.engines and (args.overlap or args.engine_host_ms):
+        ap.error("--overlap and --engine-host-ms: the one-process server's (no --engines)")
     if args.engines:
         from serving.engine_front import start_pooled_server
 
@@ -84,8 +92,10 @@ def main(argv=None) -> int:
         server = start_pooled_server(dataset, "grpc://127.0.0.1:0", module="benchmarks.table_worker", config=config,
                                      engines=args.engines)
     else:
-        server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3, args.engine_calls),
-                              dataset, batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead)
+        server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3, args.engine_calls,
+                                                   args.engine_host_ms / 1e3),
+                              dataset, batch_wait_s=args.batch_wait_ms / 1e3, decode_ahead=args.decode_ahead,
+                              overlap=args.overlap)
     location = f"grpc://127.0.0.1:{server.port}"
     if not args.no_freeze:
         import gc
@@ -106,10 +116,13 @@ def main(argv=None) -> int:
     server.shutdown()
     server.close_resources()
     out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "engines": args.engines,
+           "engine_ms": args.engine_ms, "engine_host_ms": args.engine_host_ms, "overlap": args.overlap,
            "switch_interval_ms": args.switch_interval_ms, **result,
            "batching": stats}
     stamp(out, command=script_command("probe_served_ceiling.py", argv if argv is not None else sys.argv[1:]))
     engine = "no engine time" if not args.engine_ms else f"a wait of {args.engine_ms:g} ms a batch"
+    engine += f", {args.engine_host_ms:g} ms of host work a batch" if args.engine_host_ms else ""
+    engine += ", batches overlapped" if args.overlap else ""
     cpu = (f"the front's CPU {out['front_cpu_ms_per_request']:.3f} ms a request ({args.engines} workers)"
            if args.engines else f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request")
     print(f"server ceiling (answers looked up, {engine}): {out['requests_per_s']:.0f} requests/s, {cpu}, "

@@ -238,3 +238,32 @@ def test_the_spread_probe_measures_its_servers_against_the_engine_in_process(tmp
     assert result["reference_check"]["requests"] == 4 and result["in_process"]["batch"] == 64
     assert result["served_over_in_process"] == result["requests_per_s"] / result["in_process"]["requests_per_s"]
     assert len(result["per_server"]) == 2 and all(s["requests"] > 0 for s in result["per_server"]), result["per_server"]
+
+
+
+def test_an_answer_table_runs_a_batch_in_steps_with_its_wait_between_launch_and_fetch():
+    """`scripts/probe_served_ceiling.py --engine-ms W --engine-host-ms H --overlap`'s engine: host work at
+    `begin`, the wait from `launch` to `fetch` (not ready before it), the table's answers cut to k."""
+    import time
+
+    from serving.overlap import can_overlap
+
+    rng = np.random.default_rng(5)
+    answers = {i: (rng.permutation(100)[:10].astype(np.int64), np.linspace(1, 0, 10, dtype=np.float32))
+               for i in range(3)}
+    table = AnswerTable(answers, wait_s=0.05, host_s=0.002)
+    assert can_overlap(table)
+
+    class R:
+        def __init__(self, i):
+            self.request_id = i
+
+    t = time.perf_counter()
+    begun = table.begin([R(2), R(0)])
+    assert time.perf_counter() - t >= 0.002
+    launched = table.launch(begun, 4)
+    assert not table.ready(launched)
+    got = table.fetch(launched)
+    assert table.ready(launched) and time.perf_counter() - t >= 0.05
+    assert [ids.tolist() for ids, _ in got] == [answers[2][0][:4].tolist(), answers[0][0][:4].tolist()]
+    assert [ids.tolist() for ids, _ in table.retrieve([R(1)], 3)] == [answers[1][0][:3].tolist()]
