@@ -32,11 +32,16 @@ with it (docs/BENCHMARKS.md, "The served path").
 
 With `overlap` (an engine that runs a batch in steps: `serving.overlap.OverlappedBatches`), a batch's
 host work runs while the device answers the batch before it: while batch i is on the device the
-worker waits for calls, looking every FLIGHT_POLL_S whether the device is done; a call that comes
-first starts batch i + 1 (gathered, decoded and prepared on the host: encoding, the user side, the
-staging buffer), then the worker waits for batch i's answers, launches batch i + 1 and encodes batch
-i's answers while the device works on it. A batch whose device work is done with no call waiting
-lands at once (its callers wait for nothing that has not arrived). A batch the engine cannot take in
+worker waits until the device has about as much left as the host's share of a batch takes (running
+estimates of both); then a call that comes starts batch
+i + 1 (gathered, decoded and prepared on the host: encoding, the user side, the staging buffer), then
+the worker waits for batch i's answers, launches batch i + 1 and encodes batch i's answers while the
+device works on it. The calls that come before then wait in the queue, so batch i + 1 holds them
+all: started at once, the next batch would hold whatever came first, and small batches cost the
+device about what large ones do. With no call by the end of its estimated device time a batch lands
+(its callers wait for nothing that has not arrived). The worker sleeps between those points (two
+waits a batch, without the interpreter lock), rather than looking at the device every few
+microseconds: on a 2-core host such a poll cost the server a sixth more CPU a request. A batch the engine cannot take in
 steps (more requests than one launch holds), or one that comes while the engine is wanted elsewhere
 (an update waiting), runs after the one in flight has landed, as without `overlap`.
 
@@ -60,7 +65,7 @@ from typing import Callable
 
 DEFAULT_MAX_WAIT_S = 0.0002
 DEFAULT_MAX_REQUESTS = 1024
-FLIGHT_POLL_S = 0.0001  # with overlap: how often the worker looks whether the batch in flight is done
+FLIGHT_POLL_S = 0.0001  # with overlap: the shortest wait for a call while a batch is in flight
 
 
 @dataclass
@@ -138,6 +143,10 @@ class RequestBatcher:
         # answers, release(), takes(n) and wanted() (serving.overlap.OverlappedBatches; docstring)
         self.overlap = overlap
         self._flight = None  # with overlap: (calls, launched, tag, requests) of the batch on the device
+        # with overlap, running estimates (seconds) of a batch's device time and of the host's share of the
+        # next: the next batch's calls are taken once the device has about that much left (docstring)
+        self._device_est = self._host_est = 0.0
+        self._launched_at = 0.0
         self.turn_wait_s = 0.0  # waiting for the turn
         self.max_wait_s = float(max_wait_s)
         self.max_requests = int(max_requests)
@@ -386,18 +395,22 @@ class RequestBatcher:
         launched, then batch i's answers encoded while the device works on batch i + 1."""
         ov = self.overlap
         t0, c0 = time.perf_counter(), time.thread_time()
+        alone = self._flight is None
         try:
-            begun = ov.prepare(requests, alone=self._flight is None)
+            begun = ov.prepare(requests, alone=alone)
         except BaseException as exc:  # this batch's callers hear of it; the batch in flight goes on
             self._count_run(t0, c0)
             self._fail(calls, exc)
             if self._flight is None:
                 ov.release()
             return
+        if not alone:
+            self._host_est = _estimate(self._host_est, time.perf_counter() - t0)
         landed = self._fetch_flight()
         try:
             launched, tag = ov.launch(begun, k)
             self._flight = (calls, launched, tag, len(requests))
+            self._launched_at = time.perf_counter()
         except BaseException as exc:
             self._fail(calls, exc)
         finally:
@@ -415,7 +428,11 @@ class RequestBatcher:
         calls, launched, tag, n = self._flight
         self._flight = None
         try:
+            waited = not self.overlap.ready(launched)
             answers = self.overlap.fetch(launched)
+            seen = time.perf_counter() - self._launched_at  # the batch's device time, or more when done before
+            if waited or seen < self._device_est:
+                self._device_est = _estimate(self._device_est, seen)
             if len(answers) != n:
                 raise RuntimeError(f"the engine answered {len(answers)} of {n} requests")
         except BaseException as exc:
@@ -480,12 +497,17 @@ class RequestBatcher:
     def _serve(self) -> None:
         while True:
             t0 = time.perf_counter()
-            if self._flight is not None:  # a batch on the device: the next call's host work beside it, or
-                try:  # the batch landed as soon as it is done (looked at every FLIGHT_POLL_S)
-                    first = self._queue.get(timeout=FLIGHT_POLL_S)
+            if self._flight is not None:  # a batch on the device: the next batch's host work starts beside
+                # it once the device has about that much left (calls that come before then wait in the
+                # queue for that batch), or it lands when its device time is up with no call waiting
+                early = self._launched_at + self._device_est - self._host_est - time.perf_counter()
+                if early > 0:
+                    time.sleep(early)
+                left = self._launched_at + self._device_est - time.perf_counter()
+                try:
+                    first = self._queue.get(timeout=max(FLIGHT_POLL_S, left))
                 except queue.Empty:
-                    if self.overlap.ready(self._flight[1]):
-                        self._land()
+                    self._land()
                     continue
             else:
                 first = self._queue.get()
@@ -539,6 +561,11 @@ class GpuTurn:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _estimate(old: float, seen: float, weight: float = 0.2) -> float:
+    """A running estimate moved `weight` of the way to what was just seen (the first sight taken whole)."""
+    return seen if old == 0.0 else old + weight * (seen - old)
 
 
 def _refuse_waiting(calls: queue.Queue) -> None:

@@ -146,22 +146,28 @@ def test_the_next_batch_is_prepared_while_the_one_before_is_on_the_device_and_ev
 
 
 def test_a_call_that_comes_while_a_batch_is_on_the_device_is_prepared_before_that_batch_is_fetched():
+    """The first call teaches the batcher the device time (0.3 s); the second is on the device when the
+    third comes, which waits in the queue until the device has about the host's share left, then is
+    prepared before the second is fetched."""
     engine = SteppedEngine(device_s=0.3)
     server = Server(engine, max_wait_s=0.0)
     out = {}
     first = threading.Thread(target=lambda: out.setdefault("a", server.batcher.submit([1], [2])))
     try:
+        server.batcher.submit([0], [2])
         first.start()
         deadline = time.perf_counter() + 10
-        while ("launch", 1, [1]) not in engine.log and time.perf_counter() < deadline:
+        while ("launch", 2, [1]) not in engine.log and time.perf_counter() < deadline:
             time.sleep(0.001)
         out["b"] = server.batcher.submit([2], [2])
         first.join(10)
     finally:
         server.batcher.close()
-    assert [(step, n) for step, n, _ in engine.log] == [("begin", 1), ("launch", 1), ("begin", 2), ("fetch", 1),
-                                                        ("launch", 2), ("fetch", 2)]
-    assert engine.alone == [True, False]
+    assert [(step, n) for step, n, _ in engine.log] == [("begin", 1), ("launch", 1), ("fetch", 1), ("begin", 2),
+                                                        ("launch", 2), ("begin", 3), ("fetch", 2), ("launch", 3),
+                                                        ("fetch", 3)]
+    assert engine.alone == [True, True, False]
+    assert 0.2 < server.batcher._device_est < 1.0
     assert out["a"][0][0][0].tolist() == [1000, 1001] and out["b"][0][0][0].tolist() == [2000, 2001]
     assert not server.lock.locked()
 
