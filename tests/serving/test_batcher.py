@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from serving.batcher import BatcherClosed, RequestBatcher
+from tests.support.threads import run_in_threads
 
 
 class FakeEngine:
@@ -38,11 +39,7 @@ def _clients(batcher, n, per_call, ks):
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             errors[i] = exc
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    run_in_threads(client, n, timeout_s=10)
     return results, errors
 
 

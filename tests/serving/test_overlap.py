@@ -11,6 +11,7 @@ import pytest
 
 from serving.batcher import GpuTurn, RequestBatcher
 from serving.overlap import OverlappedBatches, UpdatesLock, can_overlap
+from tests.support.threads import run_in_threads
 
 
 class SteppedEngine:
@@ -103,11 +104,7 @@ def _submit_many(batcher, n_clients, calls_each, per_call=2, k=3, think_s=0.004)
             except Exception as exc:  # noqa: BLE001 - the test looks at it
                 errors.append((reqs, exc))
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_in_threads(client, n_clients)
     return got, errors
 
 
