@@ -56,7 +56,7 @@ class AnswerTable:
     def retrieve(self, requests, k):
         self._host_work()
         self._wait(self.wait_s)
-        return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
+        return self._looked_up(requests, k)
 
     # a batch in steps (serving.overlap): the host work at `begin`, the wait from `launch` to `fetch`
     def begin(self, requests, alone: bool = False):
@@ -72,6 +72,9 @@ class AnswerTable:
     def fetch(self, launched):
         requests, k, done_at = launched
         self._wait(done_at - time.perf_counter())
+        return self._looked_up(requests, k)
+
+    def _looked_up(self, requests, k: int) -> list:
         return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
 
     def _host_work(self) -> None:

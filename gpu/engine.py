@@ -112,11 +112,7 @@ class GpuEngine(EngineBase):
         out: list[tuple[np.ndarray, np.ndarray]] = []
         if not parts:
             return out
-        # the first batch has nothing ahead of it on the device: its user side is computed while it matches
-        self.clock.start(self.index.stream)
-        launched = self.pipeline.launch_split(encode_requests(parts[0]), lambda: self.tables(parts[0]),
-                                              self.table_shape, k)
-        self.clock.stop(self.index.stream)
+        launched = self._launch_alone(parts[0], k)  # the first has nothing ahead of it on the device
         for i in range(len(parts)):
             prepared = self._prepare(parts[i + 1]) if i + 1 < len(parts) else None  # overlaps batch i on the device
             out.extend(self.pipeline.fetch(launched))  # the one synchronization
@@ -149,12 +145,7 @@ class GpuEngine(EngineBase):
         if isinstance(begun, _Answered):
             return begun
         if isinstance(begun, _Alone):
-            requests = begun.requests
-            self.clock.start(self.index.stream)
-            launched = self.pipeline.launch_split(encode_requests(requests), lambda: self.tables(requests),
-                                                  self.table_shape, k)
-            self.clock.stop(self.index.stream)
-            return launched
+            return self._launch_alone(begun.requests, k)
         return self._launch(begun, k)
 
     def ready(self, launched) -> bool:
@@ -178,6 +169,15 @@ class GpuEngine(EngineBase):
         """The host's share of a batch: the encoded requests and their folded user-side tables, written
         into the next of the index's two staging buffers (`gpu.pipeline.BatchPipeline.prepare`)."""
         return self.pipeline.prepare(encode_requests(requests), self.tables(requests))
+
+    def _launch_alone(self, requests, k: int):
+        """A batch with nothing ahead of it on the device, onto the device: its match enqueued first and
+        its user side computed on the host while the device matches (`BatchPipeline.launch_split`)."""
+        self.clock.start(self.index.stream)
+        launched = self.pipeline.launch_split(encode_requests(requests), lambda: self.tables(requests),
+                                              self.table_shape, k)
+        self.clock.stop(self.index.stream)
+        return launched
 
     def _launch(self, prepared, k: int):
         """Upload, match, scoring, top-K and the answers' copy of a prepared batch, enqueued on the

@@ -31,19 +31,19 @@ wait of its own the extra thread costs: the server's ceiling on a 2-core host fe
 with it (docs/BENCHMARKS.md, "The served path").
 
 With `overlap` (an engine that runs a batch in steps: `serving.overlap.OverlappedBatches`), a batch's
-host work runs while the device answers the batch before it: while batch i is on the device the
+host work runs while the device answers the batch before it. While batch i is on the device the
 worker waits until the device has about as much left as the host's share of a batch takes (running
-estimates of both); then a call that comes starts batch
-i + 1 (gathered, decoded and prepared on the host: encoding, the user side, the staging buffer), then
-the worker waits for batch i's answers, launches batch i + 1 and encodes batch i's answers while the
-device works on it. The calls that come before then wait in the queue, so batch i + 1 holds them
-all: started at once, the next batch would hold whatever came first, and small batches cost the
-device about what large ones do. With no call by the end of its estimated device time a batch lands
-(its callers wait for nothing that has not arrived). The worker sleeps between those points (two
-waits a batch, without the interpreter lock), rather than looking at the device every few
-microseconds: on a 2-core host such a poll cost the server a sixth more CPU a request. A batch the engine cannot take in
-steps (more requests than one launch holds), or one that comes while the engine is wanted elsewhere
-(an update waiting), runs after the one in flight has landed, as without `overlap`.
+estimates of both); then a call that comes starts batch i + 1 (gathered, decoded and prepared on the
+host: encoding, the user side, the staging buffer), the worker waits for batch i's answers, launches
+batch i + 1 and encodes batch i's answers while the device works on it. The calls that come before
+then wait in the queue, so batch i + 1 holds them all: started at once, the next batch would hold
+whatever came first, and small batches cost the device about what large ones do. With no call by
+the end of its estimated device time a batch lands (its callers wait for nothing that has not
+arrived). The worker sleeps between those points (two waits a batch, without the interpreter lock)
+rather than looking at the device every few microseconds: on a 2-core host such a poll cost the
+server a sixth more CPU a request. A batch the engine cannot take in steps (more requests than one
+launch holds), or one that comes while the engine is wanted elsewhere (an update waiting), runs after
+the one in flight has landed, as without `overlap`.
 
 With a `turn` (an object with `acquire()` and `release()`, such as `GpuTurn`, shared by the batchers
 of several engine processes on one GPU), the worker takes the turn as soon as a batch's first call

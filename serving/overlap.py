@@ -13,13 +13,14 @@ of one long call.
 `OverlappedBatches` holds the server's engine lock from the first step of a batch until no batch is
 in flight (`release`), so an update (which takes the same lock) never lands between a batch's
 preparation and its answers: the answers name the update sequence of their launch (`seq_of()` read
-under the lock). An update that waits for the lock says so (`waiting_updates`), and the batcher then
-lands the batch in flight before the next, so updates wait for one batch at most.
+under the lock). An update that waits for the lock says so (`UpdatesLock`: `wanted()` meanwhile), and
+the batcher then lands the batch in flight before the next, so updates wait for one batch at most.
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 
 def can_overlap(engine) -> bool:
@@ -34,7 +35,7 @@ class OverlappedBatches:
 
     def __init__(self, engine, lock: threading.Lock, seq_of):
         if not can_overlap(engine):
-            raise TypeError(f"{type(engine).__name__} does not run a batch in steps (begin, launch, fetch)")
+            raise TypeError(f"{type(engine).__name__} does not run a batch in steps (begin, launch, ready, fetch)")
         self.engine, self.lock, self.seq_of = engine, lock, seq_of
         self._held = False  # by the batcher's thread, from a batch's first step until none is in flight
         self._waiting = 0  # updates waiting for the lock
@@ -77,9 +78,16 @@ class OverlappedBatches:
             self.lock.release()
 
     # --- the updates' side -----------------------------------------------------------------------------
-    def updates_lock(self) -> "UpdatesLock":
-        """The lock as an update takes it (`with`): while the update waits for it, `wanted()`."""
-        return UpdatesLock(self.lock, self)
+    @contextmanager
+    def waiting(self):
+        """Around an update's wait for the lock: meanwhile `wanted()`."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            yield
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
 
 
 class UpdatesLock:
@@ -90,17 +98,11 @@ class UpdatesLock:
         self.lock, self.overlap = lock, overlap
 
     def __enter__(self):
-        ov = self.overlap
-        if ov is None:
+        if self.overlap is None:
             self.lock.acquire()
-            return self
-        with ov._waiting_lock:
-            ov._waiting += 1
-        try:
-            self.lock.acquire()
-        finally:
-            with ov._waiting_lock:
-                ov._waiting -= 1
+        else:
+            with self.overlap.waiting():
+                self.lock.acquire()
         return self
 
     def __exit__(self, *exc) -> None:
