@@ -161,6 +161,84 @@ def _recv_exactly(sock, n: int) -> bytes:
     return b"".join(parts)
 
 
+class Lanes:
+    """The request lanes to one engine worker's lane socket (`path`), as a caller sees them: each
+    `request` on a lane of its own, taken from the free ones or newly connected, and given back once
+    its answer was read whole; a lane whose call ended otherwise (a deadline, a lost worker) may still
+    get that answer, so it is closed, never used again. `name`: the worker, as errors call it;
+    `lost()`: the error of a call whose lane ended (the caller knows best why the worker went)."""
+
+    def __init__(self, path: str, name: str, lost):
+        import threading
+
+        self.path, self.name, self._lost = path, name, lost
+        self._lock = threading.Lock()
+        self._free: list[socket.socket] = []
+        self.busy = 0  # calls on lanes now
+        self.closed = False
+
+    def request(self, call_id: int, schema: bytes, body, timeout_s: float | None, what: str) -> bytes:
+        """One request batch (its schema's and its own IPC bytes) on a lane, and the `ANSWER` message
+        that came back on it; the Flight error the worker reported; `lost()` when the lane ended;
+        FlightTimedOutError after `timeout_s` (None: as long as the worker lives)."""
+        import pyarrow.flight as flight
+
+        lane = self._take()
+        kept = False
+        try:
+            lane.settimeout(timeout_s)
+            send_frame(lane, request_message(call_id, schema, body))
+            msg = recv_frame(lane)
+            if msg is None:
+                raise EOFError
+            kind = msg[:1]
+            if call_id_of(msg) != call_id or kind not in (ANSWER, ERROR):
+                raise flight.FlightInternalError(f"{self.name} answered call {call_id_of(msg)} with "
+                                                 f"{bytes(kind)!r} on the lane of call {call_id}")
+            kept = True
+            if kind == ERROR:
+                raise flight_error(json_body(msg))
+            return msg
+        except TimeoutError:
+            raise flight.FlightTimedOutError(f"{self.name} did not answer the {what} within {timeout_s:g} s") \
+                from None
+        except (EOFError, OSError):
+            raise self._lost() from None
+        finally:
+            self._give(lane, kept)
+
+    def _take(self) -> socket.socket:
+        with self._lock:
+            self.busy += 1
+            if self._free:
+                return self._free.pop()
+        lane = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lane.connect(self.path)
+        except OSError:
+            lane.close()
+            with self._lock:
+                self.busy -= 1
+            raise self._lost() from None
+        return lane
+
+    def _give(self, lane: socket.socket, kept: bool) -> None:
+        with self._lock:
+            self.busy -= 1
+            if kept and not self.closed:
+                self._free.append(lane)
+                return
+        lane.close()
+
+    def close(self) -> None:
+        """Close the free lanes; a lane in use is closed when its call ends."""
+        with self._lock:
+            self.closed = True
+            free, self._free = self._free, []
+        for lane in free:
+            lane.close()
+
+
 def error_body(exc: BaseException) -> dict:
     """An error as the worker reports it: the Flight error the one-engine server would raise."""
     from .protocol import to_flight_error
@@ -179,5 +257,5 @@ def flight_error(body: dict) -> Exception:
 
 
 __all__ = ["ANSWER", "CONFIG", "CONTROL", "ERROR", "FAILED", "READY", "REPLY", "REQUEST", "STOP", "UPDATE",
-           "answer_message", "call_id_of", "error_body", "flight_error", "json_body", "message",
+           "Lanes", "answer_message", "call_id_of", "error_body", "flight_error", "json_body", "message",
            "recv_frame", "request_message", "send_frame", "split_answer", "split_request"]

@@ -162,9 +162,7 @@ class EngineWorkerProcess:
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
-        self._lanes_lock = threading.Lock()
-        self._free_lanes: list[socket.socket] = []
-        self._busy = 0  # requests on lanes now
+        self.lanes = ch.Lanes(self.lane_path, self.name, self._lane_lost)
         self._gone = threading.Event()  # set once `ended` says why the worker is gone
         self.ready = threading.Event()
         self.info: dict | None = None  # what it said when ready
@@ -177,7 +175,7 @@ class EngineWorkerProcess:
     @property
     def in_hand(self) -> int:
         """Its calls not answered yet: requests on its lanes and control calls."""
-        return self._busy + len(self._pending)
+        return self.lanes.busy + len(self._pending)
 
     @property
     def alive(self) -> bool:
@@ -228,55 +226,7 @@ class EngineWorkerProcess:
         worker lives), the lane then closed."""
         if self.ended is not None:
             raise self.ended_error()
-        lane = self._take_lane()
-        call_id = next(self._ids)
-        kept = False
-        try:
-            lane.settimeout(timeout_s)
-            ch.send_frame(lane, ch.request_message(call_id, schema, body))
-            msg = ch.recv_frame(lane)
-            if msg is None:
-                raise EOFError
-            kind = msg[:1]
-            if ch.call_id_of(msg) != call_id or kind not in (ch.ANSWER, ch.ERROR):
-                raise flight.FlightInternalError(f"{self.name} answered call {ch.call_id_of(msg)} with "
-                                                 f"{bytes(kind)!r} on the lane of call {call_id}")
-            kept = True
-            if kind == ch.ERROR:
-                raise ch.flight_error(ch.json_body(msg))
-            return msg
-        except TimeoutError:
-            raise flight.FlightTimedOutError(f"{self.name} did not answer the {what} within {timeout_s:g} s") \
-                from None
-        except (EOFError, OSError):
-            raise self._lane_lost() from None
-        finally:
-            self._give_lane(lane, kept)
-
-    def _take_lane(self) -> socket.socket:
-        with self._lanes_lock:
-            self._busy += 1
-            if self._free_lanes:
-                return self._free_lanes.pop()
-        lane = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            lane.connect(self.lane_path)
-        except OSError:
-            lane.close()
-            with self._lanes_lock:
-                self._busy -= 1
-            raise self._lane_lost() from None
-        return lane
-
-    def _give_lane(self, lane: socket.socket, kept: bool) -> None:
-        """A lane back to the free ones, or closed: one whose call did not end with its answer read
-        (a deadline, a lost worker) may still get that answer, and is never used again."""
-        with self._lanes_lock:
-            self._busy -= 1
-            if kept and self.ended is None:
-                self._free_lanes.append(lane)
-                return
-        lane.close()
+        return self.lanes.request(next(self._ids), schema, body, timeout_s, what)
 
     def _lane_lost(self) -> flight.FlightError:
         """The error of a call whose lane ended: the worker's end, once the control channel's reader
@@ -321,10 +271,7 @@ class EngineWorkerProcess:
         self.ended = _how_it_ended(code) + (f": {self.failure}" if self.failure else "")
         self._gone.set()
         self.ready.set()
-        with self._lanes_lock:
-            free, self._free_lanes = self._free_lanes, []
-        for lane in free:
-            lane.close()
+        self.lanes.close()
         self._remove_lane_socket()
         for call_id in list(self._pending):
             waiter = self._pending.pop(call_id, None)
@@ -433,8 +380,8 @@ class EnginePool:
         best, least = None, None
         for j in range(n):
             worker = workers[(start + j) % n]
-            if worker.ended is None and (least is None or worker._busy < least):
-                best, least = worker, worker._busy
+            if worker.ended is None and (least is None or worker.lanes.busy < least):
+                best, least = worker, worker.lanes.busy
         if best is None:
             raise flight.FlightUnavailableError(f"every engine worker of this server has ended ({self.why_ended()}); "
                                                 "restart the server")
