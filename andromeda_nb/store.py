@@ -621,6 +621,12 @@ def _meta_and_model(root: Path) -> tuple[dict, MoeModel]:
     return meta, model
 
 
+def load_head(data_dir) -> tuple[dict, MoeModel]:
+    """A corpus directory's meta.json and model, read and checked, and none of its ads or requests:
+    what checking requests for it takes."""
+    return _meta_and_model(Path(data_dir))
+
+
 def request_settings(data_dir) -> dict:
     """What checking this corpus's requests takes (`flight.decode_request_batch`'s seed, experts and
     width), from its meta.json."""
@@ -977,7 +983,7 @@ __all__ = [
     "ADS_FILE", "META_FILE", "MODEL_FILE", "REJECTED_FILE", "REQUESTS_FILE", "TARGETING_FILE", "AdsWriter",
     "ImportFailed", "ImportSummary", "ParquetAds", "StoreError", "ads_parquet_options", "ads_record_batch", "ads_schema", "check_output_dir",
     "export_jsonl",
-    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_requests", "paused_gc", "read_meta", "read_npz_arrays", "request_settings",
+    "file_sha256", "import_jsonl", "import_problem", "load_dataset", "load_head", "load_requests", "paused_gc", "read_meta", "read_npz_arrays", "request_settings",
     "read_targeting",
     "refuse_existing_corpus", "reindex", "save_dataset", "write_meta", "write_requests", "write_targeting",
 ]

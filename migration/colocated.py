@@ -53,14 +53,15 @@ def make_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "au
 def make_pooled_server(dataset, location: str = "grpc://127.0.0.1:0", device: str = "auto", version=None, *,
                        engines: int, log=None, limits=None, guard=None, batch_wait_s: float | None = None,
                        decode_ahead: bool = False, layout: str | None = None, say=None, gpu_turn: bool = False,
-                       endpoints: bool = False, overlap: bool = False):
+                       endpoints: bool = False, overlap: bool = False, fronts: int = 0):
     """The co-located server over `engines` engine worker processes behind one front
     (`serving.engine_front`): each worker loads the corpus directory the dataset was read from and
     builds the engine for `device` (`migration.engine_worker`); the same options as `make_server`, and
     `gpu_turn`: the workers take turns on the device (`serving.batcher.GpuTurn`, on a file of this
     process's private temporary directory, removed when it exits); `endpoints`: each worker also serves
     the retrieve exchange on a port of its own on the front's host, with its guard (listed by the
-    front's GetFlightInfo)."""
+    front's GetFlightInfo); `fronts`: that many front processes beside the workers, each serving the
+    retrieve exchange on a port of its own, listed in place of the workers' (`serving.lane_engine`)."""
     import sys
     from urllib.parse import urlsplit
 
@@ -76,10 +77,11 @@ def make_pooled_server(dataset, location: str = "grpc://127.0.0.1:0", device: st
               "layout": layout, "batch_wait_s": DEFAULT_MAX_WAIT_S if batch_wait_s is None else batch_wait_s,
               "decode_ahead": decode_ahead, "switch_interval_ms": sys.getswitchinterval() * 1e3,
               "turn": _turn_file() if gpu_turn else None, "overlap": overlap}
+    endpoint = {"host": urlsplit(location).hostname or "127.0.0.1", "guard": (guard or OPEN).to_json()}
     if endpoints:
-        config["endpoint"] = {"host": urlsplit(location).hostname or "127.0.0.1", "guard": (guard or OPEN).to_json()}
+        config["endpoint"] = endpoint
     return start_pooled_server(dataset, location, module=WORKER_MODULE, config=config, engines=engines, log=log,
-                               limits=limits, guard=guard, say=say)
+                               limits=limits, guard=guard, say=say, fronts=fronts, front_endpoint=endpoint)
 
 
 def _turn_file() -> str:

@@ -79,6 +79,8 @@ def serve_channel(conn, lanes=None, build=None) -> int:
     try:
         from .architectures import build_engine
 
+        if config.get("lanes_to"):  # a front (`--fronts`): its engine is an engine worker's, over a lane
+            return _serve_front(conn, lanes, config, say)
         device = resolve(config["device"])
         dataset = load_dataset(config["data"], say=say if config.get("steps") else None)
         if build is not None:
@@ -97,14 +99,52 @@ def serve_channel(conn, lanes=None, build=None) -> int:
             spec = config["endpoint"]
             worker.endpoint = WorkerEndpoint(worker, spec["host"], guard=ServerGuard.from_json(spec["guard"]))
     except Exception as exc:  # noqa: BLE001 - the front says why this worker could not start
-        say(f"could not start: {type(exc).__name__}: {exc}")
-        try:
-            conn.send_bytes(ch.message(ch.FAILED, body={"message": f"{type(exc).__name__}: {exc}"}))
-        except OSError:
-            pass
-        return 2
+        return _failed(conn, say, exc)
     gc.collect()
     gc.freeze()  # what was built lives as long as the process: no collection walks it again
+    try:
+        worker.serve()
+    finally:
+        engine.close()
+    return 0
+
+
+def _failed(conn, say, exc: Exception) -> int:
+    """Say why this process could not start, on stderr and to the front (FAILED); the exit code."""
+    from serving import engine_channel as ch
+
+    say(f"could not start: {type(exc).__name__}: {exc}")
+    try:
+        conn.send_bytes(ch.message(ch.FAILED, body={"message": f"{type(exc).__name__}: {exc}"}))
+    except OSError:
+        pass
+    return 2
+
+
+def _serve_front(conn, lanes, config: dict, say) -> int:
+    """A front process (`serve colocated --fronts N`, `serving.lane_engine`): the corpus's model and
+    meta only, a `LaneEngine` to the engine worker named in `config["lanes_to"]`, and its own Flight
+    server (`config["endpoint"]`); the exit code."""
+    import gc
+
+    from serving.engine_worker import WorkerEndpoint, limits_of
+    from serving.guard import ServerGuard
+    from serving.lane_engine import FrontWorker, LaneEngine, corpus_head
+
+    name = config.get("name", "front")
+    try:
+        limits = limits_of(config)
+        target = config["lanes_to"]
+        engine = LaneEngine(target["path"], target["name"], limits.deadline_s)
+        worker = FrontWorker(engine, corpus_head(config["data"]), conn, lanes=lanes, limits=limits,
+                             batch_wait_s=config["batch_wait_s"], decode_ahead=bool(config.get("decode_ahead")),
+                             name=name)
+        spec = config["endpoint"]
+        worker.endpoint = WorkerEndpoint(worker, spec["host"], guard=ServerGuard.from_json(spec["guard"]))
+    except Exception as exc:  # noqa: BLE001 - the server's front says why this one could not start
+        return _failed(conn, say, exc)
+    gc.collect()
+    gc.freeze()
     try:
         worker.serve()
     finally:

@@ -135,10 +135,12 @@ class EngineWorkerProcess:
     `migration.engine_worker`); `config`: its `CONFIG` message; `lane_dir`: a directory only this
     user can enter (mode 0700), where its lane socket is made."""
 
-    def __init__(self, module: str, config: dict, index: int, count: int, *, lane_dir: str, env: dict | None = None):
-        self.index, self.count = index, count
-        self.name = f"engine worker {index} of {count}"
-        self.lane_path = os.path.join(lane_dir, f"worker-{index}.sock")
+    def __init__(self, module: str, config: dict, index: int, count: int, *, lane_dir: str, env: dict | None = None,
+                 kind: str = "engine worker"):
+        """`kind`: "engine worker", or "front" for a front process (`--fronts`: `serving.lane_engine`)."""
+        self.index, self.count, self.kind = index, count, kind
+        self.name = f"{kind} {index} of {count}"
+        self.lane_path = os.path.join(lane_dir, f"{'worker' if kind == 'engine worker' else kind}-{index}.sock")
         front, child = socket.socketpair()
         lanes = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -157,7 +159,7 @@ class EngineWorkerProcess:
             child.close()
             lanes.close()  # the worker holds it; the front connects by its path
         self.pid = self.proc.pid
-        self.name = f"engine worker {index} of {count} (pid {self.pid})"
+        self.name = f"{kind} {index} of {count} (pid {self.pid})"
         self.conn = Connection(front.detach())
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Waiter] = {}
@@ -168,8 +170,8 @@ class EngineWorkerProcess:
         self.info: dict | None = None  # what it said when ready
         self.failure: str | None = None  # what it said when it could not start
         self.ended: str | None = None  # why it is no longer serving
-        self.send(ch.message(ch.CONFIG, body={**config, "name": f"engine worker {index} of {count}"}))
-        self._reader = threading.Thread(target=self._read, name=f"engine-worker-{index}-reader", daemon=True)
+        self.send(ch.message(ch.CONFIG, body={**config, "name": f"{kind} {index} of {count}"}))
+        self._reader = threading.Thread(target=self._read, name=f"{kind.replace(' ', '-')}-{index}-reader", daemon=True)
         self._reader.start()
 
     @property
@@ -331,11 +333,19 @@ def lane_directory(count: int, fallback: str = "/tmp") -> str:
 
 class EnginePool:
     """N engine workers started side by side (`EngineWorkerProcess`), each with the same `config`;
-    requests go to the live one with the fewest calls in hand, updates to every live one."""
+    requests go to the live one with the fewest calls in hand, updates to every live one. With
+    `fronts` > 0, that many front processes beside them (`serving.lane_engine`), front i sending its
+    batches to engine worker i mod N, each serving the retrieve exchange on its own Flight server
+    (`front_endpoint`: its host and guard, as `config["endpoint"]`)."""
 
-    def __init__(self, module: str, config: dict, count: int, *, env: dict | None = None, say=None):
+    def __init__(self, module: str, config: dict, count: int, *, env: dict | None = None, say=None, fronts: int = 0,
+                 front_endpoint: dict | None = None):
         if not isinstance(count, int) or count < 1:
             raise ServeError(f"engines: expected at least 1 engine worker, got {count!r}")
+        if isinstance(fronts, bool) or not isinstance(fronts, int) or fronts < 0:
+            raise ServeError(f"fronts: expected a whole number of front processes, at least 0, got {fronts!r}")
+        if fronts and front_endpoint is None:
+            raise ServeError("fronts: each front serves on a Flight server of its own; give its host and guard")
         from .services import PROJECT_ROOT
         from andromeda_nb.devices import child_environment
 
@@ -344,13 +354,20 @@ class EnginePool:
         self.say = say
         self.device = config.get("device")
         self.workers: list[EngineWorkerProcess] = []
+        self.fronts: list[EngineWorkerProcess] = []
         self._turn = itertools.count()
         self._started = time.perf_counter()
-        self.lane_dir = lane_directory(count)
+        self.lane_dir = lane_directory(max(count, fronts))
         try:
             for i in range(count):
                 self.workers.append(EngineWorkerProcess(module, {**config, "steps": say is not None}, i + 1, count,
                                                         lane_dir=self.lane_dir, env=env))
+            for i in range(fronts):
+                target = self.workers[i % count]
+                front = {**config, "steps": say is not None, "endpoint": front_endpoint, "overlap": False,
+                         "lanes_to": {"path": target.lane_path, "name": target.name}}
+                self.fronts.append(EngineWorkerProcess(module, front, i + 1, fronts, lane_dir=self.lane_dir, env=env,
+                                                       kind="front"))
         except BaseException:
             self.close(wait_s=1.0)
             raise
@@ -361,13 +378,14 @@ class EnginePool:
     def wait_ready(self) -> None:
         """Wait until every worker has built its engine (they build at once); ServeError naming the
         first that ended instead (the others are stopped)."""
-        for worker in self.workers:
+        for worker in self.workers + self.fronts:
             worker.ready.wait()
             if worker.ended is not None:
                 self.close(wait_s=1.0)
                 raise ServeError(f"{worker.name} ended while starting ({worker.ended}); see its lines above")
         if self.say is not None:
-            self.say(f"{len(self.workers)} engine worker(s) ready: {time.perf_counter() - self._started:.1f} s")
+            fronts = f" and {len(self.fronts)} front(s)" if self.fronts else ""
+            self.say(f"{len(self.workers)} engine worker(s){fronts} ready: {time.perf_counter() - self._started:.1f} s")
 
     def live(self) -> list[EngineWorkerProcess]:
         return [w for w in self.workers if w.ended is None]
@@ -418,12 +436,13 @@ class EnginePool:
         if failures:
             raise RuntimeError("applying logged updates failed in " + "; ".join(failures))
 
-    def states(self, timeout_s: float = STATE_TIMEOUT_S) -> list[dict]:
+    def states(self, timeout_s: float = STATE_TIMEOUT_S, fronts: bool = False) -> list[dict]:
         """Each worker's state (`EngineWorker.state`), asked of all at once, with its name and whether it
-        is alive; an `error` for one that has ended or did not answer within `timeout_s`."""
+        is alive; an `error` for one that has ended or did not answer within `timeout_s`. `fronts`: the
+        front processes' instead."""
         make = lambda call_id: ch.message(ch.CONTROL, call_id, {"op": "state"})  # noqa: E731
         started = []
-        for worker in self.workers:  # asked of all before any answer is waited for
+        for worker in self.fronts if fronts else self.workers:  # asked of all before any answer is waited for
             try:
                 started.append((worker, worker.start(make)))
             except flight.FlightError as exc:
@@ -443,16 +462,17 @@ class EnginePool:
         return out
 
     def close(self, wait_s: float = STOP_WAIT_S) -> None:
-        """Stop every worker (after the batches in hand), all at once."""
-        threads = [threading.Thread(target=w.stop, args=(wait_s,), daemon=True) for w in self.workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        """Stop every front, then every worker (after the batches in hand), each group all at once."""
+        for group in (self.fronts, self.workers):
+            threads = [threading.Thread(target=w.stop, args=(wait_s,), daemon=True) for w in group]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         shutil.rmtree(self.lane_dir, ignore_errors=True)
 
     def kill(self) -> None:
-        for worker in self.workers:
+        for worker in self.fronts + self.workers:
             worker.kill()
 
 
@@ -510,8 +530,11 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         return self.seq
 
     def retrieve_endpoints(self) -> list[str]:
-        """The live workers' own servers (`--endpoints`), in worker order; none without them."""
-        return [w.info["endpoint"] for w in self.engines.live() if w.info and w.info.get("endpoint")]
+        """The live fronts' servers (`--fronts`), or else the live workers' own (`--endpoints`), in order;
+        none without them."""
+        pool = self.engines
+        listed = [w for w in pool.fronts if w.ended is None] if pool.fronts else pool.live()
+        return [w.info["endpoint"] for w in listed if w.info and w.info.get("endpoint")]
 
     # --- requests --------------------------------------------------------------------------------------
     def _schema_of(self, batch: pa.RecordBatch) -> bytes:
@@ -560,17 +583,25 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
                                "with all")
             elif "error" in state:
                 reasons.append(f"{state['name']}: {state['error']}")
+        for state in self.engines.states(fronts=True):
+            if not state["alive"]:
+                reasons.append(f"{state['name']} has ended ({self._ended(state)}): its clients turn to this "
+                               "server; restart the server to serve with it")
+            elif "error" in state:
+                reasons.append(f"{state['name']}: {state['error']}")
         return ("degraded", reasons) if reasons else ("ok", [])
 
     def _ended(self, state: dict) -> str:
-        worker = next((w for w in self.engines.workers if w.index == state["worker"]), None)
+        worker = next((w for w in self.engines.workers + self.engines.fronts if w.name == state["name"]), None)
         return worker.ended if worker is not None else "ended"
 
     def health_info(self) -> dict:
         states = self.engines.states()
         first = next((s for s in states if "engine" in s), {})
         engines = [{k: v for k, v in s.items() if k != "batching"} for s in states]
-        return {**first.get("engine", {"device": self.device}), "engines": engines, "fingerprint": self.fingerprint,
+        fronts = [{k: v for k, v in s.items() if k != "batching"} for s in self.engines.states(fronts=True)]
+        return {**first.get("engine", {"device": self.device}), "engines": engines,
+                **({"fronts": fronts} if fronts else {}), "fingerprint": self.fingerprint,
                 "lineage": self.lineage, "log": self.log.describe(), "replayed": self.replayed}
 
     def extra_stats(self) -> dict:
@@ -578,7 +609,9 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         batching = [s.get("batching") or {} for s in states]
         device = [s.get("device_seconds") for s in states]
         summed = {key: sum(b.get(key, 0) for b in batching) for key in ("batches", "calls", "requests")}
+        fronts = [s.get("batching") or {} for s in self.engines.states(fronts=True)] if self.engines.fronts else []
         return {"engines": len(self.engines), "batching": {**summed, "per_engine": batching},
+                **({"fronts": len(fronts), "front_batching": fronts} if fronts else {}),
                 "call_path": self.call_path.snapshot(),
                 "device_seconds": None if all(d is None for d in device) else sum(d or 0.0 for d in device)}
 
@@ -592,10 +625,13 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
 
 
 def start_pooled_server(dataset, location: str, *, module: str, config: dict, engines: int, log=None, limits=None,
-                        guard=None, say=None) -> PooledEngineServer:
-    """The workers started (each loads `config["data"]` and builds its engine, all at once), the log
-    replayed into them, and the front listening at `location`; the workers are stopped if it fails."""
-    pool = EnginePool(module, {**config, "limits": (limits or DEFAULT_LIMITS).to_json()}, engines, say=say)
+                        guard=None, say=None, fronts: int = 0, front_endpoint: dict | None = None
+                        ) -> PooledEngineServer:
+    """The workers started (each loads `config["data"]` and builds its engine, all at once), and the
+    `fronts` front processes beside them (`EnginePool`), the log replayed into the workers, and the
+    front listening at `location`; the workers are stopped if it fails."""
+    pool = EnginePool(module, {**config, "limits": (limits or DEFAULT_LIMITS).to_json()}, engines, say=say,
+                      fronts=fronts, front_endpoint=front_endpoint)
     try:
         return PooledEngineServer(pool, dataset, location, log=log, limits=limits, guard=guard)
     except BaseException:

@@ -78,13 +78,18 @@ class EngineWorker:
         self._updates_lock = UpdatesLock(self._lock, self.overlap)
         self._send_lock = threading.Lock()  # the receiver and the batcher's thread both send
         self._schemas: dict[bytes, pa.Schema] = {}
-        warm_up(engine, dataset.requests, (1, limits.max_k))  # as EngineServer
-        rows.warm_up()
+        self._warm_up(dataset)
         self.batcher = RequestBatcher(self._run_batch, max_wait_s=batch_wait_s, max_requests=limits.max_batch_requests,
                                       name=f"{name} batcher", decode=self.decode, encode=self.encode,
                                       encode_many=self.encode_many, decode_many=self.decode_many,
                                       decode_ahead=decode_ahead, count=_columnar_rows, turn=turn,
                                       overlap=self.overlap)
+
+    def _warm_up(self, dataset) -> None:
+        """Before it says READY: every kernel compiled or loaded (as EngineServer), and the update path's
+        compiled row map."""
+        warm_up(self.engine, dataset.requests, (1, self.limits.max_k))
+        rows.warm_up()
 
     # --- what the batcher runs ---------------------------------------------------------------------
     def _run_batch(self, requests, k):

@@ -58,6 +58,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _ENUMS = {"publisher_platform": PUBLISHER_PLATFORMS, "device_platform": DEVICE_PLATFORMS, "user_os": USER_OS}
 _ENUM_SETS = {name: frozenset(universe) for name, universe in _ENUMS.items()}
 _ENUM_CODES = {name: {v: i for i, v in enumerate(universe)} for name, universe in _ENUMS.items()}
+_ENUM_ARRAYS = {name: pa.array(list(universe), pa.utf8()) for name, universe in _ENUMS.items()}
 _TERMS = ("region", "city", "locale")
 
 
@@ -113,10 +114,12 @@ def is_columnar(schema: pa.Schema) -> bool:
 # --- client side ----------------------------------------------------------------------------------------
 
 
-def request_columns(requests: Sequence[Request], k: int | Sequence[int]) -> pa.RecordBatch:
-    """A columnar request batch of `Request` objects; `k` is one value for all or one per request.
-    Every column is written (signals too), so the batches of many clients have one schema and a
-    server checks them together."""
+def request_columns(requests: Sequence[Request], k: int | Sequence[int], *,
+                    request_ids: Sequence[int] | None = None) -> pa.RecordBatch:
+    """A columnar request batch of `Request` objects; `k` is one value for all or one per request;
+    `request_ids`: the ids the batch gives them (default: their own). Every column is written
+    (signals too), so the batches of many clients have one schema and a server checks them
+    together."""
     requests = list(requests)
     bad = next((r for r in requests if not isinstance(r, Request)), None)
     if bad is not None:
@@ -128,8 +131,10 @@ def request_columns(requests: Sequence[Request], k: int | Sequence[int]) -> pa.R
         raise ValueError(f"{n} requests but {len(ks)} values of k")
     users = [r.user for r in requests]
     ctx = [r.context for r in requests]
+    if request_ids is not None and len(request_ids) != n:
+        raise ValueError(f"{n} requests but {len(request_ids)} request ids")
     cols: dict[str, list | pa.Array] = {
-        "request_id": [int(r.request_id) for r in requests], "k": ks,
+        "request_id": [int(r.request_id) for r in requests] if request_ids is None else request_ids, "k": ks,
         "age": [u.age for u in users], "gender": [u.gender for u in users],
         "country": [u.country or None for u in users],
     }
@@ -244,6 +249,45 @@ class RequestColumns(SequenceABC):
         context = Context(PUBLISHER_PLATFORMS[self.publisher[i]], DEVICE_PLATFORMS[self.device[i]],
                           USER_OS[self.os[i]], int(self.time[i]))
         return Request(request_id=int(self.request_id[i]), user=user, context=context, signals=self.signals[i])
+
+    def record_batch(self, k: int, request_ids: np.ndarray | None = None) -> pa.RecordBatch:
+        """These requests as a columnar request batch at `k` (what `request_columns` writes for the same
+        requests, from the arrays: no step per request), request i numbered `request_ids[i]` (default:
+        its own id)."""
+        n = len(self)
+        rid = self.request_id if request_ids is None else np.asarray(request_ids, np.int64)
+        if len(rid) != n:
+            raise ValueError(f"{n} requests but {len(rid)} request ids")
+
+        def ints(values, name):  # -1: none, written as null
+            values = np.asarray(values, np.int64)
+            return pa.array(values, BY_NAME[name].arrow_type(), mask=values < 0)
+
+        located = self.latitude == self.latitude
+        cols = {"request_id": pa.array(rid, pa.int64()), "k": pa.array(np.full(n, k, np.int32)),
+                "age": pa.array(np.asarray(self.age), pa.int16()), "gender": pa.array(np.asarray(self.gender), pa.int8()),
+                "country": pa.array([c or None for c in self.country], pa.utf8()),
+                **{name: ints(getattr(self, name), name) for name in _TERMS},
+                "latitude": pa.array(self.latitude, pa.float64(), mask=~located),
+                "longitude": pa.array(self.longitude, pa.float64(), mask=~located)}
+        for key in USER_ID_KEYS:
+            got = self.ids.get(key)
+            if got is None:
+                cols[key] = pa.nulls(n, pa.list_(pa.int64()))
+                continue
+            lengths, starts, values = got
+            offsets = np.zeros(n + 1, np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            cols[key] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[_rows_index(starts, lengths)],
+                                                                                pa.int64()))
+        for name, codes in (("publisher_platform", self.publisher), ("device_platform", self.device),
+                            ("user_os", self.os)):
+            cols[name] = _ENUM_ARRAYS[name].take(pa.array(np.asarray(codes, np.int32)))  # utf8: a batch's IPC
+            # message carries no dictionaries
+        cols["time"] = pa.array(np.asarray(self.time, np.int64))
+        signals = np.ascontiguousarray(self.signals, np.float32).reshape(n, -1)
+        cols["signals"] = pa.FixedSizeListArray.from_arrays(pa.array(signals.reshape(-1)), signals.shape[1])
+        return pa.RecordBatch.from_arrays(list(cols.values()), names=list(cols))
 
     def encoded(self):
         """`andromeda_nb.compiled.encode_requests` of these requests, from the arrays."""

@@ -31,12 +31,13 @@ CLIENTS = 8
 
 
 def pooled_server(dataset, log=None, engines: int = ENGINES, gpu_turn: bool = False, endpoints: bool = False,
-                  guard=None):
-    """The co-located front in this process over `engines` CPU engine workers, on a free loopback port."""
+                  guard=None, fronts: int = 0):
+    """The co-located front in this process over `engines` CPU engine workers (and `fronts` front
+    processes), on a free loopback port."""
     from migration.colocated import make_pooled_server
 
     return make_pooled_server(dataset, "grpc://127.0.0.1:0", device="cpu", engines=engines, log=log,
-                              gpu_turn=gpu_turn, endpoints=endpoints, guard=guard)
+                              gpu_turn=gpu_turn, endpoints=endpoints, guard=guard, fronts=fronts)
 
 
 def worker_pids(server) -> list[int]:
@@ -459,3 +460,76 @@ def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path):
     assert done.returncode == 2 and not done.stdout  # never listened
     assert "engine worker" in done.stderr and "ended while starting" in done.stderr
     assert "slot layout 'geo' is the GPU engine's" in done.stderr
+
+
+def test_fronts_gather_their_clients_into_engine_batches_and_answer_as_one_engine(tmp_path):
+    """`--fronts 2` beside one engine worker: GetFlightInfo lists the two fronts (not the worker); many
+    clients at once on the fronts, JSON and columnar, sharing request ids, each get the one-engine
+    server's answers for their own requests, and the engine worker ran fewer batches than the fronts
+    sent it requests; after an acknowledged update every front answers with it and its seq; a front
+    refuses updates naming the server; health lists the fronts, and a killed front makes it degraded
+    naming that front while the other answers; a killed engine worker fails the fronts' calls naming
+    it."""
+    from tests.support.threads import run_in_threads
+
+    root, dataset = saved_corpus(tmp_path / "c", seed=13, n_ads=300, n_requests=8)
+    one = colocated_server(dataset)
+    front = pooled_server(dataset, engines=1, fronts=2)
+    try:
+        endpoints = fl.retrieve_endpoints(location(front))
+        assert len(set(endpoints)) == 2 and location(front) not in endpoints, endpoints
+        health = fl.flight_action(location(front), "health")
+        assert [f["endpoint"] for f in health["fronts"]] == endpoints and len(health["engines"]) == 1
+        assert all(f["engine"]["engine"].startswith("engine worker 1 of 1") for f in health["fronts"]), health["fronts"]
+        want = fl.retrieve_over_flight(location(one), dataset.requests, K)
+        requests = dataset.requests
+
+        done, failed = [], []
+
+        def client(i):  # every client asks the same requests (the same ids) in its own order and form
+            try:
+                order = [(j + i) % len(requests) for j in range(len(requests))]
+                mine = [requests[j] for j in order]
+                form = "columns" if i % 2 else "json"
+                for part in (mine[:3], mine[3:]):
+                    got = fl.retrieve_over_flight(endpoints[i % 2], part, K, request_format=form)
+                    for r, g in zip(part, got):
+                        w = want[requests.index(r)]
+                        assert np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1]), (i, r.request_id)
+                done.append(i)
+            except BaseException as exc:  # noqa: BLE001 - the test says which client failed, and how
+                failed.append((i, repr(exc)))
+
+        run_in_threads(client, CLIENTS)
+        assert not failed and sorted(done) == list(range(CLIENTS)), failed
+        stats = fl.flight_action(location(front), "stats")
+        engine_requests = stats["batching"]["requests"]
+        front_calls = sum(f["calls"] for f in stats["front_batching"])
+        assert engine_requests >= CLIENTS * len(requests) and front_calls >= 2 * CLIENTS, stats
+        assert stats["batching"]["calls"] < front_calls, stats  # each front batch is one call to the engine
+        updates = update_stream(dataset, 60, seed=13)
+        ack = fl.send_updates(location(front), lines_of(updates))
+        reference = reference_at(dataset, updates)
+        for endpoint in endpoints:
+            seqs: list = []
+            answers = fl.retrieve_over_flight(endpoint, requests, K, seqs=seqs)
+            assert seqs == [ack["seq"]], endpoint
+            assert_equals_reference(reference, requests, answers, K, f"{endpoint} after the update call")
+            with pytest.raises(flight.FlightServerError, match="send updates to the server that listed it"):
+                fl.send_updates(endpoint, lines_of(update_stream(dataset, 2, seed=14)))
+        assert fl.retrieve_over_flight(endpoints[0], requests[:1], K, request_format="columns")
+        first = front.engines.fronts[0]
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while first.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = fl.flight_action(location(front), "health")
+        assert health["status"] == "degraded" and any(first.name in r for r in health["reasons"]), health
+        assert fl.retrieve_endpoints(location(front)) == [endpoints[1]]
+        assert_equals_reference(reference, requests, fl.retrieve_over_flight(endpoints[1], requests, K), K, "one front")
+        os.kill(front.engines.workers[0].pid, signal.SIGKILL)
+        with pytest.raises(flight.FlightUnavailableError, match="engine worker 1 of 1"):
+            fl.retrieve_over_flight(endpoints[1], requests, K)
+    finally:
+        stop(front)
+        stop(one)
