@@ -326,6 +326,14 @@ class IntList(NumberList):
         return x > 0
 
 
+class CountList(IntList):
+    name = "counts"
+    wanted = "whole numbers of at least 0"
+
+    def ok(self, x) -> bool:
+        return x >= 0
+
+
 class ShareList(NumberList):
     name = "shares"
     wanted = "shares in (0, 1]"
@@ -925,9 +933,16 @@ def serve_remote(data, scorer_address, threads, scorer_timeout, scorer_token_fil
               help="Prepare the next engine batch on the host (encoding, user side, staging) while the GPU answers "
                    "the one before, instead of one batch after another; no gain on the CPU engine, which runs a "
                    "batch in one piece. Not with --gpu-turn.")
+@click.option("--fronts", type=click.IntRange(0), default=0, show_default=True,
+              help="Front processes beside the engine workers, each serving the retrieve exchange on a port of its "
+                   "own (same host, guard and limits) and listed by the server's GetFlightInfo: a front decodes its "
+                   "clients' requests and sends each batch of them to an engine worker as one call, so the engines "
+                   "run large batches with no per-request work in their processes (serving/lane_engine.py). "
+                   "`andromeda query` and serving.client follow them; updates still go to the server. Not with "
+                   "--endpoints.")
 @_server_options("colocated")
 def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_interval_ms, layout, engines, gpu_turn,
-                    endpoints, overlap_batches, quiet, **options):
+                    endpoints, overlap_batches, fronts, quiet, **options):
     """The co-located server: the ["retrieve"] exchange with match, fused scoring and top-K next to
     the ads; health, stats, update and compact actions. Acknowledged updates are in its log on disk.
 
@@ -944,6 +959,9 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
     if overlap_batches and gpu_turn:
         raise click.BadParameter("an engine holding the GPU's turn has no batch to overlap: give one of the two",
                                  param_hint="--overlap-batches")
+    if fronts and endpoints:
+        raise click.BadParameter("the fronts are the listed endpoints: give one of --fronts and --endpoints",
+                                 param_hint="--fronts")
 
     def run(settings):
         where = resolve(device)
@@ -956,11 +974,14 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
         run_colocated(data, settings, device=where, version=version, batch_wait_s=batch_wait_ms / 1e3,
                       decode_ahead=decode_ahead, layout=layout, say=lambda message: _info(message, quiet),
                       engines=engines, gpu_turn=gpu_turn, endpoints=endpoints, overlap=overlap_batches,
+                      fronts=fronts,
                       on_ready=_on_listening("colocated", settings, quiet,
                                              lambda srv: _holds(data, srv.health_info(), srv.device)
-                                             + (f"; {engines} engine workers" if engines > 1 else "")
+                                             + (f"; {engines} engine workers" if engines > 1 or fronts else "")
                                              + (f", each also at {', '.join(srv.retrieve_endpoints())}"
-                                                if endpoints else "")))
+                                                if endpoints else "")
+                                             + (f"; {fronts} fronts at {', '.join(srv.retrieve_endpoints())}"
+                                                if fronts else "")))
 
     _serve(run, **options)
 
@@ -1419,6 +1440,9 @@ def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim,
               show_default=True,
               help="on: the server's engines prepare each batch on the host while the GPU answers the one before "
                    "(serve colocated --overlap-batches); repeat for both, each against a fresh server.")
+@click.option("--fronts", type=CountList(), default="0", show_default=True,
+              help="Front processes beside the server's engines (serve colocated --fronts), which the clients "
+                   "follow, each count against a fresh server: 0,4 compares them in one run.")
 @click.option("--cluster", "clusters", multiple=True, metavar="SxR",
               help="Also `serve cluster` (Ray) with S shards of R replicas each, e.g. 1x4 (R replicas sharing one "
                    "GPU), each against a fresh server; repeat for several. Needs the cluster extra.")
@@ -1426,7 +1450,7 @@ def bench_pipeline(data, pool, copies, check_requests, base_ads, precision, dim,
 @_BENCH_JSON_OPTION
 @_QUIET_OPTION
 def bench_served(data, device, k, layout, clients, client_processes, seconds, exchange, request_format, batch,
-                 repeat, checks, engines, vias, overlaps, clusters, out, as_json, quiet):
+                 repeat, checks, engines, vias, overlaps, fronts, clusters, out, as_json, quiet):
     """The served path against the engine in process: `serve colocated` started on loopback, many plain
     Flight clients each with one request in flight, requests per second and latency against the
     in-process rate in batches of --batch (target: 70%). The in-process answers are checked against the
@@ -1451,7 +1475,7 @@ def bench_served(data, device, k, layout, clients, client_processes, seconds, ex
                             client_processes=client_processes, seconds=seconds, exchanges=exchange,
                             request_formats=request_format, engines=engines, vias=vias,
                             overlaps=[o == "on" for o in dict.fromkeys(overlaps)], clusters=pairs,
-                            checks=checks, progress=lambda m: _info(m, quiet))
+                            checks=checks, progress=lambda m: _info(m, quiet), fronts=fronts)
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.ClickException(f"bench served: {exc}") from None
     _stamp(result, None)

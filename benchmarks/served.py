@@ -163,17 +163,20 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
            exchange: str = "call", cpus: list[int] | None = None, profile: str | None = None,
            request_format: str = "json", decode_ahead: bool = True, switch_ms: str = "", layout: str | None = None,
            engines: int = 1, cluster: tuple[int, int] | None = None, gpu_turn: bool = False,
-           via: str = "front", overlap: bool = False):
+           via: str = "front", overlap: bool = False, fronts: int = 0):
     """One served run against a fresh server: `serve colocated`, or with `cluster` (shards, replicas)
     `serve cluster` (Ray, started by the server; its replicas share the machine's GPUs). `via`
     "workers": the server's engine workers serve on endpoints of their own (`--endpoints`) and the
     clients follow them (client i to the (i mod n)-th), so no request passes the front. `overlap`: the
     server's engines prepare each batch on the host while the device answers the one before
-    (`--overlap-batches`)."""
+    (`--overlap-batches`). `fronts`: that many front processes beside the engines (`--fronts`), and
+    the clients follow them (client i to the (i mod n)-th), `via` "front" only."""
     from benchmarks.clients import drive
 
     if via not in VIAS or (via == "workers" and (engines < 2 or cluster is not None)):
         raise ValueError(f"via {via!r}: the clients reach the front, or (with engines of 2 or more) the workers")
+    if fronts and (via != "front" or cluster is not None):
+        raise ValueError("fronts: the clients follow the fronts the server lists; not with via workers or a cluster")
     if cluster is None:
         proc = ServiceProcess("migration.colocated_server", ["--data", data, "--device", device, "--log", "off",
                                                   "--batch-wait-ms", str(wait_ms), "--engines", str(engines),
@@ -181,6 +184,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
                                                   *(["--gpu-turn"] if gpu_turn else []),
                                                   *(["--overlap-batches"] if overlap else []),
                                                   *(["--endpoints"] if via == "workers" else []),
+                                                  *(["--fronts", str(fronts)] if fronts else []),
                                                   *(["--switch-interval-ms", switch_ms] if switch_ms else []),
                                                   *(["--layout", layout] if layout else [])],
                               name="the co-located server")
@@ -197,10 +201,13 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
                f"{'-si' + switch_ms if switch_ms else ''}{f'-engines{engines}' if engines > 1 else ''}"
                f"{'' if cluster is None else '-cluster%dx%d' % cluster}{'-turn' if gpu_turn else ''}")
         tag += ("-via-workers" if via == "workers" else "") + ("-overlap" if overlap else "")
+        tag += f"-fronts{fronts}" if fronts else ""
         spying = None if profile is None else spy(proc.proc.pid, seconds, profile, tag)
-        locations = fl.retrieve_endpoints(proc.location) if via == "workers" else [proc.location]
-        if len(locations) != (engines if via == "workers" else 1):
-            raise RuntimeError(f"the server at {proc.location} lists {locations} for {engines} engine workers")
+        follow = via == "workers" or fronts
+        locations = fl.retrieve_endpoints(proc.location) if follow else [proc.location]
+        if len(locations) != (fronts or engines if follow else 1):
+            raise RuntimeError(f"the server at {proc.location} lists {locations} for {engines} engine workers and "
+                               f"{fronts} fronts")
         result = drive(locations, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
         cpu1, front1 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
@@ -215,6 +222,7 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
             spying.join()
         stats = fl.flight_action(proc.location, "stats")
         result["batching"] = stats.get("batching")
+        result["front_batching"] = stats.get("front_batching")  # each front's batches (--fronts)
         result["call_path"] = stats.get("call_path")  # where a call's time went (flight.CallPath)
         # where a batch's time goes in the server: the batcher's own split (batcher.stats), the device's
         # busy time, and the server process's CPU per request (all its threads)
@@ -228,7 +236,8 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
                                               else 1e3 * (front1 - front0) / result["requests"])
     finally:
         proc.stop()
-    return {**result, "batch_wait_ms": wait_ms, "engines": engines, "gpu_turn": gpu_turn, "via": via, "overlap": overlap,
+    return {**result, "batch_wait_ms": wait_ms, "engines": engines, "gpu_turn": gpu_turn,
+            "via": "fronts" if fronts else via, "fronts": fronts, "overlap": overlap,
             "server": "colocated" if cluster is None else "cluster",
             **({} if cluster is None else {"shards": cluster[0], "replicas": cluster[1]})}
 
@@ -251,7 +260,8 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
         repeat: int = 3, clients: int = 32, client_processes: int = 1, seconds: float = 20.0,
         batch_wait_ms: float = 0.2, exchanges=("call",), request_formats=("json",), decode_aheads=(False,),
         switch_intervals=("",), engines=(1,), gpu_turns=(False,), vias=("front",), overlaps=(False,), clusters=(),
-        cpus: list[int] | None = None, profile: str | None = None, checks: int = CHECKS, progress=True) -> dict:
+        cpus: list[int] | None = None, profile: str | None = None, checks: int = CHECKS, progress=True,
+        fronts=(0,)) -> dict:
     """The whole measurement (the module docstring): the in-process engine checked against the
     reference, timed in batches of `batch` and of `clients`; then one served run per combination of
     `exchanges`, `request_formats`, `decode_aheads`, `switch_intervals`, `engines` (engine
@@ -259,7 +269,8 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     taking turns on the device or not; a turn only where there are several) and `vias` (the clients
     reach the front, or the engine workers' own endpoints: only where there are several) and `overlaps`
     (the engines preparing each batch while the device answers the one before, or not; never with a
-    turn), each against its own
+    turn) and `fronts` (front processes beside the engines, which the clients then follow: with the
+    clients reaching the front only), each against its own
     server, every answer of its first pass checked against the in-process engine's; then one run
     against `serve cluster` for each (shards, replicas) of `clusters`, its clients as the first way of
     sending (`served_cluster`, each beside the in-process rate; the targets read `serve colocated`).
@@ -288,13 +299,17 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
     by_exchange = {}
     if any(v not in VIAS for v in vias):
         raise ValueError(f"vias: expected some of {', '.join(VIAS)}, got {list(vias)}")
-    for exchange, request_format, ahead, switch, n_engines, turn, via, overlap in itertools.product(
-            exchanges, request_formats, decode_aheads, switch_intervals, engines, gpu_turns, vias, overlaps):
-        if (turn or via == "workers") and n_engines == 1 or turn and overlap:
-            continue  # one engine has nobody to take turns with, and no workers; a turn overlaps nothing
+    fronts = list(fronts)
+    if not fronts or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in fronts):
+        raise ValueError(f"fronts: expected whole numbers of at least 0, got {fronts}")
+    for exchange, request_format, ahead, switch, n_engines, turn, via, overlap, n_fronts in itertools.product(
+            exchanges, request_formats, decode_aheads, switch_intervals, engines, gpu_turns, vias, overlaps, fronts):
+        if (turn or via == "workers") and n_engines == 1 or turn and overlap or n_fronts and via == "workers":
+            continue  # one engine has nobody to take turns with, and no workers; a turn overlaps nothing; the
+            # clients of a server with fronts follow the fronts
         srv = served(data, device, want, k, clients, client_processes, seconds, batch_wait_ms, exchange, cpus,
                      profile, request_format, ahead, switch, layout, n_engines, gpu_turn=turn, via=via,
-                     overlap=overlap)
+                     overlap=overlap, fronts=n_fronts)
         srv["server_cpus"] = cpus
         srv["decode_ahead"] = ahead
         srv["switch_interval_ms"] = float(switch) if switch else None
@@ -305,7 +320,8 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
                        + ([f"engines-{n_engines}"] if len(engines) > 1 else [])
                        + ([f"turn-{'on' if turn else 'off'}"] if len(gpu_turns) > 1 else [])
                        + ([f"via-{via}"] if len(vias) > 1 else [])
-                       + ([f"overlap-{'on' if overlap else 'off'}"] if len(overlaps) > 1 else []))
+                       + ([f"overlap-{'on' if overlap else 'off'}"] if len(overlaps) > 1 else [])
+                       + ([f"fronts-{n_fronts}"] if len(fronts) > 1 else []))
         by_exchange[key] = srv
         ratio = srv["requests_per_s"] / inproc["requests_per_s"]
         log(progress, f"served, {clients} clients in {client_processes} processes, {key}: "
@@ -433,6 +449,9 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap", default="off",
                     help="'on' (the engines prepare each batch while the device answers the one before: "
                          "--overlap-batches), 'off', or 'off,on' to run both in turn")
+    ap.add_argument("--fronts", default="0",
+                    help="front processes beside the engines (--fronts), which the clients follow, comma-separated "
+                         "to run each in turn against a fresh server (0: none)")
     ap.add_argument("--server-cpus", default=None,
                     help="confine the server to this many CPUs (the first it may use) or to a comma-separated list; "
                          "the clients are not confined (Linux)")
@@ -456,6 +475,12 @@ def main(argv=None) -> int:
     if not engines or min(engines) < 1:
         ap.error(f"--engines {args.engines}: expected comma-separated whole numbers of at least 1, e.g. 1,2,4")
     try:
+        fronts = [int(n) for n in args.fronts.split(",")]
+    except ValueError:
+        fronts = []
+    if not fronts or min(fronts) < 0:
+        ap.error(f"--fronts {args.fronts}: expected comma-separated whole numbers of at least 0, e.g. 0,4")
+    try:
         clusters = cluster_specs(args.cluster)
     except ValueError as exc:
         ap.error(str(exc))
@@ -466,7 +491,7 @@ def main(argv=None) -> int:
                  engines=engines, gpu_turns=[t == "on" for t in turns], vias=vias,
                  overlaps=[o == "on" for o in overlaps], clusters=clusters,
                  cpus=server_cpus(args.server_cpus), profile=args.profile,
-                 checks=args.checks)
+                 checks=args.checks, fronts=fronts)
     print(table(result))
     if args.out:
         write_result(result, args.out, command=script_command("-m benchmarks.served",

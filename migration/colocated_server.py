@@ -2,7 +2,9 @@
 `python -m migration.colocated_server ...` for the process `migration.colocated.ColocatedRetriever` starts), on the
 engine for its `--device` (`migration.architectures.build_engine`); with `--engines N` (N > 1), on N
 engines in worker processes of their own behind one front (`serving.engine_front`,
-`migration.engine_worker`), which build at once: it listens once all are ready.
+`migration.engine_worker`), which build at once: it listens once all are ready; with `--fronts M`,
+M front processes beside them, each a Flight server of its own whose batches go to an engine worker
+as one call (`serving.lane_engine`).
 
 It keeps its update log by default beside its corpus (`DIR/updates.log`; `--log PATH`, or `--log
 off` for none) and replays it before it listens. When it listens it writes one JSON line to stdout,
@@ -27,7 +29,7 @@ from serving.services import announce, open_corpus
 def run_colocated(data, settings: ServerSettings | None = None, *, device: str = "auto", version=None,
                   on_ready=None, out=None, batch_wait_s: float | None = None, decode_ahead: bool = False,
                   layout: str | None = None, say=None, engines: int = 1, gpu_turn: bool = False,
-                  endpoints: bool = False, overlap: bool = False) -> None:
+                  endpoints: bool = False, overlap: bool = False, fronts: int = 0) -> None:
     """Serve the corpus directory `data` until SIGTERM or SIGINT; `version`: the GPU scoring kernel
     (a number of the kernel lab; default: the shipped one); `layout`: the GPU engine's slot order (None:
     its default); `say` (`andromeda_nb.progress.Say`): told each step of the start-up (the corpus's
@@ -36,7 +38,9 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
     engines take turns on the device (`serving.batcher.GpuTurn`) instead of sharing it by time slices;
     `endpoints`: with several, each also serves the retrieve exchange on a port of its own, listed by the
     front's GetFlightInfo; `overlap`: each engine prepares its next batch on the host while the device
-    answers the one before (`serving.overlap`)."""
+    answers the one before (`serving.overlap`); `fronts`: front processes beside the engine workers, each
+    serving the retrieve exchange on a port of its own, listed by the server's GetFlightInfo
+    (`serving.lane_engine`)."""
     from .colocated import make_pooled_server, make_server
 
     check_engines(engines)
@@ -52,18 +56,27 @@ def run_colocated(data, settings: ServerSettings | None = None, *, device: str =
         from serving.process import ServeError
 
         raise ServeError("--endpoints: the endpoints are the engine workers' own servers; give --engines 2 or more")
+    if isinstance(fronts, bool) or not isinstance(fronts, int) or fronts < 0:
+        from serving.process import ServeError
+
+        raise ServeError(f"--fronts {fronts!r}: expected a whole number of front processes, at least 0")
+    if fronts and endpoints:
+        from serving.process import ServeError
+
+        raise ServeError("--fronts and --endpoints: the fronts are the listed endpoints; give one")
     settings = settings or ServerSettings()
     preflight(settings.host, settings.port, settings.guard)
     dataset, log = open_corpus(data, settings.log, say=say)
     options = dict(device=device, version=version, log=log, limits=settings.limits, guard=settings.guard,
                    batch_wait_s=batch_wait_s, decode_ahead=decode_ahead, layout=layout, say=say, overlap=overlap)
     try:
-        if engines == 1:
+        if engines == 1 and not fronts:
             server = listen(lambda location: make_server(dataset, location, **options), settings.host, settings.port,
                             settings.guard)
         else:
             server = listen(lambda location: make_pooled_server(dataset, location, engines=engines,
-                                                                gpu_turn=gpu_turn, endpoints=endpoints, **options),
+                                                                gpu_turn=gpu_turn, endpoints=endpoints, fronts=fronts,
+                                                                **options),
                             settings.host, settings.port, settings.guard)
     except BaseException:
         if log is not None:
@@ -122,6 +135,9 @@ def main(argv=None) -> int:
     parser.add_argument("--endpoints", action="store_true",
                         help="with --engines N: each engine worker also serves the retrieve exchange on a port of its "
                              "own, listed by the front's GetFlightInfo (clients that follow it skip the front)")
+    parser.add_argument("--fronts", type=int, default=0,
+                        help="front processes beside the engine workers, each serving the retrieve exchange on a "
+                             "port of its own and sending its batches to an engine worker as one call each")
     parser.add_argument("--steps", action="store_true",
                         help="say each step of the start-up on stderr (the corpus's load, the engine's build)")
     parser.add_argument("--switch-interval-ms", type=float, default=SWITCH_INTERVAL_MS,
@@ -135,7 +151,7 @@ def main(argv=None) -> int:
                       batch_wait_s=None if args.batch_wait_ms is None else args.batch_wait_ms / 1e3,
                       decode_ahead=args.decode_ahead, layout=args.layout,
                       say=to_stderr if args.steps else None, engines=args.engines, gpu_turn=args.gpu_turn,
-                      endpoints=args.endpoints, overlap=args.overlap_batches)
+                      endpoints=args.endpoints, overlap=args.overlap_batches, fronts=args.fronts)
     return 0
 
 

@@ -35,6 +35,8 @@
 #             the clients reaching each of SERVED_VIAS (default "front"; "front workers": also the engine
 #             workers' own endpoints, `serve colocated --endpoints`, in turn); the engines' batches overlapped
 #             or not as SERVED_OVERLAPS says (default "off"; "off on": both, `--overlap-batches`, in turn);
+#             SERVED_FRONTS: front processes beside the engines, which the clients follow (`--fronts`; default
+#             "0"; "0,4": both, in turn);
 #             ENGINES_MPS=1 runs it with the engine workers' CUDA contexts under an MPS daemon the stage starts
 #             and stops (files tagged _mps)
 #   enginesweep  `python -m benchmarks.served` on the corpus of `datapipe` with SWEEP_ENGINES engines (default
@@ -193,6 +195,7 @@ for stage in "${stages[@]}"; do
         formats=""; for f in ${SERVED_FORMATS:-json}; do formats="$formats --request-format $f"; done
         for v in ${SERVED_VIAS:-front}; do formats="$formats --via $v"; done
         for o in ${SERVED_OVERLAPS:-off}; do formats="$formats --overlap $o"; done
+        formats="$formats --fronts ${SERVED_FRONTS:-0}"
         timeout ${ENGINES_TIMEOUT:-280} $A bench served --data $data --device gpu --engines ${ENGINES:-1,4} --clients 32 \
           --client-processes ${SERVED_PROCS:-8} --seconds ${SERVED_SECONDS:-5} --exchange stream --repeat ${SERVED_REPEAT:-2} $formats \
           --out-file "$OUT/served_engines_$ads$tag.json" > "$OUT/served_engines_$ads$tag.log" 2>&1
