@@ -65,9 +65,10 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     started = []
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
-                    request_format, ahead, switch, layout, engines, gpu_turn=False, via="front", overlap=False):
+                    request_format, ahead, switch, layout, engines, gpu_turn=False, via="front", overlap=False,
+                    fronts=0):
         started.append((engines, gpu_turn) if gpu_turn else (engines, via) if via != "front" else
-                       (engines, "overlap") if overlap else engines)
+                       (engines, "overlap") if overlap else (engines, "fronts", fronts) if fronts else engines)
         return {"requests_per_s": 100.0 * engines, "requests": 10, "n_wrong": 0, "engines": engines,
                 "latency_ms": {"p50": 1.0, "p99": 2.0}, "batching": None, "device_ms_per_batch": None,
                 "server_cpu_ms_per_request": None}
@@ -99,6 +100,14 @@ def test_each_engine_count_runs_against_its_own_server_and_is_reported(corpus_di
     assert started == [2, (2, "overlap"), (2, True)]
     assert list(result["served_by_exchange"]) == ["call/turn-off/overlap-off", "call/turn-off/overlap-on",
                                                   "call/turn-on/overlap-off"]
+    started.clear()  # fronts or none; the clients of a server with fronts follow them, never the workers
+    result = served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[2],
+                        vias=["front", "workers"], fronts=[0, 3], progress=False)
+    assert started == [2, (2, "fronts", 3), (2, "workers")]
+    assert list(result["served_by_exchange"]) == ["call/via-front/fronts-0", "call/via-front/fronts-3",
+                                                  "call/via-workers/fronts-0"]
+    with pytest.raises(ValueError, match="fronts"):
+        served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, fronts=[-1], progress=False)
     with pytest.raises(ValueError, match="vias"):
         served.run(str(corpus_dir), device="cpu", k=10, repeat=1, clients=2, checks=2, engines=[2], vias=["side"],
                    progress=False)
@@ -123,6 +132,23 @@ def test_bench_served_with_the_clients_on_the_workers_endpoints(corpus_dir):
     assert srv["batching"]["calls"] >= srv["requests"]  # every request reached a worker's batcher
     bad = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--via", "workers", code=2)
     assert "--engines 2 or more" in bad.stderr
+
+
+@pytest.mark.e2e
+def test_bench_served_with_the_clients_on_the_fronts(corpus_dir):
+    """`--fronts 2`: the server started with two fronts beside its one engine worker, the clients spread
+    over the fronts it lists, every answer of their first pass checked; each front's batches and the
+    engine's are reported."""
+    line = json.loads(run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--k", 10, "--clients", 4,
+                              "--client-processes", 1, "--seconds", 1, "--repeat", 1, "--checks", 2, "--fronts", 2,
+                              "--json", "--quiet").stdout)
+    srv = line["served"]
+    assert line["checks_ok"] and srv["via"] == "fronts" and srv["fronts"] == 2 and srv["engines"] == 1
+    assert srv["requests"] > 0 and srv["n_wrong"] == 0
+    assert len(srv["front_batching"]) == 2 and sum(f["calls"] for f in srv["front_batching"]) >= srv["requests"]
+    assert srv["batching"]["requests"] >= srv["requests"]  # every request reached the engine, by a front
+    bad = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--fronts", "-1", code=2)
+    assert "whole numbers of at least 0" in bad.stderr
 
 
 def test_the_lone_client_target_reads_loaded_over_idle_p99():

@@ -447,6 +447,16 @@ def test_engines_must_be_a_whole_number_of_at_least_one(tmp_path):
     result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--engines", "2",
                                        "--gpu-turn", "--overlap-batches"])
     assert result.exit_code == 2 and "--overlap-batches" in result.output and "one of the two" in result.output
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ServeError, match="--fronts"):
+            run_colocated(root, fronts=bad)
+    with pytest.raises(ServeError, match="--fronts and --endpoints"):  # the fronts are what the server lists
+        run_colocated(root, engines=2, fronts=2, endpoints=True)
+    result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--engines", "2",
+                                       "--fronts", "2", "--endpoints"])
+    assert result.exit_code == 2 and "--fronts" in result.output and "one of --fronts and --endpoints" in result.output
+    result = CliRunner().invoke(main, ["serve", "colocated", "--data", str(root), "--device", "cpu", "--fronts", "-1"])
+    assert result.exit_code == 2 and "--fronts" in result.output
 
 
 def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path):
