@@ -12,6 +12,10 @@ prefixed with its name, when the front says them (`--steps`); it writes nothing 
 front's announcement is the only line there). It ignores SIGINT (Ctrl-C at a terminal reaches the
 whole process group: the front stops, and stops its workers after the batches in flight), and ends
 when the front says so, when its channel ends, or when its parent is gone.
+
+With `lanes_to` in its configuration it is a front instead (`serve colocated --fronts M`,
+`serving.lane_engine`): it reads only the corpus's meta and model, serves the retrieve exchange on
+its own Flight server, and sends its batches to the engine worker named there, on a lane.
 """
 
 from __future__ import annotations

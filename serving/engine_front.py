@@ -31,6 +31,10 @@ so the front stays one.
   GetFlightInfo of `["retrieve"]` lists the live ones: a client that follows them
   (`serving.protocol.retrieve_endpoints`) sends its requests with no front in the way, and falls back
   to the front when its worker has ended. Updates, health and stats stay the front's.
+* With `fronts` (`serve colocated --fronts M`), M front processes beside the workers
+  (`serving.lane_engine`), each serving the `["retrieve"]` exchange on a Flight server of its own and
+  sending its batches to a worker as one call each; GetFlightInfo lists them in place of the workers'
+  endpoints, health and stats name them too, and they take no updates.
 """
 
 from __future__ import annotations
