@@ -208,9 +208,15 @@ def served(data: str, device: str, want, k: int, clients: int, processes: int, s
         if len(locations) != (fronts or engines if follow else 1):
             raise RuntimeError(f"the server at {proc.location} lists {locations} for {engines} engine workers and "
                                f"{fronts} fronts")
+        before = fl.flight_action(proc.location, "stats")
         result = drive(locations, data, k=k, clients=clients, processes=processes, seconds=seconds, want=want,
                        exchange=exchange, request_format=request_format)
         cpu1, front1 = proc.cpu_seconds(), proc.cpu_seconds(started=False)
+        after = fl.flight_action(proc.location, "stats")
+        # with engine workers: their processes' CPU a request, and the fronts' (--fronts), apart
+        for name, key in (("engine_cpu_ms_per_request", "engine_cpu_s"), ("fronts_cpu_ms_per_request", "front_cpu_s")):
+            result[name] = (1e3 * (after[key] - before[key]) / result["requests"]
+                            if key in after and key in before and result["requests"] else None)
         # the same server with one client alone: the lone client's idle latency, against which the
         # latency of any one of the clients above, while the others load the server, is read
         idle = drive(locations, data, k=k, clients=1, processes=1, seconds=max(1.0, seconds / 2), want=want,
@@ -329,7 +335,9 @@ def run(data: str, *, device: str = "auto", k: int = 100, layout: str | None = N
                       f"p50 {srv['latency_ms']['p50']:.2f} ms, p99 {srv['latency_ms']['p99']:.2f} ms, "
                       f"batching {srv['batching']}, device ms a batch {srv['device_ms_per_batch']}, "
                       f"server CPU ms a request {srv['server_cpu_ms_per_request']} (the front's process "
-                      f"{srv.get('front_cpu_ms_per_request')}), wrong answers {srv['n_wrong']}")
+                      f"{srv.get('front_cpu_ms_per_request')}, the engine workers' {srv.get('engine_cpu_ms_per_request')}"
+                      f", the fronts' {srv.get('fronts_cpu_ms_per_request')}), front batching "
+                      f"{srv.get('front_batching')}, wrong answers {srv['n_wrong']}")
     clusters = [tuple(c) for c in clusters]
     if any(len(c) != 2 or min(c) < 1 for c in clusters):
         raise ValueError(f"clusters: expected (shards, replicas) pairs of whole numbers of at least 1, got {clusters}")

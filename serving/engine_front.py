@@ -613,9 +613,13 @@ class PooledEngineServer(JournaledServer, RetrieveServer):
         batching = [s.get("batching") or {} for s in states]
         device = [s.get("device_seconds") for s in states]
         summed = {key: sum(b.get(key, 0) for b in batching) for key in ("batches", "calls", "requests")}
-        fronts = [s.get("batching") or {} for s in self.engines.states(fronts=True)] if self.engines.fronts else []
+        front_states = self.engines.states(fronts=True) if self.engines.fronts else []
+        fronts = [s.get("batching") or {} for s in front_states]
         return {"engines": len(self.engines), "batching": {**summed, "per_engine": batching},
-                **({"fronts": len(fronts), "front_batching": fronts} if fronts else {}),
+                # the CPU seconds of the engine workers' processes, and of the fronts', so far
+                "engine_cpu_s": sum(s.get("cpu_s", 0.0) for s in states),
+                **({"fronts": len(fronts), "front_batching": fronts,
+                    "front_cpu_s": sum(s.get("cpu_s", 0.0) for s in front_states)} if fronts else {}),
                 "call_path": self.call_path.snapshot(),
                 "device_seconds": None if all(d is None for d in device) else sum(d or 0.0 for d in device)}
 

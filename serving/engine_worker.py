@@ -271,11 +271,12 @@ class EngineWorker:
 
     def state(self) -> dict:
         """What the front's health and stats read: the engine's description, the seq it holds, its
-        batching counters and device seconds, and its own endpoint's location (when it has one)."""
+        batching counters and device seconds, the CPU seconds of its process, and its own endpoint's
+        location (when it has one)."""
         import os
 
         endpoint = self.endpoint
-        return {"pid": os.getpid(), "seq": self.seq, "engine": self.engine.describe(),
+        return {"pid": os.getpid(), "seq": self.seq, "engine": self.engine.describe(), "cpu_s": time.process_time(),
                 "batching": self.batcher.stats() if hasattr(self, "batcher") else None,
                 "device_seconds": getattr(self.engine, "device_seconds", None),
                 **({} if endpoint is None else {"endpoint": endpoint.advertised,

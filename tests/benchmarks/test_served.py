@@ -214,7 +214,7 @@ def test_cluster_runs_start_serve_cluster_and_stand_beside_the_target(corpus_dir
 
     def fake_served(data, device, want, k, clients, processes, seconds, wait_ms, exchange, cpus, profile,
                     request_format, ahead, switch, layout, engines=1, cluster=None, gpu_turn=False, via="front",
-                    overlap=False):
+                    overlap=False, fronts=0):
         runs.append(cluster)
         rate = 100.0 if cluster is None else 500.0 * cluster[1]
         return {"requests_per_s": rate, "requests": 10, "n_wrong": 0, "engines": engines,
