@@ -147,6 +147,7 @@ def test_bench_served_with_the_clients_on_the_fronts(corpus_dir):
     assert srv["requests"] > 0 and srv["n_wrong"] == 0
     assert len(srv["front_batching"]) == 2 and sum(f["calls"] for f in srv["front_batching"]) >= srv["requests"]
     assert srv["batching"]["requests"] >= srv["requests"]  # every request reached the engine, by a front
+    assert srv["engine_cpu_ms_per_request"] > 0 and srv["fronts_cpu_ms_per_request"] > 0, srv  # each process's own
     bad = run_cli("bench", "served", "--data", corpus_dir, "--device", "cpu", "--fronts", "-1", code=2)
     assert "whole numbers of at least 0" in bad.stderr
 
