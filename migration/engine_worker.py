@@ -139,7 +139,7 @@ def _serve_front(conn, lanes, config: dict, say) -> int:
     try:
         limits = limits_of(config)
         target = config["lanes_to"]
-        engine = LaneEngine(target["path"], target["name"], limits.deadline_s)
+        engine = LaneEngine(target["path"], target["name"], limits)
         worker = FrontWorker(engine, corpus_head(config["data"]), conn, lanes=lanes, limits=limits,
                              batch_wait_s=config["batch_wait_s"], decode_ahead=bool(config.get("decode_ahead")),
                              name=name)

@@ -56,12 +56,17 @@ def corpus_head(data_dir) -> CorpusHead:
 class LaneEngine:
     """An engine worker in another process (`name`, its lane socket at `path`), as a front's batcher
     runs it: `retrieve_at(requests, k)` sends the batch on a lane and returns (answers, the seq they
-    reflect); `timeout_s`: how long a batch may wait for its answers (the server's deadline)."""
+    reflect). `limits`: the server's (`serving.limits.ServiceLimits`): the engine worker holds each
+    call to them, so a batch past its requests or bytes goes in parts that keep within them; its
+    `deadline_s` is how long a part may wait for its answers."""
 
     device = "lane"
 
-    def __init__(self, path: str, name: str, timeout_s: float | None = None):
-        self.name, self.timeout_s = name, timeout_s
+    def __init__(self, path: str, name: str, limits=None):
+        from .limits import DEFAULT_LIMITS
+
+        self.name, self.limits = name, limits or DEFAULT_LIMITS
+        self.timeout_s = self.limits.deadline_s
         self.lanes = Lanes(path, name, self._lost)
         self._ids = itertools.count(1)
         self._schema: tuple[pa.Schema, bytes] | None = None
@@ -81,14 +86,35 @@ class LaneEngine:
 
     def retrieve_at(self, requests, k: int) -> tuple[list, int]:
         """Each request's top `k` (ad ids int64, scores float32), and the seq of the last update they
-        reflect."""
+        all reflect (the least of its parts', when it went in parts)."""
         n = len(requests)
-        numbers = np.arange(n, dtype=np.int64)
-        batch = columnar_batch(requests, k, numbers)
+        batch = columnar_batch(requests, k, np.arange(n, dtype=np.int64))
+        parts = max(-(-n // self.limits.max_batch_requests),
+                    -(-batch.get_total_buffer_size() // self.limits.max_request_bytes))
+        if parts <= 1:
+            return self._ask(batch)
+        cuts = np.linspace(0, n, parts + 1).astype(np.int64).tolist()
+        while True:  # parts of about equal rows, each cut again until it keeps within the limits
+            pieces = [columnar_batch(requests[a:b], k, np.arange(b - a, dtype=np.int64))
+                      for a, b in zip(cuts[:-1], cuts[1:])]
+            over = [i for i, piece in enumerate(pieces)
+                    if piece.get_total_buffer_size() > self.limits.max_request_bytes and piece.num_rows > 1]
+            if not over:
+                break
+            i = over[0]
+            cuts.insert(i + 1, (cuts[i] + cuts[i + 1]) // 2)
+        answers, seqs = [], []
+        for piece in pieces:
+            got, seq = self._ask(piece)
+            answers += got
+            seqs.append(seq)
+        return answers, min(seqs)
+
+    def _ask(self, batch: pa.RecordBatch) -> tuple[list, int]:
         msg = self.lanes.request(next(self._ids), self._schema_bytes(batch.schema), batch.serialize(),
                                  self.timeout_s, "request batch (the server's deadline, --deadline)")
         _, seq, _, _, data = split_answer(msg)
-        return split_answers(pa.ipc.read_record_batch(pa.py_buffer(data), ANSWER_SCHEMA), n), seq
+        return split_answers(pa.ipc.read_record_batch(pa.py_buffer(data), ANSWER_SCHEMA), batch.num_rows), seq
 
     def retrieve(self, requests, k: int) -> list:
         return self.retrieve_at(requests, k)[0]
