@@ -23,6 +23,13 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def content_key(request) -> bytes:
+    """A request told apart from the others of its corpus without its id: its signals, as float32 bytes
+    (every request form carries them; drawn per request, so no two requests of a corpus share them,
+    which `AnswerTable.computed` checks)."""
+    return np.asarray(request.signals, np.float32).tobytes()
+
+
 class AnswerTable:
     """An `interfaces.Engine` whose answers were computed beforehand, looked up by request id: a
     server around it serves at its own ceiling (decoding, batching, encoding), with no engine time."""
@@ -31,8 +38,12 @@ class AnswerTable:
 
     max_batch = 1 << 30  # a batch in steps (serving.overlap) of any size
 
-    def __init__(self, answers: dict, wait_s: float = 0.0, calls: int = 1, host_s: float = 0.0):
+    def __init__(self, answers: dict, wait_s: float = 0.0, calls: int = 1, host_s: float = 0.0,
+                 by_content: dict | None = None):
         self.answers = answers
+        # the same answers by what a request holds (`content_key`), for a table behind fronts
+        # (serving.lane_engine), which number the requests of a batch 0 to n - 1; None: by request id
+        self.by_content = by_content
         # host work per batch holding the interpreter lock, as an engine's host share (encoding, user side)
         self.host_s = float(host_s)
         # a wait per batch without the interpreter lock, as a device's: the server's host work can
@@ -48,10 +59,13 @@ class AnswerTable:
 
         engine = build_engine(dataset, "cpu")
         try:
-            return cls({r.request_id: a for r, a in zip(dataset.requests, engine.retrieve(dataset.requests, k))},
-                       wait_s, calls, host_s)
+            answers = engine.retrieve(dataset.requests, k)
         finally:
             engine.close()
+        by_content = {content_key(r): a for r, a in zip(dataset.requests, answers)}
+        if len(by_content) < len(answers):
+            by_content = None  # two requests alike but for their ids: looked up by id only
+        return cls({r.request_id: a for r, a in zip(dataset.requests, answers)}, wait_s, calls, host_s, by_content)
 
     def retrieve(self, requests, k):
         self._host_work()
@@ -75,6 +89,8 @@ class AnswerTable:
         return self._looked_up(requests, k)
 
     def _looked_up(self, requests, k: int) -> list:
+        if self.by_content is not None:
+            return [tuple(a[:k] for a in self.by_content[content_key(r)]) for r in requests]
         return [tuple(a[:k] for a in self.answers[r.request_id]) for r in requests]
 
     def _host_work(self) -> None:
@@ -244,4 +260,4 @@ def drive(location: str | Sequence[str], data: str, *, k: int, clients: int, pro
             "wrong_answers": wrong[:10], "n_wrong": len(wrong)}
 
 
-__all__ = ["AnswerTable", "EXCHANGES", "KeptExchange", "drive"]
+__all__ = ["AnswerTable", "EXCHANGES", "KeptExchange", "content_key", "drive"]

@@ -12,7 +12,11 @@ whatever the engine does; the fix is then in the server's per-call host work.
 With `--engines N` the server is the co-located front with N engine worker processes
 (`serving.engine_front`, as `serve colocated --engines N`), each around its own answer table
 (`benchmarks.table_worker`): the figure is then the front's ceiling, and `front_cpu_ms_per_request`
-its process's CPU a request (the workers' is not in it).
+its process's CPU a request (the workers' is `engine_cpu_ms_per_request`). `--fronts M` adds M front
+processes beside the workers (`serve colocated --fronts`), which the clients follow: each front's
+batch reaches a worker as one call, and `fronts_cpu_ms_per_request` is their processes' CPU a
+request. `--engine-ms`, `--engine-host-ms` and `--overlap` apply to the workers' tables as to the
+one-process server's.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", type=int, default=0,
                     help="the co-located front over this many worker processes, each around an answer table "
                          "(0: one process, the one-engine server)")
+    ap.add_argument("--fronts", type=int, default=0,
+                    help="with --engines N: this many front processes beside the workers (serve colocated --fronts), "
+                         "which the clients follow")
     ap.add_argument("--no-freeze", action="store_true",
                     help="leave what was built in the garbage collector's sight (a serving process freezes it)")
     ap.add_argument("--out", default=None)
@@ -82,15 +89,19 @@ def main(argv=None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     dataset = load_dataset(args.data)
-    if args.engines and (args.overlap or args.engine_host_ms):
-        ap.error("--overlap and --engine-host-ms: the one-process server's (no --engines)")
+    if args.fronts and not args.engines:
+        ap.error("--fronts: the fronts send their batches to engine workers; give --engines 1 or more")
     if args.engines:
         from serving.engine_front import start_pooled_server
+        from serving.guard import OPEN
 
         config = {"data": args.data, "device": "cpu", "batch_wait_s": args.batch_wait_ms / 1e3,
-                  "decode_ahead": args.decode_ahead, "table_k": args.k, "engine_ms": args.engine_ms}
+                  "decode_ahead": args.decode_ahead, "table_k": args.k, "engine_ms": args.engine_ms,
+                  "engine_host_ms": args.engine_host_ms, "overlap": args.overlap,
+                  "switch_interval_ms": args.switch_interval_ms}
         server = start_pooled_server(dataset, "grpc://127.0.0.1:0", module="benchmarks.table_worker", config=config,
-                                     engines=args.engines)
+                                     engines=args.engines, fronts=args.fronts,
+                                     front_endpoint={"host": "127.0.0.1", "guard": OPEN.to_json()})
     else:
         server = EngineServer(AnswerTable.computed(dataset, args.k, args.engine_ms / 1e3, args.engine_calls,
                                                    args.engine_host_ms / 1e3),
@@ -103,19 +114,27 @@ def main(argv=None) -> int:
         gc.collect()
         gc.freeze()  # as a serving process does before it serves (serving.process.serve_until_stopped)
     threading.Thread(target=server.serve, daemon=True).start()
+    locations = server.retrieve_endpoints() if args.fronts else location  # the clients follow the fronts
     cpu0 = time.process_time()  # this process is the server (or its front): the clients run in their own processes
-    result = drive(location, args.data, k=args.k, clients=args.clients, processes=args.client_processes,
+    before = server.extra_stats() if args.engines else {}
+    result = drive(locations, args.data, k=args.k, clients=args.clients, processes=args.client_processes,
                    seconds=args.seconds, exchange=args.exchange, request_format=args.request_format)
     result["server_cpu_ms_per_request"] = 1e3 * (time.process_time() - cpu0) / max(1, result["requests"])
     if args.engines:
         result["front_cpu_ms_per_request"] = result.pop("server_cpu_ms_per_request")
-        stats = server.extra_stats()["batching"]
+        after = server.extra_stats()
+        for name, key in (("engine_cpu_ms_per_request", "engine_cpu_s"), ("fronts_cpu_ms_per_request", "front_cpu_s")):
+            if key in after:  # the engine workers' processes, and the fronts', apart
+                result[name] = 1e3 * (after[key] - before[key]) / max(1, result["requests"])
+        result["front_batching"] = after.get("front_batching")
+        stats = after["batching"]
     else:
         stats = server.batcher.stats()
     result["call_path"] = server.call_path.snapshot()
     server.shutdown()
     server.close_resources()
     out = {"ads": dataset.n_ads, "requests": len(dataset.requests), "k": args.k, "engines": args.engines,
+           "fronts": args.fronts,
            "engine_ms": args.engine_ms, "engine_host_ms": args.engine_host_ms, "overlap": args.overlap,
            "switch_interval_ms": args.switch_interval_ms, **result,
            "batching": stats}
@@ -123,7 +142,9 @@ def main(argv=None) -> int:
     engine = "no engine time" if not args.engine_ms else f"a wait of {args.engine_ms:g} ms a batch"
     engine += f", {args.engine_host_ms:g} ms of host work a batch" if args.engine_host_ms else ""
     engine += ", batches overlapped" if args.overlap else ""
-    cpu = (f"the front's CPU {out['front_cpu_ms_per_request']:.3f} ms a request ({args.engines} workers)"
+    cpu = (f"the front's CPU {out['front_cpu_ms_per_request']:.3f} ms a request, the workers' "
+           f"{out['engine_cpu_ms_per_request']:.3f} ({args.engines} workers)"
+           + (f", the fronts' {out['fronts_cpu_ms_per_request']:.3f} ({args.fronts} fronts)" if args.fronts else "")
            if args.engines else f"server CPU {out['server_cpu_ms_per_request']:.3f} ms a request")
     print(f"server ceiling (answers looked up, {engine}): {out['requests_per_s']:.0f} requests/s, {cpu}, "
           f"p50 {out['latency_ms']['p50']:.2f} ms, p99 {out['latency_ms']['p99']:.2f} ms, "

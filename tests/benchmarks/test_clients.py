@@ -194,6 +194,42 @@ def test_the_front_over_answer_table_workers_serves_the_tables_answers(tmp_path)
         server.close_resources()
 
 
+def test_answer_table_workers_behind_fronts_answer_requests_the_fronts_numbered_afresh(tmp_path):
+    """`probe_served_ceiling.py --engines 1 --fronts 2`: the fronts number a batch's requests 0 to n - 1,
+    so the table looks each up by what it holds (`content_key`); the clients on the fronts get the CPU
+    engine's answers, and each front and the worker report their CPU."""
+    import dataclasses
+
+    from benchmarks.clients import content_key
+    from serving.engine_front import start_pooled_server
+    from serving.guard import OPEN
+
+    generate_corpus(tmp_path / "corpus", 150, 6, 5)
+    dataset = load_dataset(tmp_path / "corpus")
+    table = AnswerTable.computed(dataset, 10)
+    assert table.by_content is not None and len(table.by_content) == len(dataset.requests)
+    renumbered = [dataclasses.replace(r, request_id=i) for i, r in enumerate(dataset.requests[::-1])]
+    assert [content_key(r) for r in renumbered] == [content_key(r) for r in dataset.requests[::-1]]
+    looked_up = table.retrieve(renumbered, 10)
+    assert all(np.array_equal(a[0], table.answers[r.request_id][0]) for a, r in zip(looked_up, dataset.requests[::-1]))
+    right = [table.answers[r.request_id] for r in dataset.requests]
+    config = {"data": str(tmp_path / "corpus"), "device": "cpu", "batch_wait_s": 0.0002, "table_k": 10}
+    server = start_pooled_server(dataset, "grpc://127.0.0.1:0", module="benchmarks.table_worker", config=config,
+                                 engines=1, fronts=2, front_endpoint={"host": "127.0.0.1", "guard": OPEN.to_json()})
+    threading.Thread(target=server.serve, daemon=True).start()
+    try:
+        before = server.extra_stats()
+        got = drive(server.retrieve_endpoints(), str(tmp_path / "corpus"), k=10, clients=4, processes=2, seconds=1.0,
+                    want=right, exchange="stream")
+        assert got["requests"] > 8 and got["n_wrong"] == 0, got
+        after = server.extra_stats()
+        assert after["fronts"] == 2 and all(f["requests"] > 0 for f in after["front_batching"]), after
+        assert after["engine_cpu_s"] > before["engine_cpu_s"] and after["front_cpu_s"] > before["front_cpu_s"]
+    finally:
+        server.shutdown()
+        server.close_resources()
+
+
 def test_clients_spread_evenly_over_several_servers(tmp_path):
     """`drive` with several locations (`scripts/probe_served_spread.py`): client i talks to server
     i mod n, so each of two servers answers half the clients."""
