@@ -977,7 +977,8 @@ def serve_colocated(data, device, version, batch_wait_ms, decode_ahead, switch_i
                       fronts=fronts,
                       on_ready=_on_listening("colocated", settings, quiet,
                                              lambda srv: _holds(data, srv.health_info(), srv.device)
-                                             + (f"; {engines} engine workers" if engines > 1 or fronts else "")
+                                             + (f"; {engines} engine worker{'s' if engines > 1 else ''}"
+                                                if engines > 1 or fronts else "")
                                              + (f", each also at {', '.join(srv.retrieve_endpoints())}"
                                                 if endpoints else "")
                                              + (f"; {fronts} fronts at {', '.join(srv.retrieve_endpoints())}"
