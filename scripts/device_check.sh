@@ -39,6 +39,10 @@
 #             "0"; "0,4": both, in turn);
 #             ENGINES_MPS=1 runs it with the engine workers' CUDA contexts under an MPS daemon the stage starts
 #             and stops (files tagged _mps)
+#   servedsteps  the GPU tests of the engine's steps, the overlapped batches and the fronts' engine, then stage
+#             `engines` with one engine at 10M, its batches overlapped or not and with 0 or 4 fronts
+#             (`SERVED_OVERLAPS="off on" SERVED_FRONTS="0,4"`, the clients in 8 processes, one pass each): four
+#             servers in one run, so what `--overlap-batches` and `--fronts` give is read against one in-process rate
 #   enginesweep  `python -m benchmarks.served` on the corpus of `datapipe` with SWEEP_ENGINES engines (default
 #             "2,3,4") each with decoding between batches and ahead of them (SWEEP_AHEAD, default "off,on"), and
 #             the engines sharing the GPU by time slices or taking turns on it (SWEEP_TURN, default "off"; "off,on")
@@ -203,6 +207,12 @@ for stage in "${stages[@]}"; do
       done
       if [ -n "$tag" ]; then echo quit | nvidia-cuda-mps-control; tail -5 /tmp/mps-log/control.log 2>/dev/null
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi ;;
+    servedsteps)  # what overlapped batches and fronts give one engine at 10M, in one run
+      ANDROMEDA_TEST_GPU=1 timeout ${TESTS_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider -W ignore \
+        tests/gpu/test_engine_steps.py tests/serving/test_overlap.py tests/serving/test_lane_engine.py 2>&1 \
+        | tail -4 | tee "$OUT/gpu_tests_steps.txt"
+      ENGINES=1 ENGINES_ADS=${DATA_ADS:-10000000} SERVED_OVERLAPS="off on" SERVED_FRONTS="0,4" SERVED_PROCS=8 \
+        SERVED_REPEAT=1 ENGINES_TIMEOUT=${ENGINES_TIMEOUT:-400} OUT="$OUT" BUNDLE= PACK= bash "$0" engines ;;
     enginesweep)  # the served path on the 10M corpus by engine count and decoding ahead or not, one run
       ads=${DATA_ADS:-10000000}; data=$(data_corpus $ads)
       timeout ${SWEEP_TIMEOUT:-440} python3 -m benchmarks.served --data $data --device gpu --engines ${SWEEP_ENGINES:-2,3,4} \
