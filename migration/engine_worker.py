@@ -145,6 +145,7 @@ def _serve_front(conn, lanes, config: dict, say) -> int:
                              name=name)
         spec = config["endpoint"]
         worker.endpoint = WorkerEndpoint(worker, spec["host"], guard=ServerGuard.from_json(spec["guard"]))
+        worker.endpoint.name = "colocated front"  # what its health and stats call it
     except Exception as exc:  # noqa: BLE001 - the server's front says why this one could not start
         return _failed(conn, say, exc)
     gc.collect()

@@ -527,6 +527,8 @@ def test_fronts_gather_their_clients_into_engine_batches_and_answer_as_one_engin
             assert_equals_reference(reference, requests, answers, K, f"{endpoint} after the update call")
             with pytest.raises(flight.FlightServerError, match="send updates to the server that listed it"):
                 fl.send_updates(endpoint, lines_of(update_stream(dataset, 2, seed=14)))
+            own = fl.flight_action(endpoint, "health")
+            assert own["server"] == "colocated front" and own["worker"].startswith("front "), own
         assert fl.retrieve_over_flight(endpoints[0], requests[:1], K, request_format="columns")
         first = front.engines.fronts[0]
         os.kill(first.pid, signal.SIGKILL)
