@@ -136,6 +136,25 @@ def test_slices_and_joins_of_the_arrays_are_the_same_requests():
         joined[len(want)]
 
 
+@DRAWN
+@given(testing.request_lists(7, 16, experts=E, width=S))
+def test_the_arrays_write_back_the_batch_they_were_read_from(requests):
+    """`RequestColumns.record_batch` (what a front sends its engine worker): decoded again, the same
+    requests numbered as asked, at one k; a slice or a join writes its own rows; and the batch
+    `request_columns` writes for the same requests and ids decodes to the same."""
+    cols = _columns(requests)
+    ids = np.arange(len(requests), dtype=np.int64) * 5 + 3
+    got, ks = decode_columns(cols.record_batch(9, ids), **KW)
+    want = [dataclasses.replace(r, request_id=int(i)) for r, i in zip(requests, ids)]
+    assert list(got) == want and ks == [9] * len(requests)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.signals, b.signals)
+    _same(decode_columns(request_columns(requests, 9, request_ids=ids), **KW), (got, ks))
+    part = RequestColumns.concat([cols[4:], cols[:4]])
+    again, _ = decode_columns(part.record_batch(2), **KW)
+    assert list(again) == requests[4:] + requests[:4]
+
+
 def test_the_batcher_hands_the_engine_the_calls_arrays_joined():
     """Calls decoded to arrays reach the engine as one RequestColumns, answered per call; a call of
     Request objects among them makes the batch a list."""
