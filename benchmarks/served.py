@@ -414,6 +414,17 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _counts(ap, option: str, text: str, least: int, example: str) -> list[int]:
+    """An option's comma-separated whole numbers of at least `least`; the parser's error otherwise."""
+    try:
+        values = [int(n) for n in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < least:
+        ap.error(f"{option} {text}: expected comma-separated whole numbers of at least {least}, e.g. {example}")
+    return values
+
+
 def main(argv=None) -> int:
     """`python -m benchmarks.served`: every option of the measurement, the probes' way."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.served", description=__doc__.splitlines()[0])
@@ -476,18 +487,8 @@ def main(argv=None) -> int:
         ap.error("--request-format takes json and columns, --decode-ahead and --gpu-turn on and off")
     if not set(vias) <= set(VIAS):
         ap.error(f"--via {args.via}: takes {' and '.join(VIAS)}")
-    try:
-        engines = [int(n) for n in args.engines.split(",")]
-    except ValueError:
-        engines = []
-    if not engines or min(engines) < 1:
-        ap.error(f"--engines {args.engines}: expected comma-separated whole numbers of at least 1, e.g. 1,2,4")
-    try:
-        fronts = [int(n) for n in args.fronts.split(",")]
-    except ValueError:
-        fronts = []
-    if not fronts or min(fronts) < 0:
-        ap.error(f"--fronts {args.fronts}: expected comma-separated whole numbers of at least 0, e.g. 0,4")
+    engines = _counts(ap, "--engines", args.engines, 1, "1,2,4")
+    fronts = _counts(ap, "--fronts", args.fronts, 0, "0,4")
     try:
         clusters = cluster_specs(args.cluster)
     except ValueError as exc:

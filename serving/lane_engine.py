@@ -86,29 +86,16 @@ class LaneEngine:
 
     def retrieve_at(self, requests, k: int) -> tuple[list, int]:
         """Each request's top `k` (ad ids int64, scores float32), and the seq of the last update they
-        all reflect (the least of its parts', when it went in parts)."""
+        all reflect (the least of its parts', when it went in parts: a part past the limits is halved
+        until each keeps within them, or is one request)."""
         n = len(requests)
         batch = columnar_batch(requests, k, np.arange(n, dtype=np.int64))
-        parts = max(-(-n // self.limits.max_batch_requests),
-                    -(-batch.get_total_buffer_size() // self.limits.max_request_bytes))
-        if parts <= 1:
+        if n < 2 or (n <= self.limits.max_batch_requests
+                     and batch.get_total_buffer_size() <= self.limits.max_request_bytes):
             return self._ask(batch)
-        cuts = np.linspace(0, n, parts + 1).astype(np.int64).tolist()
-        while True:  # parts of about equal rows, each cut again until it keeps within the limits
-            pieces = [columnar_batch(requests[a:b], k, np.arange(b - a, dtype=np.int64))
-                      for a, b in zip(cuts[:-1], cuts[1:])]
-            over = [i for i, piece in enumerate(pieces)
-                    if piece.get_total_buffer_size() > self.limits.max_request_bytes and piece.num_rows > 1]
-            if not over:
-                break
-            i = over[0]
-            cuts.insert(i + 1, (cuts[i] + cuts[i + 1]) // 2)
-        answers, seqs = [], []
-        for piece in pieces:
-            got, seq = self._ask(piece)
-            answers += got
-            seqs.append(seq)
-        return answers, min(seqs)
+        first, first_seq = self.retrieve_at(requests[: n // 2], k)
+        rest, rest_seq = self.retrieve_at(requests[n // 2:], k)
+        return first + rest, min(first_seq, rest_seq)
 
     def _ask(self, batch: pa.RecordBatch) -> tuple[list, int]:
         msg = self.lanes.request(next(self._ids), self._schema_bytes(batch.schema), batch.serialize(),

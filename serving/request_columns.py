@@ -259,17 +259,17 @@ class RequestColumns(SequenceABC):
         if len(rid) != n:
             raise ValueError(f"{n} requests but {len(rid)} request ids")
 
-        def ints(values, name):  # -1: none, written as null
-            values = np.asarray(values, np.int64)
-            return pa.array(values, BY_NAME[name].arrow_type(), mask=values < 0)
+        def column(name, values, mask=None):  # as `request_columns` types it
+            return pa.array(values, BY_NAME[name].arrow_type(), mask=mask)
 
         located = self.latitude == self.latitude
-        cols = {"request_id": pa.array(rid, pa.int64()), "k": pa.array(np.full(n, k, np.int32)),
-                "age": pa.array(np.asarray(self.age), pa.int16()), "gender": pa.array(np.asarray(self.gender), pa.int8()),
-                "country": pa.array([c or None for c in self.country], pa.utf8()),
-                **{name: ints(getattr(self, name), name) for name in _TERMS},
-                "latitude": pa.array(self.latitude, pa.float64(), mask=~located),
-                "longitude": pa.array(self.longitude, pa.float64(), mask=~located)}
+        cols = {"request_id": column("request_id", rid), "k": column("k", np.full(n, k)),
+                "age": column("age", self.age), "gender": column("gender", self.gender),
+                "country": column("country", [c or None for c in self.country]),
+                **{name: column(name, getattr(self, name), np.asarray(getattr(self, name)) < 0)  # -1: none
+                   for name in _TERMS},
+                "latitude": column("latitude", self.latitude, ~located),
+                "longitude": column("longitude", self.longitude, ~located)}
         for key in USER_ID_KEYS:
             got = self.ids.get(key)
             if got is None:
@@ -284,7 +284,7 @@ class RequestColumns(SequenceABC):
                             ("user_os", self.os)):
             cols[name] = _ENUM_ARRAYS[name].take(pa.array(np.asarray(codes, np.int32)))  # utf8: a batch's IPC
             # message carries no dictionaries
-        cols["time"] = pa.array(np.asarray(self.time, np.int64))
+        cols["time"] = column("time", self.time)
         signals = np.ascontiguousarray(self.signals, np.float32).reshape(n, -1)
         cols["signals"] = pa.FixedSizeListArray.from_arrays(pa.array(signals.reshape(-1)), signals.shape[1])
         return pa.RecordBatch.from_arrays(list(cols.values()), names=list(cols))
